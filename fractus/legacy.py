@@ -1,0 +1,70 @@
+"""Loading the reference's legacy checkpoints: `{"model_state": state_dict, "config": {...}}`.
+
+Production files may carry an `_orig_mod.` prefix on every key (saved from a compiled
+module) and carried-state buffers at the training batch size. Parameters are loaded
+strictly; carried buffers are restored when their batch size fits, else reset.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+
+from .config import EngineConfig
+
+COMPILED_PREFIX = "_orig_mod."
+
+
+def read_checkpoint(source, map_location="cpu") -> dict:
+    """A checkpoint dict from a path or an already-loaded dict; never unpickles code."""
+    if isinstance(source, (str, os.PathLike)):
+        return torch.load(source, map_location=map_location, weights_only=True)
+    if isinstance(source, dict):
+        return source
+    raise ValueError(f"expected a checkpoint path or dict, got {type(source).__name__}")
+
+
+def strip_compiled_prefix(state: dict) -> dict:
+    return {k.replace(COMPILED_PREFIX, "", 1) if k.startswith(COMPILED_PREFIX) else k: v
+            for k, v in state.items()}
+
+
+def _is_carried(name: str) -> bool:
+    leaf = name.rsplit(".", 1)[-1]
+    return name in ("thought_state", "last_lb_loss") or leaf in ("attn_S", "attn_z", "kuramoto_phases")
+
+
+def load_engine(cls, source, map_location="cpu", batch_size: int | None = None):
+    ckpt = read_checkpoint(source, map_location)
+    if "model_state" not in ckpt or "config" not in ckpt:
+        raise ValueError(f"not a Fractus checkpoint: expected keys 'model_state' and 'config', "
+                         f"got {sorted(ckpt)[:8]}")
+    cfg = EngineConfig.from_dict(ckpt["config"])
+    model = cls.from_config(cfg)
+    state = strip_compiled_prefix(ckpt["model_state"])
+
+    fixed = {k: v for k, v in model.state_dict().items() if not _is_carried(k)}
+    given = {k: v for k, v in state.items() if not _is_carried(k)}
+    missing = sorted(set(fixed) - set(given))
+    unexpected = sorted(set(given) - set(fixed))
+    misshaped = [f"{k} {tuple(given[k].shape)} != {tuple(fixed[k].shape)}"
+                 for k in sorted(set(fixed) & set(given)) if given[k].shape != fixed[k].shape]
+    if missing or unexpected or misshaped:
+        raise ValueError("checkpoint does not match the model config: "
+                         f"missing {missing}, unexpected {unexpected}, mis-shaped {misshaped}")
+    model.load_state_dict(given, strict=False)
+
+    carried = {k: v for k, v in state.items() if _is_carried(k) and k != "last_lb_loss"}
+    want = set(model.carry_state())
+    stored_batch = state["thought_state"].shape[0] if "thought_state" in state else None
+    if set(carried) == want and (batch_size is None or stored_batch == batch_size):
+        model.load_carry_state(carried)
+    else:
+        new_batch = batch_size or stored_batch or 1
+        if carried:
+            warnings.warn(f"carried state (batch {stored_batch}) does not fit batch {new_batch}: "
+                          "reset to zeros", stacklevel=2)
+        model.reset_thought(new_batch)
+    return model
