@@ -1,0 +1,125 @@
+"""The trusted-loss AR probe: does the model still generate, not only teacher-force?
+
+Protocol (shared/spec/MODEL.md, "Trusted loss"), per probe row:
+1. warm the carried state on WARM true tokens (one chunk);
+2. FREE greedy free-run steps, feeding the argmax back one token at a time (chunks of 1);
+   AR = mean CE of each step's logits against the TRUE next token, ARacc = argmax match rate;
+3. for contrast, the cold teacher-forced CE of a fresh state on a COLD-token chunk.
+Rows are consecutive windows of the shard starting at the GPU's train head (tokens not yet
+trained on), or ending there when the head is too close to the end. Deterministic: no
+sampling, and the model runs in float32 on the CPU unless told otherwise.
+
+    python -m fractus.eval.probe --checkpoint checkpoints/fractus_1b_gpu0.pt --shard data/shard_phase2_gpu0.npy --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+
+from fractus.continuous_engine import ContinuousThoughtEngine
+from fractus.data import ShardError, TokenShard
+from fractus.legacy import read_checkpoint
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    warm: int = 32
+    free: int = 32
+    cold: int = 128
+    rows: int = 4
+    gate_temp: float = 2.5
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    ar: float          # mean CE of the free-run predictions against the true tokens
+    ar_acc: float      # argmax match rate during the free run
+    cold_tf: float     # teacher-forced CE of a cold state on a `cold`-token chunk
+    start: int         # first shard position used
+    rows: int
+    next_token: int | None
+
+
+def probe_windows(shard_len: int, head: int, cfg: ProbeConfig) -> tuple[int, int]:
+    """(start, span): `rows` windows of `span` tokens at the head, or ending at it."""
+    span = max(cfg.warm + cfg.free, cfg.cold) + 1
+    need = span * cfg.rows
+    if need > shard_len:
+        raise ValueError(f"shard of {shard_len} tokens is too short for {cfg.rows} probe rows "
+                         f"of {span} tokens")
+    start = head if head + need <= shard_len else max(0, head - need)
+    return start, span
+
+
+@torch.no_grad()
+def run_probe(model: ContinuousThoughtEngine, windows: torch.Tensor, cfg: ProbeConfig) -> dict:
+    """windows (rows, span) int64 true tokens -> {"ar", "ar_acc", "cold_tf"}."""
+    model.eval()
+    model.set_gate_temperature(cfg.gate_temp)
+    rows = windows.shape[0]
+
+    model.reset_thought(rows)
+    logits = model.tick_chunk(windows[:, :cfg.warm])[:, -1]
+    losses, hits = [], []
+    for t in range(cfg.free):
+        truth = windows[:, cfg.warm + t]
+        losses.append(F.cross_entropy(logits.float(), truth, reduction="none"))
+        guess = logits.argmax(dim=-1)
+        hits.append((guess == truth).float())
+        logits = model.tick_chunk(guess.unsqueeze(1))[:, -1]
+
+    model.reset_thought(rows)
+    cold_logits = model.tick_chunk(windows[:, :cfg.cold])
+    cold = F.cross_entropy(cold_logits.reshape(-1, cold_logits.shape[-1]).float(),
+                           windows[:, 1:cfg.cold + 1].reshape(-1))
+    return {"ar": torch.stack(losses).mean().item(), "ar_acc": torch.stack(hits).mean().item(),
+            "cold_tf": cold.item()}
+
+
+def probe_checkpoint(checkpoint, shard_path, cfg: ProbeConfig = ProbeConfig(),
+                     head: int | None = None, device: str = "cpu") -> ProbeResult:
+    """Probe a checkpoint (path or loaded dict) on a shard, at `head` or its train_state's next_token."""
+    ckpt = read_checkpoint(checkpoint)
+    next_token = (ckpt.get("train_state") or {}).get("next_token")
+    head = next_token if head is None else head
+    if head is None:
+        raise ValueError("no train head: the checkpoint has no train_state.next_token; pass --head")
+    shard = TokenShard(shard_path)
+    start, span = probe_windows(len(shard), int(head), cfg)
+    windows = shard.window(start, span * cfg.rows).long().view(cfg.rows, span)
+    model = ContinuousThoughtEngine.from_checkpoint(ckpt).to(device)  # run_probe resets the state
+    stats = run_probe(model, windows.to(device), cfg)
+    return ProbeResult(start=start, rows=cfg.rows, next_token=next_token, **stats)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m fractus.eval.probe", description="AR probe of a checkpoint")
+    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--shard", required=True)
+    ap.add_argument("--head", type=int, help="train head (default: the checkpoint's next_token)")
+    ap.add_argument("--rows", type=int, default=ProbeConfig.rows)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    try:
+        result = probe_checkpoint(args.checkpoint, args.shard, ProbeConfig(rows=args.rows), args.head, args.device)
+    except (ValueError, ShardError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(asdict(result)))
+    else:
+        print(f"AR={result.ar:.4f} ARacc={result.ar_acc:.3f} cold_tf={result.cold_tf:.4f} "
+              f"(rows={result.rows}, start={result.start})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,303 @@
+"""hf:// backend: the Hugging Face Hub through the real `huggingface_hub.HfApi`.
+
+A push is ONE commit: large files go up first with `preupload_lfs_files`, then a single
+`create_commit` carries every file plus the updated hub index and names `parent_commit`.
+If the branch moved meanwhile, the Hub refuses the commit (HTTP 409/412); the push then
+re-reads the head and either re-applies itself on top (the other writer touched other paths)
+or stops with PushConflict (it touched ours). `upload_large_folder` is not used: it splits
+an upload into several commits.
+
+Downloads pin the commit id (`hf_hub_download(..., revision=sha)`) into a staging directory
+inside the pod, are checked against the index, and only then moved into place.
+
+Transport notes: with `hf_xet` installed the client uploads through Xet storage, which the
+real Hub supports; a plain LFS endpoint (such as the test hub) needs the documented switch
+`HF_HUB_DISABLE_XET=1`. The token is never passed to our own log lines or error messages;
+messages from the client are additionally scrubbed of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import uuid
+from datetime import timezone
+from pathlib import Path
+from typing import Callable, TypeVar
+
+import httpx2
+from huggingface_hub import CommitOperationAdd, HfApi, constants, set_client_factory
+from huggingface_hub.errors import HfHubHTTPError
+
+from .integrity import (
+    INDEX_PATH,
+    SCRATCH_DIR,
+    FileEntry,
+    HubError,
+    IntegrityError,
+    PushConflict,
+    conflicting_paths,
+    decode_index,
+    encode_index,
+    install_staged,
+    sha256_file,
+)
+from .retry import RetryPolicy, describe, http_status, with_retries
+from .store import HistoryEntry, PushFiles, Store
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+BRANCH = "main"
+CONFLICT_STATUS = (409, 412)  # what the Hub answers when parent_commit is not the head
+MAX_REBASES = 3  # re-applications on top of other writers' commits before giving up
+DOWNLOAD_ATTEMPTS = 3  # downloads whose bytes fail verification are fetched again this often
+
+
+def parse_hf_url(url: str) -> tuple[str, str]:
+    """`hf://owner/repo` -> ("owner/repo", "model"); `hf://datasets/owner/repo` -> dataset."""
+    parts = [p for p in url[len("hf://"):].split("/") if p]
+    repo_type = constants.REPO_TYPE_MODEL
+    if len(parts) == 3 and parts[0] in ("datasets", "models"):
+        repo_type = parts[0][:-1]
+        parts = parts[1:]
+    if len(parts) != 2:
+        raise ValueError(f"hub URL must look like hf://owner/repo, got {url!r}")
+    return "/".join(parts), repo_type
+
+
+class HfStore(Store):
+    def __init__(
+        self,
+        url: str,
+        pod_dir: Path,
+        *,
+        endpoint: str | None = None,
+        token: str | None = None,
+        retry: RetryPolicy = RetryPolicy(),
+        timeout_s: float = 10.0,
+    ):
+        super().__init__(pod_dir)
+        self.repo_id, self.repo_type = parse_hf_url(url)
+        self.url = url
+        self.retry = retry
+        self.timeout_s = timeout_s
+        endpoint = (endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+        # token=None lets the client find HF_TOKEN or its login cache on each call.
+        self._api = HfApi(endpoint=endpoint, token=token)
+        self._repo_ready = False
+        _install_client_timeouts()
+
+    # -- plumbing ------------------------------------------------------------------------
+    def _call(self, fn: Callable[[], T], what: str) -> T:
+        """Run one client call with bounded retries; translate failures to one-line HubErrors."""
+        try:
+            return with_retries(fn, f"{what} ({self.url})", self.retry)
+        except HubError:
+            raise
+        except Exception as exc:
+            if http_status(exc) in CONFLICT_STATUS:
+                raise  # the push loop handles conflicts
+            message = self._scrub(f"{what} on {self.url} failed: {describe(exc)}")
+            raise HubError(message, status=http_status(exc)) from None
+
+    def _scrub(self, text: str) -> str:
+        secret = self._api.token or _client_token()
+        return text.replace(secret, "<redacted>") if secret else text
+
+    def _scratch(self) -> Path:
+        path = self.pod_dir / SCRATCH_DIR / f"tmp-{uuid.uuid4().hex[:12]}"
+        path.mkdir(parents=True)
+        return path
+
+    def _cleanup(self, scratch: Path) -> None:
+        shutil.rmtree(scratch, ignore_errors=True)
+        try:
+            scratch.parent.rmdir()  # only succeeds when no other operation is using it
+        except OSError:
+            pass
+
+    def _download(self, rel: str, revision: str, into: Path) -> Path:
+        got = self._call(
+            lambda: self._api.hf_hub_download(
+                self.repo_id, rel, repo_type=self.repo_type, revision=revision,
+                local_dir=into, etag_timeout=self.timeout_s,  # `into` is always a fresh, empty dir
+            ),
+            f"download of {rel}@{revision[:12]}",
+        )
+        return Path(got)
+
+    # -- reading -------------------------------------------------------------------------
+    def head(self) -> str | None:
+        try:
+            info = self._call(
+                lambda: self._api.repo_info(
+                    self.repo_id, repo_type=self.repo_type, revision=BRANCH, timeout=self.timeout_s
+                ),
+                "reading the head",
+            )
+        except HubError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return info.sha
+
+    def resolve(self, revision: str | None) -> str:
+        rev = revision or BRANCH
+        try:
+            info = self._call(
+                lambda: self._api.repo_info(
+                    self.repo_id, repo_type=self.repo_type, revision=rev, timeout=self.timeout_s
+                ),
+                f"resolving revision {rev}",
+            )
+        except HubError as exc:
+            if exc.status == 404:
+                raise HubError(f"unknown revision {rev!r} in {self.url} (or the repo is missing)", 404) from None
+            raise
+        if not info.sha:
+            raise HubError(f"{self.url} has no revisions yet")
+        return info.sha
+
+    def _index(self, revision: str) -> dict[str, FileEntry]:
+        return self._read_index(revision)[0]
+
+    def _read_index(self, revision: str) -> tuple[dict[str, FileEntry], str | None]:
+        """(index, push_id) at a full commit id; a commit without index tracks nothing."""
+        scratch = self._scratch()
+        try:
+            try:
+                path = self._download(INDEX_PATH, revision, scratch)
+            except HubError as exc:
+                if exc.status == 404:
+                    return {}, None
+                raise
+            return decode_index(path.read_bytes(), f"{self.url}@{revision[:12]}")
+        finally:
+            self._cleanup(scratch)
+
+    def history(self) -> list[HistoryEntry]:
+        try:
+            commits = self._call(
+                lambda: self._api.list_repo_commits(self.repo_id, repo_type=self.repo_type, revision=BRANCH),
+                "listing commits",
+            )
+        except HubError as exc:
+            if exc.status == 404:
+                return []
+            raise
+        return [
+            HistoryEntry(c.commit_id, c.title, c.created_at.astimezone(timezone.utc)) for c in commits
+        ]
+
+    def _fetch(self, rel: str, entry: FileEntry, revision: str, dest: Path) -> None:
+        what = f"{rel} at revision {revision[:12]}"
+        for attempt in range(1, DOWNLOAD_ATTEMPTS + 1):
+            scratch = self._scratch()
+            try:
+                install_staged(self._download(rel, revision, scratch), dest, entry, what)
+                return
+            except IntegrityError as exc:
+                if attempt == DOWNLOAD_ATTEMPTS:
+                    raise IntegrityError(f"{exc} ({attempt} downloads)") from None
+                log.warning("hub: %s; downloading again (%d/%d)", exc, attempt + 1, DOWNLOAD_ATTEMPTS)
+            finally:
+                self._cleanup(scratch)
+
+    # -- writing -------------------------------------------------------------------------
+    def _ensure_repo(self) -> None:
+        if not self._repo_ready:
+            self._call(
+                lambda: self._api.create_repo(
+                    self.repo_id, repo_type=self.repo_type, private=True, exist_ok=True
+                ),
+                "creating the repo",
+            )
+            self._repo_ready = True
+
+    def push(self, files: PushFiles, message: str, *, base: str | None = None) -> str:
+        local = self._local_files(files)
+        entries = {rel: sha256_file(path) for rel, path in local.items()}
+        self._ensure_repo()
+        base = self.resolve(base)
+        base_index = self._index(base)
+        ops = []
+        for rel, path in local.items():
+            op = CommitOperationAdd(path_in_repo=rel, path_or_fileobj=str(path))
+            op.upload_info.sha256 = bytes.fromhex(entries[rel].sha256)  # hashed once, above
+            ops.append(op)
+        self._call(
+            lambda: self._api.preupload_lfs_files(
+                self.repo_id, additions=ops, repo_type=self.repo_type, revision=BRANCH, free_memory=False
+            ),
+            "uploading large files",
+        )
+        push_id = uuid.uuid4().hex
+        parent, parent_index = base, base_index
+        for _ in range(MAX_REBASES + 1):
+            index = {**parent_index, **entries}
+            index_op = CommitOperationAdd(INDEX_PATH, encode_index(index, push_id))
+            try:
+                info = self._call(
+                    lambda: self._api.create_commit(
+                        self.repo_id, [*ops, index_op], commit_message=message,
+                        repo_type=self.repo_type, revision=BRANCH, parent_commit=parent,
+                    ),
+                    "committing",
+                )
+                log.info("hub: pushed %d file(s) to %s as %s", len(entries), self.url, info.oid[:12])
+                return info.oid
+            except HfHubHTTPError as exc:
+                if http_status(exc) not in CONFLICT_STATUS:
+                    raise
+            head = self.resolve(None)
+            head_index, head_push_id = self._read_index(head)
+            if head_push_id == push_id:
+                return head  # an earlier attempt landed but its answer was lost
+            clash = conflicting_paths(base_index, head_index, entries)
+            if clash:
+                raise PushConflict(
+                    f"{self.url} moved from {base[:12]} to {head[:12]} and changed "
+                    f"{', '.join(clash)}; pull and retry instead of overwriting"
+                )
+            log.info("hub: %s moved to %s (other paths); re-applying push", self.url, head[:12])
+            parent, parent_index = head, head_index
+        raise PushConflict(f"{self.url} kept moving during the push; gave up after {MAX_REBASES} re-applications")
+
+
+def _client_token() -> str | None:
+    from huggingface_hub import get_token
+
+    try:
+        return get_token()
+    except Exception:
+        return None
+
+
+# The client's default HTTP session waits forever on a silent server (timeout=None), so a
+# stalled commit would block every later sync. Requests that pass no timeout of their own
+# (create_commit, LFS uploads) get these instead; downloads keep their explicit ones.
+CLIENT_TIMEOUT = httpx2.Timeout(connect=10.0, read=120.0, write=120.0, pool=10.0)
+_timeouts_installed = False
+
+
+def _install_client_timeouts() -> None:
+    """Give huggingface_hub's shared session finite timeouts, unless the process set its own."""
+    global _timeouts_installed
+    if _timeouts_installed:
+        return
+    _timeouts_installed = True
+    from huggingface_hub.utils import _http
+
+    if getattr(_http, "_GLOBAL_CLIENT_FACTORY", None) is not _http.default_client_factory:
+        return  # someone configured the client deliberately: leave it alone
+
+    def factory() -> httpx2.Client:
+        return httpx2.Client(
+            event_hooks={"request": [_http.hf_request_event_hook]},
+            follow_redirects=True,
+            timeout=CLIENT_TIMEOUT,
+        )
+
+    set_client_factory(factory)

@@ -1,0 +1,183 @@
+"""file:// backend: an embedded, content-addressed store on local disk.
+
+Layout under the store root:
+
+    objects/ab/ab12...      file contents, named by their sha256 (written once, never changed)
+    commits/<rev>.json      {"parent", "message", "timestamp", "index"}: index is the hub index
+                            (every tracked path -> sha256, size); <rev> = sha256 of the file
+    refs/main               the head revision id
+    lock                    flock(2) taken while the head moves
+
+A push writes its objects first (each via temp file + fsync + rename), then its commit record,
+then swaps `refs/main` with os.replace under the lock: a crash at any point leaves the previous
+head intact. A revision id is the sha256 of its commit record, so a damaged record is detected
+on read just like a damaged object.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import uuid
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterator
+
+from .integrity import (
+    FileEntry,
+    HubError,
+    IntegrityError,
+    PushConflict,
+    conflicting_paths,
+    decode_index,
+    encode_index,
+    fsync_dir,
+    install_copy,
+    sha256_stream,
+)
+from .store import HistoryEntry, PushFiles, Store
+
+BRANCH = "main"
+MIN_PREFIX = 7  # shortest revision prefix accepted, as with git short hashes
+
+
+class FileStore(Store):
+    def __init__(self, root: Path, pod_dir: Path):
+        super().__init__(pod_dir)
+        self.root = Path(root).absolute()
+        self.url = f"file://{self.root}"
+
+    def _reserved_dirs(self) -> list[Path]:
+        # A store kept inside the pod (file://hub) must not be overwritten by a pull.
+        return [*super()._reserved_dirs(), self.root.resolve()]
+
+    # -- reading -------------------------------------------------------------------------
+    def head(self) -> str | None:
+        try:
+            return (self.root / "refs" / BRANCH).read_text().strip() or None
+        except FileNotFoundError:
+            return None
+
+    def resolve(self, revision: str | None) -> str:
+        if revision is None:
+            head = self.head()
+            if head is None:
+                raise HubError(f"{self.url} has no revisions yet")
+            return head
+        if revision == BRANCH:
+            return self.resolve(None)
+        rev = revision.lower()
+        if len(rev) < MIN_PREFIX or any(c not in "0123456789abcdef" for c in rev):
+            raise HubError(f"unknown revision {revision!r} in {self.url}")
+        found = [p.stem for p in (self.root / "commits").glob(f"{rev}*.json")]
+        if len(found) != 1:
+            what = "ambiguous" if found else "unknown"
+            raise HubError(f"{what} revision {revision!r} in {self.url}")
+        return found[0]
+
+    def _record(self, rev: str) -> dict:
+        path = self.root / "commits" / f"{rev}.json"
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise HubError(f"unknown revision {rev!r} in {self.url}") from None
+        got = hashlib.sha256(data).hexdigest()
+        if got != rev:
+            raise IntegrityError(f"commit record {rev[:12]} in {self.url} is corrupt; refused")
+        return json.loads(data)
+
+    def _index(self, rev: str) -> dict[str, FileEntry]:
+        return decode_index(self._record(rev)["index"].encode(), f"{self.url}@{rev[:12]}")[0]
+
+    def history(self) -> list[HistoryEntry]:
+        out: list[HistoryEntry] = []
+        rev = self.head()
+        while rev is not None:
+            rec = self._record(rev)
+            out.append(HistoryEntry(rev, rec["message"], datetime.fromisoformat(rec["timestamp"])))
+            rev = rec["parent"]
+        return out
+
+    def _object(self, sha: str) -> Path:
+        return self.root / "objects" / sha[:2] / sha
+
+    def _fetch(self, rel: str, entry: FileEntry, revision: str, dest: Path) -> None:
+        obj = self._object(entry.sha256)
+        if not obj.is_file():
+            raise IntegrityError(f"{rel} at revision {revision[:12]}: object missing from {self.url}")
+        install_copy(obj, dest, entry, f"{rel} at revision {revision[:12]}")
+
+    # -- writing -------------------------------------------------------------------------
+    def push(self, files: PushFiles, message: str, *, base: str | None = None) -> str:
+        local = self._local_files(files)
+        base = self.head() if base is None else self.resolve(base)
+        entries = {rel: self._store_object(path) for rel, path in local.items()}
+        with self._locked():
+            head = self.head()
+            index = self._index(head) if head else {}
+            if head != base:
+                clash = conflicting_paths(self._index(base) if base else {}, index, entries)
+                if clash:
+                    raise PushConflict(
+                        f"{self.url} moved from {str(base)[:12]} to {head[:12]} and changed "
+                        f"{', '.join(clash)}; pull and retry instead of overwriting"
+                    )
+            index.update(entries)
+            record = {
+                "parent": head,
+                "message": message,
+                "timestamp": datetime.now(timezone.utc).isoformat(),
+                "index": encode_index(index, uuid.uuid4().hex).decode(),
+            }
+            data = (json.dumps(record, sort_keys=True) + "\n").encode()
+            rev = hashlib.sha256(data).hexdigest()
+            _write_atomic(self.root / "commits" / f"{rev}.json", data)
+            _write_atomic(self.root / "refs" / BRANCH, f"{rev}\n".encode())
+        return rev
+
+    def _store_object(self, src: Path) -> FileEntry:
+        """Copy `src` into the object store (hashing as it copies); dedupe by content."""
+        tmp_dir = self.root / "objects" / "tmp"
+        tmp_dir.mkdir(parents=True, exist_ok=True)
+        tmp = tmp_dir / uuid.uuid4().hex
+        try:
+            with open(src, "rb") as fin, open(tmp, "wb") as fout:
+                entry = sha256_stream(fin, fout)
+                fout.flush()
+                os.fsync(fout.fileno())
+            obj = self._object(entry.sha256)
+            if not obj.is_file():
+                obj.parent.mkdir(exist_ok=True)
+                os.chmod(tmp, 0o444)  # objects are immutable
+                os.replace(tmp, obj)
+                fsync_dir(obj.parent)
+            return entry
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / "lock", "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)

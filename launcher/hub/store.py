@@ -1,0 +1,169 @@
+"""The store interface shared by both backends, and the URL dispatch that picks one.
+
+A store holds revisions of a pod's files. Each push is one commit: the files it names plus an
+updated hub index recording every tracked file's sha256. A pull names a revision (pinned: a
+branch head is resolved to its commit id first, so every file comes from the same moment),
+downloads into the pod directory and only installs bytes whose sha256 matches the index.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Iterable, Mapping
+
+from .integrity import INDEX_PATH, SCRATCH_DIR, FileEntry, HubError, confine, matches, pod_relpath
+from .retry import RetryPolicy
+
+log = logging.getLogger(__name__)
+
+PushFiles = Mapping[str, "str | Path"] | Iterable[str]
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    revision: str
+    message: str
+    timestamp: datetime  # timezone-aware, UTC
+
+
+class Store(ABC):
+    """One pod's revisioned file store. Subclasses: `FileStore` (file://), `HfStore` (hf://)."""
+
+    url: str
+
+    def __init__(self, pod_dir: Path):
+        self.pod_dir = Path(pod_dir).absolute()
+
+    # -- to implement --------------------------------------------------------------------
+    @abstractmethod
+    def push(self, files: PushFiles, message: str, *, base: str | None = None) -> str:
+        """Commit `files` (pod-relative path -> local file, or pod-relative paths) in ONE revision.
+
+        `base` is the revision the caller's view of the store comes from (default: the head
+        when the push starts). If another writer changed any of the pushed paths since
+        `base`, PushConflict is raised and nothing is overwritten; changes to other paths
+        are kept and the push is re-applied on top of them. Returns the new revision id.
+        """
+
+    @abstractmethod
+    def head(self) -> str | None:
+        """Revision id of the newest commit, or None for an empty or missing store."""
+
+    @abstractmethod
+    def history(self) -> list[HistoryEntry]:
+        """Commits, newest first."""
+
+    @abstractmethod
+    def resolve(self, revision: str | None) -> str:
+        """Full commit id for `revision` (None = head); HubError if there is none."""
+
+    @abstractmethod
+    def _index(self, revision: str) -> dict[str, FileEntry]:
+        """The hub index at a full revision id."""
+
+    @abstractmethod
+    def _fetch(self, rel: str, entry: FileEntry, revision: str, dest: Path) -> None:
+        """Place the verified bytes of `rel` at `revision` into `dest`, atomically."""
+
+    # -- shared behaviour ----------------------------------------------------------------
+    def files(self, revision: str | None = None) -> dict[str, FileEntry]:
+        """The hub index at `revision` (default head): every tracked path with sha256 and size."""
+        if revision is None:
+            head = self.head()
+            return {} if head is None else self._index(head)
+        return self._index(self.resolve(revision))
+
+    def pull(self, paths: Iterable[str] | None = None, revision: str | None = None) -> dict[str, Path]:
+        """Download `paths` (default: every tracked file) as of `revision` (default: head).
+
+        Returns {pod-relative path: local path}, in request order. A local file that already
+        has the recorded bytes is kept as is. Any other file is replaced only by bytes whose
+        sha256 and size match the index; on mismatch IntegrityError is raised and the local
+        path is left untouched.
+        """
+        rev = self.resolve(revision)
+        index = self._index(rev)
+        wanted = list(index) if paths is None else [pod_relpath(p) for p in paths]
+        missing = [p for p in wanted if p not in index]
+        if missing:
+            raise HubError(f"not in revision {rev[:12]} of {self.url}: {', '.join(missing)}")
+        out: dict[str, Path] = {}
+        for rel in wanted:
+            dest = self._destination(rel)
+            if matches(dest, index[rel]):
+                log.info("hub: %s already matches revision %s", rel, rev[:12])
+            else:
+                self._fetch(rel, index[rel], rev, dest)
+                log.info("hub: pulled %s at revision %s", rel, rev[:12])
+            out[rel] = dest
+        return out
+
+    def _local_files(self, files: PushFiles) -> dict[str, Path]:
+        """Normalise push arguments to {pod-relative path: existing local file}."""
+        pairs = files.items() if isinstance(files, Mapping) else ((p, None) for p in files)
+        out: dict[str, Path] = {}
+        for raw, local in pairs:
+            rel = pod_relpath(raw)
+            dest = self._destination(rel)
+            path = dest if local is None else Path(local)
+            if not path.is_file():
+                raise HubError(f"cannot push {rel}: {path} is not a file")
+            out[rel] = path
+        if not out:
+            raise ValueError("push needs at least one file")
+        return out
+
+    def _reserved_dirs(self) -> list[Path]:
+        """Absolute directories inside the pod that synced files must never touch."""
+        return [self.pod_dir.resolve() / SCRATCH_DIR]
+
+    def _destination(self, rel: str) -> Path:
+        """Where `rel` lives in the pod; refuses escapes and the store's own files."""
+        dest = confine(self.pod_dir, rel)
+        resolved = dest.resolve()
+        if rel == INDEX_PATH or any(d == resolved or d in resolved.parents for d in self._reserved_dirs()):
+            raise ValueError(f"{rel!r} is reserved for the hub store itself")
+        return dest
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r}, pod_dir={str(self.pod_dir)!r})"
+
+
+def open_store(
+    url: str,
+    pod_dir: str | Path,
+    *,
+    endpoint: str | None = None,
+    token: str | None = None,
+    retry: RetryPolicy = RetryPolicy(),
+    timeout_s: float = 10.0,
+) -> Store:
+    """Open the store named by a pod config's `hub:` URL.
+
+    - `file://path`: embedded store on local disk; a relative path is resolved against
+      `pod_dir` (`file://hub` -> `<pod_dir>/hub`), `file:///abs/path` is absolute.
+    - `hf://owner/repo` (model repo) or `hf://datasets/owner/repo`: Hugging Face Hub via
+      `huggingface_hub.HfApi`. `endpoint` defaults to `HF_ENDPOINT`, `token` to `HF_TOKEN`
+      or the client's login cache. `retry` bounds the backoff on transient failures;
+      `timeout_s` is how long a metadata request may stay silent before it is retried.
+
+    Raises ValueError for a URL of another scheme or a malformed one.
+    """
+    pod_dir = Path(pod_dir)
+    if url.startswith("file://"):
+        from .local import FileStore
+
+        raw = url[len("file://"):]
+        if not raw:
+            raise ValueError(f"hub URL {url!r} names no directory")
+        root = Path(raw).expanduser()
+        return FileStore(root if root.is_absolute() else pod_dir / root, pod_dir)
+    if url.startswith("hf://"):
+        from .hf import HfStore
+
+        return HfStore(url, pod_dir, endpoint=endpoint, token=token, retry=retry, timeout_s=timeout_s)
+    raise ValueError(f"hub URL must start with hf:// or file://, got {url!r}")
