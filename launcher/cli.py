@@ -1,0 +1,330 @@
+"""`fractus-pod`: init, launch, status, stop, rollback (and thin sync/merge wrappers).
+
+Every user mistake (bad file, bad option, busy pod) is one line on stderr and exit code 2,
+with nothing started. `launch` exits 0 when the pod stopped or finished, 1 when it FAILED.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from launcher.errors import UserError
+
+POD_DIR_HELP = "Pod working directory (default: $FRACTUS_POD_DIR or the current directory)."
+
+
+def _pod_dir(ctx: click.Context) -> Path:
+    return Path(ctx.obj["pod_dir"]).resolve()
+
+
+@click.group()
+@click.option("--pod-dir", envvar="FRACTUS_POD_DIR", default=".", show_default=False,
+              help=POD_DIR_HELP)
+@click.pass_context
+def cli(ctx: click.Context, pod_dir: str) -> None:
+    """Run, guard and resume Fractus training on a pod (one worker per GPU)."""
+    ctx.obj = {"pod_dir": pod_dir}
+
+
+# ---- init -----------------------------------------------------------------------------
+@cli.command()
+@click.option("--preset", default="tiny-cpu", show_default=True,
+              help="tiny-cpu (CPU demo: 2 tiny workers, synthetic shards, local hub) or "
+                   "1b-8gpu (the production run).")
+@click.option("--force", is_flag=True, help="Overwrite an existing fractus-pod.yaml.")
+@click.option("--no-data", is_flag=True, help="Do not write the preset's synthetic shards.")
+@click.pass_context
+def init(ctx, preset: str, force: bool, no_data: bool) -> None:
+    """Write fractus-pod.yaml (and, for tiny-cpu, synthetic shards under data/)."""
+    from launcher.podconfig import init_pod, load_config, parse_devices
+    pod_dir = _pod_dir(ctx)
+    for path in init_pod(pod_dir, preset, force=force):
+        click.echo(f"wrote {path.relative_to(pod_dir)}")
+    config = load_config(pod_dir)
+    if config.demo_data and not no_data:
+        from fractus.data import synth
+        n = len(parse_devices(config.devices))
+        d = config.demo_data
+        paths = synth(pod_dir / Path(config.shard_path(0)).parent, shards=n,
+                      tokens=int(d["tokens"]), vocab=int(d["vocab"]), seed=int(d["seed"]))
+        for p in paths:
+            click.echo(f"wrote {Path(p).relative_to(pod_dir)} (synthetic, {d['tokens']:,} tokens)")
+    click.echo(f"next: fractus-pod --pod-dir {pod_dir} launch --stage 1")
+
+
+# ---- launch ---------------------------------------------------------------------------
+def _parse_faults(values: tuple[str, ...]) -> dict[int, str]:
+    faults = {}
+    for value in values:
+        gpu, sep, spec = value.partition(":")
+        if not sep or not gpu.isdigit() or not spec:
+            raise UserError(f"--fault expects GPU:KIND@STEP (e.g. 1:nan@30), got {value!r}")
+        faults[int(gpu)] = spec
+    return faults
+
+
+@cli.command()
+@click.option("--stage", type=int, default=None,
+              help="Stage of manifests/stages.yaml to run (default: the manifest's).")
+@click.option("--gpus", default=None, help="Subset of GPUs, e.g. 0,1,2 or 0-3.")
+@click.option("--devices", default=None,
+              help="cpu:N, cuda, cuda:0-7 or auto (default: the pod config's).")
+@click.option("--max-time", type=float, default=None,
+              help="Stop gracefully (every worker checkpoints) after this many seconds.")
+@click.option("--max-steps", type=click.IntRange(min=1), default=None,
+              help="Each worker stops after this many steps (per worker start).")
+@click.option("--detach", is_flag=True, help="Supervise in the background (logs/launcher.log).")
+@click.option("--fault", "faults", multiple=True, hidden=True,
+              help="Tests only: GPU:KIND@STEP fault injection on that worker's first start.")
+@click.pass_context
+def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, faults) -> None:
+    """Validate everything, then start one worker per GPU and supervise them."""
+    from launcher.ckpt_index import CheckpointIndex
+    from launcher.events import EventLog
+    from launcher.lock import PodLock
+    from launcher.prepare import (load_plan, reconcile, record_baselines, refuse_if_busy,
+                                  restore_from_hub, validate)
+    from launcher.supervisor import Supervisor
+    pod_dir = _pod_dir(ctx)
+    plan, manifest = load_plan(pod_dir, stage, devices, gpus, max_time, max_steps,
+                               _parse_faults(faults))
+    lock = PodLock(pod_dir)
+    lock.acquire()
+    try:
+        refuse_if_busy(plan)
+        events = EventLog(pod_dir)
+        index = CheckpointIndex(pod_dir)
+        reconcile(plan, manifest, index, events)
+        restore_from_hub(plan, manifest, events)
+        validate(plan, manifest)
+        record_baselines(plan, manifest, index)
+        if detach:
+            _daemonize(pod_dir)
+            lock.record_holder()
+        stage = plan.stages[plan.stage]
+        click.echo(f"pod {pod_dir}: stage {plan.stage} ({stage.name}), "
+                   f"{len(plan.slots)} worker(s) on {plan.slots[0].device}"
+                   + (f", for {plan.max_time:g}s" if plan.max_time else "")
+                   + "; `fractus-pod status` to watch, `fractus-pod stop` to stop")
+        supervisor = Supervisor(plan, manifest, index, events)
+        code = supervisor.run()
+        click.echo(f"pod {supervisor.pod_state.upper()} at stage {supervisor.stage}"
+                   + (f": {supervisor.reason}" if supervisor.reason else ""))
+    finally:
+        lock.release()
+    sys.exit(code)
+
+
+def _daemonize(pod_dir: Path) -> None:
+    """Double fork; the parent prints the launcher's pid and exits 0."""
+    read_fd, write_fd = os.pipe()
+    if os.fork() > 0:
+        os.close(write_fd)
+        pid = os.read(read_fd, 32).decode().strip()
+        click.echo(f"launcher running in the background (pid {pid}); "
+                   f"`fractus-pod status`, `fractus-pod stop`; log: logs/launcher.log")
+        os._exit(0)
+    os.close(read_fd)
+    os.setsid()
+    if os.fork() > 0:
+        os._exit(0)
+    os.write(write_fd, str(os.getpid()).encode())
+    os.close(write_fd)
+    log = os.open(pod_dir / "logs" / "launcher.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+
+
+# ---- status / stop / rollback ---------------------------------------------------------
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--watch", is_flag=True, help="Refresh every 2 s until Ctrl-C.")
+@click.pass_context
+def status(ctx, as_json: bool, watch: bool) -> None:
+    """Per GPU: liveness, stage, progress, losses, speed, memory, checkpoint, verdict."""
+    from launcher.podconfig import load_config
+    from launcher.status import collect, render
+    pod_dir = _pod_dir(ctx)
+    config = load_config(pod_dir)
+    if as_json:
+        while True:
+            click.echo(json.dumps(collect(pod_dir, config), default=str))
+            if not watch:
+                return
+            time.sleep(2)
+    from rich.console import Console
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    if not watch:
+        console.print(render(collect(pod_dir, config)))
+        return
+    from rich.live import Live
+    try:
+        with Live(render(collect(pod_dir, config)), console=console, refresh_per_second=1) as live:
+            while True:
+                time.sleep(2)
+                live.update(render(collect(pod_dir, config)))
+    except KeyboardInterrupt:
+        pass
+
+
+@cli.command()
+@click.option("--timeout", type=float, default=None,
+              help="Seconds to wait for the launcher to finish (default: grace period + 30).")
+@click.pass_context
+def stop(ctx, timeout) -> None:
+    """Graceful stop: every worker checkpoints, then the launcher exits."""
+    from launcher.lock import read_holder
+    from launcher.podconfig import load_config
+    from launcher.workers import running_workers
+    pod_dir = _pod_dir(ctx)
+    config = load_config(pod_dir)
+    holder = read_holder(pod_dir)
+    if holder is None or not holder.get("pid"):
+        orphans = running_workers(pod_dir)
+        for pid in orphans.values():
+            os.kill(pid, signal.SIGTERM)
+        click.echo("no launcher is running" + (f"; sent SIGTERM to orphan worker(s) "
+                                                f"{sorted(orphans.values())}" if orphans else ""))
+        return
+    os.kill(int(holder["pid"]), signal.SIGTERM)
+    deadline = time.monotonic() + (timeout if timeout is not None else config.stop_grace_s + 30)
+    while read_holder(pod_dir) is not None:
+        if time.monotonic() > deadline:
+            raise click.ClickException(f"launcher pid {holder['pid']} still running after "
+                                       f"the timeout; check logs/launcher.log")
+        time.sleep(0.2)
+    click.echo(f"pod stopped (launcher pid {holder['pid']}); every worker checkpointed")
+
+
+@cli.command()
+@click.option("--to-stage", type=click.IntRange(min=1), required=True)
+@click.option("--gpu", "gpus", type=int, multiple=True,
+              help="Restore this GPU's newest passed checkpoint (repeatable). Without it, "
+                   "only the stage changes and every GPU keeps its progress.")
+@click.pass_context
+def rollback(ctx, to_stage: int, gpus: tuple[int, ...]) -> None:
+    """The automatic rollback, by hand: restore GPU checkpoints and switch stage."""
+    from launcher.manual import manual_rollback
+    click.echo(manual_rollback(_pod_dir(ctx), to_stage, list(gpus)))
+
+
+# ---- hub and merge (thin: the work lives in launcher.hub and launcher.merge) ----------
+@cli.group()
+def sync() -> None:
+    """Push to / pull from the pod's hub store (the `hub:` of fractus-pod.yaml)."""
+
+
+def _hub_errors(fn):
+    """Hub failures are one line: a bad URL or path is a user error (exit 2), a network or
+    integrity failure exit 1. The hub's messages never contain the token."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from launcher.hub import HubError
+        try:
+            return fn(*args, **kwargs)
+        except HubError as exc:
+            raise click.ClickException(str(exc)) from None
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+    return wrapper
+
+
+def _store(pod_dir: Path):
+    from launcher.podconfig import load_config
+    config = load_config(pod_dir)
+    if not config.hub:
+        raise UserError("no hub configured: set `hub:` in fractus-pod.yaml "
+                        "(file://DIR or hf://owner/repo)")
+    from launcher.hub import open_store
+    return open_store(config.hub, pod_dir)
+
+
+@sync.command("history")
+@click.pass_context
+@_hub_errors
+def sync_history(ctx) -> None:
+    """Revisions of the hub store, newest first."""
+    for entry in _store(_pod_dir(ctx)).history():
+        click.echo(f"{entry.revision[:12]}  {entry.timestamp.isoformat(timespec='seconds')}  "
+                   f"{entry.message}")
+
+
+@sync.command("push")
+@click.option("--message", "-m", default="fractus-pod sync push")
+@click.pass_context
+@_hub_errors
+def sync_push(ctx, message: str) -> None:
+    """Push every GPU's newest passed checkpoint and the manifest as one revision."""
+    from launcher.manual import passed_push_files, record_hub_revision
+    pod_dir = _pod_dir(ctx)
+    files, shas = passed_push_files(pod_dir)
+    revision = _store(pod_dir).push(files, message)
+    click.echo(f"pushed revision {revision}")
+    click.echo(record_hub_revision(pod_dir, shas, revision))
+
+
+@sync.command("pull")
+@click.option("--revision", default=None, help="Revision to pull (default: the newest).")
+@click.argument("paths", nargs=-1)
+@click.pass_context
+@_hub_errors
+def sync_pull(ctx, revision, paths) -> None:
+    """Pull files (default: all) from the hub store, verified by sha256."""
+    pod_dir = _pod_dir(ctx)
+    pulled = _store(pod_dir).pull(list(paths) or None, revision)
+    for rel in sorted(pulled):
+        click.echo(f"pulled {rel}")
+
+
+@cli.command()
+@click.option("--out", default="checkpoints/FRACTUS_1B_8GPU_MERGED.pt", show_default=True)
+@click.pass_context
+def merge(ctx, out: str) -> None:
+    """Mean of the floating tensors of every GPU's checkpoint (streamed)."""
+    from launcher.manifest import read_manifest
+    from launcher.merge import merge_checkpoints
+    from launcher.podconfig import load_config
+    pod_dir = _pod_dir(ctx)
+    config = load_config(pod_dir)
+    manifest = read_manifest(pod_dir / config.manifest)
+    paths = [pod_dir / e["checkpoint"] for _, e in sorted(manifest.entries.items())
+             if e.get("checkpoint")]
+    if not paths:
+        raise UserError("the manifest names no checkpoint to merge")
+    try:
+        merge_checkpoints(paths, pod_dir / out)
+    except (ValueError, FileNotFoundError) as exc:
+        raise UserError(f"merge: {exc}") from None
+    click.echo(f"merged {len(paths)} checkpoints -> {out}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cli.main(args=argv, prog_name="fractus-pod", standalone_mode=False)
+    except UserError as exc:
+        click.echo(f"error: {exc}", err=True)
+        return exc.exit_code
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

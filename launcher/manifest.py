@@ -1,0 +1,224 @@
+"""The resume manifest (checkpoints/RESUME_MANIFEST_8GPU.json): read, validate, update, write.
+
+Two layouts are read:
+    current  {"gpu_0": {"start_token": ..., ...}, "gpu_1": {...}, ...}
+    older    {"gpus": {"0": {"start_token", "tokens_processed", "last_loss", ...}}}
+and the current one is always written, keeping every field we do not know, so the
+user's one-liner `json.load(open(p))['gpu_3']['start_token']` keeps working.
+
+Rules (issue 4): updated atomically, only from the workers' checkpoint events; a GPU's
+start_token never moves backwards except through a recorded rollback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from launcher.errors import UserError
+
+# The per-GPU fields this launcher maintains, in the order they are written.
+ENTRY_FIELDS = ("start_token", "checkpoint", "checkpoint_sha256", "shard", "stage", "ema_tf",
+                "lb", "updated_at", "hub_revision")
+_CURRENT_KEY = re.compile(r"^gpu_(\d+)$")
+
+
+class ManifestError(UserError):
+    """A malformed manifest: one line naming the problem, exit 2, nothing started."""
+
+
+class BackwardsError(RuntimeError):
+    """A start_token would move backwards outside a recorded rollback (a launcher bug)."""
+
+
+@dataclass
+class Manifest:
+    path: Path
+    entries: dict = field(default_factory=dict)   # gpu index -> dict of fields
+    extra: dict = field(default_factory=dict)     # unknown top-level keys, kept as read
+    layout: str = "current"                       # layout it was read in
+    exists: bool = False
+
+    def entry(self, gpu: int) -> dict:
+        return self.entries.setdefault(gpu, {})
+
+    def start_token(self, gpu: int) -> int:
+        return int(self.entries.get(gpu, {}).get("start_token", 0))
+
+    def to_json(self) -> dict:
+        out = dict(self.extra)
+        for gpu in sorted(self.entries):
+            entry = self.entries[gpu]
+            ordered = {k: entry[k] for k in ENTRY_FIELDS if k in entry}
+            ordered.update({k: v for k, v in entry.items() if k not in ordered})
+            out[f"gpu_{gpu}"] = ordered
+        return out
+
+
+def _no_duplicate_keys(pairs):
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ManifestError(f"key {key!r} appears twice")
+        seen[key] = value
+    return seen
+
+
+def read_manifest(path: str | Path) -> Manifest:
+    """Parse either layout; a missing file is an empty manifest (a fresh pod)."""
+    path = Path(path)
+    if not path.exists():
+        return Manifest(path)
+    try:
+        data = json.loads(path.read_text(), object_pairs_hook=_no_duplicate_keys)
+    except ManifestError as exc:
+        raise ManifestError(f"manifest {path}: {exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"manifest {path}: invalid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ManifestError(f"manifest {path}: expected a JSON object at the top level")
+
+    manifest = Manifest(path, exists=True)
+    sources: dict[int, str] = {}
+
+    def add(gpu_key: str, gpu: int, entry) -> None:
+        if not isinstance(entry, dict):
+            raise ManifestError(f"manifest {path}: {gpu_key} must be an object")
+        if gpu in sources:
+            raise ManifestError(f"manifest {path}: GPU {gpu} is listed twice "
+                                f"({sources[gpu]} and {gpu_key})")
+        sources[gpu] = gpu_key
+        manifest.entries[gpu] = dict(entry)
+
+    for key, value in data.items():
+        match = _CURRENT_KEY.match(key)
+        if match:
+            add(key, int(match.group(1)), value)
+        elif key == "gpus" and isinstance(value, dict):
+            manifest.layout = "older"
+            for sub, entry in value.items():
+                if not str(sub).isdigit():
+                    raise ManifestError(f"manifest {path}: gpus key {sub!r} is not a GPU index")
+                add(f"gpus.{sub}", int(sub), entry)
+        else:
+            manifest.extra[key] = value
+    for gpu, entry in manifest.entries.items():
+        _check_start_token(path, gpu, entry)
+    return manifest
+
+
+def _check_start_token(path: Path, gpu: int, entry: dict) -> None:
+    if "start_token" not in entry:
+        raise ManifestError(f"manifest {path}: gpu_{gpu} has no start_token")
+    token = entry["start_token"]
+    if isinstance(token, bool) or not isinstance(token, int):
+        raise ManifestError(f"manifest {path}: gpu_{gpu} start_token must be an integer, "
+                            f"got {token!r}")
+    if token < 0:
+        raise ManifestError(f"manifest {path}: gpu_{gpu} start_token is negative ({token})")
+
+
+def validate_for_launch(manifest: Manifest, pod_dir: Path, gpus: list[int],
+                        shard_path_of, shard_length_of) -> None:
+    """Everything `launch` needs before it starts anything. Raises ManifestError."""
+    where = f"manifest {manifest.path}"
+    for gpu in gpus:
+        entry = manifest.entries.get(gpu)
+        shard = pod_dir / (entry.get("shard") if entry and entry.get("shard")
+                           else shard_path_of(gpu))
+        if not shard.is_file():
+            raise ManifestError(f"shard for GPU {gpu} not found: {shard}")
+        if entry is None:
+            continue
+        length = shard_length_of(shard)
+        if entry["start_token"] > length:
+            raise ManifestError(f"{where}: gpu_{gpu} start_token {entry['start_token']} is past "
+                                f"the end of its shard {shard} ({length} tokens)")
+        ckpt = entry.get("checkpoint")
+        if ckpt and not (pod_dir / ckpt).is_file():
+            raise ManifestError(f"{where}: gpu_{gpu} checkpoint {ckpt} does not exist")
+        if entry["start_token"] > 0 and not ckpt:
+            raise ManifestError(f"{where}: gpu_{gpu} has progress (start_token "
+                                f"{entry['start_token']}) but names no checkpoint")
+
+
+def write_manifest(manifest: Manifest) -> None:
+    """Atomic: a temp file in the same directory, fsync, rename."""
+    manifest.path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(manifest.path, json.dumps(manifest.to_json(), indent=2) + "\n")
+    manifest.exists = True
+    manifest.layout = "current"
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o644)       # mkstemp makes 0600; the manifest is read by people too
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def relative_to_pod(path: str | Path, pod_dir: Path) -> str:
+    path = Path(path)
+    if not path.is_absolute():
+        return str(path)
+    try:
+        return str(path.resolve().relative_to(pod_dir.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def apply_checkpoint(manifest: Manifest, gpu: int, event: dict, stage: int, pod_dir: Path,
+                     shard: str) -> bool:
+    """Advance a GPU's entry from a worker's checkpoint event. False if it was stale.
+
+    An event whose next_token is behind the entry is refused (BackwardsError) unless it
+    repeats what is already recorded: only a rollback may move a GPU backwards."""
+    entry = manifest.entry(gpu)
+    next_token = int(event["next_token"])
+    current = entry.get("start_token")
+    if current is not None and next_token < current:
+        raise BackwardsError(f"gpu_{gpu}: checkpoint at token {next_token} is behind the "
+                             f"manifest ({current}); refused")
+    if current == next_token and entry.get("checkpoint_sha256") == event.get("sha256"):
+        return False
+    entry.update({
+        "start_token": next_token,
+        "checkpoint": relative_to_pod(event["path"], pod_dir),
+        "checkpoint_sha256": event.get("sha256"),
+        "shard": shard,
+        "stage": stage,
+        "ema_tf": event.get("ema_tf"),
+        "lb": event.get("lb"),
+        "updated_at": time.time(),
+    })
+    return True
+
+
+def apply_rollback(manifest: Manifest, gpu: int, target: dict, stage: int) -> dict:
+    """Set a GPU back to a passed checkpoint `target` (a checkpoint-index record).
+
+    Returns the entry it replaced; the caller records the rollback in events first."""
+    entry = manifest.entry(gpu)
+    before = dict(entry)
+    entry.update({
+        "start_token": int(target["next_token"]),
+        "checkpoint": target["path"],
+        "checkpoint_sha256": target["sha256"],
+        "stage": stage,
+        "ema_tf": target.get("ema_tf"),
+        "lb": target.get("lb"),
+        "updated_at": time.time(),
+    })
+    return before

@@ -1,0 +1,200 @@
+"""The pod config (fractus-pod.yaml in the pod directory) and the `init` presets.
+
+One file says how this pod runs: model preset, where shards/checkpoints/manifest live,
+which devices, the stage and criteria files, worker cadence, and the hub store. Paths are
+relative to the pod directory. Unknown keys are refused (a typo must not be ignored).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from launcher.errors import UserError
+
+CONFIG_NAME = "fractus-pod.yaml"
+# The repository's manifests/ directory: the default stage and criteria files.
+DEFAULT_MANIFESTS = Path(__file__).resolve().parents[1] / "manifests"
+
+
+@dataclass
+class PodConfig:
+    model: str = "1b"
+    # "cpu:N" (N CPU workers), "cuda" (every visible GPU), "cuda:0,1,2" or "cuda:0-7",
+    # or "auto": every GPU nvidia-smi lists, else cpu:2.
+    devices: str = "auto"
+    shards: str = "data/shard_phase2_gpu{i}.npy"
+    checkpoints: str = "checkpoints/fractus_1b_gpu{i}.pt"
+    manifest: str = "checkpoints/RESUME_MANIFEST_8GPU.json"
+    stages: str = "manifests/stages.yaml"
+    criteria: str = "manifests/trusted_loss.yaml"
+    # The worker command; "python" means the interpreter running the launcher.
+    worker: list = field(default_factory=lambda: ["python", "-u", "-m", "fractus.train.worker"])
+    # Extra worker settings for every GPU and stage (e.g. SEQ for a small demo model).
+    env: dict = field(default_factory=dict)
+    save_every: int = 800
+    save_keep: int = 3
+    log_every: int = 40
+    poll_interval_s: float = 1.0     # how often the launcher reads the metrics files
+    stop_grace_s: float = 120.0      # SIGTERM -> SIGKILL for a worker that must stop
+    hub: str | None = None           # "file://hub" or "hf://owner/repo" (see launcher/hub)
+    sync: dict = field(default_factory=lambda: {"interval_s": 3600})
+    # `init` writes synthetic shards with these (tiny preset); unused otherwise.
+    demo_data: dict | None = None
+
+    def shard_path(self, gpu: int) -> str:
+        return self.shards.format(i=gpu)
+
+    def checkpoint_path(self, gpu: int) -> str:
+        return self.checkpoints.format(i=gpu)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+PRESETS: dict[str, PodConfig] = {
+    # The CPU demo and tests: two tiny workers on synthetic shards, a local hub store.
+    "tiny-cpu": PodConfig(
+        model="tiny", devices="cpu:2", env={"SEQ": "32"}, save_every=25, save_keep=3,
+        log_every=5, poll_interval_s=0.5, stop_grace_s=30.0, hub="file://hub",
+        sync={"interval_s": 600},
+        demo_data={"tokens": 1_000_000, "vocab": 512, "seed": 0}),
+    # The production run: eight GPUs, the user's cadence (log every 40, save every 800).
+    "1b-8gpu": PodConfig(model="1b", devices="cuda:0-7", hub=None),
+}
+
+
+def _check_types(data: dict, source: str) -> None:
+    fields = {f.name: f for f in dataclasses.fields(PodConfig)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise UserError(f"{source}: unknown key(s) {unknown}; known: {sorted(fields)}")
+    defaults = PodConfig()
+    for key, value in data.items():
+        default = getattr(defaults, key)
+        if value is None and key in ("hub", "demo_data"):
+            continue
+        expected = type(default) if default is not None else (str if key == "hub" else dict)
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            continue
+        if isinstance(value, bool) or not isinstance(value, expected):
+            raise UserError(f"{source}: {key} must be a {expected.__name__}, got {value!r}")
+    for key in ("save_every", "save_keep", "log_every"):
+        if key in data and data[key] < (0 if key == "save_every" else 1):
+            raise UserError(f"{source}: {key} must be >= {0 if key == 'save_every' else 1}")
+    for key in ("shards", "checkpoints"):
+        if key in data and "{i}" not in data[key]:
+            raise UserError(f"{source}: {key} must contain {{i}} (the GPU index), "
+                            f"got {data[key]!r}")
+
+
+def load_config(pod_dir: Path) -> PodConfig:
+    path = pod_dir / CONFIG_NAME
+    if not path.is_file():
+        raise UserError(f"no {CONFIG_NAME} in {pod_dir}: run `fractus-pod init` first")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise UserError(f"{path}: invalid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a mapping of settings")
+    _check_types(data, str(path))
+    config = PodConfig(**data)
+    config.env = {str(k): str(v) for k, v in config.env.items()}
+    parse_devices(config.devices)      # fail early on a malformed devices string
+    return config
+
+
+def write_config(pod_dir: Path, config: PodConfig, preset: str) -> Path:
+    from launcher.manifest import atomic_write_text
+    path = pod_dir / CONFIG_NAME
+    header = (f"# fractus-pod config (preset {preset}). Paths are relative to this directory.\n"
+              f"# Keys: see docs/LAUNCHER.md. Stage settings: {config.stages}; "
+              f"health thresholds: {config.criteria}.\n")
+    atomic_write_text(path, header + yaml.safe_dump(config.to_dict(), sort_keys=False))
+    return path
+
+
+def init_pod(pod_dir: Path, preset: str, force: bool = False) -> list[Path]:
+    """Write fractus-pod.yaml and copy the default stage/criteria files; returns what it wrote."""
+    if preset not in PRESETS:
+        raise UserError(f"unknown preset {preset!r}: expected one of {sorted(PRESETS)}")
+    pod_dir.mkdir(parents=True, exist_ok=True)
+    if (pod_dir / CONFIG_NAME).exists() and not force:
+        raise UserError(f"{pod_dir / CONFIG_NAME} already exists (use --force to overwrite)")
+    config = dataclasses.replace(PRESETS[preset])
+    written = [write_config(pod_dir, config, preset)]
+    for name, rel in (("stages.yaml", config.stages), ("trusted_loss.yaml", config.criteria)):
+        target = pod_dir / rel
+        source = DEFAULT_MANIFESTS / name
+        if target.resolve() == source.resolve() or (target.exists() and not force):
+            continue    # the pod is the repository itself, or the user's copy is kept
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+        written.append(target)
+    for sub in ("checkpoints", "data", "logs"):
+        (pod_dir / sub).mkdir(exist_ok=True)
+    return written
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One worker: GPU_ID and how the device is exposed to it."""
+    gpu: int
+    device: str          # "cpu" or "cuda"
+
+
+def _visible_gpu_count() -> int:
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def _index_list(text: str, source: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        lo, dash, hi = part.partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()):
+            raise UserError(f"{source}: bad GPU list {text!r} (expected e.g. 0,1,2 or 0-7)")
+        out.extend(range(int(lo), int(hi) + 1) if dash else [int(lo)])
+    if len(set(out)) != len(out):
+        raise UserError(f"{source}: GPU listed twice in {text!r}")
+    return out
+
+
+def parse_devices(spec: str, gpus: str | None = None) -> list[Slot]:
+    """Resolve a devices string (and an optional --gpus subset) to worker slots."""
+    spec = spec.strip()
+    kind, _, rest = spec.partition(":")
+    if kind == "auto":
+        count = _visible_gpu_count()
+        slots = [Slot(i, "cuda") for i in range(count)] or [Slot(i, "cpu") for i in range(2)]
+    elif kind == "cpu":
+        if not rest.isdigit() or int(rest) < 1:
+            raise UserError(f"devices: expected cpu:N with N >= 1, got {spec!r}")
+        slots = [Slot(i, "cpu") for i in range(int(rest))]
+    elif kind == "cuda":
+        indices = _index_list(rest, "devices") if rest else list(range(_visible_gpu_count()))
+        if not indices:
+            raise UserError("devices: cuda requested but no GPU is visible (try --devices cpu:2)")
+        slots = [Slot(i, "cuda") for i in indices]
+    else:
+        raise UserError(f"devices: expected auto, cpu:N or cuda[:LIST], got {spec!r}")
+    if gpus:
+        wanted = _index_list(gpus, "--gpus")
+        have = {s.gpu for s in slots}
+        missing = [g for g in wanted if g not in have]
+        if missing:
+            raise UserError(f"--gpus {gpus}: GPU(s) {missing} not in devices {spec!r}")
+        slots = [s for s in slots if s.gpu in wanted]
+    return slots

@@ -1,0 +1,170 @@
+"""Everything `launch` checks and settles before it starts a single worker.
+
+Order: config files -> devices -> the pod lock -> no worker already on a requested GPU ->
+manifest (read, reconcile with checkpoint events a dead launcher missed, validate) ->
+verdict baseline. Any problem raises UserError (one line, exit 2) and nothing is started.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from launcher.ckpt_index import PASSED, CheckpointIndex, sha256_file
+from launcher.criteria import Criteria, load_criteria
+from launcher.errors import PodBusy, UserError
+from launcher.events import EventLog
+from launcher.manifest import (Manifest, ManifestError, apply_checkpoint, read_manifest,
+                               relative_to_pod, validate_for_launch, write_manifest)
+from launcher.podconfig import PodConfig, Slot, load_config, parse_devices
+from launcher.stages import Stage, get_stage, load_stages
+from launcher.workers import busy_cuda_gpus, metrics_path, read_records, running_workers
+
+
+@dataclass
+class LaunchPlan:
+    pod_dir: Path
+    config: PodConfig
+    stages: dict[int, Stage]
+    criteria: Criteria
+    stage: int
+    slots: list[Slot]
+    max_time: float | None = None
+    max_steps: int | None = None
+    faults: dict = field(default_factory=dict)   # gpu -> FRACTUS_FAULT for its first start
+
+
+def shard_length(path: Path) -> int:
+    """Tokens in a shard; .npy headers are read without loading the data."""
+    if path.suffix == ".npy":
+        try:
+            return int(np.load(path, mmap_mode="r").shape[0])
+        except (ValueError, OSError) as exc:
+            raise ManifestError(f"shard {path}: not a readable .npy file ({exc})") from None
+    from fractus.data import ShardError, TokenShard
+    try:
+        return len(TokenShard(path))
+    except ShardError as exc:
+        raise ManifestError(str(exc)) from None
+
+
+def load_plan(pod_dir: Path, stage: int | None, devices: str | None, gpus: str | None,
+              max_time: float | None = None, max_steps: int | None = None,
+              faults: dict | None = None) -> tuple[LaunchPlan, Manifest]:
+    config = load_config(pod_dir)
+    stages = load_stages(pod_dir / config.stages)
+    criteria = load_criteria(pod_dir / config.criteria)
+    slots = parse_devices(devices or config.devices, gpus)
+    manifest = read_manifest(pod_dir / config.manifest)
+    if stage is None:
+        recorded = {e.get("stage") for e in manifest.entries.values() if e.get("stage")}
+        stage = min(recorded) if recorded else 1
+    get_stage(stages, stage)
+    if max_time is not None and max_time <= 0:
+        raise UserError(f"--max-time must be > 0 seconds, got {max_time}")
+    for gpu in (faults or {}):
+        if gpu not in {s.gpu for s in slots}:
+            raise UserError(f"--fault names GPU {gpu}, which this launch does not run")
+    plan = LaunchPlan(pod_dir, config, stages, criteria, stage, slots, max_time, max_steps,
+                      dict(faults or {}))
+    return plan, manifest
+
+
+def refuse_if_busy(plan: LaunchPlan) -> None:
+    wanted = {s.gpu for s in plan.slots}
+    ours = {g: pid for g, pid in running_workers(plan.pod_dir).items() if g in wanted}
+    if ours:
+        gpu, pid = sorted(ours.items())[0]
+        raise PodBusy(f"a worker (pid {pid}) already runs on GPU {gpu} of this pod; "
+                      f"stop it before launching")
+    cuda = busy_cuda_gpus([s.gpu for s in plan.slots if s.device == "cuda"])
+    if cuda:
+        gpu, pids = sorted(cuda.items())[0]
+        raise PodBusy(f"GPU {gpu} already runs process(es) {pids}; refusing to share it")
+
+
+def reconcile(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
+              events: EventLog) -> None:
+    """Adopt checkpoints a worker wrote after its launcher died (from its checkpoint events,
+    verified against the file's sha256): the worker checkpoints on the SIGTERM it gets
+    when the launcher dies, and that progress must not be thrown away."""
+    changed = False
+    for slot in plan.slots:
+        gpu = slot.gpu
+        entry = manifest.entries.get(gpu, {})
+        since = entry.get("updated_at", 0.0)
+        current = entry.get("start_token", -1)
+        candidates = [r for r in read_records(plan.pod_dir / metrics_path(gpu))
+                      if r.get("event") == "checkpoint" and r.get("ts", 0) > since
+                      and int(r.get("next_token", -1)) > current]
+        for event in sorted(candidates, key=lambda r: -int(r["next_token"])):
+            recorded = index.records.get((gpu, event.get("sha256")))
+            if recorded is not None and recorded["verdict"] == "failed":
+                continue
+            path = plan.pod_dir / relative_to_pod(event["path"], plan.pod_dir)
+            if not path.is_file() or sha256_file(path) != event.get("sha256"):
+                continue
+            stage = entry.get("stage", plan.stage)
+            rel = relative_to_pod(event["path"], plan.pod_dir)
+            index.add(gpu, event, stage, rel)
+            apply_checkpoint(manifest, gpu, event, stage, plan.pod_dir,
+                             entry.get("shard") or plan.config.shard_path(gpu))
+            events.emit("manifest_reconciled", gpu=gpu, start_token=int(event["next_token"]),
+                        checkpoint=rel, reason="checkpoint written after the launcher stopped")
+            changed = True
+            break
+    if changed:
+        write_manifest(manifest)
+
+
+def restore_from_hub(plan: LaunchPlan, manifest: Manifest, events: EventLog) -> None:
+    """A checkpoint the manifest names but the disk lacks (or holds other bytes: checked
+    for files small enough to hash quickly) is pulled from the hub revision the manifest
+    records for it. Without a hub or a revision, validation refuses the launch instead."""
+    from launcher.ckpt_index import VERIFY_BELOW_BYTES
+    for slot in plan.slots:
+        entry = manifest.entries.get(slot.gpu) or {}
+        rel, revision = entry.get("checkpoint"), entry.get("hub_revision")
+        if not rel or not revision or not plan.config.hub:
+            continue
+        path = plan.pod_dir / rel
+        if path.is_file() and (path.stat().st_size > VERIFY_BELOW_BYTES
+                               or not entry.get("checkpoint_sha256")
+                               or sha256_file(path) == entry["checkpoint_sha256"]):
+            continue
+        from launcher.hub import HubError, open_store
+        try:
+            open_store(plan.config.hub, plan.pod_dir).pull([rel], revision=revision)
+        except (HubError, ValueError) as exc:
+            raise UserError(f"gpu_{slot.gpu} checkpoint {rel} is missing or damaged and the "
+                            f"hub could not restore it: {exc}") from None
+        events.emit("checkpoint_pulled", gpu=slot.gpu, checkpoint=rel, revision=revision)
+
+
+def validate(plan: LaunchPlan, manifest: Manifest) -> None:
+    validate_for_launch(manifest, plan.pod_dir, [s.gpu for s in plan.slots],
+                        plan.config.shard_path, shard_length)
+
+
+def record_baselines(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex) -> None:
+    """A GPU with progress but no verdict history (a pod this launcher never ran, e.g. the
+    user's live run) trusts the checkpoint its manifest names: it is the run as it stands."""
+    for slot in plan.slots:
+        entry = manifest.entries.get(slot.gpu)
+        if not entry or not entry.get("checkpoint"):
+            continue
+        if any(r["verdict"] == PASSED for r in index.for_gpu(slot.gpu)):
+            continue
+        path = plan.pod_dir / entry["checkpoint"]
+        sha = entry.get("checkpoint_sha256") or sha256_file(path)
+        event = {"sha256": sha, "next_token": entry["start_token"], "path": entry["checkpoint"],
+                 "ema_tf": entry.get("ema_tf"), "lb": entry.get("lb"),
+                 "bytes": path.stat().st_size}
+        reason = "launch baseline: the checkpoint the manifest names"
+        if (slot.gpu, sha) in index.records:
+            index.mark(slot.gpu, sha, PASSED, reason)
+        else:
+            index.add(slot.gpu, event, entry.get("stage", plan.stage), entry["checkpoint"],
+                      verdict=PASSED, reason=reason)

@@ -1,0 +1,194 @@
+"""`fractus-pod status`: the pod as its files describe it (works with or without a launcher).
+
+Sources: logs/pod_state.json (the launcher's view: pids, verdicts), the manifest (resume
+points, hub revisions), each worker's METRICS file (latest numbers), logs/events.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import psutil
+
+from launcher.events import read_events
+from launcher.lock import read_holder
+from launcher.manifest import ManifestError, read_manifest
+from launcher.podconfig import PodConfig, parse_devices
+from launcher.state import read_pod_state
+from launcher.workers import metrics_path
+
+TAIL_BYTES = 64 * 1024
+
+
+def last_metrics(path: Path) -> dict | None:
+    """The newest metrics record of a METRICS file, reading only its tail."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - TAIL_BYTES))
+            lines = f.read().split(b"\n")
+    except FileNotFoundError:
+        return None
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
+        if isinstance(record, dict) and record.get("type") == "metrics":
+            return record
+    return None
+
+
+def _shard_len(pod_dir: Path, rel: str) -> int | None:
+    from launcher.prepare import shard_length
+    try:
+        return shard_length(pod_dir / rel)
+    except (ManifestError, FileNotFoundError, OSError):
+        return None
+
+
+def _alive(pid) -> bool:
+    try:
+        return pid is not None and psutil.Process(int(pid)).status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, ValueError):
+        return False
+
+
+def collect(pod_dir: Path, config: PodConfig, n_events: int = 8) -> dict:
+    now = time.time()
+    holder = read_holder(pod_dir)
+    state = read_pod_state(pod_dir) if holder is not None else None
+    last_state = state or read_pod_state(pod_dir) or {}
+    try:
+        manifest = read_manifest(pod_dir / config.manifest)
+        entries, manifest_error = manifest.entries, None
+    except ManifestError as exc:
+        entries, manifest_error = {}, str(exc)
+    try:
+        gpus = sorted({s.gpu for s in parse_devices(config.devices)} | set(entries))
+    except Exception:
+        gpus = sorted(entries)
+    gpu_states = (state or {}).get("gpus", {})
+    last_gpu_states = last_state.get("gpus", {})     # verdicts survive the launcher
+    rows = []
+    for gpu in gpus:
+        entry = entries.get(gpu, {})
+        live = gpu_states.get(str(gpu), {})
+        last = last_gpu_states.get(str(gpu), {})
+        metrics = last_metrics(pod_dir / metrics_path(gpu)) or {}
+        if state and metrics.get("ts", 0) < state.get("started_at", 0):
+            metrics = {}          # a line from before this launch: not this run's numbers
+        shard = entry.get("shard") or config.shard_path(gpu)
+        length = _shard_len(pod_dir, shard)
+        # Running: the worker's newest line is the truth; stopped: the manifest is (the
+        # final checkpoint comes after the last metrics line, a rollback before it).
+        next_token = (metrics.get("next_token") if state and metrics else None)
+        if next_token is None:
+            next_token = entry.get("start_token", metrics.get("next_token"))
+        ckpt = pod_dir / entry["checkpoint"] if entry.get("checkpoint") else None
+        ckpt_age = now - ckpt.stat().st_mtime if ckpt is not None and ckpt.exists() else None
+        pid = live.get("pid")
+        rows.append({
+            "gpu": gpu,
+            "pid": pid,
+            "alive": _alive(pid),
+            "state": live.get("state", "not running"),
+            "stage": entry.get("stage"),
+            "next_token": next_token,
+            "start_token": entry.get("start_token"),
+            "shard_tokens": length,
+            "shard_pct": (100.0 * next_token / length) if length and next_token is not None
+            else None,
+            "ema_tf": metrics.get("ema_tf", entry.get("ema_tf")),
+            "ema_ss": metrics.get("ema_ss"),
+            "lb": metrics.get("lb", entry.get("lb")),
+            "tok_s": metrics.get("tok_s"),
+            "mem_gb": metrics.get("mem_gb"),
+            "metrics_age_s": now - metrics["ts"] if metrics.get("ts") else None,
+            "checkpoint": entry.get("checkpoint"),
+            "checkpoint_age_s": ckpt_age,
+            "hub_revision": entry.get("hub_revision"),
+            "verdict": last.get("verdict"),
+            "reason": last.get("reason"),
+            "restarts": last.get("restarts", 0),
+            "verdict_from_last_run": state is None and bool(last),
+        })
+    pod_state = (state or {}).get("pod_state") if holder is not None else None
+    if pod_state is None:
+        pod_state = {"failed": "FAILED"}.get(last_state.get("pod_state"), "not running")
+    return {
+        "pod_dir": str(pod_dir),
+        "launcher_pid": (holder or {}).get("pid") if holder is not None else None,
+        "pod_state": pod_state.upper() if pod_state != "not running" else pod_state,
+        "stage": last_state.get("stage") if state else _manifest_stage(entries),
+        "stage_name": last_state.get("stage_name") if state else None,
+        "reason": last_state.get("reason"),
+        "uptime_s": now - state["started_at"] if state and state.get("started_at") else None,
+        "manifest_error": manifest_error,
+        "gpus": rows,
+        "events": read_events(pod_dir, last=n_events),
+    }
+
+
+def _manifest_stage(entries: dict):
+    stages = {e.get("stage") for e in entries.values() if e.get("stage") is not None}
+    return min(stages) if stages else None
+
+
+def _fmt(value, spec: str = "", none: str = "-") -> str:
+    if value is None:
+        return none
+    return format(value, spec) if spec else str(value)
+
+
+def _age(seconds) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
+
+
+def render(report: dict):
+    """A rich renderable: pod header, per-GPU table, recent events."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    head = (f"pod {report['pod_dir']}: {report['pod_state']}"
+            f"  stage {_fmt(report['stage'])}"
+            + (f" ({report['stage_name']})" if report.get("stage_name") else "")
+            + (f"  uptime {_age(report['uptime_s'])}" if report.get("uptime_s") else "")
+            + (f"  launcher pid {report['launcher_pid']}" if report.get("launcher_pid") else ""))
+    parts = [Text(head, style="bold")]
+    if report.get("reason"):
+        parts.append(Text(f"reason: {report['reason']}"))
+    if report.get("manifest_error"):
+        parts.append(Text(f"manifest: {report['manifest_error']}", style="red"))
+    table = Table(show_header=True, header_style="bold")
+    for col in ("GPU", "pid", "state", "stage", "next_token", "shard %", "ema_tf", "ema_ss",
+                "lb", "tok/s", "mem GB", "ckpt age", "hub rev", "verdict", "reason"):
+        table.add_column(col, overflow="fold")
+    for r in report["gpus"]:
+        pid = f"{r['pid']}{'' if r['alive'] else ' (dead)'}" if r["pid"] else "-"
+        table.add_row(str(r["gpu"]), pid, r["state"], _fmt(r["stage"]),
+                      _fmt(r["next_token"], ","), _fmt(r["shard_pct"], ".2f"),
+                      _fmt(r["ema_tf"], ".4f"), _fmt(r["ema_ss"], ".4f"), _fmt(r["lb"], ".3f"),
+                      _fmt(r["tok_s"], ".0f"), _fmt(r["mem_gb"], ".2f"),
+                      _age(r["checkpoint_age_s"]), _fmt(r["hub_revision"])[:12],
+                      _fmt(r["verdict"]) + (" (last run)" if r["verdict_from_last_run"] else ""),
+                      _fmt(r["reason"]))
+    parts.append(table)
+    if report["events"]:
+        parts.append(Text("recent events:", style="bold"))
+        for e in report["events"]:
+            when = time.strftime("%H:%M:%S", time.localtime(e.get("ts", 0)))
+            rest = {k: v for k, v in e.items() if k not in ("ts", "event")}
+            parts.append(Text(f"  {when} {e.get('event')} {json.dumps(rest, default=str)[:160]}"))
+    return Group(*parts)

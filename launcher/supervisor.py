@@ -1,0 +1,343 @@
+"""The pod supervisor: one worker per GPU, health checks, restarts, hang detection, rollback.
+
+A single-threaded poll loop (every `poll_interval_s`): read each worker's new metrics
+lines, feed the health checks, record checkpoints, react to exits and hangs, then write
+logs/pod_state.json for `status`. Decisions go to logs/events.jsonl before they act.
+
+Rollback (issue 4): when a GPU fails its checks at stage N, its worker is killed (its
+progress since the last passed checkpoint is discarded; a graceful save would only
+rotate a good file out), the others stop gracefully and keep their progress, the failed
+GPU's manifest entry goes back to its newest passed checkpoint, and the pod restarts at
+stage N-1. A failure at stage 1, or a second failure after a rollback, stops the pod:
+FAILED, exit 1. It never loops.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from launcher.ckpt_index import FAILED as CK_FAILED
+from launcher.ckpt_index import PASSED as CK_PASSED
+from launcher.ckpt_index import CheckpointIndex
+from launcher.events import EventLog
+from launcher.health import FAILED, INCONCLUSIVE, SUCCESSFUL, GpuHealth
+from launcher.manifest import (BackwardsError, Manifest, apply_checkpoint, apply_rollback,
+                               relative_to_pod, write_manifest)
+from launcher.podconfig import Slot
+from launcher.prepare import LaunchPlan
+from launcher.state import write_pod_state
+from launcher.workers import MetricsTail, WorkerSpec, kill, metrics_path, spawn, terminate
+
+RUNNING, BACKOFF, DONE, STOPPED, GPU_FAILED = "running", "backoff", "done", "stopped", "failed"
+ROLLBACK_REQUEST = "logs/rollback_request.json"
+
+
+@dataclass
+class GpuRun:
+    slot: Slot
+    tail: MetricsTail
+    health: GpuHealth | None = None
+    proc: object = None
+    state: str = RUNNING
+    started_at: float = 0.0
+    last_line_at: float | None = None
+    restarts: deque = field(default_factory=deque)
+    restart_at: float = 0.0
+    exit_code: int | None = None
+    last_metrics: dict | None = None
+    last_error: str | None = None
+    verified_seen: tuple | None = None
+
+
+class Supervisor:
+    def __init__(self, plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
+                 events: EventLog):
+        self.plan, self.manifest, self.index, self.events = plan, manifest, index, events
+        self.pod_dir: Path = plan.pod_dir
+        self.stage = plan.stage
+        self.runs = {s.gpu: GpuRun(s, MetricsTail(self.pod_dir / metrics_path(s.gpu)))
+                     for s in plan.slots}
+        self.pod_state = "starting"
+        self.exit_code = 0
+        self.rolled_back = False
+        self.stop_reason: str | None = None
+        self.started_at = time.time()
+        self.announced: str | None = None
+        self.reason = ""
+        self._state_written = 0.0
+
+    # ---- lifecycle ----------------------------------------------------------------
+    def run(self) -> int:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        deadline = None if self.plan.max_time is None else time.monotonic() + self.plan.max_time
+        self.events.emit("launch", stage=self.stage, gpus=[s.gpu for s in self.plan.slots],
+                         devices=sorted({s.device for s in self.plan.slots}))
+        recorded = {e.get("stage") for e in self.manifest.entries.values() if e.get("stage")}
+        if recorded and recorded != {self.stage}:
+            # Where issue 6's canary will sit: a switch up is checked before it happens.
+            self.events.emit("stage_change", from_stage=sorted(recorded), to_stage=self.stage,
+                             reason="launch")
+        self._start_all()
+        while self.pod_state not in ("stopped", "done", "failed"):
+            self._poll()
+            if self.stop_reason and self.pod_state == "running":
+                self._stop(self.stop_reason)
+            elif deadline is not None and time.monotonic() >= deadline \
+                    and self.pod_state == "running":
+                self._stop(f"--max-time {self.plan.max_time:g}s reached")
+            else:
+                time.sleep(self.plan.config.poll_interval_s)
+        self._write_state(force=True)
+        return self.exit_code
+
+    def _on_signal(self, signum, frame) -> None:
+        self.stop_reason = f"{signal.Signals(signum).name} received"
+
+    def _start_all(self) -> None:
+        for run in self.runs.values():
+            self._start_worker(run, fresh_health=True)
+        self.pod_state = "running"
+        self._write_state(force=True)
+
+    def _start_worker(self, run: GpuRun, fresh_health: bool) -> None:
+        gpu = run.slot.gpu
+        stage = self.plan.stages[self.stage]
+        entry = self.manifest.entries.get(gpu)
+        resume_ema = entry.get("ema_tf") if entry else None
+        if fresh_health or run.health is None:
+            run.health = GpuHealth(self.plan.criteria, stage.window,
+                                   lb_baseline=entry.get("lb") if entry else None,
+                                   resume_ema_tf=resume_ema)
+        else:
+            run.health.start(resume_ema)
+        spec = WorkerSpec(run.slot, stage.settings,
+                          start_token=entry["start_token"] if entry else None,
+                          ckpt_in=entry.get("checkpoint") if entry else None,
+                          max_steps=self.plan.max_steps,
+                          fault=self.plan.faults.pop(gpu, None))
+        run.tail.read()                      # skip anything older than this start
+        run.proc = spawn(self.plan.config, self.pod_dir, spec)
+        run.state, run.exit_code = RUNNING, None
+        run.started_at, run.last_line_at = time.monotonic(), None
+        self.events.emit("worker_start", gpu=gpu, pid=run.proc.pid, stage=self.stage,
+                         start_token=spec.start_token, checkpoint=spec.ckpt_in,
+                         fault=spec.fault)
+
+    # ---- the poll loop ------------------------------------------------------------
+    def _poll(self) -> None:
+        now = time.monotonic()
+        for run in self.runs.values():
+            self._drain(run)
+            if run.proc is not None and run.proc.poll() is not None:
+                self._drain(run)
+                self._on_exit(run, run.proc.returncode)
+            elif run.state == RUNNING and run.proc is not None:
+                self._check_hang(run, now)
+            elif run.state == BACKOFF and now >= run.restart_at and self.pod_state == "running":
+                self._start_worker(run, fresh_health=False)
+        failed = [r for r in self.runs.values() if r.health and r.health.failed()]
+        if failed and self.pod_state == "running":
+            self._rollback(failed, auto=True)
+        elif self.pod_state == "running":
+            self._check_request()
+            self._announce_stage_verdict()
+            if all(r.state in (DONE, STOPPED) for r in self.runs.values()):
+                self.pod_state = "done"
+                self.events.emit("pod_done", stage=self.stage)
+        self._write_state()
+
+    def _drain(self, run: GpuRun) -> None:
+        for record in run.tail.read():
+            if record.get("type") == "metrics":
+                run.last_line_at = time.monotonic()
+                run.last_metrics = record
+                run.health.feed(record)
+                self._mark_verified(run)
+            elif record.get("type") == "event":
+                kind = record.get("event")
+                if kind == "checkpoint":
+                    self._on_checkpoint(run, record)
+                elif kind in ("nan", "oom"):
+                    run.health.event(record)
+                elif kind == "error":
+                    run.last_error = str(record.get("message"))[:300]
+
+    def _on_checkpoint(self, run: GpuRun, event: dict) -> None:
+        gpu = run.slot.gpu
+        rel = relative_to_pod(event["path"], self.pod_dir)
+        record = self.index.add(gpu, event, self.stage, rel)
+        if run.health.failed() or event.get("ema_tf") is None:
+            self.index.mark(gpu, record["sha256"], CK_FAILED, "written after its GPU failed")
+            return
+        try:
+            changed = apply_checkpoint(self.manifest, gpu, event, self.stage, self.pod_dir,
+                                       self.plan.config.shard_path(gpu))
+        except BackwardsError as exc:
+            self.events.emit("manifest_refused", gpu=gpu, reason=str(exc))
+            return
+        if changed:
+            write_manifest(self.manifest)
+        self._mark_verified(run)
+
+    def _mark_verified(self, run: GpuRun) -> None:
+        verified = run.health.verified_step
+        if verified is None or (verified, self.index.size) == run.verified_seen:
+            return          # nothing new to judge: the common case, once per metrics line
+        run.verified_seen = (verified, self.index.size)
+        for record in self.index.pending(run.slot.gpu):
+            if record.get("step") is not None and record["step"] <= verified:
+                self.index.mark(run.slot.gpu, record["sha256"], CK_PASSED,
+                                f"checks passed through step {verified} at stage {self.stage}")
+
+    def _on_exit(self, run: GpuRun, code: int) -> None:
+        gpu = run.slot.gpu
+        run.proc, run.exit_code = None, code
+        self.events.emit("worker_exit", gpu=gpu, code=code, stage=self.stage)
+        if self.pod_state != "running":
+            run.state = STOPPED
+        elif code == 0:
+            run.state = DONE
+        elif code == 2:
+            run.state = GPU_FAILED
+            self._fail_pod(f"GPU {gpu}: the worker refused its settings or files (exit 2); "
+                           f"see logs/worker_gpu{gpu}.log", exit_code=2)
+        elif code in (3, 4):
+            run.state = GPU_FAILED
+            run.health.exit_code(code)
+        else:
+            self._crash(run, f"exit code {code}")
+
+    def _crash(self, run: GpuRun, reason: str) -> None:
+        policy = self.plan.criteria.restarts
+        now = time.monotonic()
+        run.restarts.append(now)
+        while run.restarts and run.restarts[0] < now - policy.window_s:
+            run.restarts.popleft()
+        if len(run.restarts) > policy.max_restarts:
+            run.state = GPU_FAILED
+            run.health.fail("restarts", f"{len(run.restarts)} crashes within "
+                                        f"{policy.window_s:g}s (last: {reason})")
+            return
+        delay = policy.backoff(len(run.restarts))
+        run.state, run.restart_at = BACKOFF, now + delay
+        self.events.emit("worker_crash", gpu=run.slot.gpu, reason=reason,
+                         restart_in_s=delay, restarts=len(run.restarts))
+
+    def _check_hang(self, run: GpuRun, now: float) -> None:
+        hang = self.plan.criteria.hang
+        since = run.last_line_at if run.last_line_at is not None else run.started_at
+        limit = hang.timeout_s if run.last_line_at is not None else hang.startup_timeout_s
+        if now - since <= limit:
+            return
+        self.events.emit("hang", gpu=run.slot.gpu, pid=run.proc.pid,
+                         silent_s=round(now - since, 2), limit_s=limit)
+        kill(run.proc)
+        self._drain(run)
+        run.proc, run.exit_code = None, -9
+        self._crash(run, f"hang: no metrics line for {now - since:.0f}s")
+
+    # ---- stage verdicts, rollback, stop -------------------------------------------
+    def _announce_stage_verdict(self) -> None:
+        phases = {r.health.phase() for r in self.runs.values()}
+        verdict = None
+        if phases == {SUCCESSFUL}:
+            verdict = "stage_passed"
+        elif INCONCLUSIVE in phases and phases <= {SUCCESSFUL, INCONCLUSIVE}:
+            verdict = "stage_inconclusive"
+        if verdict and verdict != self.announced:
+            self.announced = verdict
+            reasons = {r.slot.gpu: r.health.verdict().reason for r in self.runs.values()}
+            self.events.emit(verdict, stage=self.stage, reasons=reasons)
+
+    def _stop_workers(self, kill_gpus: set[int]) -> None:
+        for run in self.runs.values():
+            if run.proc is not None and run.slot.gpu in kill_gpus:
+                kill(run.proc)
+        terminate([r.proc for r in self.runs.values() if r.proc is not None],
+                  self.plan.config.stop_grace_s)
+        for run in self.runs.values():
+            self._drain(run)
+            if run.proc is not None:
+                self.events.emit("worker_exit", gpu=run.slot.gpu, code=run.proc.returncode,
+                                 stage=self.stage)
+            run.proc, run.state = None, STOPPED
+
+    def _rollback(self, failed: list[GpuRun], auto: bool, to_stage: int | None = None) -> None:
+        from_stage = self.stage
+        target_stage = from_stage - 1 if to_stage is None else to_stage
+        for run in failed:
+            self.events.emit("check_failed", gpu=run.slot.gpu, stage=from_stage,
+                             reason=run.health.verdict().reason)
+        if auto and (from_stage <= 1 or self.rolled_back):
+            why = ("stage 1 failed: there is no stage below it" if from_stage <= 1 else
+                   f"stage {from_stage} failed after a rollback: not looping")
+            self._fail_pod(f"{why} (GPU {failed[0].slot.gpu}: "
+                           f"{failed[0].health.verdict().reason})", exit_code=1)
+            return
+        self.pod_state = "rolling_back"
+        self._write_state(force=True)
+        self._stop_workers(kill_gpus={r.slot.gpu for r in failed})
+        for run in failed:
+            gpu = run.slot.gpu
+            for record in self.index.pending(gpu):
+                self.index.mark(gpu, record["sha256"], CK_FAILED,
+                                f"GPU failed at stage {from_stage} before this was verified")
+            target = self.index.newest_passed(gpu)
+            if target is None:
+                self._fail_pod(f"GPU {gpu} failed and has no passed checkpoint to restore",
+                               exit_code=1)
+                return
+            self.events.emit("rollback", gpu=gpu, from_stage=from_stage, to_stage=target_stage,
+                             from_token=self.manifest.start_token(gpu),
+                             to_token=target["next_token"], checkpoint=target["path"],
+                             reason=run.health.verdict().reason, automatic=auto)
+            apply_rollback(self.manifest, gpu, target, target_stage)
+        write_manifest(self.manifest)
+        self.rolled_back = self.rolled_back or auto
+        self.events.emit("stage_change", from_stage=from_stage, to_stage=target_stage,
+                         reason="rollback")
+        self.stage, self.announced = target_stage, None
+        self._start_all()
+        self.events.emit("pod_running", stage=self.stage, after="rollback")
+
+    def _check_request(self) -> None:
+        """A `fractus-pod rollback --to-stage N` issued while this launcher runs."""
+        from launcher.state import take_rollback_request
+        request = take_rollback_request(self.pod_dir)
+        if request is None:
+            return
+        gpus = [g for g in request.get("gpus", []) if g in self.runs]
+        for gpu in gpus:
+            self.runs[gpu].health.fail("manual", "rollback requested by hand")
+        self._rollback([self.runs[g] for g in gpus], auto=False,
+                       to_stage=int(request["to_stage"]))
+
+    def _fail_pod(self, reason: str, exit_code: int) -> None:
+        self.pod_state, self.reason = "failing", reason
+        failed = {r.slot.gpu for r in self.runs.values()
+                  if r.health and r.health.phase() == FAILED}
+        self._stop_workers(kill_gpus=failed)
+        for gpu in failed:
+            for record in self.index.pending(gpu):
+                self.index.mark(gpu, record["sha256"], CK_FAILED, "its GPU failed")
+        self.events.emit("pod_failed", stage=self.stage, reason=reason)
+        self.pod_state, self.exit_code = "failed", exit_code
+
+    def _stop(self, reason: str) -> None:
+        self.pod_state, self.reason = "stopping", reason
+        self._write_state(force=True)
+        self._stop_workers(kill_gpus=set())
+        self.events.emit("pod_stopped", stage=self.stage, reason=reason)
+        self.pod_state = "stopped"
+
+    def _write_state(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._state_written < max(2.0, self.plan.config.poll_interval_s):
+            return
+        self._state_written = now
+        write_pod_state(self)

@@ -1,0 +1,229 @@
+"""Worker processes: the environment each one gets, spawning, tailing its metrics, stopping it.
+
+The launcher never scrapes human log lines: it reads the worker's METRICS file (JSON lines,
+logs/metrics_gpu{i}.jsonl) from the offset it last reached.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from launcher.podconfig import PodConfig, Slot
+
+PR_SET_PDEATHSIG = 1
+
+
+def metrics_path(gpu: int) -> str:
+    return f"logs/metrics_gpu{gpu}.jsonl"
+
+
+def worker_log_path(gpu: int) -> str:
+    return f"logs/worker_gpu{gpu}.log"
+
+
+def _worker_env_names() -> tuple[str, ...]:
+    try:
+        from fractus.train.env import ENV_VARS
+        return ENV_VARS
+    except ImportError:
+        return ()
+
+
+@dataclass
+class WorkerSpec:
+    """Everything one worker start needs (the launcher decides, the worker obeys)."""
+    slot: Slot
+    stage_settings: dict
+    start_token: int | None = None     # None: let the worker resume from its own file
+    ckpt_in: str | None = None
+    max_steps: int | None = None
+    fault: str | None = None           # FRACTUS_FAULT, tests only
+
+
+def build_env(config: PodConfig, spec: WorkerSpec, base: dict | None = None) -> dict:
+    """The worker's environment: stage settings, then the pod's overrides, then identity."""
+    env = dict(os.environ if base is None else base)
+    for name in _worker_env_names():     # a stray BATCH=... in the shell must not leak in
+        env.pop(name, None)
+    gpu = spec.slot.gpu
+    env.update(spec.stage_settings)
+    env.update(config.env)
+    env.update({
+        "GPU_ID": str(gpu),
+        "MODEL": config.model,
+        "SHARD": config.shard_path(gpu),
+        "CKPT_OUT": config.checkpoint_path(gpu),
+        "METRICS": metrics_path(gpu),
+        "SAVE_EVERY": str(config.save_every),
+        "SAVE_KEEP": str(config.save_keep),
+        "LOG_EVERY": str(config.log_every),
+        "PYTHONUNBUFFERED": "1",
+    })
+    if spec.slot.device == "cuda":
+        env.update({"CUDA_VISIBLE_DEVICES": str(gpu), "DEVICE": "cuda"})
+    else:
+        # One thread per CPU worker: N workers share the cores instead of fighting for them.
+        env.update({"CUDA_VISIBLE_DEVICES": "", "DEVICE": "cpu", "OMP_NUM_THREADS": "1",
+                    "MKL_NUM_THREADS": "1"})
+    if spec.start_token is not None:
+        env["START_TOKEN"] = str(spec.start_token)
+    if spec.ckpt_in:
+        env["CKPT_IN"] = spec.ckpt_in
+    if spec.max_steps:
+        env["MAX_STEPS"] = str(spec.max_steps)
+    if spec.fault:
+        env["FRACTUS_FAULT"] = spec.fault
+    return env
+
+
+def worker_command(config: PodConfig) -> list[str]:
+    return [sys.executable if part == "python" else part for part in config.worker]
+
+
+def _die_with_parent(parent_pid: int):
+    """Runs in the child before exec: SIGTERM it when the launcher dies (no unsupervised
+    writers; SIGTERM, so it checkpoints first), and exit if the launcher is already gone."""
+    def hook():
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent_pid:
+            os._exit(1)
+    return hook
+
+
+def spawn(config: PodConfig, pod_dir: Path, spec: WorkerSpec) -> subprocess.Popen:
+    log = open(pod_dir / worker_log_path(spec.slot.gpu), "ab")
+    try:
+        return subprocess.Popen(
+            worker_command(config), cwd=pod_dir, env=build_env(config, spec),
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,    # Ctrl-C reaches the launcher, which stops workers cleanly
+            preexec_fn=_die_with_parent(os.getpid()) if sys.platform == "linux" else None)
+    finally:
+        log.close()
+
+
+class MetricsTail:
+    """Reads complete new JSON lines appended to a worker's METRICS file."""
+
+    def __init__(self, path: Path, from_end: bool = True):
+        self.path = path
+        self.offset = path.stat().st_size if (from_end and path.exists()) else 0
+        self._partial = b""
+
+    def read(self) -> list[dict]:
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return []
+        if size < self.offset:           # truncated or replaced: start over
+            self.offset, self._partial = 0, b""
+        if size == self.offset:
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read(size - self.offset)
+        self.offset += len(data)
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()      # an unfinished last line waits for its newline
+        records = []
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                continue
+            if isinstance(record, dict):
+                records.append(record)
+        return records
+
+
+def read_records(path: Path) -> list[dict]:
+    """Every record of a METRICS file (status and reconciliation)."""
+    return MetricsTail(path, from_end=False).read() if path.exists() else []
+
+
+def terminate(procs: list[subprocess.Popen], grace_s: float) -> None:
+    """SIGTERM (the worker finishes its step and checkpoints), SIGKILL after grace_s."""
+    for p in procs:
+        if p.poll() is None:
+            _signal(p, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal(p, signal.SIGKILL)
+            p.wait()
+
+
+def kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        _signal(proc, signal.SIGKILL)
+        proc.wait()
+
+
+def _signal(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        proc.send_signal(sig)
+    except ProcessLookupError:
+        pass
+
+
+def _looks_like_worker(cmdline: list[str]) -> bool:
+    text = " ".join(cmdline)
+    return "fractus.train.worker" in text or "fast4gpu_boost" in text
+
+
+def running_workers(pod_dir: Path) -> dict[int, int]:
+    """GPU index -> pid of worker processes already running for this pod (any launcher)."""
+    found: dict[int, int] = {}
+    pod = str(pod_dir.resolve())
+    for proc in psutil.process_iter(["pid", "cmdline", "cwd"]):
+        try:
+            if not _looks_like_worker(proc.info["cmdline"] or []):
+                continue
+            if proc.info["cwd"] != pod:
+                continue
+            gpu = proc.environ().get("GPU_ID")
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        if gpu is not None and gpu.isdigit():
+            found[int(gpu)] = proc.info["pid"]
+    return found
+
+
+def busy_cuda_gpus(indices: list[int]) -> dict[int, list[int]]:
+    """GPU index -> pids of compute processes on it (any owner), from nvidia-smi."""
+    import shutil
+    if not indices or shutil.which("nvidia-smi") is None:
+        return {}
+    try:
+        gpus = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=20).stdout
+        apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,gpu_uuid",
+                               "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    by_uuid = {}
+    for line in gpus.splitlines():
+        index, _, uuid = (part.strip() for part in line.partition(","))
+        if index.isdigit():
+            by_uuid[uuid] = int(index)
+    busy: dict[int, list[int]] = {}
+    for line in apps.splitlines():
+        pid, _, uuid = (part.strip() for part in line.partition(","))
+        index = by_uuid.get(uuid)
+        if index in indices and pid.isdigit():
+            busy.setdefault(index, []).append(int(pid))
+    return busy

@@ -1,0 +1,109 @@
+"""Pod config, init presets, device strings and the stage file."""
+
+import pytest
+import yaml
+
+from launcher.errors import UserError
+from launcher.podconfig import PRESETS, Slot, init_pod, load_config, parse_devices
+from launcher.stages import get_stage, load_stages, parse_stages
+from launcher.workers import WorkerSpec, build_env
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_init_tiny_cpu_writes_a_loadable_self_contained_pod(tmp_path):
+    written = init_pod(tmp_path, "tiny-cpu")
+    names = {p.relative_to(tmp_path).as_posix() for p in written}
+    assert names == {"fractus-pod.yaml", "manifests/stages.yaml", "manifests/trusted_loss.yaml"}
+    config = load_config(tmp_path)
+    assert config.model == "tiny" and config.devices == "cpu:2" and config.hub == "file://hub"
+    assert load_stages(tmp_path / config.stages)[3].settings["FRACTUS_ATTN_IMPL"] == "chunked"
+    with pytest.raises(UserError, match="already exists"):
+        init_pod(tmp_path, "tiny-cpu")
+    init_pod(tmp_path, "1b-8gpu", force=True)
+    assert load_config(tmp_path).model == "1b"
+
+
+def test_unknown_preset_and_missing_config_are_user_errors(tmp_path):
+    with pytest.raises(UserError, match="unknown preset"):
+        init_pod(tmp_path, "huge")
+    with pytest.raises(UserError, match="fractus-pod init"):
+        load_config(tmp_path)
+
+
+@pytest.mark.parametrize("patch, words", [
+    ({"batch": 4}, "unknown key"),
+    ({"save_every": "often"}, "save_every must be a int"),
+    ({"log_every": 0}, "log_every must be >= 1"),
+    ({"shards": "data/shard.npy"}, "must contain {i}"),
+    ({"devices": "tpu:4"}, "devices"),
+    ({"env": ["SEQ=32"]}, "env must be a dict"),
+])
+def test_bad_config_values_are_one_line_user_errors(tmp_path, patch, words):
+    init_pod(tmp_path, "tiny-cpu")
+    path = tmp_path / "fractus-pod.yaml"
+    data = yaml.safe_load(path.read_text())
+    data.update(patch)
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(UserError, match=words):
+        load_config(tmp_path)
+
+
+def test_device_strings():
+    assert parse_devices("cpu:3") == [Slot(0, "cpu"), Slot(1, "cpu"), Slot(2, "cpu")]
+    assert [s.gpu for s in parse_devices("cuda:0-2,5")] == [0, 1, 2, 5]
+    assert [s.gpu for s in parse_devices("cuda:0-7", "1,3")] == [1, 3]
+    for bad in ("cpu:0", "cpu:x", "cuda:0,0", "cuda:a-b", "gpu:1"):
+        with pytest.raises(UserError):
+            parse_devices(bad)
+    with pytest.raises(UserError, match="not in devices"):
+        parse_devices("cpu:2", "2")
+
+
+def test_repository_stages_follow_the_users_ramp():
+    stages = load_stages(REPO / "manifests" / "stages.yaml")
+    assert sorted(stages) == [1, 2, 3, 4, 5]
+    assert stages[1].settings == {"BATCH": "4", "CE_CHUNK": "0", "FRACTUS_ATTN_IMPL": "cumsum",
+                                  "COMPILE": "0", "ACCUM": "1"}
+    assert stages[2].settings["CE_CHUNK"] == "2048"
+    assert stages[3].settings["FRACTUS_ATTN_IMPL"] == "chunked"
+    assert stages[4].settings["COMPILE"] == "1" and stages[4].settings["BATCH"] == "8"
+    assert stages[5].settings["ACCUM"] == "2"
+    assert [stages[n].exact for n in range(1, 6)] == [True, True, True, False, False]
+    assert all(s.window > 0 for s in stages.values())
+    with pytest.raises(UserError, match="unknown stage 6"):
+        get_stage(stages, 6)
+
+
+@pytest.mark.parametrize("data, words", [
+    ({"stages": {1: {"settings": {"BATCHSIZE": 4}}}}, "not worker settings"),
+    ({"stages": {1: {}, 3: {}}}, "without gaps"),
+    ({"stages": {1: {"window": -1}}}, "window"),
+    ({"stages": {1: {"exact": "yes"}}}, "exact"),
+    ({"stages": {"one": {}}}, "integer"),
+    ({"stages": {1: {"settngs": {}}}}, "unknown key"),
+    ({}, "stages:"),
+])
+def test_bad_stage_files(data, words):
+    with pytest.raises(UserError, match=words):
+        parse_stages(data, "stages.yaml")
+
+
+def test_worker_env_layers_stage_then_pod_then_identity(tmp_path):
+    config = PRESETS["tiny-cpu"]
+    spec = WorkerSpec(Slot(1, "cpu"), {"BATCH": "4", "CE_CHUNK": "2048"}, start_token=640,
+                      ckpt_in="checkpoints/retained/gpu1/x.pt", max_steps=10, fault="nan@3")
+    env = build_env(config, spec, base={"BATCH": "99", "LR": "1", "PATH": "/bin"})
+    assert env["BATCH"] == "4" and "LR" not in env and env["PATH"] == "/bin"  # no shell leaks
+    assert env["SEQ"] == "32" and env["CE_CHUNK"] == "2048"
+    assert env["GPU_ID"] == "1" and env["DEVICE"] == "cpu" and env["OMP_NUM_THREADS"] == "1"
+    assert env["START_TOKEN"] == "640" and env["CKPT_IN"].endswith("x.pt")
+    assert env["SHARD"] == "data/shard_phase2_gpu1.npy" and env["METRICS"].endswith("gpu1.jsonl")
+    assert env["MAX_STEPS"] == "10" and env["FRACTUS_FAULT"] == "nan@3"
+    cuda = build_env(config, WorkerSpec(Slot(5, "cuda"), {}), base={})
+    assert cuda["CUDA_VISIBLE_DEVICES"] == "5" and cuda["DEVICE"] == "cuda"
+    assert "START_TOKEN" not in cuda and "CKPT_IN" not in cuda
+    from fractus.train.env import WorkerSettings
+    settings = WorkerSettings.from_env(env)          # the worker accepts what we build
+    assert settings.gpu_id == 1 and settings.start_token == 640 and settings.batch == 4

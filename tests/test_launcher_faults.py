@@ -1,0 +1,47 @@
+"""End to end, worker faults: a SIGKILLed worker restarts and resumes from its checkpoint,
+and a second launcher on the same pod is refused.
+
+Shares the pod helpers of tests/test_launcher_e2e.py (real launcher, real tiny CPU workers).
+"""
+
+import os
+import signal
+import subprocess
+import sys
+
+from tests.test_launcher_e2e import (REPO, Launcher, events_of, launchers, make_pod, wait_for,
+                                     worker_records)
+
+__all__ = ["launchers"]   # the fixture, imported for pytest
+
+
+def test_sigkilled_worker_restarts_and_resumes_and_second_launcher_is_refused(
+        tmp_path, launchers, capfd):
+    pod = make_pod(tmp_path)
+    launcher = Launcher(pod, "--stage", "1")
+    launchers.append(launcher)
+    wait_for(lambda: worker_records(pod, 0, "checkpoint"), 90, "a checkpoint on GPU 0")
+
+    # A second launcher on the same pod is refused, and starts nothing.
+    starts_before = len(events_of(pod, "worker_start"))
+    second = subprocess.run([sys.executable, "-m", "launcher.cli", "--pod-dir", str(pod),
+                             "launch", "--stage", "1"], cwd=REPO, capture_output=True,
+                            text=True, timeout=60)
+    assert second.returncode == 2
+    assert "another launcher" in second.stderr and len(second.stderr.strip().splitlines()) == 1
+    assert len(events_of(pod, "worker_start")) == starts_before
+
+    pid = events_of(pod, "worker_start", gpu=0)[-1]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: len(events_of(pod, "worker_start", gpu=0)) == 2, 60, "the restart")
+    (crash,) = events_of(pod, "worker_crash", gpu=0)
+    assert "-9" in crash["reason"]
+    wait_for(lambda: len(worker_records(pod, 0, "start")) == 2, 60, "the worker's start event")
+    os.killpg(launcher.proc.pid, signal.SIGTERM)
+    assert launcher.wait(60) == 0
+
+    records = worker_records(pod, 0)
+    second_start = [i for i, r in enumerate(records) if r.get("event") == "start"][1]
+    last_ckpt = [r for r in records[:second_start] if r.get("event") == "checkpoint"][-1]
+    assert records[second_start]["next_token"] == last_ckpt["next_token"]
+    assert events_of(pod, "worker_start", gpu=0)[-1]["start_token"] == last_ckpt["next_token"]

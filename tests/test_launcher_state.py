@@ -1,0 +1,224 @@
+"""Pod files without a running launcher: checkpoint verdicts, the lock, events, status,
+rollback by hand, and the CLI's handling of bad arguments."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from launcher.ckpt_index import FAILED, PASSED, PENDING, CheckpointIndex, sha256_file
+from launcher.cli import main as cli_main
+from launcher.errors import PodBusy
+from launcher.events import EventLog, read_events
+from launcher.lock import PodLock, read_holder
+from launcher.podconfig import init_pod
+
+
+def fake_checkpoint(pod, gpu, payload: bytes, next_token: int, step: int) -> dict:
+    """Write a file as the worker would (canonical path, atomic) and return its event."""
+    path = pod / "checkpoints" / f"fractus_1b_gpu{gpu}.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(".tmp")
+    tmp.write_bytes(payload)
+    os.replace(tmp, path)
+    return {"event": "checkpoint", "path": str(path), "sha256": sha256_file(path),
+            "bytes": len(payload), "next_token": next_token, "step": step, "ema_tf": 5.0,
+            "lb": 2.0}
+
+
+def test_index_retains_each_checkpoint_and_restores_the_newest_passed(tmp_path):
+    index = CheckpointIndex(tmp_path)
+    first = fake_checkpoint(tmp_path, 0, b"good weights", 640, 10)
+    index.add(0, first, 3, "checkpoints/fractus_1b_gpu0.pt")
+    second = fake_checkpoint(tmp_path, 0, b"bad weights!", 1280, 20)   # replaces the file
+    index.add(0, second, 3, "checkpoints/fractus_1b_gpu0.pt")
+    assert [r["verdict"] for r in index.for_gpu(0)] == [PENDING, PENDING]
+    assert index.newest_passed(0) is None
+    index.mark(0, first["sha256"], PASSED, "checks passed")
+    index.mark(0, second["sha256"], FAILED, "nan")
+    target = index.newest_passed(0)
+    # The canonical file now holds the bad bytes; the retained link kept the good ones.
+    assert target["next_token"] == 640
+    assert (tmp_path / target["path"]).read_bytes() == b"good weights"
+    reloaded = CheckpointIndex(tmp_path)                  # verdicts survive a restart
+    assert reloaded.newest_passed(0)["sha256"] == first["sha256"]
+    assert [r["verdict"] for r in reloaded.for_gpu(0)] == [PASSED, FAILED]
+
+
+def test_index_refuses_a_retained_file_whose_bytes_changed(tmp_path):
+    index = CheckpointIndex(tmp_path)
+    event = fake_checkpoint(tmp_path, 1, b"v1", 64, 1)
+    record = index.add(1, event, 1, "checkpoints/fractus_1b_gpu1.pt")
+    index.mark(1, event["sha256"], PASSED, "ok")
+    (tmp_path / record["retained"]).unlink()
+    (tmp_path / "checkpoints" / "fractus_1b_gpu1.pt").write_bytes(b"v2")   # different bytes
+    assert index.newest_passed(1) is None
+
+
+def test_lock_is_exclusive_and_released_when_the_holder_dies(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c",
+                               "import sys, time; from pathlib import Path;"
+                               "from launcher.lock import PodLock;"
+                               "PodLock(Path(sys.argv[1])).acquire(); print('held', flush=True);"
+                               "time.sleep(60)", str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert read_holder(tmp_path)["pid"] == holder.pid
+        with pytest.raises(PodBusy, match=f"pid {holder.pid}"):
+            PodLock(tmp_path).acquire()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert read_holder(tmp_path) is None             # SIGKILL released it: no stale lock
+    with PodLock(tmp_path):
+        assert read_holder(tmp_path)["pid"] == os.getpid()
+
+
+def test_events_append_and_tail(tmp_path):
+    log = EventLog(tmp_path)
+    for i in range(5):
+        log.emit("tick", i=i)
+    with open(log.path, "a") as f:
+        f.write('{"partial": ')                          # a line being written
+    assert [e["i"] for e in read_events(tmp_path, last=2)] == [3, 4]
+
+
+def _pod_with_history(tmp_path):
+    pod = tmp_path / "pod"
+    init_pod(pod, "tiny-cpu")
+    index = CheckpointIndex(pod)
+    good = fake_checkpoint(pod, 0, b"good", 640, 10)
+    index.add(0, good, 3, "checkpoints/fractus_1b_gpu0.pt")
+    index.mark(0, good["sha256"], PASSED, "ok")
+    later = fake_checkpoint(pod, 0, b"later", 1280, 20)
+    index.add(0, later, 3, "checkpoints/fractus_1b_gpu0.pt")
+    manifest = {"gpu_0": {"start_token": 1280, "checkpoint": "checkpoints/fractus_1b_gpu0.pt",
+                          "checkpoint_sha256": later["sha256"], "stage": 3, "ema_tf": 5.0},
+                "gpu_1": {"start_token": 960, "stage": 3, "checkpoint": "checkpoints/x1.pt"}}
+    (pod / "checkpoints" / "RESUME_MANIFEST_8GPU.json").write_text(json.dumps(manifest))
+    return pod
+
+
+def test_rollback_by_hand_without_a_launcher(tmp_path, capsys):
+    pod = _pod_with_history(tmp_path)
+    assert cli_main(["--pod-dir", str(pod), "rollback", "--to-stage", "2", "--gpu", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "GPU 0: restored token 640" in out
+    data = json.load(open(pod / "checkpoints" / "RESUME_MANIFEST_8GPU.json"))
+    assert data["gpu_0"]["start_token"] == 640 and data["gpu_0"]["stage"] == 2
+    assert data["gpu_1"]["start_token"] == 960 and data["gpu_1"]["stage"] == 2   # kept
+    (event,) = [e for e in read_events(pod) if e["event"] == "rollback"]
+    assert event["from_token"] == 1280 and event["to_token"] == 640 and not event["automatic"]
+    assert [r["verdict"] for r in CheckpointIndex(pod).for_gpu(0)] == [PASSED, FAILED]
+
+
+def test_rollback_by_hand_refuses_a_gpu_without_passed_checkpoint(tmp_path, capsys):
+    pod = _pod_with_history(tmp_path)
+    assert cli_main(["--pod-dir", str(pod), "rollback", "--to-stage", "2", "--gpu", "1"]) == 2
+    assert "no passed checkpoint" in capsys.readouterr().err
+    assert cli_main(["--pod-dir", str(pod), "rollback", "--to-stage", "9"]) == 2
+
+
+def test_status_reads_files_only(tmp_path, capsys):
+    pod = _pod_with_history(tmp_path)
+    from fractus.data import synth
+    synth(pod / "data", shards=2, tokens=12_800, vocab=512, seed=0)
+    metrics = {"type": "metrics", "ts": time.time(), "gpu": 1, "step": 15, "next_token": 960,
+               "tf": 5.1, "ema_tf": 5.2, "ss": None, "ema_ss": 5.6, "lb": 2.2,
+               "grad_norm": 0.4, "tok_s": 812.0, "mem_gb": 0.3}
+    (pod / "logs" / "metrics_gpu1.jsonl").write_text(json.dumps(metrics) + "\n{\"type\": \"met")
+    assert cli_main(["--pod-dir", str(pod), "status", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["pod_state"] == "not running" and report["launcher_pid"] is None
+    gpu0, gpu1 = report["gpus"]
+    assert gpu0["next_token"] == 1280 and gpu0["shard_pct"] == pytest.approx(10.0)
+    assert gpu1["ema_ss"] == 5.6 and gpu1["tok_s"] == 812.0 and gpu1["next_token"] == 960
+    assert gpu0["checkpoint_age_s"] is not None and gpu0["checkpoint_age_s"] >= 0
+    assert cli_main(["--pod-dir", str(pod), "status"]) == 0
+    table = capsys.readouterr().out
+    assert "not running" in table and "1,280" in table and "812" in table
+
+
+@pytest.mark.parametrize("args, words", [
+    (["launch", "--stage", "7"], "unknown stage 7"),
+    (["launch", "--stage", "1", "--fault", "nan@3"], "--fault expects"),
+    (["launch", "--stage", "1", "--fault", "5:nan@3"], "does not run"),
+    (["launch", "--stage", "1", "--devices", "cpu:0"], "cpu:N"),
+    (["launch", "--stage", "1", "--gpus", "4"], "not in devices"),
+    (["launch", "--stage", "1", "--max-time", "0"], "--max-time"),
+])
+def test_launch_argument_mistakes_exit_2_before_anything_starts(tmp_path, capsys, args, words):
+    pod = tmp_path / "pod"
+    init_pod(pod, "tiny-cpu")
+    assert cli_main(["--pod-dir", str(pod), *args]) == 2
+    err = capsys.readouterr().err
+    assert words in err and len(err.strip().splitlines()) == 1
+    assert not read_events(pod)
+
+
+def test_stop_without_a_launcher_says_so(tmp_path, capsys):
+    pod = tmp_path / "pod"
+    init_pod(pod, "tiny-cpu")
+    assert cli_main(["--pod-dir", str(pod), "stop"]) == 0
+    assert "no launcher is running" in capsys.readouterr().out
+
+
+def test_sync_push_sends_only_passed_checkpoints_and_launch_restores_from_hub(tmp_path, capsys):
+    pod = _pod_with_history(tmp_path)
+    assert cli_main(["--pod-dir", str(pod), "sync", "push", "-m", "test"]) == 0
+    revision = capsys.readouterr().out.split("pushed revision ")[1].split()[0]
+    assert cli_main(["--pod-dir", str(pod), "sync", "history"]) == 0
+    assert revision[:12] in capsys.readouterr().out
+
+    other = tmp_path / "other"
+    init_pod(other, "tiny-cpu")
+    config = (other / "fractus-pod.yaml").read_text()
+    (other / "fractus-pod.yaml").write_text(config.replace("file://hub", f"file://{pod / 'hub'}"))
+    assert cli_main(["--pod-dir", str(other), "sync", "pull"]) == 0
+    pulled = json.load(open(other / "checkpoints" / "RESUME_MANIFEST_8GPU.json"))
+    # GPU 0's newest *passed* checkpoint went up (640), not the pending one (1280);
+    # GPU 1 has no passed checkpoint, so it is not on the hub at all.
+    assert pulled["gpu_0"]["start_token"] == 640 and "gpu_1" not in pulled
+    assert (other / "checkpoints" / "fractus_1b_gpu0.pt").read_bytes() == b"good"
+
+    # A launch where the manifest's checkpoint is gone pulls it from its pinned revision.
+    pulled["gpu_0"]["hub_revision"] = revision
+    (other / "checkpoints" / "RESUME_MANIFEST_8GPU.json").write_text(json.dumps(pulled))
+    (other / "checkpoints" / "fractus_1b_gpu0.pt").unlink()
+    from launcher.prepare import load_plan, restore_from_hub
+    plan, manifest = load_plan(other, 1, "cpu:1", None)
+    restore_from_hub(plan, manifest, EventLog(other))
+    assert (other / "checkpoints" / "fractus_1b_gpu0.pt").read_bytes() == b"good"
+    assert [e["revision"] for e in read_events(other) if e["event"] == "checkpoint_pulled"] \
+        == [revision]
+
+
+def _supervisor(pod, stage):
+    from launcher.prepare import load_plan
+    from launcher.supervisor import Supervisor
+    plan, manifest = load_plan(pod, stage, "cpu:2", None)
+    return Supervisor(plan, manifest, CheckpointIndex(pod), EventLog(pod))
+
+
+@pytest.mark.parametrize("stage, rolled_back, words", [
+    (1, False, "stage 1 failed: there is no stage below it"),
+    (3, True, "stage 3 failed after a rollback: not looping"),
+])
+def test_rollback_never_goes_below_stage_1_and_never_loops(tmp_path, stage, rolled_back, words):
+    pod = tmp_path / "pod"
+    init_pod(pod, "tiny-cpu")
+    sup = _supervisor(pod, stage)
+    sup.rolled_back = rolled_back
+    run = sup.runs[1]
+    from launcher.criteria import load_criteria
+    from launcher.health import GpuHealth
+    run.health = GpuHealth(load_criteria(pod / "manifests" / "trusted_loss.yaml"), 10)
+    run.health.fail("finite", "nan event at step 7")
+    sup._rollback([run], auto=True)
+    assert sup.pod_state == "failed" and sup.exit_code == 1
+    (failed,) = [e for e in read_events(pod) if e["event"] == "pod_failed"]
+    assert words in failed["reason"] and "nan event at step 7" in failed["reason"]
+    assert not [e for e in read_events(pod) if e["event"] in ("rollback", "worker_start")]
