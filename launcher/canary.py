@@ -89,10 +89,12 @@ def load_canary_settings(criteria_path: str | Path) -> tuple[CanarySettings, Cri
     d = CanarySettings()
     exact = dict(d.exact)
     for device, tol in (section.get("exact") or {}).items():
-        if device not in ("cpu", "cuda") or not isinstance(tol, dict) or set(tol) - {"rtol", "atol"}:
-            raise UserError(f"{where}.exact: expected cpu/cuda: {{rtol, atol}}, got {device}: {tol!r}")
-        exact[device] = Tolerance(_number(f"{where}.exact.{device}.rtol", tol.get("rtol", exact[device].rtol)),
-                                  _number(f"{where}.exact.{device}.atol", tol.get("atol", 0.0)))
+        if device not in exact or not isinstance(tol, dict) or set(tol) - {"rtol", "atol"}:
+            raise UserError(f"{where}.exact: expected cpu/cuda: {{rtol, atol}}, "
+                            f"got {device}: {tol!r}")
+        at = f"{where}.exact.{device}"
+        exact[device] = Tolerance(_number(f"{at}.rtol", tol.get("rtol", exact[device].rtol)),
+                                  _number(f"{at}.atol", tol.get("atol", 0.0)))
     approx = section.get("approximate") or {}
     if not isinstance(approx, dict) or set(approx) - {"maxEmaTfRise"}:
         raise UserError(f"{where}.approximate: expected {{maxEmaTfRise}}, got {approx!r}")
@@ -412,7 +414,8 @@ def run_canary(pod_dir: str | Path, gpu: int, from_stage: int, to_stage: int,
         names = (runs[0].name, runs[1].name)
         if exact:
             tol = settings.exact["cuda" if slot.device == "cuda" else "cpu"]
-            ok, reason, rows = compare_exact(runs[0].records(), runs[1].records(), tol, steps, names)
+            ok, reason, rows = compare_exact(runs[0].records(), runs[1].records(), tol, steps,
+                                             names)
         else:
             ok, reason, rows = compare_approximate(runs[0].records(), runs[1].records(), criteria,
                                                    steps, settings.max_ema_tf_rise,

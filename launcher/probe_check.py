@@ -84,7 +84,8 @@ def probe_verdict(result, baseline_ar: float | None,
     if not isinstance(ar, float) or not math.isfinite(ar):
         return FAILED, f"AR is not finite ({ar!r}): the model's free-run logits are NaN/Inf"
     if baseline_ar is None or not math.isfinite(baseline_ar):
-        return INCONCLUSIVE, f"AR {ar:.4f}, but no finite baseline AR to compare with ({baseline_ar!r})"
+        return INCONCLUSIVE, (f"AR {ar:.4f}, but no finite baseline AR to compare with "
+                              f"({baseline_ar!r})")
     limit = tolerance.limit(baseline_ar)
     rise = ar - baseline_ar
     how = (f"relativeBand {tolerance.relativeBand:g}" if tolerance.relativeBand is not None
@@ -92,7 +93,8 @@ def probe_verdict(result, baseline_ar: float | None,
     if rise > limit:
         return FAILED, (f"AR {ar:.4f} above baseline {baseline_ar:.4f} by {rise:.4f} > "
                         f"{limit:.4f} ({how})")
-    return SUCCESSFUL, f"AR {ar:.4f} vs baseline {baseline_ar:.4f} ({rise:+.4f}, limit {limit:.4f}, {how})"
+    return SUCCESSFUL, (f"AR {ar:.4f} vs baseline {baseline_ar:.4f} ({rise:+.4f}, "
+                        f"limit {limit:.4f}, {how})")
 
 
 class ProbeUnavailable(RuntimeError):
