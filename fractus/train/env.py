@@ -1,0 +1,194 @@
+"""The worker's environment contract: every variable, its default, its check and its meaning.
+
+This module is the single source of truth for the names the launcher sets and the worker
+reads. `WorkerSettings.from_env(os.environ)` parses them all up front, so a malformed value
+fails before anything is loaded or written, with one line naming the variable:
+
+    error: BATCH must be an integer >= 1, got 'x'
+
+Variables kept from the v1 trainer (same names, same defaults): GPU_ID, START_TOKEN, BATCH,
+SEQ, LR, SS_RATE, SS_PROB, LB_COEF, GATE_TEMP, CE_CHUNK, FRACTUS_ATTN_IMPL, COMPILE, ACCUM,
+SHARD, CKPT_IN, CKPT_OUT. New in v2: MODEL, DEVICE, MAX_STEPS, SAVE_EVERY, SAVE_KEEP,
+LOG_EVERY, METRICS, SEED, FORCE_START_TOKEN, FRACTUS_FAULT (tests only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+
+class SettingsError(ValueError):
+    """A user mistake in the environment: reported as one line, exit code 2."""
+
+
+# Attention implementations the engine offers (see fractus.nn.attention); checked here so a
+# typo fails before the model is built. The engine still validates the name itself.
+ATTN_IMPLS = ("einsum", "cumsum", "chunked")
+
+
+# --- parsers: (variable name, raw string) -> value, raising SettingsError ----------------
+
+def _int_at_least(minimum: int) -> Callable[[str, str], int]:
+    def parse(name: str, raw: str) -> int:
+        try:
+            value = int(raw.strip())
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise SettingsError(f"{name} must be an integer >= {minimum}, got {raw!r}")
+        return value
+    return parse
+
+
+def _float_in(low: float, high: float, low_open: bool = False) -> Callable[[str, str], float]:
+    def parse(name: str, raw: str) -> float:
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            value = math.nan
+        bad = (not math.isfinite(value) or value > high
+               or value < low or (low_open and value == low))
+        if bad:
+            bound = f"> {low:g}" if low_open else f">= {low:g}"
+            upper = "" if math.isinf(high) else f" and <= {high:g}"
+            raise SettingsError(f"{name} must be a number {bound}{upper}, got {raw!r}")
+        return value
+    return parse
+
+
+def _flag(name: str, raw: str) -> bool:
+    if raw.strip() in ("0", "1"):
+        return raw.strip() == "1"
+    raise SettingsError(f"{name} must be 0 or 1, got {raw!r}")
+
+
+def _text(name: str, raw: str) -> str:
+    if not raw.strip():
+        raise SettingsError(f"{name} must not be empty when set")
+    return raw.strip()
+
+
+def _attn_impl(name: str, raw: str) -> str:
+    if raw.strip() not in ATTN_IMPLS:
+        raise SettingsError(f"{name} must be one of {', '.join(ATTN_IMPLS)}, got {raw!r}")
+    return raw.strip()
+
+
+def _device(name: str, raw: str) -> str:
+    value = raw.strip()
+    if value == "cpu" or value == "cuda" or (value.startswith("cuda:") and value[5:].isdigit()):
+        return value
+    raise SettingsError(f"{name} must be cpu, cuda or cuda:N, got {raw!r}")
+
+
+def _fault(name: str, raw: str) -> str:
+    from fractus.train.faults import parse_fault  # the fault grammar lives with the injector
+    try:
+        parse_fault(raw)
+    except ValueError as e:
+        raise SettingsError(f"{name} {e}, got {raw!r}") from None
+    return raw.strip()
+
+
+def _var(env: str, default, parse, doc: str):
+    """A settings field bound to one environment variable."""
+    return field(default=default, metadata={"env": env, "parse": parse, "doc": doc})
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    gpu_id: int = _var("GPU_ID", 0, _int_at_least(0),
+                       "Index of this worker; names its shard, checkpoint and seed.")
+    start_token: int | None = _var("START_TOKEN", None, _int_at_least(0),
+                                   "First token to train on, exactly (no rounding). Required with "
+                                   "a legacy weights-only CKPT_IN; must match a full checkpoint.")
+    batch: int = _var("BATCH", 4, _int_at_least(1), "Rows per batch (B).")
+    seq: int = _var("SEQ", 128, _int_at_least(1), "Tokens per row (chunk length).")
+    lr: float = _var("LR", 7e-4, _float_in(0.0, math.inf, low_open=True), "SGD learning rate.")
+    ss_rate: float = _var("SS_RATE", 0.25, _float_in(0.0, 1.0),
+                          "Probability of a scheduled-sampling pass per batch.")
+    ss_prob: float = _var("SS_PROB", 0.2, _float_in(0.0, 1.0),
+                          "Per-position probability of replacing a token in the SS pass.")
+    lb_coef: float = _var("LB_COEF", 0.02, _float_in(0.0, math.inf), "Load-balance loss weight.")
+    gate_temp: float = _var("GATE_TEMP", 2.5, _float_in(0.0, math.inf, low_open=True),
+                            "MoE gate temperature, set on every block.")
+    ce_chunk: int = _var("CE_CHUNK", 0, _int_at_least(0),
+                         "0: dense reference CE. >0: chunked CE and chunked SS sampling.")
+    attn_impl: str | None = _var("FRACTUS_ATTN_IMPL", None, _attn_impl,
+                                 "Attention kernel; read by fractus.nn.attention itself.")
+    compile: bool = _var("COMPILE", False, _flag, "1: torch.compile the model's chunk functions.")
+    accum: int = _var("ACCUM", 1, _int_at_least(1),
+                      "Batches accumulated per optimizer step (1 = the reference step).")
+    shard: str | None = _var("SHARD", None, _text,
+                             "Token shard (.npy int32/uint16, or legacy int64 .pt). "
+                             "Default data/shard_phase2_gpu{GPU_ID}.npy.")
+    ckpt_in: str | None = _var("CKPT_IN", None, _text,
+                               "Checkpoint to start from (full or legacy weights-only).")
+    ckpt_out: str | None = _var("CKPT_OUT", None, _text,
+                                "Checkpoint to write. Default checkpoints/fractus_1b_gpu{GPU_ID}.pt; "
+                                "resumed from when CKPT_IN is unset and it exists.")
+    model: str | None = _var("MODEL", None, _text,
+                             "Preset name or .json/.yaml of constructor keywords. Default: the "
+                             "checkpoint's config when resuming, else '1b'.")
+    device: str | None = _var("DEVICE", None, _device, "cpu or cuda[:N]. Default cuda if available.")
+    max_steps: int = _var("MAX_STEPS", 0, _int_at_least(0),
+                          "Optimizer steps in this run; 0 = to the end of the shard.")
+    save_every: int = _var("SAVE_EVERY", 800, _int_at_least(0),
+                           "Checkpoint every N steps (0 = only at the end).")
+    save_keep: int = _var("SAVE_KEEP", 3, _int_at_least(1),
+                          "Checkpoints kept per GPU: the canonical file plus SAVE_KEEP-1 copies.")
+    log_every: int = _var("LOG_EVERY", 40, _int_at_least(1),
+                          "Metrics line and human line every N steps (and at step 1 of a run).")
+    metrics: str | None = _var("METRICS", None, _text, "JSON-lines file for metrics and events.")
+    seed: int | None = _var("SEED", None, _int_at_least(0),
+                            "Seed for torch and python random. Default 42 + GPU_ID.")
+    force_start_token: bool = _var("FORCE_START_TOKEN", False, _flag,
+                                   "1: accept a START_TOKEN that disagrees with the checkpoint.")
+    fault: str | None = _var("FRACTUS_FAULT", None, _fault,
+                             "Tests only: nan@S, oom@S, hang@S, crash@S, compile@S.")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> "WorkerSettings":
+        """Parse every variable; unset or empty means the default."""
+        values = {}
+        for f in dataclasses.fields(cls):
+            raw = environ.get(f.metadata["env"])
+            if raw is None or raw == "":
+                continue
+            values[f.name] = f.metadata["parse"](f.metadata["env"], raw)
+        return cls(**values)
+
+    # Defaults that depend on GPU_ID (kept as properties so the raw settings stay as given).
+    @property
+    def shard_path(self) -> str:
+        return self.shard or f"data/shard_phase2_gpu{self.gpu_id}.npy"
+
+    @property
+    def ckpt_out_path(self) -> str:
+        return self.ckpt_out or f"checkpoints/fractus_1b_gpu{self.gpu_id}.pt"
+
+    @property
+    def effective_seed(self) -> int:
+        return self.seed if self.seed is not None else 42 + self.gpu_id
+
+    @property
+    def tokens_per_batch(self) -> int:
+        return self.batch * self.seq
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch * self.seq * self.accum
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# Every variable the worker reads, for the launcher (which must not invent its own list).
+ENV_VARS: tuple[str, ...] = tuple(f.metadata["env"] for f in dataclasses.fields(WorkerSettings))
+ENV_DEFAULTS: dict[str, object] = {
+    f.metadata["env"]: f.default for f in dataclasses.fields(WorkerSettings)}
+ENV_DOCS: dict[str, str] = {
+    f.metadata["env"]: f.metadata["doc"] for f in dataclasses.fields(WorkerSettings)}

@@ -1,0 +1,62 @@
+"""Fault injection for tests of the worker and its supervisor. Off unless FRACTUS_FAULT is set.
+
+`FRACTUS_FAULT=<kind>@<step>` fires once, when the worker is about to run global step
+`<step>` (1-based, counted across resumes like the `step` of the metrics lines):
+
+- `nan`: the step's loss is multiplied by NaN, so the real non-finite path runs (exit 3).
+- `oom`: raises torch.OutOfMemoryError inside the step, so the real OOM handler runs (exit 4).
+- `crash`: raises RuntimeError inside the step (error event, exit 1).
+- `hang`: sleeps forever before the step (a stuck worker, for watchdog tests).
+- `compile`: with COMPILE=1, the compiled chunk function fails at that step's first call,
+  so the compile fallback runs (a `compile` event, the step retried uncompiled).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+KINDS = ("nan", "oom", "hang", "crash", "compile")
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    step: int
+
+
+def parse_fault(spec: str | None) -> Fault | None:
+    if spec is None or not spec.strip():
+        return None
+    kind, sep, step = spec.strip().partition("@")
+    if not sep or kind not in KINDS or not step.isdigit() or int(step) < 1:
+        raise ValueError(f"must be <kind>@<step> with kind in {', '.join(KINDS)} and step >= 1")
+    return Fault(kind, int(step))
+
+
+class FaultInjector:
+    """Asks, at fixed points of a step, whether the configured fault fires there."""
+
+    def __init__(self, fault: Fault | None):
+        self.fault = fault
+
+    def _fires(self, kind: str, step: int) -> bool:
+        return self.fault is not None and self.fault.kind == kind and self.fault.step == step
+
+    def before_step(self, step: int) -> None:
+        if self._fires("hang", step):
+            while True:  # a stuck worker: only a second signal or SIGKILL ends it
+                time.sleep(3600)
+        if self._fires("crash", step):
+            raise RuntimeError(f"injected crash at step {step} (FRACTUS_FAULT)")
+        if self._fires("oom", step):
+            raise torch.OutOfMemoryError(f"injected out of memory at step {step} (FRACTUS_FAULT)")
+
+    def loss_scale(self, step: int) -> float | None:
+        """NaN at the nan step (the caller multiplies the loss by it), else None."""
+        return float("nan") if self._fires("nan", step) else None
+
+    def compile_fails(self, step: int) -> bool:
+        return self._fires("compile", step)

@@ -1,0 +1,68 @@
+"""Structured worker output: JSON lines for supervisors, the v1 human line for people.
+
+Every line of the METRICS file is one JSON object with "type" "metrics" or "event"
+(format documented in docs/WORKER.md). Lines are flushed as written, so a supervisor tailing
+the file sees them at once; non-finite floats are written as null (strict JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+METRIC_FIELDS = ("step", "next_token", "tf", "ema_tf", "ss", "ema_ss", "lb", "grad_norm",
+                 "tok_s", "mem_gb")
+
+
+def _clean(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+class MetricsWriter:
+    """Appends JSON lines to `path` (None: no file). One writer per worker process."""
+
+    def __init__(self, path: str | os.PathLike | None, gpu: int):
+        self.gpu = gpu
+        self._file = None
+        if path is not None:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(path, "a", buffering=1, encoding="utf-8")
+
+    def _write(self, record: dict) -> None:
+        if self._file is None:
+            return
+        self._file.write(json.dumps(_clean(record), allow_nan=False) + "\n")
+        self._file.flush()
+
+    def event(self, name: str, **fields) -> None:
+        self._write({"type": "event", "event": name, "ts": time.time(), "gpu": self.gpu,
+                     **fields})
+
+    def metrics(self, **fields) -> None:
+        missing = set(METRIC_FIELDS) - set(fields)
+        if missing:
+            raise ValueError(f"metrics line lacks {sorted(missing)}")
+        self._write({"type": "metrics", "ts": time.time(), "gpu": self.gpu,
+                     **{k: fields[k] for k in METRIC_FIELDS}})
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def human_line(gpu: int, next_token: int, tf: float, ema_tf: float, ss: float | None,
+               ema_ss: float | None, lb: float, tok_s: float, mem_gb: float) -> str:
+    """The v1 log line, unchanged so existing log parsers keep working."""
+    extra = f" ss={ss:.3f} ema_ss={ema_ss:.3f}" if ss is not None and ema_ss is not None else ""
+    return (f"GPU {gpu}: {next_token:>12,} tf={tf:.3f} ema_tf={ema_tf:.3f}{extra} "
+            f"lb={lb:.3f} {tok_s:.0f} tok/s mem={mem_gb:.1f}GB")

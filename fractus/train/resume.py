@@ -1,0 +1,131 @@
+"""Where a worker starts: a fresh model, a legacy weights-only file, or a full checkpoint.
+
+All checks here run before the worker writes anything; a user mistake raises SettingsError
+(one line, exit code 2).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from fractus.config import EngineConfig, load_config
+from fractus.train.checkpoint import is_full, load_checkpoint
+from fractus.train.env import SettingsError, WorkerSettings
+
+DEFAULT_MODEL = "1b"
+
+
+@dataclass
+class StartPoint:
+    """What the worker resumes from (decided before the model is built)."""
+    config: EngineConfig
+    next_token: int
+    source: str | None = None          # checkpoint path, None for a fresh model
+    kind: str = "fresh"                # "fresh" | "legacy" | "full"
+    checkpoint: dict | None = None
+    step: int = 0
+    ema_tf: float | None = None
+    ema_ss: float | None = None
+    rng: dict | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+def resolve_device(settings: WorkerSettings) -> torch.device:
+    name = settings.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise SettingsError(f"DEVICE is {name} but CUDA is not available (use DEVICE=cpu)")
+    device = torch.device(name)
+    if device.type == "cuda":
+        if device.index is None:  # torch.cuda.set_device and RNG calls want an index
+            device = torch.device("cuda", 0)
+        if device.index >= torch.cuda.device_count():
+            raise SettingsError(f"DEVICE is {name} but only {torch.cuda.device_count()} "
+                                "CUDA device(s) are visible")
+    return device
+
+
+def _model_config(settings: WorkerSettings, ck: dict | None) -> EngineConfig:
+    try:
+        wanted = load_config(settings.model) if settings.model else None
+        stored = EngineConfig.from_dict(ck["config"]) if ck is not None else None
+    except (ValueError, TypeError, OSError) as e:
+        raise SettingsError(f"MODEL: {e}") from None
+    if wanted and stored and wanted != stored:
+        raise SettingsError(f"MODEL={settings.model} does not match the checkpoint's config "
+                            f"({stored.to_dict()})")
+    return stored or wanted or load_config(DEFAULT_MODEL)
+
+
+def find_start(settings: WorkerSettings, shard_len: int) -> StartPoint:
+    """Read the checkpoint to resume from (CKPT_IN, else an existing CKPT_OUT) and decide
+    the first token; nothing is written."""
+    if settings.ckpt_in is not None:
+        source = Path(settings.ckpt_in)
+        if not source.is_file():
+            raise SettingsError(f"CKPT_IN not found: {source}")
+    else:
+        out = Path(settings.ckpt_out_path)
+        source = out if out.is_file() else None
+
+    ck = None
+    if source is not None:
+        try:
+            ck = load_checkpoint(source)
+        except Exception as e:  # a truncated or foreign file is a user-facing error
+            raise SettingsError(f"cannot load checkpoint {source}: {e}") from None
+    config = _model_config(settings, ck)
+
+    if ck is None:
+        start = StartPoint(config, settings.start_token or 0)
+    elif is_full(ck):
+        ts = ck["train_state"]
+        start = StartPoint(config, int(ts["next_token"]), str(source), "full", ck,
+                           step=int(ts["step"]), ema_tf=ts["ema_tf"], ema_ss=ts["ema_ss"],
+                           rng=ts["rng"])
+        if settings.start_token is not None and settings.start_token != start.next_token:
+            if not settings.force_start_token:
+                raise SettingsError(
+                    f"START_TOKEN={settings.start_token} disagrees with the checkpoint "
+                    f"{source} (next_token={start.next_token}); unset START_TOKEN to resume "
+                    "there, or set FORCE_START_TOKEN=1")
+            start.warnings.append(f"FORCE_START_TOKEN: starting at {settings.start_token}, "
+                                  f"not at the checkpoint's next_token {start.next_token}")
+            start.next_token = settings.start_token
+    else:
+        if settings.start_token is None:
+            raise SettingsError(f"START_TOKEN is required with the weights-only checkpoint "
+                                f"{source} (it records no exact token offset)")
+        start = StartPoint(config, settings.start_token, str(source), "legacy", ck)
+        start.warnings.append(f"{source} holds weights only: SGD momentum and RNG restart "
+                              "(the run continues, but not bitwise as if uninterrupted)")
+
+    if start.next_token > shard_len:
+        raise SettingsError(f"START_TOKEN={start.next_token} is past the end of the shard "
+                            f"({shard_len} tokens)")
+    return start
+
+
+def build_model(start: StartPoint, batch: int, device: torch.device):
+    """The engine at `start`; returns (model, carried batch found in the checkpoint or None).
+
+    Carried state is restored as stored; the caller resets it when BATCH changed."""
+    from fractus.continuous_engine import ContinuousThoughtEngine
+    if start.checkpoint is None:
+        model = ContinuousThoughtEngine(**start.config.to_dict())
+        model.reset_thought(batch)
+        stored_batch = None
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the worker reports a batch change as an event
+            try:
+                model = ContinuousThoughtEngine.from_checkpoint(start.checkpoint, batch_size=None)
+            except ValueError as e:
+                raise SettingsError(f"checkpoint {start.source}: {e}") from None
+        stored_batch = model.carried_batch_size
+        if stored_batch != batch:
+            model.reset_thought(batch)
+    return model.to(device), stored_batch

@@ -1,0 +1,202 @@
+"""The training step: the reference v1 step (ACCUM=1), or ACCUM batches per optimizer step.
+
+ACCUM=1 (the reference, MODEL.md "The training step"), per batch:
+  1. TF pass: loss = CE(logits, target) + LB_COEF*lb; zero_grad, backward, clip 1.0, SGD step.
+  2. With probability SS_RATE (python `random.random()`): sample s ~ softmax(logits/0.9)
+     (`torch.multinomial`), then `torch.rand(B, SEQ) < SS_PROB` picks positions (never
+     column 0) replaced by prev = cat(chunk[:, :1], s[:, :-1]); loss2 = 0.5*CE + LB_COEF*lb2
+     on the mixed chunk; its own zero_grad, backward, clip 1.0, SGD step.
+The SS coin is drawn before the TF pass rather than after: python's `random` and torch's
+generators are independent and the TF pass draws nothing, so every draw is the same as v1's,
+and the chunked path then knows whether to keep the final hidden state for sampling.
+
+ACCUM>1 (a documented deviation): for each of ACCUM batches, the TF pass and (with
+probability SS_RATE) the SS pass add their gradients, each loss divided by ACCUM; then one
+clip and one SGD step. The carried state flows through the passes in the same order as v1.
+
+CE_CHUNK>0 uses `tick_chunk_train_ce` and `sample_tokens_chunked`: same loss and gradients,
+sampling from the same distribution with a different use of the RNG.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from fractus.train.env import WorkerSettings
+from fractus.train.faults import FaultInjector
+
+SS_TEMPERATURE = 0.9   # v1's sampling temperature
+SS_LOSS_WEIGHT = 0.5   # v1 halves the CE of the SS pass
+CLIP_NORM = 1.0
+
+
+class NonFiniteError(RuntimeError):
+    """Loss or gradient norm not finite: the worker stops without checkpointing (exit 3)."""
+
+    def __init__(self, step: int, values: dict):
+        self.step = step
+        self.values = values
+        super().__init__(f"non-finite loss or gradient at step {step}: {values}")
+
+
+class InjectedCompileError(RuntimeError):
+    """Stands in for a torch.compile failure (FRACTUS_FAULT=compile@S)."""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    tf: float                 # teacher-forced CE (mean over the ACCUM batches)
+    lb: float                 # load-balance term of the TF pass(es)
+    grad_norm: float          # total gradient norm before clipping (TF pass when ACCUM=1)
+    ss: float | None          # SS-pass CE, None when no SS pass ran in this step
+
+
+class TrainStep:
+    """Runs one optimizer step (two with SS at ACCUM=1) on the given batches."""
+
+    def __init__(self, model, optimizer: torch.optim.Optimizer, settings: WorkerSettings,
+                 device: torch.device, faults: FaultInjector | None = None):
+        self.model = model
+        self.optimizer = optimizer
+        self.s = settings
+        self.device = device
+        self.faults = faults or FaultInjector(None)
+        self.params = [p for p in model.parameters()]
+        self.optimizer_steps = 0  # lets the compile fallback know whether weights moved
+        self.compiled = False
+        self.uncompile()
+
+    # --- compile ----------------------------------------------------------------------
+    def compile(self) -> None:
+        self.tick = torch.compile(self.model.tick_chunk_train)
+        self.tick_ce = torch.compile(self.model.tick_chunk_train_ce)
+        self.compiled = True
+
+    def uncompile(self) -> None:
+        self.tick = self.model.tick_chunk_train
+        self.tick_ce = self.model.tick_chunk_train_ce
+        self.compiled = False
+
+    def _autocast(self):
+        if self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    # --- passes -----------------------------------------------------------------------
+    def _forward(self, obs, target, want_sampling: bool, step: int):
+        """(ce, lb, sampler state): sampler state is the logits (dense) or the hidden state."""
+        if self.compiled and self.faults.compile_fails(step):
+            raise InjectedCompileError(f"injected compile failure at step {step}")
+        with self._autocast():
+            if self.s.ce_chunk == 0:
+                logits, lb = self.tick(obs)
+                ce = F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1))
+                return ce, lb, (logits if want_sampling else None)  # held only for sampling
+            if want_sampling:
+                ce, lb, hidden = self.tick_ce(obs, target, self.s.ce_chunk, return_hidden=True)
+                return ce, lb, hidden
+            ce, lb = self.tick_ce(obs, target, self.s.ce_chunk)
+            return ce, lb, None
+
+    @torch.no_grad()
+    def _mixed_chunk(self, chunk: torch.Tensor, sampler_state: torch.Tensor) -> torch.Tensor:
+        """v1's scheduled-sampling input: the multinomial draw, then the replacement mask."""
+        try:
+            sampled = self._sample(sampler_state)
+        except (FloatingPointError, RuntimeError):
+            # multinomial / the chunked sampler refuse non-finite weights: report it as such
+            if not torch.isfinite(sampler_state).all():
+                raise NonFiniteError(self._step, {"ss_sampling": float("nan")}) from None
+            raise
+        b, seq = chunk.shape
+        use_ss = torch.rand(b, seq, device=chunk.device) < self.s.ss_prob
+        use_ss[:, 0] = False
+        prev = torch.cat([chunk[:, :1], sampled[:, :-1].to(chunk.dtype)], dim=1)
+        return torch.where(use_ss, prev, chunk)
+
+    def _sample(self, sampler_state: torch.Tensor) -> torch.Tensor:
+        """One token per position: the dense multinomial (v1), or the chunked sampler."""
+        b, seq = sampler_state.shape[:2]
+        if self.s.ce_chunk == 0:
+            logits = sampler_state.detach().float()
+            probs = torch.softmax(logits.reshape(-1, logits.size(-1)) / SS_TEMPERATURE, dim=-1)
+            sampled = torch.multinomial(probs, 1).view(b, seq)
+        else:
+            from fractus.nn.ce import sample_tokens_chunked
+            sampled = sample_tokens_chunked(sampler_state.detach(), self.model.observe.weight,
+                                            SS_TEMPERATURE, self.s.ce_chunk)
+        return sampled
+
+    def _scaled(self, loss: torch.Tensor, step: int) -> torch.Tensor:
+        scale = self.faults.loss_scale(step)
+        return loss if scale is None else loss * scale
+
+    def _clip_check_step(self, step: int, watched: dict) -> float:
+        """Clip, refuse non-finite values before the weights move, then SGD step."""
+        norm = torch.nn.utils.clip_grad_norm_(self.params, CLIP_NORM)
+        tensors = [t.detach().float().reshape(()) for t in watched.values()]
+        numbers = torch.stack(tensors + [norm.detach().float().reshape(())]).tolist()  # one sync
+        values = dict(zip([*watched, "grad_norm"], numbers))
+        if not all(math.isfinite(v) for v in values.values()):
+            raise NonFiniteError(step, values)
+        self.optimizer.step()
+        self.optimizer_steps += 1
+        return values["grad_norm"]
+
+    # --- the step ---------------------------------------------------------------------
+    def __call__(self, batches: list[tuple[torch.Tensor, torch.Tensor]], step: int) -> StepResult:
+        self._step = step
+        if len(batches) == 1:
+            return self._reference_step(*batches[0], step)
+        return self._accumulated_step(batches, step)
+
+    def _reference_step(self, chunk, target, step: int) -> StepResult:
+        do_ss = random.random() < self.s.ss_rate
+        ce, lb, sampler_state = self._forward(chunk, target, do_ss, step)
+        loss = self._scaled(ce + self.s.lb_coef * lb, step)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = self._clip_check_step(step, {"loss": loss, "tf": ce, "lb": lb})
+        tf, lb_v = float(ce.detach()), float(lb.detach())
+        ss = None
+        if do_ss:
+            mixed = self._mixed_chunk(chunk, sampler_state)
+            del sampler_state  # free the TF logits before the SS forward
+            ce2, lb2, _ = self._forward(mixed, target, False, step)
+            loss2 = self._scaled(SS_LOSS_WEIGHT * ce2 + self.s.lb_coef * lb2, step)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss2.backward()
+            self._clip_check_step(step, {"ss_loss": loss2})
+            ss = float(ce2.detach())
+        return StepResult(tf=tf, lb=lb_v, grad_norm=grad_norm, ss=ss)
+
+    def _accumulated_step(self, batches, step: int) -> StepResult:
+        n = len(batches)
+        self.optimizer.zero_grad(set_to_none=True)
+        tfs, lbs, sss, watched = [], [], [], {}
+        for i, (chunk, target) in enumerate(batches):
+            do_ss = random.random() < self.s.ss_rate
+            ce, lb, sampler_state = self._forward(chunk, target, do_ss, step)
+            loss = self._scaled(ce + self.s.lb_coef * lb, step)
+            (loss / n).backward()
+            tfs.append(ce.detach())
+            lbs.append(lb.detach())
+            watched[f"loss{i}"] = loss
+            if do_ss:
+                mixed = self._mixed_chunk(chunk, sampler_state)
+                del sampler_state
+                ce2, lb2, _ = self._forward(mixed, target, False, step)
+                loss2 = self._scaled(SS_LOSS_WEIGHT * ce2 + self.s.lb_coef * lb2, step)
+                (loss2 / n).backward()
+                sss.append(ce2.detach())
+                watched[f"ss_loss{i}"] = loss2
+        grad_norm = self._clip_check_step(step, watched)
+        ss = float(torch.stack(sss).mean()) if sss else None
+        return StepResult(tf=float(torch.stack(tfs).mean()), lb=float(torch.stack(lbs).mean()),
+                          grad_norm=grad_norm, ss=ss)

@@ -1,0 +1,264 @@
+"""The per-GPU worker: one process, one shard, one checkpoint file (no torch.distributed).
+
+    CUDA_VISIBLE_DEVICES=$i GPU_ID=$i START_TOKEN=... BATCH=8 CE_CHUNK=2048 \
+        FRACTUS_ATTN_IMPL=chunked COMPILE=1 python -u scripts/fast4gpu_boost_v2.py
+
+Setup (all checks before anything is written) -> resume -> loop -> final checkpoint.
+Exit codes: 0 done or stopped by a signal, 1 crash (error event), 2 bad settings or bad
+input files, 3 non-finite loss or gradient (nan event, no checkpoint), 4 out of memory
+(oom event). The environment contract is fractus/train/env.py; docs in docs/WORKER.md.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from fractus.continuous_engine import check_token_ids
+from fractus.data import ShardError, TokenShard, batch_from_window
+from fractus.train.checkpoint import (NonFiniteCheckpointError, capture_rng, remove_stale_temps,
+                                      restore_rng, save_checkpoint, training_payload)
+from fractus.train.env import SettingsError, WorkerSettings
+from fractus.train.faults import FaultInjector, parse_fault
+from fractus.train.metrics import MetricsWriter, human_line
+from fractus.train.resume import build_model, find_start, resolve_device
+from fractus.train.step import NonFiniteError, TrainStep
+
+EMA_BETA = 0.98
+EXIT_OK, EXIT_CRASH, EXIT_SETTINGS, EXIT_NAN, EXIT_OOM = 0, 1, 2, 3, 4
+
+
+def ema(previous: float | None, value: float) -> float:
+    return value if previous is None else EMA_BETA * previous + (1 - EMA_BETA) * value
+
+
+class StopSignal:
+    """First SIGTERM/SIGINT: finish the step, checkpoint, exit 0. Second: exit at once."""
+
+    def __init__(self):
+        self.requested: str | None = None
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested is not None:
+            os._exit(128 + signum)
+        self.requested = signal.Signals(signum).name
+
+
+class Worker:
+    def __init__(self, settings: WorkerSettings):
+        self.s = settings
+        self.stop = StopSignal()
+
+    # --- setup: no writes until every check has passed ----------------------------------
+    def setup(self) -> None:
+        s = self.s
+        self.device = resolve_device(s)
+        self.shard = TokenShard(s.shard_path)
+        self.start = find_start(s, len(self.shard))
+        torch.manual_seed(s.effective_seed)
+        random.seed(s.effective_seed)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        self.model, self.stored_batch = build_model(self.start, s.batch, self.device)
+        self.model.set_gate_temperature(s.gate_temp)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=s.lr, momentum=0.9)
+        if self.start.kind == "full":
+            self.optimizer.load_state_dict(self.start.checkpoint["optimizer_state"])
+            for group in self.optimizer.param_groups:  # LR is a setting, not restored state
+                group["lr"] = s.lr
+            restore_rng(self.start.rng, self.device)
+        self.start.checkpoint = None  # drop the CPU copy of the weights
+        self.faults = FaultInjector(parse_fault(s.fault))
+        self.trainer = TrainStep(self.model, self.optimizer, s, self.device, self.faults)
+        self.next_token = self.start.next_token
+        self.step = self.start.step
+        self.ema_tf, self.ema_ss = self.start.ema_tf, self.start.ema_ss
+        self.ckpt_out = Path(s.ckpt_out_path)
+        same_file = self.start.source and Path(self.start.source).resolve() == self.ckpt_out.resolve()
+        self.saved_step = self.step if self.start.kind == "full" and same_file else None
+
+    # --- per-step pieces ------------------------------------------------------------------
+    def _batch(self, position: int):
+        """v1's slice: tokens [p, p+B*SEQ+1), checked on the host, cast to long on the device."""
+        n = self.s.tokens_per_batch
+        window = self.shard.window(position, n + 1)
+        try:
+            check_token_ids(window, self.model.config.vocab_size)
+        except ValueError as e:
+            raise ShardError(f"shard {self.shard.path} at token {position}: {e}") from None
+        window = window.to(self.device, non_blocking=True)
+        return batch_from_window(window, self.s.batch, self.s.seq)
+
+    def _mem_gb(self) -> float:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) / 1e9
+        try:  # peak resident set size, the CPU analogue of v1's max_memory_allocated
+            import resource
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # KiB on Linux
+        except ImportError:
+            import psutil
+            return psutil.Process().memory_info().rss / 1e9
+
+    def _save(self) -> None:
+        payload = training_payload(self.model, self.optimizer, self.s,
+                                   next_token=self.next_token, step=self.step,
+                                   ema_tf=self.ema_tf, ema_ss=self.ema_ss, device=self.device,
+                                   shard=str(self.shard.path))
+        t0 = time.perf_counter()
+        saved = save_checkpoint(payload, self.ckpt_out, keep=self.s.save_keep)
+        self.saved_step = self.step
+        self.log.event("checkpoint", path=saved.path, sha256=saved.sha256, bytes=saved.bytes,
+                       next_token=self.next_token, step=self.step, ema_tf=self.ema_tf,
+                       ema_ss=self.ema_ss, lb=self.last_lb, seconds=time.perf_counter() - t0)
+        print(f"GPU {self.s.gpu_id}: saved -> {saved.path} (next_token={self.next_token})",
+              flush=True)
+
+    def _run_step(self, batches, step: int):
+        """One step; the first compiled step falls back to eager if compilation fails."""
+        if not self.trainer.compiled or self.compile_checked:
+            return self.trainer(batches, step)
+        carry, rng = self.model.carry_state(), capture_rng(self.device)
+        steps_before, t0 = self.trainer.optimizer_steps, time.perf_counter()
+        try:
+            result = self.trainer(batches, step)
+        except (NonFiniteError, torch.OutOfMemoryError):
+            raise
+        except Exception as e:
+            if self.trainer.optimizer_steps != steps_before:
+                raise  # weights already moved: not a clean compile failure
+            reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            self.log.event("compile", status="failed", reason=reason[:500])
+            print(f"GPU {self.s.gpu_id}: compile failed, continuing uncompiled: {reason[:200]}",
+                  file=sys.stderr, flush=True)
+            self.trainer.uncompile()
+            self.compile_checked = True
+            self.model.load_carry_state(carry)
+            restore_rng(rng, self.device)
+            self.optimizer.zero_grad(set_to_none=True)
+            return self.trainer(batches, step)
+        self.compile_checked = True
+        self.log.event("compile", status="ok", seconds=time.perf_counter() - t0)
+        return result
+
+    def _report(self, result, tok_s: float) -> None:
+        mem = self._mem_gb()
+        self.log.metrics(step=self.step, next_token=self.next_token, tf=result.tf,
+                         ema_tf=self.ema_tf, ss=self.last_ss, ema_ss=self.ema_ss, lb=result.lb,
+                         grad_norm=result.grad_norm, tok_s=tok_s, mem_gb=mem)
+        ss_shown = result.ss  # v1 shows ss only when this step ran an SS pass
+        print(human_line(self.s.gpu_id, self.next_token, result.tf, self.ema_tf, ss_shown,
+                         self.ema_ss, result.lb, tok_s, mem), flush=True)
+
+    # --- the loop -------------------------------------------------------------------------
+    def train(self) -> str:
+        s = self.s
+        per_step = s.tokens_per_step
+        run_steps, window_tokens, window_t0 = 0, 0, time.perf_counter()
+        while True:
+            if self.stop.requested:
+                return "signal"
+            if s.max_steps and run_steps >= s.max_steps:
+                return "max_steps"
+            if self.next_token + per_step + 1 > len(self.shard):
+                return "end_of_shard"
+            step = self.step + 1
+            self.faults.before_step(step)
+            batches = [self._batch(self.next_token + i * s.tokens_per_batch)
+                       for i in range(s.accum)]
+            result = self._run_step(batches, step)
+            self.step, self.next_token = step, self.next_token + per_step
+            run_steps += 1
+            window_tokens += per_step
+            self.ema_tf = ema(self.ema_tf, result.tf)
+            if result.ss is not None:
+                self.last_ss, self.ema_ss = result.ss, ema(self.ema_ss, result.ss)
+            self.last_lb = result.lb
+            if run_steps == 1 or step % s.log_every == 0:
+                now = time.perf_counter()
+                self._report(result, window_tokens / max(now - window_t0, 1e-9))
+                window_tokens, window_t0 = 0, now
+            if s.save_every and step % s.save_every == 0:
+                self._save()
+
+    def run(self) -> int:
+        s = self.s
+        self.log = MetricsWriter(s.metrics, s.gpu_id)
+        self.stop.install()
+        self.compile_checked = False
+        self.last_ss = None  # the SS value of the latest SS pass in this run
+        self.last_lb = None
+        remove_stale_temps(self.ckpt_out)
+        self.log.event("start", pid=os.getpid(), next_token=self.next_token, step=self.step,
+                       resume=self.start.kind, source=self.start.source,
+                       device=str(self.device), settings=s.to_dict())
+        print(f"GPU {s.gpu_id}: start {self.start.kind} next_token={self.next_token} "
+              f"step={self.step} B={s.batch} SEQ={s.seq} ACCUM={s.accum} device={self.device}",
+              flush=True)
+        for message in self.start.warnings:
+            print(f"GPU {s.gpu_id}: warning: {message}", file=sys.stderr, flush=True)
+            self.log.event("warning", message=message)
+        if self.stored_batch is not None and self.stored_batch != s.batch:
+            self.log.event("batch_change", old=self.stored_batch, new=s.batch,
+                           message="carried state reset to zeros")
+        if s.compile:
+            self.trainer.compile()
+        try:
+            reason = self.train()
+            if self.saved_step != self.step or not self.ckpt_out.exists():
+                self._save()
+        except (NonFiniteError, NonFiniteCheckpointError) as e:
+            values = getattr(e, "values", {})
+            self.log.event("nan", step=getattr(e, "step", self.step + 1), values=values,
+                           message=str(e))
+            print(f"GPU {s.gpu_id}: {e}; stopping without a checkpoint", file=sys.stderr)
+            return EXIT_NAN
+        except torch.OutOfMemoryError as e:
+            self.log.event("oom", step=self.step + 1, message=str(e)[:500])
+            print(f"GPU {s.gpu_id}: out of memory at step {self.step + 1}: {e}", file=sys.stderr)
+            return EXIT_OOM
+        except ShardError as e:
+            self.log.event("error", message=str(e), exit_code=EXIT_SETTINGS)
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_SETTINGS
+        except Exception as e:
+            self.log.event("error", message=f"{type(e).__name__}: {e}"[:2000], exit_code=EXIT_CRASH)
+            traceback.print_exc()
+            return EXIT_CRASH
+        finally:
+            sys.stdout.flush()
+        self.log.event("done", reason=reason, step=self.step, next_token=self.next_token,
+                       ema_tf=self.ema_tf, ema_ss=self.ema_ss)
+        print(f"GPU {s.gpu_id}: DONE ({reason}) next_token={self.next_token}", flush=True)
+        self.log.close()
+        return EXIT_OK
+
+
+def main(environ=None) -> int:
+    environ = os.environ if environ is None else environ
+    try:
+        worker = Worker(WorkerSettings.from_env(environ))
+        worker.setup()
+    except (SettingsError, ShardError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_SETTINGS
+    except torch.OutOfMemoryError as e:  # building or loading the model did not fit
+        print(f"error: out of memory during setup: {str(e).splitlines()[0]}", file=sys.stderr)
+        return EXIT_OOM
+    return worker.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""Exact resume: N steps straight == k steps, stop, resume for N-k steps (bitwise, on CPU).
+
+Real subprocesses and real signals; SS on (SS_RATE=0.5 with a fixed SEED, so some steps run
+an SS pass and some do not)."""
+
+import signal
+import time
+
+import torch
+
+from tests.support.worker_utils import (events, load_ckpt, metrics_lines, read_jsonl,
+                                        run_worker, start_worker, worker_env, write_synth_shard)
+
+COMMON = {"SS_RATE": "0.5", "LR": "0.05"}
+
+
+def assert_same_training_state(a: dict, b: dict):
+    assert set(a["model_state"]) == set(b["model_state"])
+    for name, value in a["model_state"].items():
+        assert torch.equal(value, b["model_state"][name]), name
+    sa, sb = a["optimizer_state"]["state"], b["optimizer_state"]["state"]
+    assert set(sa) == set(sb) and len(sa) > 0
+    for idx in sa:
+        assert torch.equal(sa[idx]["momentum_buffer"], sb[idx]["momentum_buffer"]), idx
+    ta, tb = a["train_state"], b["train_state"]
+    for key in ("next_token", "step", "ema_tf", "ema_ss", "carry_batch"):
+        assert ta[key] == tb[key], key
+    assert ta["rng"]["python"] == tb["rng"]["python"]
+    assert torch.equal(ta["rng"]["torch"], tb["rng"]["torch"])
+
+
+def test_accum_2_stop_and_resume_is_bitwise_identical(tmp_path):
+    """ACCUM=2 split by MAX_STEPS (ACCUM=1 is covered by the SIGTERM test below)."""
+    accum = 2
+    shard = write_synth_shard(tmp_path / "shard.npy", tokens=3000)
+    straight = worker_env(tmp_path / "a", SHARD=shard, MAX_STEPS=5, ACCUM=accum, **COMMON)
+    assert run_worker(straight).returncode == 0
+
+    split = worker_env(tmp_path / "b", SHARD=shard, MAX_STEPS=2, ACCUM=accum, **COMMON)
+    assert run_worker(split).returncode == 0
+    first = load_ckpt(split["CKPT_OUT"])["train_state"]
+    assert first["step"] == 2 and first["next_token"] == 2 * accum * 2 * 16
+    split["MAX_STEPS"] = "3"  # resumes from the existing CKPT_OUT, no START_TOKEN needed
+    proc = run_worker(split)
+    assert proc.returncode == 0, proc.stderr
+
+    a, b = load_ckpt(straight["CKPT_OUT"]), load_ckpt(split["CKPT_OUT"])
+    assert a["train_state"]["ema_ss"] is not None  # SS passes ran
+    assert_same_training_state(a, b)
+    start = events(read_jsonl(split["METRICS"]), "start")
+    assert [s["resume"] for s in start] == ["fresh", "full"]
+    assert start[1]["next_token"] == first["next_token"]
+
+
+def test_sigterm_finishes_the_step_checkpoints_and_resumes_exactly(tmp_path):
+    steps = 30
+    shard = write_synth_shard(tmp_path / "shard.npy", tokens=steps * 32 + 1)  # exactly 30 steps
+    straight = worker_env(tmp_path / "a", SHARD=shard, **COMMON)
+    proc = run_worker(straight)
+    assert proc.returncode == 0, proc.stderr
+    done = events(read_jsonl(straight["METRICS"]), "done")
+    assert done[-1]["reason"] == "end_of_shard" and done[-1]["step"] == steps
+
+    env = worker_env(tmp_path / "b", SHARD=shard, **COMMON)
+    child = start_worker(env)
+    deadline = time.time() + 60
+    while not metrics_lines(read_jsonl(env["METRICS"])) and time.time() < deadline:
+        time.sleep(0.02)
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(timeout=60) == 0, child.stderr.read()
+    records = read_jsonl(env["METRICS"])
+    stopped = events(records, "done")[-1]
+    k = stopped["step"]
+    assert stopped["reason"] == "signal" and 1 <= k < steps
+    ck_event = events(records, "checkpoint")[-1]
+    assert ck_event["step"] == k and ck_event["next_token"] == k * 32
+
+    proc = run_worker(env)  # resume from CKPT_OUT to the end of the shard
+    assert proc.returncode == 0, proc.stderr
+    assert_same_training_state(load_ckpt(straight["CKPT_OUT"]), load_ckpt(env["CKPT_OUT"]))
+
+
+def test_second_signal_exits_at_once(tmp_path):
+    shard = write_synth_shard(tmp_path / "shard.npy", tokens=2000)
+    env = worker_env(tmp_path, SHARD=shard, FRACTUS_FAULT="hang@2")
+    child = start_worker(env)
+    deadline = time.time() + 60
+    while not metrics_lines(read_jsonl(env["METRICS"])) and time.time() < deadline:
+        time.sleep(0.02)
+    child.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    assert child.poll() is None  # stuck in the hanging step: the first signal only asks
+    child.send_signal(signal.SIGINT)
+    assert child.wait(timeout=10) == 128 + signal.SIGINT
+    assert not events(read_jsonl(env["METRICS"]), "checkpoint")
+
+
+def test_batch_change_resets_the_carried_state(tmp_path):
+    """Also: a legacy int64 .pt shard, and an explicit START_TOKEN that agrees."""
+    torch.save(torch.randint(0, 512, (400,), dtype=torch.int64), tmp_path / "shard.pt")
+    env = worker_env(tmp_path, SHARD=tmp_path / "shard.pt", MAX_STEPS=2)
+    assert run_worker(env).returncode == 0
+    env.update(BATCH="3", START_TOKEN="64")
+    proc = run_worker(env)
+    assert proc.returncode == 0, proc.stderr
+    change = events(read_jsonl(env["METRICS"]), "batch_change")
+    assert len(change) == 1 and (change[0]["old"], change[0]["new"]) == (2, 3)
+    ts = load_ckpt(env["CKPT_OUT"])["train_state"]
+    assert ts["carry_batch"] == 3 and ts["step"] == 4 and ts["next_token"] == 2 * 32 + 2 * 48
+
+
+def test_start_token_rules(tmp_path, capsys):
+    from fractus.train.worker import main
+    shard = write_synth_shard(tmp_path / "shard.npy", tokens=3000)
+    env = worker_env(tmp_path, SHARD=shard, MAX_STEPS=1)
+    assert run_worker(env).returncode == 0  # full checkpoint at next_token 32
+
+    assert main({**env, "START_TOKEN": "100"}) == 2  # setup only: safe in-process
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "FORCE_START_TOKEN" in err and "next_token=32" in err
+    forced = run_worker({**env, "START_TOKEN": "101", "FORCE_START_TOKEN": "1"})
+    assert forced.returncode == 0, forced.stderr
+    assert events(read_jsonl(env["METRICS"]), "start")[-1]["next_token"] == 101
+    assert load_ckpt(env["CKPT_OUT"])["train_state"]["next_token"] == 101 + 32
+
+    legacy = tmp_path / "legacy.pt"
+    full = load_ckpt(env["CKPT_OUT"])
+    torch.save({"model_state": full["model_state"], "config": full["config"]}, legacy)
+    other = worker_env(tmp_path / "c", SHARD=shard, MAX_STEPS=1, CKPT_IN=legacy)
+    assert main(other) == 2
+    assert "START_TOKEN is required" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()  # nothing written
