@@ -32,7 +32,9 @@ def check_token_ids(tokens: torch.Tensor, vocab_size: int) -> None:
         raise ValueError(f"token ids must be a torch.Tensor, got {type(tokens).__name__}")
     if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
         raise ValueError(f"token ids must have an integer dtype, got {tokens.dtype}")
-    if tokens.device.type == "cpu" and tokens.numel():
+    # Under torch.compile the value read would break the graph; the worker checks the
+    # host-side slice before the compiled step instead.
+    if tokens.device.type == "cpu" and tokens.numel() and not torch.compiler.is_compiling():
         lo, hi = int(tokens.min()), int(tokens.max())
         if lo < 0 or hi >= vocab_size:
             raise ValueError(f"token ids must be in [0, {vocab_size}), got values in [{lo}, {hi}]")

@@ -43,19 +43,15 @@ def cli(ctx: click.Context, pod_dir: str) -> None:
 @click.pass_context
 def init(ctx, preset: str, force: bool, no_data: bool) -> None:
     """Write fractus-pod.yaml (and, for tiny-cpu, synthetic shards under data/)."""
-    from launcher.podconfig import init_pod, load_config, parse_devices
+    from launcher.podconfig import init_pod, load_config, write_demo_shards
     pod_dir = _pod_dir(ctx)
     for path in init_pod(pod_dir, preset, force=force):
         click.echo(f"wrote {path.relative_to(pod_dir)}")
     config = load_config(pod_dir)
     if config.demo_data and not no_data:
-        from fractus.data import synth
-        n = len(parse_devices(config.devices))
-        d = config.demo_data
-        paths = synth(pod_dir / Path(config.shard_path(0)).parent, shards=n,
-                      tokens=int(d["tokens"]), vocab=int(d["vocab"]), seed=int(d["seed"]))
-        for p in paths:
-            click.echo(f"wrote {Path(p).relative_to(pod_dir)} (synthetic, {d['tokens']:,} tokens)")
+        for p in write_demo_shards(pod_dir, config):
+            click.echo(f"wrote {Path(p).relative_to(pod_dir)} "
+                       f"(synthetic, {config.demo_data['tokens']:,} tokens)")
     click.echo(f"next: fractus-pod --pod-dir {pod_dir} launch --stage 1")
 
 
@@ -81,10 +77,16 @@ def _parse_faults(values: tuple[str, ...]) -> dict[int, str]:
 @click.option("--max-steps", type=click.IntRange(min=1), default=None,
               help="Each worker stops after this many steps (per worker start).")
 @click.option("--detach", is_flag=True, help="Supervise in the background (logs/launcher.log).")
+@click.option("--from-hub", "from_hub", default=None, metavar="URL",
+              help="Rebuild this EMPTY pod directory from a hub (hf://owner/repo or "
+                   "file://DIR): config, manifest, checkpoints; then launch.")
+@click.option("--revision", default=None,
+              help="With --from-hub: the hub revision to rebuild from (default: the newest).")
 @click.option("--fault", "faults", multiple=True, hidden=True,
               help="Tests only: GPU:KIND@STEP fault injection on that worker's first start.")
 @click.pass_context
-def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, faults) -> None:
+def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, revision,
+           faults) -> None:
     """Validate everything, then start one worker per GPU and supervise them."""
     from launcher.ckpt_index import CheckpointIndex
     from launcher.events import EventLog
@@ -93,8 +95,19 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, faults) -> No
                                   restore_from_hub, validate)
     from launcher.supervisor import Supervisor
     pod_dir = _pod_dir(ctx)
+    if revision and not from_hub:
+        raise UserError("--revision goes with --from-hub (a resumed pod uses the revisions "
+                        "its manifest records)")
+    if from_hub:
+        _rebuild(pod_dir, from_hub, revision)
     plan, manifest = load_plan(pod_dir, stage, devices, gpus, max_time, max_steps,
                                _parse_faults(faults))
+    if plan.config.hub:
+        from launcher.sync import store_for
+        try:
+            store_for(plan.config, pod_dir)    # a malformed hub: URL is refused up front
+        except ValueError as exc:
+            raise UserError(f"hub: {exc}") from None
     lock = PodLock(pod_dir)
     lock.acquire()
     try:
@@ -120,6 +133,23 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, faults) -> No
     finally:
         lock.release()
     sys.exit(code)
+
+
+def _rebuild(pod_dir: Path, url: str, revision: str | None) -> None:
+    """launch --from-hub: fill the empty pod directory from one pinned hub revision."""
+    from launcher.events import EventLog
+    from launcher.from_hub import rebuild_from_hub
+    from launcher.hub import HubError
+    try:
+        rev, _config = rebuild_from_hub(pod_dir, url, revision)
+    except HubError as exc:
+        if exc.status == 404:              # no such repo or revision: the user's to fix
+            raise UserError(f"--from-hub: {exc}") from None
+        raise click.ClickException(f"--from-hub: {exc}") from None
+    except ValueError as exc:
+        raise UserError(f"--from-hub: {exc}") from None
+    EventLog(pod_dir).emit("rebuilt_from_hub", hub=url, revision=rev)
+    click.echo(f"rebuilt {pod_dir} from {url} at revision {rev[:12]}")
 
 
 def _daemonize(pod_dir: Path) -> None:
@@ -196,8 +226,11 @@ def stop(ctx, timeout) -> None:
                                                 f"{sorted(orphans.values())}" if orphans else ""))
         return
     os.kill(int(holder["pid"]), signal.SIGTERM)
+    from launcher.sync import read_sync_state
     deadline = time.monotonic() + (timeout if timeout is not None else config.stop_grace_s + 30)
     while read_holder(pod_dir) is not None:
+        if timeout is None and read_sync_state(pod_dir).get("in_flight"):
+            deadline = max(deadline, time.monotonic() + 30)   # the final hub push runs
         if time.monotonic() > deadline:
             raise click.ClickException(f"launcher pid {holder['pid']} still running after "
                                        f"the timeout; check logs/launcher.log")
@@ -266,12 +299,15 @@ def sync_history(ctx) -> None:
 @_hub_errors
 def sync_push(ctx, message: str) -> None:
     """Push every GPU's newest passed checkpoint and the manifest as one revision."""
-    from launcher.manual import passed_push_files, record_hub_revision
+    from launcher.podconfig import load_config
+    from launcher.sync import push_now
     pod_dir = _pod_dir(ctx)
-    files, shas = passed_push_files(pod_dir)
-    revision = _store(pod_dir).push(files, message)
+    _store(pod_dir)                        # refuses a pod without a hub
+    revision, noted = push_now(pod_dir, load_config(pod_dir), message)
     click.echo(f"pushed revision {revision}")
-    click.echo(record_hub_revision(pod_dir, shas, revision))
+    click.echo(f"manifest: hub_revision recorded for GPU(s) {noted}" if noted else
+               "manifest: hub_revision unchanged (a running launcher records it, or the "
+               "manifest names newer checkpoints than the ones that passed)")
 
 
 @sync.command("pull")
@@ -281,8 +317,13 @@ def sync_push(ctx, message: str) -> None:
 @_hub_errors
 def sync_pull(ctx, revision, paths) -> None:
     """Pull files (default: all) from the hub store, verified by sha256."""
+    from launcher.from_hub import keep_hub
+    from launcher.podconfig import CONFIG_NAME
     pod_dir = _pod_dir(ctx)
-    pulled = _store(pod_dir).pull(list(paths) or None, revision)
+    store = _store(pod_dir)
+    pulled = store.pull(list(paths) or None, revision)
+    if CONFIG_NAME in pulled:
+        keep_hub(pod_dir, store.url, f"pulled from {store.url}")
     for rel in sorted(pulled):
         click.echo(f"pulled {rel}")
 

@@ -193,6 +193,7 @@ def apply_checkpoint(manifest: Manifest, gpu: int, event: dict, stage: int, pod_
                              f"manifest ({current}); refused")
     if current == next_token and entry.get("checkpoint_sha256") == event.get("sha256"):
         return False
+    _forget_hub_revision(entry, event.get("sha256"))
     entry.update({
         "start_token": next_token,
         "checkpoint": relative_to_pod(event["path"], pod_dir),
@@ -206,12 +207,21 @@ def apply_checkpoint(manifest: Manifest, gpu: int, event: dict, stage: int, pod_
     return True
 
 
+def _forget_hub_revision(entry: dict, new_sha256: str | None) -> None:
+    """`hub_revision` names the hub commit holding the entry's checkpoint bytes: once the
+    entry names other bytes it would restore the wrong file, so it goes until the next sync
+    pushes the new checkpoint (launcher/sync.py records it again)."""
+    if entry.get("checkpoint_sha256") != new_sha256:
+        entry.pop("hub_revision", None)
+
+
 def apply_rollback(manifest: Manifest, gpu: int, target: dict, stage: int) -> dict:
     """Set a GPU back to a passed checkpoint `target` (a checkpoint-index record).
 
     Returns the entry it replaced; the caller records the rollback in events first."""
     entry = manifest.entry(gpu)
     before = dict(entry)
+    _forget_hub_revision(entry, target["sha256"])
     entry.update({
         "start_token": int(target["next_token"]),
         "checkpoint": target["path"],

@@ -43,7 +43,9 @@ class PodConfig:
     poll_interval_s: float = 1.0     # how often the launcher reads the metrics files
     stop_grace_s: float = 120.0      # SIGTERM -> SIGKILL for a worker that must stop
     hub: str | None = None           # "file://hub" or "hf://owner/repo" (see launcher/hub)
-    sync: dict = field(default_factory=lambda: {"interval_s": 3600})
+    # The hub sync policy (launcher/sync.py): interval (seconds, or "30m"/"1h"), merge
+    # (also push the mean-merged brain), attempts/backoff_s (retries of one hub call).
+    sync: dict = field(default_factory=lambda: {"interval": 3600})
     # `init` writes synthetic shards with these (tiny preset); unused otherwise.
     demo_data: dict | None = None
 
@@ -56,13 +58,73 @@ class PodConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def sync_settings(self) -> "SyncSettings":
+        return SyncSettings.parse(self.sync)
+
+
+@dataclass(frozen=True)
+class SyncSettings:
+    """`sync:` of the pod config: when the launcher pushes to the hub, and how hard it tries."""
+    interval_s: float = 3600.0       # the user's hourly cadence
+    merge: bool = False              # also push the mean of the GPUs' checkpoints
+    attempts: int = 5                # tries of one hub call (5xx, timeouts) before a sync fails
+    backoff_s: float = 1.0           # wait before the second try; doubles after each failure
+
+    KEYS = ("interval", "merge", "attempts", "backoff_s")
+
+    @classmethod
+    def parse(cls, data: dict, source: str = "sync") -> "SyncSettings":
+        data = dict(data or {})
+        if "interval_s" in data:     # the name issue 4's presets wrote
+            if "interval" in data:
+                raise UserError(f"{source}: give interval or interval_s, not both")
+            data["interval"] = data.pop("interval_s")
+        unknown = sorted(set(data) - set(cls.KEYS))
+        if unknown:
+            raise UserError(f"{source}: unknown key(s) {unknown}; known: {list(cls.KEYS)}")
+        out = cls()
+        if "interval" in data:
+            out = dataclasses.replace(out, interval_s=_seconds(data["interval"], f"{source}.interval"))
+        if "merge" in data:
+            if not isinstance(data["merge"], bool):
+                raise UserError(f"{source}.merge must be true or false, got {data['merge']!r}")
+            out = dataclasses.replace(out, merge=data["merge"])
+        if "attempts" in data:
+            value = data["attempts"]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UserError(f"{source}.attempts must be an integer >= 1, got {value!r}")
+            out = dataclasses.replace(out, attempts=value)
+        if "backoff_s" in data:
+            out = dataclasses.replace(out, backoff_s=_seconds(data["backoff_s"],
+                                                              f"{source}.backoff_s", minimum=0))
+        return out
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600}
+
+
+def _seconds(value, what: str, minimum: float = 0.1) -> float:
+    """A duration: a number of seconds, or a string like "90s", "30m", "1h"."""
+    seconds = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str) and value[:-1] and value[-1] in _UNITS:
+        try:
+            seconds = float(value[:-1]) * _UNITS[value[-1]]
+        except ValueError:
+            seconds = None
+    if seconds is None or not seconds >= minimum:
+        raise UserError(f"{what} must be a duration >= {minimum:g}s (e.g. 3600, \"30m\", "
+                        f"\"1h\"), got {value!r}")
+    return seconds
+
 
 PRESETS: dict[str, PodConfig] = {
     # The CPU demo and tests: two tiny workers on synthetic shards, a local hub store.
     "tiny-cpu": PodConfig(
         model="tiny", devices="cpu:2", env={"SEQ": "32"}, save_every=25, save_keep=3,
         log_every=5, poll_interval_s=0.5, stop_grace_s=30.0, hub="file://hub",
-        sync={"interval_s": 600},
+        sync={"interval": 600},
         demo_data={"tokens": 1_000_000, "vocab": 512, "seed": 0}),
     # The production run: eight GPUs, the user's cadence (log every 40, save every 800).
     "1b-8gpu": PodConfig(model="1b", devices="cuda:0-7", hub=None),
@@ -106,6 +168,7 @@ def load_config(pod_dir: Path) -> PodConfig:
     _check_types(data, str(path))
     config = PodConfig(**data)
     config.env = {str(k): str(v) for k, v in config.env.items()}
+    SyncSettings.parse(config.sync, f"{path}: sync")    # fail early on a bad sync policy
     parse_devices(config.devices)      # fail early on a malformed devices string
     return config
 
@@ -140,6 +203,16 @@ def init_pod(pod_dir: Path, preset: str, force: bool = False) -> list[Path]:
     for sub in ("checkpoints", "data", "logs"):
         (pod_dir / sub).mkdir(exist_ok=True)
     return written
+
+
+def write_demo_shards(pod_dir: Path, config: PodConfig) -> list[Path]:
+    """The preset's synthetic shards (`demo_data`): the same seed always gives the same tokens,
+    so a pod rebuilt from the hub regenerates exactly the data it trained on."""
+    from fractus.data import synth
+    d = config.demo_data or {}
+    n = len(parse_devices(config.devices))
+    return synth(pod_dir / Path(config.shard_path(0)).parent, shards=n,
+                 tokens=int(d["tokens"]), vocab=int(d["vocab"]), seed=int(d["seed"]))
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """`fractus-pod status`: the pod as its files describe it (works with or without a launcher).
 
 Sources: logs/pod_state.json (the launcher's view: pids, verdicts), the manifest (resume
-points, hub revisions), each worker's METRICS file (latest numbers), logs/events.jsonl.
+points, hub revisions), each worker's METRICS file (latest numbers), logs/events.jsonl,
+logs/sync_state.json (the hub sync: last pushed revision and time, last error).
 """
 
 from __future__ import annotations
@@ -130,7 +131,31 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8) -> dict:
         "manifest_error": manifest_error,
         "gpus": rows,
         "events": read_events(pod_dir, last=n_events),
+        "sync": _sync_report(pod_dir, config, now),
     }
+
+
+def _sync_report(pod_dir: Path, config: PodConfig, now: float) -> dict | None:
+    """The hub sync as the launcher (or `sync push`) last recorded it; errors re-scrubbed."""
+    from launcher.sync import read_sync_state, scrub
+    if not config.hub:
+        return None
+    state = read_sync_state(pod_dir)
+    error = state.get("last_error")
+
+    def age(key):
+        return now - state[key] if isinstance(state.get(key), (int, float)) else None
+    return {"hub": config.hub,
+            "interval_s": config.sync_settings().interval_s,
+            "last_revision": state.get("last_revision"),
+            "last_success_at": state.get("last_success_at"),
+            "last_success_age_s": age("last_success_at"),
+            "last_pushed_tokens": state.get("last_pushed_tokens"),
+            "in_flight": bool(state.get("in_flight")),
+            "last_result": state.get("last_result"),
+            "last_error": scrub(error) if error else None,
+            "last_error_at": state.get("last_error_at"),
+            "last_error_age_s": age("last_error_at")}
 
 
 def _manifest_stage(entries: dict):
@@ -185,6 +210,20 @@ def render(report: dict):
                       _fmt(r["verdict"]) + (" (last run)" if r["verdict_from_last_run"] else ""),
                       _fmt(r["reason"]))
     parts.append(table)
+    sync = report.get("sync")
+    if sync:
+        line = (f"hub {sync['hub']} (every {_age(sync['interval_s'])}): last push "
+                + (f"{sync['last_revision'][:12]} at "
+                   f"{time.strftime('%H:%M:%S', time.localtime(sync['last_success_at'] or 0))} "
+                   f"({_age(sync['last_success_age_s'])} ago)"
+                   if sync.get("last_revision") else "none yet")
+                + (" ; pushing now" if sync.get("in_flight") else ""))
+        parts.append(Text(line))
+        if sync.get("last_error"):
+            parts.append(Text(f"hub last error ({_age(sync['last_error_age_s'])} ago"
+                              + (", since succeeded" if sync.get("last_result") == "ok" else "")
+                              + f"): {sync['last_error']}",
+                              style="yellow" if sync.get("last_result") == "ok" else "red"))
     if report["events"]:
         parts.append(Text("recent events:", style="bold"))
         for e in report["events"]:

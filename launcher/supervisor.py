@@ -10,6 +10,10 @@ rotate a good file out), the others stop gracefully and keep their progress, the
 GPU's manifest entry goes back to its newest passed checkpoint, and the pod restarts at
 stage N-1. A failure at stage 1, or a second failure after a rollback, stops the pod:
 FAILED, exit 1. It never loops.
+
+Hub sync (issue 5, launcher/sync.py): with a `hub:` configured, every poll gives the sync
+policy a tick (it pushes in a background thread, never blocking this loop), and when the
+loop ends the last push is made before the launcher exits.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from launcher.manifest import (BackwardsError, Manifest, apply_checkpoint, apply
 from launcher.podconfig import Slot
 from launcher.prepare import LaunchPlan
 from launcher.state import write_pod_state
+from launcher.sync import HubSync
 from launcher.workers import MetricsTail, WorkerSpec, kill, metrics_path, spawn, terminate
 
 RUNNING, BACKOFF, DONE, STOPPED, GPU_FAILED = "running", "backoff", "done", "stopped", "failed"
@@ -69,6 +74,9 @@ class Supervisor:
         self.announced: str | None = None
         self.reason = ""
         self._state_written = 0.0
+        # ValueError for a malformed hub URL: the CLI reports it before anything starts.
+        self.sync = (HubSync(self.pod_dir, plan.config, manifest, index, events)
+                     if plan.config.hub else None)
 
     # ---- lifecycle ----------------------------------------------------------------
     def run(self) -> int:
@@ -93,6 +101,8 @@ class Supervisor:
             else:
                 time.sleep(self.plan.config.poll_interval_s)
         self._write_state(force=True)
+        if self.sync is not None:
+            self.sync.finish()       # the end of a run is pushed, whatever ended it
         return self.exit_code
 
     def _on_signal(self, signum, frame) -> None:
@@ -149,6 +159,8 @@ class Supervisor:
             if all(r.state in (DONE, STOPPED) for r in self.runs.values()):
                 self.pod_state = "done"
                 self.events.emit("pod_done", stage=self.stage)
+        if self.sync is not None:
+            self.sync.tick()
         self._write_state()
 
     def _drain(self, run: GpuRun) -> None:

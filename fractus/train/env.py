@@ -24,9 +24,6 @@ class SettingsError(ValueError):
     """A user mistake in the environment: reported as one line, exit code 2."""
 
 
-# Attention implementations the engine offers (see fractus.nn.attention); checked here so a
-# typo fails before the model is built. The engine still validates the name itself.
-ATTN_IMPLS = ("einsum", "cumsum", "chunked")
 
 
 # --- parsers: (variable name, raw string) -> value, raising SettingsError ----------------
@@ -72,8 +69,11 @@ def _text(name: str, raw: str) -> str:
 
 
 def _attn_impl(name: str, raw: str) -> str:
-    if raw.strip() not in ATTN_IMPLS:
-        raise SettingsError(f"{name} must be one of {', '.join(ATTN_IMPLS)}, got {raw!r}")
+    # The engine's registry is the one list of names (registered test kernels included), so a
+    # typo fails here, before the model is built.
+    from fractus.nn import attention
+    if raw.strip() not in attention.ATTENTION_IMPLS:
+        raise SettingsError(f"{name} must be one of {', '.join(attention.ATTENTION_IMPLS)}, got {raw!r}")
     return raw.strip()
 
 

@@ -1,0 +1,191 @@
+"""Hub sync policy: what a push holds (unit level, real files and a real file:// store) and
+the launcher's push at the end of a bounded run with a file:// store (real processes)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from launcher.ckpt_index import FAILED, PASSED, CheckpointIndex, sha256_file
+from launcher.cli import main as cli_main
+from launcher.hub import IntegrityError, open_store
+from launcher.manifest import apply_checkpoint, read_manifest, write_manifest
+from launcher.podconfig import load_config
+from launcher.sync import MERGED_PATH, record_revision, scrub, send, take_snapshot
+from tests.test_launcher_e2e import (TEST_CRITERIA, TOKENS_PER_STEP, Launcher,  # noqa: F401
+                                     events_of, launchers, make_pod, manifest_json,
+                                     worker_records)
+
+# Only per-line checks (no periodic ones): every clean metrics line vouches for the steps
+# before it, so a checkpoint passes as soon as its step is logged, the final one included.
+FAST_PASS = copy.deepcopy(TEST_CRITERIA)
+for _name in ("trend", "lb_band", "ss_ratio"):
+    FAST_PASS["checks"][_name]["interval"] = 0
+CKPT = "checkpoints/fractus_1b_gpu{}.pt"
+MANIFEST = "checkpoints/RESUME_MANIFEST_8GPU.json"
+
+
+# ---- unit level: the snapshot -----------------------------------------------------------
+def _checkpoint(pod: Path, index: CheckpointIndex, manifest, gpu: int, token: int,
+                verdict: str) -> dict:
+    """A checkpoint file as the worker writes it (replaced atomically) and its event."""
+    path = pod / CKPT.format(gpu)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(os.urandom(4096) + f"gpu{gpu}@{token}".encode())
+    os.replace(tmp, path)
+    event = {"path": str(path), "sha256": sha256_file(path), "next_token": token,
+             "step": token // 32, "ema_tf": 5.0, "lb": 1.0, "bytes": path.stat().st_size}
+    index.add(gpu, event, 1, CKPT.format(gpu))
+    if verdict != "pending":
+        index.mark(gpu, event["sha256"], verdict, "test")
+    apply_checkpoint(manifest, gpu, event, 1, pod, f"data/shard_phase2_gpu{gpu}.npy")
+    return event
+
+
+@pytest.fixture
+def pod(tmp_path) -> Path:
+    pod = tmp_path / "pod"
+    assert cli_main(["--pod-dir", str(pod), "init", "--preset", "tiny-cpu", "--no-data"]) == 0
+    return pod
+
+
+def test_snapshot_holds_only_each_gpus_newest_passed_checkpoint(pod, tmp_path):
+    config = load_config(pod)
+    manifest = read_manifest(pod / config.manifest)
+    index = CheckpointIndex(pod)
+    g0_passed = _checkpoint(pod, index, manifest, 0, 100, PASSED)
+    manifest.entries[0]["hub_revision"] = "rev-holding-token-100"
+    _checkpoint(pod, index, manifest, 0, 200, "pending")          # newer, not yet judged
+    g1_passed = _checkpoint(pod, index, manifest, 1, 100, PASSED)
+    _checkpoint(pod, index, manifest, 1, 300, FAILED)             # newer, failed
+    _checkpoint(pod, index, manifest, 2, 100, "pending")          # never passed: not sent
+    write_manifest(manifest)
+
+    snap = take_snapshot(pod, config, manifest, index)
+    assert snap.pushed == {0: (CKPT.format(0), g0_passed["sha256"]),
+                           1: (CKPT.format(1), g1_passed["sha256"])}
+    doc = snap.manifest_doc
+    assert set(k for k in doc if k.startswith("gpu_")) == {"gpu_0", "gpu_1"}
+    assert doc["gpu_0"]["start_token"] == 100 and doc["gpu_1"]["start_token"] == 100
+    assert doc["gpu_0"]["checkpoint_sha256"] == g0_passed["sha256"]
+    assert "hub_revision" not in doc["gpu_0"]       # a pushed manifest cannot know its own
+
+    store = open_store("file://hub", pod)
+    rev = send(store, snap, "unit")
+    held = store.files(rev)
+    assert held[CKPT.format(0)].sha256 == g0_passed["sha256"]
+    assert held[CKPT.format(1)].sha256 == g1_passed["sha256"]
+    assert {MANIFEST, "fractus-pod.yaml", "manifests/stages.yaml",
+            "manifests/trusted_loss.yaml"} <= set(held)
+    fresh = tmp_path / "fresh"
+    open_store(f"file://{pod / 'hub'}", fresh).pull([MANIFEST], rev)
+    assert json.loads((fresh / MANIFEST).read_text()) == doc
+    # The local manifest names newer (pending/failed) bytes: no GPU gets this revision.
+    assert record_revision(manifest, snap, rev) == []
+    assert "hub_revision" not in manifest.entries[0]   # dropped when its bytes changed
+    # Once the manifest names the pushed bytes again, the revision is recorded for it.
+    manifest.entries[1].update(checkpoint_sha256=g1_passed["sha256"])
+    assert record_revision(manifest, snap, rev) == [1]
+    assert manifest.entries[1]["hub_revision"] == rev
+    snap.discard()
+
+
+def test_send_refuses_bytes_that_changed_after_the_snapshot(pod):
+    config = load_config(pod)
+    manifest = read_manifest(pod / config.manifest)
+    index = CheckpointIndex(pod)
+    _checkpoint(pod, index, manifest, 0, 100, PASSED)
+    snap = take_snapshot(pod, config, manifest, index)
+    linked = snap.files[CKPT.format(0)]
+    linked.write_bytes(b"damaged")                  # the same inode as the retained file
+    store = open_store("file://hub", pod)
+    with pytest.raises(IntegrityError, match="changed on disk"):
+        send(store, snap, "unit")
+    assert store.head() is None
+
+
+@pytest.mark.parametrize("sync, problem", [
+    ({"interval": "1h", "merge": True}, None),
+    ({"interval_s": 600}, None),                     # the name issue 4's presets wrote
+    ({"intervall": 60}, "unknown key"),
+    ({"interval": "soon"}, "duration"),
+    ({"interval": 0}, "duration"),
+    ({"merge": "yes"}, "true or false"),
+    ({"attempts": 0}, "attempts"),
+])
+def test_sync_policy_is_checked_when_the_config_is_read(pod, sync, problem):
+    import yaml
+
+    from launcher.errors import UserError
+    config = yaml.safe_load((pod / "fractus-pod.yaml").read_text())
+    (pod / "fractus-pod.yaml").write_text(yaml.safe_dump({**config, "sync": sync}))
+    if problem is None:
+        settings = load_config(pod).sync_settings()
+        assert settings.interval_s == (3600 if "interval" in sync else 600)
+        assert settings.merge is sync.get("merge", False)
+    else:
+        with pytest.raises(UserError, match=problem):
+            load_config(pod)
+
+
+def test_scrub_removes_the_token(monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_" + "k9" * 10)
+    text = scrub(f"401 for Bearer {os.environ['HF_TOKEN']} and hf_otherSecretValue123")
+    assert "hf_secret_" not in text and "otherSecretValue" not in text
+
+
+# ---- real launcher, file:// store -------------------------------------------------------
+def test_bounded_run_pushes_at_stop_and_launch_restores_missing_checkpoints(tmp_path,
+                                                                           launchers):
+    pod = make_pod(tmp_path, criteria=FAST_PASS, hub="file://hub",
+                   sync={"interval": 3600, "merge": True})
+    launcher = Launcher(pod, "--stage", "1", "--max-steps", "8")
+    launchers.append(launcher)
+    assert launcher.wait(120) == 0, launcher.output()
+
+    (pushed,) = events_of(pod, "sync_pushed")         # interval not due: only the stop push
+    assert pushed["reason"] == "stop"
+    store = open_store("file://hub", pod)
+    history = store.history()
+    assert [h.revision for h in history] == [pushed["revision"]]
+    held = store.files(pushed["revision"])
+    manifest = manifest_json(pod)
+    for gpu in (0, 1):
+        entry = manifest[f"gpu_{gpu}"]
+        assert entry["start_token"] == 8 * TOKENS_PER_STEP
+        assert held[CKPT.format(gpu)].sha256 == entry["checkpoint_sha256"]
+        assert entry["hub_revision"] == pushed["revision"]
+    assert json.loads((pod / "logs" / "sync_state.json").read_text())["last_revision"] \
+        == pushed["revision"]
+    # sync.merge: the mean of the pushed checkpoints went up in the same commit.
+    fresh = tmp_path / "fresh"
+    open_store(f"file://{pod / 'hub'}", fresh).pull([MERGED_PATH, CKPT.format(0),
+                                                     CKPT.format(1)], pushed["revision"])
+    merged = torch.load(fresh / MERGED_PATH, weights_only=True)["model_state"]
+    gpus = [torch.load(fresh / CKPT.format(g), weights_only=True)["model_state"] for g in (0, 1)]
+    floats = [k for k, v in merged.items() if v.is_floating_point()]
+    assert floats and not torch.equal(gpus[0][floats[0]], gpus[1][floats[0]])
+    for key in floats:
+        torch.testing.assert_close(merged[key], (gpus[0][key] + gpus[1][key]) / 2)
+
+    # A lost and a damaged checkpoint: launch pulls both from the pinned revision first.
+    expected = {g: manifest[f"gpu_{g}"]["checkpoint_sha256"] for g in (0, 1)}
+    (pod / CKPT.format(1)).unlink()
+    (pod / CKPT.format(0)).write_bytes(b"not a checkpoint")
+    again = Launcher(pod, "--max-steps", "1")
+    launchers.append(again)
+    assert again.wait(120) == 0, again.output()
+    pulled = events_of(pod, "checkpoint_pulled")
+    assert sorted(e["gpu"] for e in pulled) == [0, 1]
+    assert all(e["revision"] == pushed["revision"] for e in pulled)
+    for gpu in (0, 1):
+        start = worker_records(pod, gpu, "start")[-1]
+        assert start["next_token"] == 8 * TOKENS_PER_STEP
+        record = [r for r in CheckpointIndex(pod).for_gpu(gpu)
+                  if r["sha256"] == expected[gpu]]
+        assert record and record[0]["verdict"] == PASSED

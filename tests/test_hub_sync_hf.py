@@ -1,0 +1,145 @@
+"""The launcher's hub sync against the protocol-level test hub, through the real HfApi.
+
+Real processes: the launcher and two tiny CPU workers; the launcher's HfApi talks to the
+test hub on loopback (HF_ENDPOINT, HF_TOKEN and HF_HUB_DISABLE_XET come from the fixture).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from huggingface_hub import HfApi
+
+from tests.support.hub_server import TEST_TOKEN, test_hub  # noqa: F401  (pytest fixture)
+from tests.test_hub_sync import CKPT, FAST_PASS, MANIFEST
+from tests.test_launcher_e2e import (REPO, Launcher, events_of, launchers,  # noqa: F401
+                                     make_pod, manifest_json, wait_for, worker_records)
+
+pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")
+REPO_ID = "fractus/pod-sync"
+
+
+@pytest.fixture(autouse=True)
+def _quiet_client(monkeypatch, tmp_path):
+    """No progress bars in the launcher's output, no login cache outside tmp_path."""
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+
+
+def status_output(pod: Path, *args: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "launcher.cli", "--pod-dir", str(pod), "status",
+                          *args], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout + out.stderr
+
+
+def assert_no_token(*roots: Path, texts: tuple[str, ...] = ()) -> None:
+    """The token appears in no file under the pod (logs, events, manifests, checkpoints,
+    scratch) and in no output."""
+    needle = TEST_TOKEN.encode()
+    for root in roots:
+        files = [p for p in root.rglob("*") if p.is_file()]
+        assert files
+        for path in files:
+            assert needle not in path.read_bytes(), f"token found in {path}"
+    for text in texts:
+        assert TEST_TOKEN not in text
+
+
+def passed_checkpoints(pod: Path) -> set[tuple[int, str]]:
+    lines = (pod / "logs" / "checkpoints.jsonl").read_text().splitlines()
+    return {(r["gpu"], r["sha256"]) for r in map(json.loads, lines) if r["verdict"] == "passed"}
+
+
+def test_interval_and_stop_pushes_are_single_commits_of_passed_checkpoints(
+        test_hub, tmp_path, launchers):
+    pod = make_pod(tmp_path, criteria=FAST_PASS, hub=f"hf://{REPO_ID}",
+                   sync={"interval": 3, "attempts": 3, "backoff_s": 0.2})
+    launcher = Launcher(pod, "--stage", "1", "--max-time", "18")
+    launchers.append(launcher)
+    assert launcher.wait(150) == 0, launcher.output()
+
+    pushes = events_of(pod, "sync_pushed")
+    reasons = [p["reason"] for p in pushes]
+    assert "interval" in reasons and reasons[-1] == "stop" and reasons.count("stop") == 1
+    # One commit per push and nothing else (after the repo's own initial commit): the hub's
+    # record and the client's listing agree.
+    *commits, initial = test_hub.commits(REPO_ID)           # newest first
+    assert initial.title == "initial commit" and MANIFEST not in initial.tree
+    revisions = [p["revision"] for p in reversed(pushes)]
+    assert [c.oid for c in commits] == revisions
+    listed = HfApi(endpoint=test_hub.url).list_repo_commits(REPO_ID)
+    assert [c.commit_id for c in listed[:-1]] == revisions
+    assert len(test_hub.routed("commit", "POST")) == len(pushes)
+
+    passed = passed_checkpoints(pod)
+    for commit, push in zip(commits, reversed(pushes)):
+        doc = json.loads(commit.tree[MANIFEST].content)
+        for gpu in (0, 1):
+            blob = commit.tree[CKPT.format(gpu)]
+            # Each commit's manifest names exactly the checkpoint bytes of that commit ...
+            assert blob.sha256 == doc[f"gpu_{gpu}"]["checkpoint_sha256"]
+            assert doc[f"gpu_{gpu}"]["start_token"] == push["tokens"][str(gpu)]
+            # ... and only checkpoints whose verdict is passed went up.
+            assert (gpu, blob.sha256) in passed
+    # The stop push carried both GPUs' final checkpoints, in that one commit.
+    stop, before = commits[0], commits[1]
+    for gpu in (0, 1):
+        assert stop.tree[CKPT.format(gpu)].sha256 != before.tree[CKPT.format(gpu)].sha256
+    manifest = manifest_json(pod)
+    for gpu in (0, 1):
+        assert manifest[f"gpu_{gpu}"]["hub_revision"] == pushes[-1]["revision"]
+        assert manifest[f"gpu_{gpu}"]["checkpoint_sha256"] == \
+            stop.tree[CKPT.format(gpu)].sha256
+
+    as_json = json.loads(status_output(pod, "--json"))
+    assert as_json["sync"]["last_revision"] == pushes[-1]["revision"]
+    assert as_json["sync"]["last_error"] is None
+    plain = status_output(pod)
+    assert pushes[-1]["revision"][:12] in plain
+    assert_no_token(pod, texts=(plain, json.dumps(as_json), launcher.output()))
+
+
+def test_failing_hub_does_not_stop_training_and_a_later_sync_succeeds(
+        test_hub, tmp_path, launchers):
+    pod = make_pod(tmp_path, criteria=FAST_PASS, hub=f"hf://{REPO_ID}",
+                   sync={"interval": 2, "attempts": 2, "backoff_s": 0.1})
+    # repo_info: a call the client does not retry itself (its own backoff on preupload and
+    # commit would spend ~23 s per failing call before the store even sees it).
+    test_hub.faults.add("repo_info", "status", count=100_000, status=500)
+    launcher = Launcher(pod, "--stage", "1", "--max-time", "90")
+    launchers.append(launcher)
+
+    failed = wait_for(lambda: events_of(pod, "sync_failed"), 90, "a failed sync")[0]
+    assert "500" in failed["error"]
+    as_json = json.loads(status_output(pod, "--json"))
+    assert as_json["pod_state"] == "RUNNING"
+    assert "500" in as_json["sync"]["last_error"] and as_json["sync"]["last_revision"] is None
+    plain = status_output(pod)
+    assert "hub last error" in plain and "500" in plain
+    # Training went on past the failure, without restarts.
+    for gpu in (0, 1):
+        wait_for(lambda: [r for r in worker_records(pod, gpu) if r.get("type") == "metrics"
+                          and r["ts"] > failed["ts"] + 1], 30, f"GPU {gpu} training on")
+
+    test_hub.faults.clear()
+    ok = wait_for(lambda: [e for e in events_of(pod, "sync_pushed") if e["ts"] > failed["ts"]],
+                  60, "a successful sync after the failures")[0]
+    later = json.loads(status_output(pod, "--json"))
+    assert later["sync"]["last_revision"] in [e["revision"] for e in events_of(pod, "sync_pushed")
+                                              if e["ts"] >= ok["ts"]]
+    assert later["sync"]["last_result"] == "ok" and "500" in later["sync"]["last_error"]
+    assert test_hub.commits(REPO_ID)[0].oid in {e["revision"] for e in
+                                                events_of(pod, "sync_pushed")}
+    os.killpg(launcher.proc.pid, signal.SIGTERM)
+    assert launcher.wait(60) == 0, launcher.output()
+    assert not events_of(pod, "worker_crash") and not events_of(pod, "pod_failed")
+    assert events_of(pod, "sync_pushed")[-1]["reason"] == "stop"
+    assert_no_token(pod, texts=(plain, json.dumps(as_json), json.dumps(later),
+                                launcher.output()))
