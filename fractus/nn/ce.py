@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
-_EXP_FLOOR = {dt: math.log(torch.finfo(dt).tiny) for dt in (torch.float32, torch.float64)}
+_EXP_FLOOR = {dt: math.log(torch.finfo(dt).tiny) + 20.0 for dt in (torch.float32, torch.float64)}
 
 
 # ----------------------------------------------------------------------------- validation
@@ -149,8 +149,9 @@ def _shift_exp_(x: torch.Tensor) -> torch.Tensor:
     x.sub_(row_max)
     if x.dtype in _EXP_FLOOR:
         # exp of arguments whose result underflows (a fresh tied head spreads logits over
-        # hundreds) is ~50x slower on CPU, and its denormal results slow the gradient matmuls
-        # as much. Clamping at log(smallest normal) changes each such term by < 1.2e-38.
+        # hundreds) is ~50x slower on CPU, and denormals in the softmax slow the gradient
+        # matmuls as much. The floor keeps every term, even divided by N rows, a normal
+        # number; it changes a term's probability by < 1e-29 (float32), far below rounding.
         x.clamp_(min=_EXP_FLOOR[x.dtype])
     x.exp_()
     return row_max
