@@ -1,7 +1,8 @@
-"""`fractus-pod`: init, launch, status, stop, rollback (and thin sync/merge wrappers).
+"""`fractus-pod`: init, launch, status, stop, rollback, probe (and thin sync/merge wrappers).
 
 Every user mistake (bad file, bad option, busy pod) is one line on stderr and exit code 2,
-with nothing started. `launch` exits 0 when the pod stopped or finished, 1 when it FAILED.
+with nothing started. `launch` exits 0 when the pod stopped or finished, 1 when it FAILED
+or when the stage canary refused the switch.
 """
 
 from __future__ import annotations
@@ -82,11 +83,13 @@ def _parse_faults(values: tuple[str, ...]) -> dict[int, str]:
                    "file://DIR): config, manifest, checkpoints; then launch.")
 @click.option("--revision", default=None,
               help="With --from-hub: the hub revision to rebuild from (default: the newest).")
+@click.option("--no-canary", is_flag=True,
+              help="Switch to a higher --stage without the canary (recorded in the events).")
 @click.option("--fault", "faults", multiple=True, hidden=True,
               help="Tests only: GPU:KIND@STEP fault injection on that worker's first start.")
 @click.pass_context
 def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, revision,
-           faults) -> None:
+           no_canary, faults) -> None:
     """Validate everything, then start one worker per GPU and supervise them."""
     from launcher.ckpt_index import CheckpointIndex
     from launcher.events import EventLog
@@ -102,6 +105,10 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
         _rebuild(pod_dir, from_hub, revision)
     plan, manifest = load_plan(pod_dir, stage, devices, gpus, max_time, max_steps,
                                _parse_faults(faults))
+    from launcher.canary import load_canary_settings
+    from launcher.probe_check import load_probe_tolerance
+    load_canary_settings(pod_dir / plan.config.criteria)   # refuse a bad canary: / probe: now
+    load_probe_tolerance(pod_dir / plan.config.criteria)
     if plan.config.hub:
         from launcher.sync import store_for
         try:
@@ -117,6 +124,7 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
         reconcile(plan, manifest, index, events)
         restore_from_hub(plan, manifest, events)
         validate(plan, manifest)
+        _canary_gate(plan, manifest, events, no_canary)
         record_baselines(plan, manifest, index)
         if detach:
             _daemonize(pod_dir)
@@ -133,6 +141,45 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
     finally:
         lock.release()
     sys.exit(code)
+
+
+def _current_stage(plan, manifest) -> int | None:
+    """The lowest stage the manifest records for the GPUs this launch runs (None: new pod)."""
+    recorded = [manifest.entries[s.gpu]["stage"] for s in plan.slots
+                if manifest.entries.get(s.gpu, {}).get("stage") is not None]
+    return min(recorded) if recorded else None
+
+
+def _canary_gate(plan, manifest, events, no_canary: bool) -> None:
+    """Before a switch up from stage M to N > M: the canary on the first GPU (docs/CANARY.md).
+    Anything but a pass raises, so nothing switches: no worker starts, the manifest keeps M."""
+    from launcher.canary import run_canary
+    from launcher.status import write_canary_state
+    current, slot = _current_stage(plan, manifest), plan.slots[0]
+    if current is None or plan.stage <= current:
+        return
+    if no_canary:
+        record = {"status": "skipped", "passed": None, "from_stage": current,
+                  "to_stage": plan.stage, "gpu": slot.gpu, "reason": "--no-canary"}
+        events.emit("canary_skipped", **record)
+        write_canary_state(plan.pod_dir, record)
+        click.echo(f"canary skipped (--no-canary): stage {current} -> {plan.stage}")
+        return
+    click.echo(f"canary: stage {current} -> {plan.stage} on GPU {slot.gpu} ({slot.device}) ...")
+    result = run_canary(plan.pod_dir, slot.gpu, current, plan.stage, device=slot.device)
+    record = result.to_dict()
+    events.emit("canary", **record)
+    write_canary_state(plan.pod_dir, record)
+    if result.passed:
+        click.echo(f"canary passed in {result.seconds:.1f}s: {result.reason}")
+        return
+    stays = f"the pod stays on stage {current} (nothing switched)"
+    if result.status == "Failed":
+        raise click.ClickException(f"canary FAILED: stage {plan.stage} does not continue stage "
+                                   f"{current}'s curve: {result.reason}; {stays}")
+    raise click.ClickException(f"canary INCONCLUSIVE (could not judge stage {plan.stage}): "
+                               f"{result.reason}; {stays}; fix the cause, or relaunch "
+                               f"with --no-canary")
 
 
 def _rebuild(pod_dir: Path, url: str, revision: str | None) -> None:
@@ -248,6 +295,41 @@ def rollback(ctx, to_stage: int, gpus: tuple[int, ...]) -> None:
     """The automatic rollback, by hand: restore GPU checkpoints and switch stage."""
     from launcher.manual import manual_rollback
     click.echo(manual_rollback(_pod_dir(ctx), to_stage, list(gpus)))
+
+
+@cli.command()
+@click.option("--gpu", type=int, default=None,
+              help="Probe this GPU's newest checkpoint on its shard (default: GPU 0).")
+@click.option("--checkpoint", default=None, help="Probe this checkpoint file instead.")
+@click.option("--shard", default=None, help="Token shard (default: the GPU's).")
+@click.option("--baseline-ar", type=float, default=None,
+              help="Judge AR against this (default: the baseline recorded for the GPU's stage).")
+@click.option("--record-baseline", is_flag=True,
+              help="Record this AR as the baseline of the GPU's current stage.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--timeout", type=float, default=900, show_default=True, help="Seconds.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def probe(ctx, gpu, checkpoint, shard, baseline_ar, record_baseline, device, timeout,
+          as_json) -> None:
+    """The trusted-loss AR probe in a child process: AR, ARacc, cold TF (and a verdict)."""
+    from launcher.manual import ProbeFailed, probe_pod
+    try:
+        report = probe_pod(_pod_dir(ctx), gpu, checkpoint, shard, baseline_ar, record_baseline,
+                           device, timeout)
+    except ProbeFailed as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(report))
+    else:
+        click.echo(f"{report['checkpoint']} on {report['shard']} (positions {report['start']:,}+, "
+                   f"{report['rows']} rows): AR={report['ar']:.4f} ARacc={report['ar_acc']:.3f} "
+                   f"cold_tf={report['cold_tf']:.4f}")
+        if "verdict" in report:
+            click.echo(f"{report['verdict']}: {report['reason']} "
+                       f"(baseline {report['baseline_source']})")
+    if report.get("verdict") == "Failed":
+        sys.exit(1)
 
 
 # ---- hub and merge (thin: the work lives in launcher.hub and launcher.merge) ----------

@@ -2,6 +2,8 @@
 
 Every threshold the health checks use comes from here; the check logic lives in
 launcher/health.py. Unknown keys are refused so a typo never silently disables a check.
+The `canary:` and `probe:` sections belong to the stage canary and the AR probe verdict:
+they are parsed (and their keys checked) by launcher/canary.py and launcher/probe_check.py.
 """
 
 from __future__ import annotations
@@ -90,6 +92,8 @@ class Criteria:
 _CHECK_CLASSES = {"finite": FiniteSpec, "continuity": ContinuitySpec, "trend": TrendSpec,
                   "lb_band": LbBandSpec, "ss_ratio": SsRatioSpec, "loss_spike": LossSpikeSpec}
 _SUPERVISION_CLASSES = {"restarts": RestartPolicy, "hang": HangPolicy}
+# Top-level sections owned by other modules (see the module docstring).
+OTHER_SECTIONS = ("canary", "probe")
 
 
 def _build(cls, where: str, data) -> object:
@@ -121,7 +125,7 @@ def _build(cls, where: str, data) -> object:
 def parse_criteria(data: dict, source: str = "criteria") -> Criteria:
     if not isinstance(data, dict):
         raise UserError(f"{source}: expected a mapping with 'checks' and 'supervision'")
-    unknown = sorted(set(data) - {"checks", "supervision"})
+    unknown = sorted(set(data) - {"checks", "supervision", *OTHER_SECTIONS})
     if unknown:
         raise UserError(f"{source}: unknown top-level key(s) {unknown}")
     checks = data.get("checks") or {}

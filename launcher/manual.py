@@ -1,17 +1,17 @@
-"""Commands a person runs against a pod: rollback by hand, and what `sync push` sends."""
+"""Commands a person runs against a pod: rollback by hand, and the AR probe of a GPU."""
 
 from __future__ import annotations
 
 import json
-import tempfile
+import time
 from pathlib import Path
 
 from launcher.ckpt_index import FAILED, CheckpointIndex
 from launcher.errors import UserError
 from launcher.events import EventLog
 from launcher.lock import PodLock, read_holder
-from launcher.manifest import apply_rollback, read_manifest, write_manifest
-from launcher.podconfig import load_config
+from launcher.manifest import apply_rollback, atomic_write_text, read_manifest, write_manifest
+from launcher.podconfig import load_config, parse_devices
 from launcher.stages import get_stage, load_stages
 from launcher.state import write_rollback_request
 
@@ -61,50 +61,93 @@ def manual_rollback(pod_dir: Path, to_stage: int, gpus: list[int]) -> str:
     return "\n".join(lines)
 
 
-def passed_push_files(pod_dir: Path) -> tuple[dict[str, Path], dict[int, str]]:
-    """Every GPU's newest passed checkpoint plus a manifest naming exactly those files.
+# ---- the AR probe (`fractus-pod probe`) -----------------------------------------------
+BASELINES_FILE = "logs/probe_baselines.json"   # stage -> gpu -> the AR recorded as baseline
 
-    A checkpoint whose verdict is pending or failed is never sent; the manifest sent is
-    written for this push so the hub never shows a manifest pointing at other files.
-    Returns (pod-relative path -> local file, gpu -> sha256 pushed)."""
-    config = load_config(pod_dir)
+
+class ProbeFailed(RuntimeError):
+    """The probe process ran but gave no result (exit 1: not a mistake in the input)."""
+
+
+def _existing(pod_dir: Path, given: str, what: str, typed: bool) -> Path:
+    """A path the user typed (relative to the current directory, else to the pod), or one
+    the pod's files name (relative to the pod)."""
+    for path in ((Path(given), pod_dir / given) if typed else (pod_dir / given,)):
+        if path.is_file():
+            return path.resolve()
+    raise UserError(f"{what} not found: {given}")
+
+
+def read_baselines(pod_dir: Path) -> dict:
+    try:
+        data = json.loads((pod_dir / BASELINES_FILE).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _probe_files(pod_dir: Path, config, gpu: int | None, checkpoint: str | None,
+                 shard: str | None) -> tuple[int | None, int | None, Path, Path]:
+    """(gpu, its stage, checkpoint, shard) to probe; UserError for anything missing."""
+    from launcher.canary import resume_point
+    if checkpoint is not None:
+        if gpu is not None:
+            raise UserError("give --gpu or --checkpoint, not both")
+        if shard is None:
+            raise UserError("--checkpoint needs --shard (the tokens to probe on)")
+        return (None, None, _existing(pod_dir, checkpoint, "checkpoint", typed=True),
+                _existing(pod_dir, shard, "shard", typed=True))
+    gpu = 0 if gpu is None else gpu
     manifest = read_manifest(pod_dir / config.manifest)
-    index = CheckpointIndex(pod_dir)
-    files: dict[str, Path] = {}
-    pushed = {}
-    for gpu, entry in sorted(manifest.entries.items()):
-        target = index.newest_passed(gpu)
-        if target is None:
-            continue
-        rel = config.checkpoint_path(gpu)
-        files[rel] = pod_dir / target["path"]
-        pushed[f"gpu_{gpu}"] = {**entry, "start_token": target["next_token"], "checkpoint": rel,
-                                "checkpoint_sha256": target["sha256"],
-                                "ema_tf": target.get("ema_tf"), "lb": target.get("lb")}
-    if not files:
-        raise UserError("no checkpoint has passed its checks yet: nothing to push")
-    out = dict(manifest.extra)
-    out.update(pushed)
-    tmp = Path(tempfile.mkdtemp(prefix="fractus-push-")) / Path(config.manifest).name
-    tmp.write_text(json.dumps(out, indent=2) + "\n")
-    files[config.manifest] = tmp
-    shas = {int(key[4:]): entry["checkpoint_sha256"] for key, entry in pushed.items()}
-    return files, shas
+    known = {s.gpu for s in parse_devices(config.devices)} | set(manifest.entries)
+    if gpu not in known:
+        raise UserError(f"no GPU {gpu} in this pod (GPUs: {sorted(known)})")
+    entry = manifest.entries.get(gpu, {})
+    start = resume_point(pod_dir, config, gpu)      # the manifest's, else the canonical file
+    if start.checkpoint is None:
+        raise UserError(f"GPU {gpu} has no checkpoint to probe yet")
+    ckpt = _existing(pod_dir, start.checkpoint, f"GPU {gpu} checkpoint", typed=False)
+    shard_path = (_existing(pod_dir, shard, "shard", typed=True) if shard is not None else
+                  _existing(pod_dir, entry.get("shard") or config.shard_path(gpu),
+                            f"GPU {gpu} shard", typed=False))
+    return gpu, entry.get("stage"), ckpt, shard_path
 
 
-def record_hub_revision(pod_dir: Path, shas: dict[int, str], revision: str) -> str:
-    """Note in the local manifest which hub revision holds each GPU's current checkpoint
-    (only where the manifest still names the pushed bytes). A running launcher owns the
-    manifest, so then nothing is written here."""
-    if read_holder(pod_dir) is not None:
-        return "a launcher is running: the manifest's hub_revision is left to it"
+def probe_pod(pod_dir: Path, gpu: int | None = None, checkpoint: str | None = None,
+              shard: str | None = None, baseline_ar: float | None = None,
+              record_baseline: bool = False, device: str = "cpu",
+              timeout_s: float = 900) -> dict:
+    """Probe GPU `gpu`'s newest checkpoint on its shard (or `checkpoint` on `shard`) in a
+    child process, and judge it against `baseline_ar`, else the baseline recorded for the
+    GPU's stage. Returns the probe's numbers plus what was probed and the verdict."""
+    from launcher.probe_check import (ProbeUnavailable, load_probe_tolerance, probe_verdict,
+                                      run_probe_process)
     config = load_config(pod_dir)
-    with PodLock(pod_dir):
-        manifest = read_manifest(pod_dir / config.manifest)
-        noted = [gpu for gpu, sha in shas.items()
-                 if manifest.entries.get(gpu, {}).get("checkpoint_sha256") == sha]
-        for gpu in noted:
-            manifest.entries[gpu]["hub_revision"] = revision
-        if noted:
-            write_manifest(manifest)
-    return f"manifest: hub_revision {revision[:12]} recorded for GPU(s) {noted}"
+    gpu, stage, ckpt_path, shard_path = _probe_files(pod_dir, config, gpu, checkpoint, shard)
+    if record_baseline and stage is None:
+        raise UserError("--record-baseline needs --gpu of a GPU whose stage the manifest records")
+    tolerance = load_probe_tolerance(pod_dir / config.criteria)
+    try:
+        result = run_probe_process(ckpt_path, shard_path, device=device, timeout_s=timeout_s,
+                                   cwd=pod_dir)
+    except ProbeUnavailable as exc:
+        raise ProbeFailed(str(exc)) from None
+    baselines = read_baselines(pod_dir)
+    source = "--baseline-ar" if baseline_ar is not None else None
+    if baseline_ar is None and stage is not None:
+        recorded = baselines.get(str(stage), {}).get(str(gpu))
+        if recorded:
+            baseline_ar, source = recorded["ar"], f"recorded for stage {stage}"
+    report = {"gpu": gpu, "stage": stage, "checkpoint": str(ckpt_path), "shard": str(shard_path),
+              **result, "baseline_ar": baseline_ar, "baseline_source": source}
+    if baseline_ar is not None:
+        report["verdict"], report["reason"] = probe_verdict(result, baseline_ar, tolerance)
+    if record_baseline:
+        baselines.setdefault(str(stage), {})[str(gpu)] = {
+            "ar": result["ar"], "checkpoint": str(ckpt_path),
+            "next_token": result.get("next_token"), "ts": time.time()}
+        path = pod_dir / BASELINES_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(baselines, indent=2) + "\n")
+        report["recorded_baseline"] = True
+    return report

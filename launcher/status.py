@@ -2,7 +2,8 @@
 
 Sources: logs/pod_state.json (the launcher's view: pids, verdicts), the manifest (resume
 points, hub revisions), each worker's METRICS file (latest numbers), logs/events.jsonl,
-logs/sync_state.json (the hub sync: last pushed revision and time, last error).
+logs/sync_state.json (the hub sync: last pushed revision and time, last error),
+logs/canary.json (the last stage canary's verdict, written by `launch`).
 """
 
 from __future__ import annotations
@@ -15,12 +16,28 @@ import psutil
 
 from launcher.events import read_events
 from launcher.lock import read_holder
-from launcher.manifest import ManifestError, read_manifest
+from launcher.manifest import ManifestError, atomic_write_text, read_manifest
 from launcher.podconfig import PodConfig, parse_devices
 from launcher.state import read_pod_state
 from launcher.workers import metrics_path
 
 TAIL_BYTES = 64 * 1024
+CANARY_FILE = "logs/canary.json"
+
+
+def write_canary_state(pod_dir: Path, record: dict) -> None:
+    """The last canary's verdict (a CanaryResult dict, or a skip), for `status`."""
+    path = pod_dir / CANARY_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps({"ts": time.time(), **record}, default=str) + "\n")
+
+
+def read_canary_state(pod_dir: Path) -> dict | None:
+    try:
+        record = json.loads((pod_dir / CANARY_FILE).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def last_metrics(path: Path) -> dict | None:
@@ -132,7 +149,17 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8) -> dict:
         "gpus": rows,
         "events": read_events(pod_dir, last=n_events),
         "sync": _sync_report(pod_dir, config, now),
+        "canary": _canary_report(pod_dir),
     }
+
+
+def _canary_report(pod_dir: Path) -> dict | None:
+    """The last canary without its per-step rows (those stay in logs/events.jsonl)."""
+    record = read_canary_state(pod_dir)
+    if record is None:
+        return None
+    return {k: record.get(k) for k in ("ts", "status", "passed", "from_stage", "to_stage",
+                                       "gpu", "device", "exact", "reason", "seconds")}
 
 
 def _sync_report(pod_dir: Path, config: PodConfig, now: float) -> dict | None:
@@ -224,6 +251,14 @@ def render(report: dict):
                               + (", since succeeded" if sync.get("last_result") == "ok" else "")
                               + f"): {sync['last_error']}",
                               style="yellow" if sync.get("last_result") == "ok" else "red"))
+    canary = report.get("canary")
+    if canary:
+        when = time.strftime("%H:%M:%S", time.localtime(canary.get("ts") or 0))
+        style = {"Successful": "green", "Failed": "red", "Inconclusive": "yellow"}.get(
+            canary.get("status"), None)
+        parts.append(Text(f"last canary ({when}, stage {_fmt(canary.get('from_stage'))} -> "
+                          f"{_fmt(canary.get('to_stage'))}, GPU {_fmt(canary.get('gpu'))}): "
+                          f"{canary.get('status')}: {canary.get('reason')}", style=style))
     if report["events"]:
         parts.append(Text("recent events:", style="bold"))
         for e in report["events"]:

@@ -21,6 +21,10 @@ import psutil
 from launcher.podconfig import PodConfig, Slot
 
 PR_SET_PDEATHSIG = 1
+# Hugging Face settings and secrets (HF_TOKEN, HUGGING_FACE_HUB_TOKEN, ...): only the
+# launcher talks to the hub, so a worker never gets them (its environment can be read by
+# any process of the same user, and a crash dump may print it).
+HUB_ENV_PREFIXES = ("HF_", "HUGGING_FACE_")
 
 
 def metrics_path(gpu: int) -> str:
@@ -51,7 +55,8 @@ class WorkerSpec:
 
 
 def build_env(config: PodConfig, spec: WorkerSpec, base: dict | None = None) -> dict:
-    """The worker's environment: stage settings, then the pod's overrides, then identity."""
+    """The worker's environment: stage settings, then the pod's overrides, then identity;
+    never the hub's settings or token (HUB_ENV_PREFIXES)."""
     env = dict(os.environ if base is None else base)
     for name in _worker_env_names():     # a stray BATCH=... in the shell must not leak in
         env.pop(name, None)
@@ -83,6 +88,8 @@ def build_env(config: PodConfig, spec: WorkerSpec, base: dict | None = None) -> 
         env["MAX_STEPS"] = str(spec.max_steps)
     if spec.fault:
         env["FRACTUS_FAULT"] = spec.fault
+    for name in [n for n in env if n.startswith(HUB_ENV_PREFIXES)]:
+        del env[name]
     return env
 
 

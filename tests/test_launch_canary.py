@@ -1,0 +1,178 @@
+"""`fractus-pod launch --stage N` on a pod at stage M < N runs the stage canary first.
+
+Real processes: the launcher CLI as a child process, real tiny CPU workers. One pod is
+trained 3 steps at stage 1 by the real launcher (module fixture); each test works on a copy.
+The wrong engine is the test-double kernel of tests/test_canary.py (a sitecustomize on
+PYTHONPATH registering an attention impl with a wrong normaliser), selected by the pod's
+stage table for stage 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from launcher.criteria import load_criteria
+from launcher.errors import UserError
+from launcher.podconfig import Slot, load_config
+from launcher.workers import WorkerSpec, build_env
+from tests.test_canary import WRONG_KERNEL
+from tests.test_launcher_e2e import (REPO, TEST_CRITERIA, TOKENS_PER_STEP, events_of, make_pod,
+                                     manifest_json)
+
+CANARY_STEPS = 3
+CRITERIA = {**TEST_CRITERIA, "canary": {"steps": CANARY_STEPS, "timeout_s": 120},
+            "probe": {"band": 0.25, "relativeBand": None}}
+
+
+def fractus_pod(pod: Path, *args: str, env: dict | None = None, timeout: float = 120):
+    return subprocess.run([sys.executable, "-m", "launcher.cli", "--pod-dir", str(pod), *args],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def stage1_pod(tmp_path_factory) -> Path:
+    pod = make_pod(tmp_path_factory.mktemp("stage1"), criteria=CRITERIA)
+    done = fractus_pod(pod, "launch", "--stage", "1", "--gpus", "0", "--max-steps", "3")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert manifest_json(pod)["gpu_0"]["stage"] == 1
+    return pod
+
+
+@pytest.fixture
+def pod(stage1_pod, tmp_path) -> Path:
+    copy = tmp_path / "pod"
+    shutil.copytree(stage1_pod, copy)
+    return copy
+
+
+def status_json(pod: Path) -> dict:
+    done = fractus_pod(pod, "status", "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_switch_up_runs_the_canary_then_launches_at_the_new_stage(pod):
+    done = fractus_pod(pod, "launch", "--stage", "2", "--gpus", "0", "--max-steps", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    (canary,) = events_of(pod, "canary")
+    assert canary["passed"] and canary["status"] == "Successful" and canary["exact"]
+    assert (canary["from_stage"], canary["to_stage"], canary["gpu"]) == (1, 2, 0)
+    assert len(canary["per_step"]) == CANARY_STEPS          # the pod's canary: section is read
+    assert canary["start_token"] == 3 * TOKENS_PER_STEP            # from the stage-1 checkpoint
+    # The canary ran before any worker of this launch; the workers then ran stage 2.
+    (start,) = [e for e in events_of(pod, "worker_start") if e["ts"] > canary["ts"]]
+    assert start["stage"] == 2
+    assert manifest_json(pod)["gpu_0"]["stage"] == 2
+    assert status_json(pod)["canary"]["status"] == "Successful"
+
+
+def test_a_wrong_stage_fails_the_canary_and_nothing_switches(pod, tmp_path):
+    plugin = tmp_path / "plugin"
+    plugin.mkdir()
+    (plugin / "sitecustomize.py").write_text(WRONG_KERNEL)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (str(plugin), os.environ.get("PYTHONPATH")) if p))
+    stages_file = pod / load_config(pod).stages
+    table = yaml.safe_load(stages_file.read_text())
+    table["stages"][2]["settings"]["FRACTUS_ATTN_IMPL"] = "halfcarry"   # still marked exact
+    stages_file.write_text(yaml.safe_dump(table))
+    manifest_before = (pod / load_config(pod).manifest).read_bytes()
+    starts_before = len(events_of(pod, "worker_start"))
+
+    done = fractus_pod(pod, "launch", "--stage", "2", "--gpus", "0", "--max-steps", "2", env=env)
+
+    assert done.returncode == 1, done.stdout + done.stderr
+    (line,) = done.stderr.strip().splitlines()               # one line, no traceback
+    assert "canary FAILED" in line and "stays on stage 1" in line
+    (canary,) = events_of(pod, "canary")
+    assert not canary["passed"] and canary["status"] == "Failed"
+    assert canary["reason"].startswith("step ") and canary["reason"] in line
+    # Nothing switched: manifest bytes, no worker started, no launch or stage change.
+    assert (pod / load_config(pod).manifest).read_bytes() == manifest_before
+    assert len(events_of(pod, "worker_start")) == starts_before
+    assert not [e for e in events_of(pod, "stage_change") if e["ts"] > canary["ts"]]
+    report = status_json(pod)
+    assert report["stage"] == 1
+    assert report["canary"]["status"] == "Failed"
+    assert report["canary"]["reason"] == canary["reason"]
+    human = fractus_pod(pod, "status").stdout
+    assert "last canary" in human and "Failed" in human
+
+
+def test_a_canary_that_cannot_judge_refuses_with_its_own_message(pod):
+    stages_file = pod / load_config(pod).stages
+    table = yaml.safe_load(stages_file.read_text())
+    table["stages"][1]["settings"]["FRACTUS_ATTN_IMPL"] = "nosuchkernel"   # reference can't run
+    stages_file.write_text(yaml.safe_dump(table))
+    manifest_before = (pod / load_config(pod).manifest).read_bytes()
+
+    done = fractus_pod(pod, "launch", "--stage", "2", "--gpus", "0", "--max-steps", "1")
+
+    assert done.returncode == 1, done.stdout + done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "canary INCONCLUSIVE" in line and "--no-canary" in line
+    (canary,) = events_of(pod, "canary")
+    assert canary["status"] == "Inconclusive" and "reference run failed" in canary["reason"]
+    assert (pod / load_config(pod).manifest).read_bytes() == manifest_before
+    assert status_json(pod)["canary"]["status"] == "Inconclusive"
+
+
+def test_no_canary_records_the_skip_and_switches(pod):
+    done = fractus_pod(pod, "launch", "--stage", "2", "--gpus", "0", "--max-steps", "1",
+                       "--no-canary")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not events_of(pod, "canary")
+    (skip,) = events_of(pod, "canary_skipped")
+    assert (skip["from_stage"], skip["to_stage"], skip["reason"]) == (1, 2, "--no-canary")
+    assert manifest_json(pod)["gpu_0"]["stage"] == 2
+    assert status_json(pod)["canary"]["status"] == "skipped"
+
+
+def test_same_stage_runs_no_canary(pod):
+    done = fractus_pod(pod, "launch", "--stage", "1", "--gpus", "0", "--max-steps", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not events_of(pod, "canary") and not events_of(pod, "canary_skipped")
+
+
+def test_criteria_accept_canary_and_probe_sections_but_not_typos(tmp_path):
+    path = tmp_path / "trusted_loss.yaml"
+    path.write_text(yaml.safe_dump(CRITERIA))
+    assert load_criteria(path).trend.lookback == TEST_CRITERIA["checks"]["trend"]["lookback"]
+    path.write_text(yaml.safe_dump({**CRITERIA, "canery": {"steps": 3}}))
+    with pytest.raises(UserError, match="canery"):
+        load_criteria(path)
+    shipped = REPO / "manifests" / "trusted_loss.yaml"
+    from launcher.canary import load_canary_settings
+    from launcher.probe_check import load_probe_tolerance
+    load_criteria(shipped)
+    settings, _ = load_canary_settings(shipped)
+    assert (settings.steps, settings.exact["cpu"].rtol, settings.exact["cuda"].rtol) == \
+        (5, 1e-4, 1e-2)
+    assert load_probe_tolerance(shipped).band == 0.25
+
+
+def test_a_bad_canary_section_refuses_the_launch(pod):
+    criteria = pod / load_config(pod).criteria
+    criteria.write_text(yaml.safe_dump({**CRITERIA, "canary": {"stpes": 3}}))
+    done = fractus_pod(pod, "launch", "--stage", "2", "--gpus", "0")
+    assert done.returncode == 2
+    assert "stpes" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_worker_env_never_carries_hub_secrets(pod):
+    config = load_config(pod)
+    base = dict(os.environ, HF_TOKEN="hf_secret", HUGGING_FACE_HUB_TOKEN="hf_secret2",
+                HF_HUB_TOKEN_PATH="/x", PATH=os.environ.get("PATH", ""))
+    env = build_env(config, WorkerSpec(Slot(0, "cpu"), {"BATCH": "2"}), base=base)
+    assert not [k for k in env if k.startswith(("HF_", "HUGGING_FACE_"))]
+    assert "hf_secret" not in json.dumps(env)
+    assert env["PATH"] == base["PATH"] and env["BATCH"] == "2"

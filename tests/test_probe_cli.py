@@ -1,0 +1,99 @@
+"""`fractus-pod probe`: the AR probe of a GPU's newest checkpoint, run by the real CLI.
+
+The pod (module fixture): `init --preset tiny-cpu`, one synthetic shard, 3 steps trained at
+stage 1 by the real worker, the manifest written from its checkpoint event.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fractus.data import synth
+from fractus.eval.probe import probe_checkpoint
+from launcher.manifest import apply_checkpoint, read_manifest, write_manifest
+from launcher.podconfig import Slot, init_pod, load_config
+from launcher.stages import load_stages
+from launcher.workers import WorkerSpec, build_env, metrics_path, read_records, worker_command
+
+REPO = Path(__file__).resolve().parents[1]
+NUMBERS = ("ar", "ar_acc", "cold_tf", "start", "rows", "next_token")
+
+
+def fractus_pod(pod: Path, *args: str):
+    return subprocess.run([sys.executable, "-m", "launcher.cli", "--pod-dir", str(pod), *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def pod(tmp_path_factory) -> Path:
+    pod = tmp_path_factory.mktemp("pod")
+    init_pod(pod, "tiny-cpu")
+    config = load_config(pod)
+    synth(pod / "data", shards=1, tokens=20_000, vocab=512, seed=0)
+    stages = load_stages(pod / config.stages)
+    env = build_env(config, WorkerSpec(Slot(0, "cpu"), stages[1].settings, max_steps=3))
+    subprocess.run(worker_command(config), cwd=pod, env=env, check=True, capture_output=True,
+                   timeout=120)
+    event = [r for r in read_records(pod / metrics_path(0)) if r.get("event") == "checkpoint"][-1]
+    manifest = read_manifest(pod / config.manifest)
+    apply_checkpoint(manifest, 0, event, 1, pod, config.shard_path(0))
+    write_manifest(manifest)
+    return pod
+
+
+def probe_json(pod: Path, *args: str) -> dict:
+    done = fractus_pod(pod, "probe", "--json", *args)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_probe_gpu_prints_the_numbers_of_its_checkpoint_and_repeats_them(pod):
+    first, second = probe_json(pod, "--gpu", "0"), probe_json(pod, "--gpu", "0")
+    assert {k: first[k] for k in NUMBERS} == {k: second[k] for k in NUMBERS}
+    entry = read_manifest(pod / load_config(pod).manifest).entries[0]
+    assert Path(first["checkpoint"]) == pod / entry["checkpoint"]
+    assert Path(first["shard"]) == pod / entry["shard"]
+    assert first["next_token"] == entry["start_token"] and first["stage"] == 1
+    # The same numbers as the probe run in this process on that checkpoint and shard.
+    here = probe_checkpoint(pod / entry["checkpoint"], pod / entry["shard"])
+    assert (first["ar"], first["ar_acc"], first["cold_tf"]) == \
+        pytest.approx((here.ar, here.ar_acc, here.cold_tf), rel=1e-6)
+    assert "verdict" not in first                       # no baseline, no verdict
+    # --checkpoint/--shard probe the same files to the same numbers.
+    direct = probe_json(pod, "--checkpoint", entry["checkpoint"], "--shard", entry["shard"])
+    assert direct["ar"] == first["ar"] and direct["gpu"] is None
+
+
+def test_probe_verdict_against_a_baseline(pod):
+    ar = probe_json(pod, "--gpu", "0")["ar"]
+    ok = fractus_pod(pod, "probe", "--gpu", "0", "--baseline-ar", str(ar))
+    assert ok.returncode == 0 and "Successful: AR" in ok.stdout, ok.stdout + ok.stderr
+    worse = fractus_pod(pod, "probe", "--gpu", "0", "--baseline-ar", str(ar - 1.0))
+    assert worse.returncode == 1 and "Failed: AR" in worse.stdout
+    # A recorded baseline for the GPU's stage is used when none is given.
+    recorded = probe_json(pod, "--gpu", "0", "--record-baseline")
+    assert recorded["recorded_baseline"]
+    again = probe_json(pod, "--gpu", "0")
+    assert again["baseline_ar"] == ar and again["verdict"] == "Successful"
+    assert again["baseline_source"] == "recorded for stage 1"
+    (pod / "logs" / "probe_baselines.json").unlink()     # the module's pod, for other tests
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--gpu", "9"), "no GPU 9"),
+    (("--gpu", "1"), "has no checkpoint"),
+    (("--checkpoint", "checkpoints/nope.pt", "--shard", "data/shard_phase2_gpu0.npy"),
+     "checkpoint not found"),
+    (("--checkpoint", "checkpoints/fractus_1b_gpu0.pt"), "needs --shard"),
+    (("--gpu", "0", "--shard", "data/nope.npy"), "shard not found"),
+])
+def test_bad_input_is_one_line_and_exit_2(pod, args, message):
+    done = fractus_pod(pod, "probe", *args)
+    assert done.returncode == 2, done.stdout + done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert message in line and done.stdout == ""
