@@ -96,6 +96,7 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
     from launcher.lock import PodLock
     from launcher.prepare import (load_plan, reconcile, record_baselines, refuse_if_busy,
                                   restore_from_hub, validate)
+    from launcher.stage_switch import canary_gate
     from launcher.supervisor import Supervisor
     pod_dir = _pod_dir(ctx)
     if revision and not from_hub:
@@ -124,7 +125,7 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
         reconcile(plan, manifest, index, events)
         restore_from_hub(plan, manifest, events)
         validate(plan, manifest)
-        _canary_gate(plan, manifest, events, no_canary)
+        canary_gate(plan, manifest, events, no_canary)
         record_baselines(plan, manifest, index)
         if detach:
             _daemonize(pod_dir)
@@ -141,45 +142,6 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
     finally:
         lock.release()
     sys.exit(code)
-
-
-def _current_stage(plan, manifest) -> int | None:
-    """The lowest stage the manifest records for the GPUs this launch runs (None: new pod)."""
-    recorded = [manifest.entries[s.gpu]["stage"] for s in plan.slots
-                if manifest.entries.get(s.gpu, {}).get("stage") is not None]
-    return min(recorded) if recorded else None
-
-
-def _canary_gate(plan, manifest, events, no_canary: bool) -> None:
-    """Before a switch up from stage M to N > M: the canary on the first GPU (docs/CANARY.md).
-    Anything but a pass raises, so nothing switches: no worker starts, the manifest keeps M."""
-    from launcher.canary import run_canary
-    from launcher.status import write_canary_state
-    current, slot = _current_stage(plan, manifest), plan.slots[0]
-    if current is None or plan.stage <= current:
-        return
-    if no_canary:
-        record = {"status": "skipped", "passed": None, "from_stage": current,
-                  "to_stage": plan.stage, "gpu": slot.gpu, "reason": "--no-canary"}
-        events.emit("canary_skipped", **record)
-        write_canary_state(plan.pod_dir, record)
-        click.echo(f"canary skipped (--no-canary): stage {current} -> {plan.stage}")
-        return
-    click.echo(f"canary: stage {current} -> {plan.stage} on GPU {slot.gpu} ({slot.device}) ...")
-    result = run_canary(plan.pod_dir, slot.gpu, current, plan.stage, device=slot.device)
-    record = result.to_dict()
-    events.emit("canary", **record)
-    write_canary_state(plan.pod_dir, record)
-    if result.passed:
-        click.echo(f"canary passed in {result.seconds:.1f}s: {result.reason}")
-        return
-    stays = f"the pod stays on stage {current} (nothing switched)"
-    if result.status == "Failed":
-        raise click.ClickException(f"canary FAILED: stage {plan.stage} does not continue stage "
-                                   f"{current}'s curve: {result.reason}; {stays}")
-    raise click.ClickException(f"canary INCONCLUSIVE (could not judge stage {plan.stage}): "
-                               f"{result.reason}; {stays}; fix the cause, or relaunch "
-                               f"with --no-canary")
 
 
 def _rebuild(pod_dir: Path, url: str, revision: str | None) -> None:
