@@ -43,8 +43,21 @@ class ProbeTolerance:
         return self.band
 
 
-def load_probe_tolerance(criteria_path: str | Path) -> ProbeTolerance:
-    """The `probe:` section of trusted_loss.yaml; defaults for what is missing."""
+@dataclass(frozen=True)
+class ProbeSchedule:
+    """When the supervisor probes (launcher/probe_monitor.py): every `every`-th new
+    checkpoint of each GPU (0 = never), at most `parallel` probe processes at once across
+    the pod, each killed after `timeout_s` (the check is then Inconclusive)."""
+    every: int = 0
+    parallel: int = 1
+    timeout_s: float = 900.0
+
+
+_TOLERANCE_KEYS = {"band", "relativeBand"}
+_SCHEDULE_KEYS = {"every": int, "parallel": int, "timeout_s": float}
+
+
+def _probe_section(criteria_path: str | Path) -> tuple[Path, dict]:
     path = Path(criteria_path)
     try:
         data = yaml.safe_load(path.read_text()) or {}
@@ -53,16 +66,47 @@ def load_probe_tolerance(criteria_path: str | Path) -> ProbeTolerance:
     except yaml.YAMLError as exc:
         raise UserError(f"{path}: invalid YAML ({str(exc).splitlines()[0]})") from None
     section = (data.get("probe") if isinstance(data, dict) else None) or {}
-    if not isinstance(section, dict) or set(section) - {"band", "relativeBand"}:
-        raise UserError(f"{path}: probe: expected {{band, relativeBand}}, got {section!r}")
+    if not isinstance(section, dict) or set(section) - _TOLERANCE_KEYS - set(_SCHEDULE_KEYS):
+        raise UserError(f"{path}: probe: expected keys from "
+                        f"{sorted(_TOLERANCE_KEYS | set(_SCHEDULE_KEYS))}, got {section!r}")
+    return path, section
+
+
+def _schedule_values(path: Path, section: dict) -> dict:
+    values = {}
+    for key, kind in _SCHEDULE_KEYS.items():
+        if key not in section:
+            continue
+        value = section[key]
+        least = 0 if key == "every" else 1
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= least \
+                or (kind is int and value != int(value)):
+            raise UserError(f"{path}: probe.{key}: expected "
+                            f"{'an integer' if kind is int else 'a number'} >= {least}, "
+                            f"got {value!r}")
+        values[key] = kind(value)
+    return values
+
+
+def load_probe_tolerance(criteria_path: str | Path) -> ProbeTolerance:
+    """The `probe:` section of trusted_loss.yaml; defaults for what is missing. The
+    schedule keys are checked too, so one call refuses any mistake in the section."""
+    path, section = _probe_section(criteria_path)
+    _schedule_values(path, section)
     values = {}
     for key, value in section.items():
-        if value is None and key == "relativeBand":
+        if key not in _TOLERANCE_KEYS or (value is None and key == "relativeBand"):
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
             raise UserError(f"{path}: probe.{key}: expected a number >= 0, got {value!r}")
         values[key] = float(value)
     return ProbeTolerance(**values)
+
+
+def load_probe_schedule(criteria_path: str | Path) -> ProbeSchedule:
+    """The schedule keys of the `probe:` section (every, parallel, timeout_s)."""
+    path, section = _probe_section(criteria_path)
+    return ProbeSchedule(**_schedule_values(path, section))
 
 
 def _ar_of(result) -> float | None:

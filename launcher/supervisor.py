@@ -14,6 +14,10 @@ FAILED, exit 1. It never loops.
 Hub sync (issue 5, launcher/sync.py): with a `hub:` configured, every poll gives the sync
 policy a tick (it pushes in a background thread, never blocking this loop), and when the
 loop ends the last push is made before the launcher exits.
+
+AR probe (issue 6, launcher/probe_monitor.py): with `probe.every` > 0 in the criteria, new
+checkpoints are probed in background processes; each poll collects finished probes, and a
+Failed one fails its GPU's stage like any other check. The pod is not done while a probe runs.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from launcher.manifest import (BackwardsError, Manifest, apply_checkpoint, apply
                                relative_to_pod, write_manifest)
 from launcher.podconfig import Slot
 from launcher.prepare import LaunchPlan
+from launcher.probe_monitor import ProbeMonitor, apply_outcome
 from launcher.state import write_pod_state
 from launcher.sync import HubSync
 from launcher.workers import MetricsTail, WorkerSpec, kill, metrics_path, spawn, terminate
@@ -77,6 +82,7 @@ class Supervisor:
         # ValueError for a malformed hub URL: the CLI reports it before anything starts.
         self.sync = (HubSync(self.pod_dir, plan.config, manifest, index, events)
                      if plan.config.hub else None)
+        self.probes = ProbeMonitor.from_criteria(self.pod_dir, self.pod_dir / plan.config.criteria)
 
     # ---- lifecycle ----------------------------------------------------------------
     def run(self) -> int:
@@ -101,6 +107,8 @@ class Supervisor:
             else:
                 time.sleep(self.plan.config.poll_interval_s)
         self._write_state(force=True)
+        if self.probes is not None:
+            self.probes.close()
         if self.sync is not None:
             self.sync.finish()       # the end of a run is pushed, whatever ended it
         return self.exit_code
@@ -111,6 +119,11 @@ class Supervisor:
     def _start_all(self) -> None:
         for run in self.runs.values():
             self._start_worker(run, fresh_health=True)
+        if self.probes is not None:
+            entries = {g: self.manifest.entries.get(g) or {} for g in self.runs}
+            self.probes.start_stage(self.stage, {
+                g: (e.get("checkpoint"), e.get("shard") or self.plan.config.shard_path(g))
+                for g, e in entries.items()})
         self.pod_state = "running"
         self._write_state(force=True)
 
@@ -150,13 +163,18 @@ class Supervisor:
                 self._check_hang(run, now)
             elif run.state == BACKOFF and now >= run.restart_at and self.pod_state == "running":
                 self._start_worker(run, fresh_health=False)
+        for outcome in self.probes.poll() if self.probes is not None else ():
+            self.events.emit("probe", stage=self.stage, **outcome.event_fields())
+            apply_outcome(outcome, self.runs[outcome.request.gpu].health, self.index)
+            self._mark_verified(self.runs[outcome.request.gpu])
         failed = [r for r in self.runs.values() if r.health and r.health.failed()]
         if failed and self.pod_state == "running":
             self._rollback(failed, auto=True)
         elif self.pod_state == "running":
             self._check_request()
             self._announce_stage_verdict()
-            if all(r.state in (DONE, STOPPED) for r in self.runs.values()):
+            if all(r.state in (DONE, STOPPED) for r in self.runs.values()) \
+                    and not (self.probes is not None and self.probes.busy()):
                 self.pod_state = "done"
                 self.events.emit("pod_done", stage=self.stage)
         if self.sync is not None:
@@ -194,10 +212,17 @@ class Supervisor:
             return
         if changed:
             write_manifest(self.manifest)
+        if self.probes is not None:
+            self.probes.on_checkpoint(gpu, record.get("retained") or rel,
+                                      self.plan.config.shard_path(gpu), record["sha256"],
+                                      record.get("step"))
         self._mark_verified(run)
 
     def _mark_verified(self, run: GpuRun) -> None:
         verified = run.health.verified_step
+        if self.probes is not None and verified is not None:    # the AR probe vouches too
+            vouched = self.probes.vouched_step(run.slot.gpu)
+            verified = None if vouched is None else min(verified, vouched)
         if verified is None or (verified, self.index.size) == run.verified_seen:
             return          # nothing new to judge: the common case, once per metrics line
         run.verified_seen = (verified, self.index.size)

@@ -1,0 +1,220 @@
+"""The AR probe as a supervisor health check (issue 6): launcher/probe_monitor.py.
+
+Unit tests drive the monitor with a stand-in runner (threads, no model); the end-to-end
+tests launch the real supervisor on a tiny CPU pod whose probes are real child processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+import yaml
+
+from launcher.ckpt_index import CheckpointIndex
+from launcher.criteria import parse_criteria
+from launcher.errors import UserError
+from launcher.health import FAILED, INCONCLUSIVE, SUCCESSFUL, GpuHealth
+from launcher.probe_check import (ProbeSchedule, ProbeTolerance, ProbeUnavailable,
+                                  load_probe_schedule, load_probe_tolerance)
+from launcher.probe_monitor import BASELINE, ProbeMonitor, apply_outcome
+from tests.test_launcher_e2e import (TEST_CRITERIA, Launcher, events_of, launchers,  # noqa: F401
+                                     make_pod, wait_for)
+
+
+class FakeRunner:
+    """Returns the AR given for each checkpoint name; blocks while `gate` is clear."""
+
+    def __init__(self, ars: dict):
+        self.ars, self.calls, self.gate = ars, [], threading.Event()
+        self.gate.set()
+
+    def __call__(self, checkpoint, shard, cwd=None, timeout_s=None):
+        name = (cwd / checkpoint).read_text()        # what the held link points at
+        self.calls.append(name)
+        self.gate.wait(10)
+        ar = self.ars[name]
+        if isinstance(ar, Exception):
+            raise ar
+        return {"ar": ar, "ar_acc": 0.1, "cold_tf": 6.0}
+
+
+def drain(monitor: ProbeMonitor, timeout: float = 10) -> list:
+    outcomes, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        outcomes += monitor.poll()
+        if not monitor.busy():
+            return outcomes
+        time.sleep(0.01)
+    raise AssertionError("probes never finished")
+
+
+def monitor_of(tmp_path, runner, every=1, parallel=4, band=0.5) -> ProbeMonitor:
+    for name in runner.ars:            # the checkpoint files the monitor links to
+        (tmp_path / name).write_bytes(name.encode())
+    return ProbeMonitor(tmp_path, ProbeSchedule(every=every, parallel=parallel),
+                        ProbeTolerance(band=band), runner=runner)
+
+
+def test_the_resume_checkpoint_sets_the_baseline_and_a_worse_ar_fails(tmp_path):
+    runner = FakeRunner({"resume.pt": 5.0, "a.pt": 5.4, "b.pt": 5.6})
+    monitor = monitor_of(tmp_path, runner)
+    monitor.start_stage(2, {0: ("resume.pt", "shard0.npy")})
+    monitor.on_checkpoint(0, "a.pt", "shard0.npy", "sha-a", 5)
+    first = drain(monitor)
+    monitor.on_checkpoint(0, "b.pt", "shard0.npy", "sha-b", 10)
+    second = drain(monitor)
+    assert runner.calls == ["resume.pt", "a.pt", "b.pt"]
+    assert [o.status for o in first + second] == [BASELINE, SUCCESSFUL, FAILED]
+    assert second[0].baseline_ar == 5.0 and "AR 5.6000 above baseline 5.0000" in second[0].reason
+
+
+def test_recorded_baseline_wins_and_every_skips_checkpoints(tmp_path):
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "probe_baselines.json").write_text(json.dumps({"3": {"1": {"ar": 4.0}}}))
+    runner = FakeRunner({f"{k}.pt": 4.2 for k in range(6)})
+    monitor = monitor_of(tmp_path, runner, every=3)
+    monitor.start_stage(3, {1: ("0.pt", "shard1.npy")})
+    for k in range(6):
+        monitor.on_checkpoint(1, f"{k}.pt", "shard1.npy", f"sha{k}", k)
+        drain(monitor)
+    assert runner.calls == ["2.pt", "5.pt"]          # no probe of 0.pt: a baseline exists
+
+
+def test_one_probe_per_gpu_a_newer_checkpoint_replaces_a_waiting_one(tmp_path):
+    runner = FakeRunner({f"{k}.pt": 1.0 for k in range(4)})
+    runner.gate.clear()
+    monitor = monitor_of(tmp_path, runner, parallel=1)
+    monitor.start_stage(1, {0: (None, "s0"), 1: (None, "s1")})
+    monitor.on_checkpoint(0, "0.pt", "s0", "a", 1)
+    monitor.on_checkpoint(1, "1.pt", "s1", "b", 1)
+    monitor.poll()
+    monitor.on_checkpoint(0, "2.pt", "s0", "c", 2)
+    monitor.on_checkpoint(0, "3.pt", "s0", "d", 3)
+    time.sleep(0.1)
+    assert runner.calls == ["0.pt"]                  # parallel: 1 across the pod
+    runner.gate.set()
+    drain(monitor)
+    assert runner.calls[:2] == ["0.pt", "1.pt"]      # GPU 1 waited longer than GPU 0's next
+    assert sorted(runner.calls) == ["0.pt", "1.pt", "3.pt"]     # 2.pt was superseded
+    assert not list((tmp_path / "checkpoints" / "probe").iterdir())   # links dropped when done
+
+
+def test_a_checkpoint_rotated_away_before_its_probe_starts_is_still_probed(tmp_path):
+    runner = FakeRunner({"a.pt": 3.0, "b.pt": 3.1})
+    runner.gate.clear()
+    monitor = monitor_of(tmp_path, runner, parallel=1)
+    monitor.start_stage(1, {0: (None, "s0"), 1: (None, "s1")})
+    monitor.on_checkpoint(0, "a.pt", "s0", "sha-a", 1)
+    monitor.on_checkpoint(1, "b.pt", "s1", "sha-b", 1)
+    monitor.poll()
+    (tmp_path / "b.pt").unlink()                     # rotated/pruned while GPU 1 waits
+    runner.gate.set()
+    assert [o.status for o in drain(monitor)] == [BASELINE, BASELINE]
+    assert sorted(runner.calls) == ["a.pt", "b.pt"]
+
+
+def test_a_probe_that_cannot_run_is_inconclusive_and_holds_the_stage(tmp_path):
+    runner = FakeRunner({"a.pt": ProbeUnavailable("probe exited 1: boom")})
+    monitor = monitor_of(tmp_path, runner)
+    monitor.start_stage(1, {0: (None, "s0")})
+    monitor.on_checkpoint(0, "a.pt", "s0", "sha", 1)
+    (outcome,) = drain(monitor)
+    assert outcome.status == INCONCLUSIVE and "boom" in outcome.reason
+    criteria = parse_criteria({"checks": {"trend": {"interval": 1}, "lb_band": {"interval": 1},
+                                          "ss_ratio": {"interval": 1},
+                                          "loss_spike": {"windowLogs": 2}}})
+    health = GpuHealth(criteria, window=4)
+    for step in range(1, 8):
+        health.feed({"type": "metrics", "step": step, "tf": 5.0, "ema_tf": 5.0, "ss": 5.0,
+                     "ema_ss": 5.0, "lb": 14.0, "grad_norm": 1.0})
+    assert health.verdict().phase == SUCCESSFUL
+    apply_outcome(outcome, health, CheckpointIndex(tmp_path))
+    assert health.verdict().phase == INCONCLUSIVE and "boom" in health.verdict().reason
+
+
+def test_schedule_keys_are_checked(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"probe": {"band": 0.3}}))
+    assert load_probe_schedule(path) == ProbeSchedule()          # off unless asked for
+    path.write_text(yaml.safe_dump({"probe": {"every": 2, "parallel": 3, "timeout_s": 60}}))
+    assert load_probe_schedule(path) == ProbeSchedule(2, 3, 60.0)
+    for bad in ({"every": -1}, {"every": 1.5}, {"parallel": 0}, {"evry": 1}):
+        path.write_text(yaml.safe_dump({"probe": bad}))
+        with pytest.raises(UserError, match="probe"):
+            load_probe_schedule(path)
+        with pytest.raises(UserError, match="probe"):
+            load_probe_tolerance(path)     # the launcher's up-front check sees it too
+
+
+# ---- end to end: the real supervisor, real worker and probe processes -------------------
+def probe_pod(tmp_path, probe: dict):
+    return make_pod(tmp_path, criteria={**TEST_CRITERIA, "probe": probe})
+
+
+def test_a_healthy_pod_is_probed_and_passes(tmp_path, launchers):
+    pod = probe_pod(tmp_path, {"every": 1, "band": 1e9})
+    (pod / "logs" / "probe_baselines.json").write_text(json.dumps({"1": {"0": {"ar": 5.0}}}))
+    launcher = Launcher(pod, "--stage", "1", "--gpus", "0", "--max-steps", "10")
+    launchers.append(launcher)
+    assert launcher.wait(120) == 0, launcher.output()
+    probes = events_of(pod, "probe", gpu=0)
+    # Older checkpoints may be superseded while a probe runs; the newest is always probed.
+    assert probes and probes[-1]["step"] == 10, probes
+    assert all(p["status"] == SUCCESSFUL and p["baseline_ar"] == 5.0 for p in probes)
+    assert all(isinstance(p["ar"], float) and p["ar"] > 0 for p in probes)
+    assert not events_of(pod, "check_failed")
+    # The pod is not done while a probe runs: every probe was judged before pod_done.
+    (done,) = events_of(pod, "pod_done")
+    assert all(p["ts"] <= done["ts"] for p in probes)
+    # A checkpoint passes once the metrics checks and a probe of it (or a newer one) vouch.
+    passed = {r["step"] for r in CheckpointIndex(pod).for_gpu(0) if r["verdict"] == "passed"}
+    assert 5 in passed
+    assert not list((pod / "checkpoints" / "probe").glob("*.pt"))     # links cleaned up
+
+
+def test_ar_worse_than_the_recorded_baseline_fails_the_stage(tmp_path, launchers):
+    pod = probe_pod(tmp_path, {"every": 1, "band": 0.0})
+    (pod / "logs" / "probe_baselines.json").write_text(json.dumps({"1": {"0": {"ar": 0.0}}}))
+    launcher = Launcher(pod, "--stage", "1", "--gpus", "0", "--max-steps", "10")
+    launchers.append(launcher)
+    assert launcher.wait(120) == 1, launcher.output()
+    (probe,) = events_of(pod, "probe", gpu=0)
+    assert probe["status"] == FAILED and probe["baseline_ar"] == 0.0 and probe["ar"] > 0
+    (failed,) = events_of(pod, "check_failed", gpu=0)
+    assert failed["reason"].startswith("probe: AR ") and "above baseline 0.0000" in failed["reason"]
+    assert "probe: AR " in events_of(pod, "pod_failed")[0]["reason"]
+    index = CheckpointIndex(pod)
+    verdicts = {r["sha256"]: r["verdict"] for r in index.for_gpu(0)}
+    assert verdicts[probe["sha256"]] == "failed"        # rollback would never restore it
+    assert not (pod / probe["checkpoint"]).exists() or "retained" not in probe["checkpoint"]
+
+
+def test_a_failed_probe_at_stage_2_rolls_back_past_the_probed_checkpoint(tmp_path, launchers):
+    pod = probe_pod(tmp_path, {"every": 1, "band": 1e9})
+    first = Launcher(pod, "--stage", "1", "--gpus", "0", "--max-steps", "10")
+    launchers.append(first)
+    assert first.wait(120) == 0, first.output()
+    passed = [r for r in CheckpointIndex(pod).for_gpu(0) if r["verdict"] == "passed"]
+    assert passed, "stage 1 left no passed checkpoint"
+    criteria = pod / "manifests" / "trusted_loss.yaml"
+    criteria.write_text(yaml.safe_dump({**TEST_CRITERIA, "probe": {"every": 1, "band": 0.0}}))
+    (pod / "logs" / "probe_baselines.json").write_text(json.dumps({"2": {"0": {"ar": 0.0}}}))
+    second = Launcher(pod, "--stage", "2", "--gpus", "0", "--no-canary")
+    launchers.append(second)
+    wait_for(lambda: events_of(pod, "pod_running", after="rollback"), 120, "the rollback")
+    os.killpg(second.proc.pid, signal.SIGTERM)
+    assert second.wait(60) == 0, second.output()
+    (failed_probe,) = events_of(pod, "probe", gpu=0, stage=2, status=FAILED)
+    assert failed_probe["status"] == FAILED
+    (rollback,) = events_of(pod, "rollback", gpu=0)
+    assert (rollback["from_stage"], rollback["to_stage"]) == (2, 1)
+    assert rollback["reason"].startswith("probe: AR ")
+    verdicts = {r["sha256"]: r for r in CheckpointIndex(pod).for_gpu(0)}
+    assert verdicts[failed_probe["sha256"]]["verdict"] == "failed"
+    # Restored: a stage-1 checkpoint older than the one the probe failed.
+    assert rollback["to_token"] < verdicts[failed_probe["sha256"]]["next_token"]
