@@ -1,0 +1,353 @@
+"""Causal, inclusive, normalised linear attention with a carried state, three exact kernels.
+
+For every group g and position t (the current token included), with carry (S0, z0):
+
+    S_t = S0 + sum_{j<=t} k[j] (outer) v[j]     z_t = z0 + sum_{j<=t} k[j]
+    y_t = (q[t] @ S_t) / (q[t] . z_t + 1e-20)   where |q[t] . z_t| > 1e-10, else 0
+
+`linear_attention(q, k, v, carry)` returns `(y, (S_C, z_C))`, the final state with the carry
+included. q and k arrive already feature-mapped (elu + 1). Kernels, chosen at run time:
+
+- "einsum":  the reference form, kept as ground truth. The per-position outer products k v^T,
+             shape (G, C, D, D), are summed causally by a lower-triangular (C x C) mask matmul:
+             O(C^2 D^2) work and several (G, C, D, D) tensors. This is the masked-matmul the
+             user's engine ran (and measured), so it is the baseline of the speed goals.
+- "cumsum":  prefix sums of the same outer products: O(C D^2), still (G, C, D, D) in memory.
+- "chunked": memory-flat. Positions are cut into blocks (CHUNK_BLOCK = 64); inside a block a
+             masked (block x block) score matrix, between blocks a running (S, z) that each block
+             reads BEFORE adding itself (the current token comes from the in-block part). Its
+             largest tensors are (G, block, block) scores and (G, D, D) states, never
+             (G, C, D, D); a last block shorter than the others is exact.
+
+Numerics: half-precision inputs (bf16/fp16, e.g. under CUDA autocast) are computed in float32
+with autocast disabled inside the kernel; y comes back in the inputs' dtype, the state in
+float32 (or the carry's dtype if wider). Float32 and float64 run as they come.
+NaN/Inf inputs propagate, never replaced. Through the 0 * NaN of a masked matmul a NaN at
+position j also reaches earlier rows of its block (chunked) or chunk (einsum, as in the
+reference); cumsum keeps it to positions >= j.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Callable, Iterator, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+DEN_EPS = 1e-20  # added to the denominator, as in the reference
+DEN_ZERO = 1e-10  # |den| <= DEN_ZERO gives y = 0, as in the reference
+CHUNK_BLOCK = 64  # positions per block of the chunked kernel
+ENV_VAR = "FRACTUS_ATTN_IMPL"
+
+# A kernel maps (q, k, v, S0, z0) -> (y, S, z): (G, C, D) x3, (G, D, D), (G, D) in, all in one
+# floating dtype, carry always a tensor (zeros when there is none).
+Kernel = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tuple[Tensor, Tensor, Tensor]]
+Carry = Tuple[Tensor, Tensor]
+
+
+def _normalise(num: Tensor, den: Tensor) -> Tensor:
+    """y = num / (den + 1e-20) where |den| > 1e-10, else 0.
+
+    Written as "zero where |den| <= 1e-10" so a NaN denominator propagates instead of being
+    replaced by 0. The division runs on a denominator set to 1 where the result is discarded:
+    same forward values, but no inf/NaN in the gradient of the discarded branch.
+    """
+    keep = ~(den.abs() <= DEN_ZERO)
+    safe_den = torch.where(keep, den, torch.ones_like(den))
+    return torch.where(keep.unsqueeze(-1), num / (safe_den + DEN_EPS).unsqueeze(-1), 0.0)
+
+
+def einsum_attention(q: Tensor, k: Tensor, v: Tensor, S0: Tensor, z0: Tensor):
+    """Reference kernel: lower-triangular mask matmul over (G, C, D, D) outer products."""
+    C = q.shape[1]
+    causal = torch.ones(C, C, dtype=q.dtype, device=q.device).tril()  # causal[t, s] = s <= t
+    kv = torch.einsum("gsa,gsb->gsab", k, v)
+    S = S0.unsqueeze(1) + torch.einsum("ts,gsab->gtab", causal, kv)
+    z = z0.unsqueeze(1) + torch.einsum("ts,gsa->gta", causal, k)
+    num = torch.einsum("gta,gtab->gtb", q, S)
+    den = torch.einsum("gta,gta->gt", q, z)
+    return _normalise(num, den), S[:, -1], z[:, -1]
+
+
+def cumsum_attention(q: Tensor, k: Tensor, v: Tensor, S0: Tensor, z0: Tensor):
+    """Prefix sums over positions: O(C D^2) work, (G, C, D, D) memory."""
+    kv = k.unsqueeze(-1) * v.unsqueeze(-2)
+    S = S0.unsqueeze(1) + kv.cumsum(dim=1)
+    z = z0.unsqueeze(1) + k.cumsum(dim=1)
+    num = torch.matmul(q.unsqueeze(-2), S).squeeze(-2)
+    den = (q * z).sum(dim=-1)
+    return _normalise(num, den), S[:, -1], z[:, -1]
+
+
+def _causal_mask(n: int, device: torch.device) -> Tensor:
+    return torch.ones(n, n, dtype=torch.bool, device=device).tril()  # [t, j]: j <= t
+
+
+class _ChunkedAttention(torch.autograd.Function):
+    """The chunked kernel with a hand-written backward.
+
+    Autograd would keep about ten (G, block, block)/(G, block, D) intermediates per block for
+    backward; this keeps only the inputs, y, 1/den and the (G, D, D) state before each block,
+    recomputes the in-block scores and works in place within a block. Same values, lower
+    peak memory, fewer small kernels. (Block results are computed contiguous and then copied
+    into their slice: a bmm writing straight into a strided slice is ~3x slower on CPU.)
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, S0, z0, block):
+        G, C, D = q.shape
+        y = q.new_empty(G, C, D)
+        inv_den = q.new_empty(G, C)
+        S, z = S0, z0
+        states_S, states_z = [], []
+        for start in range(0, C, block):
+            sl = slice(start, start + block)
+            qb, kb, vb = q[:, sl], k[:, sl], v[:, sl]
+            states_S.append(S)
+            states_z.append(z)
+            scores = torch.bmm(qb, kb.transpose(1, 2))
+            scores.masked_fill_(~_causal_mask(qb.shape[1], q.device), 0.0)
+            # Read the state of the previous blocks first; the scores add the current token.
+            num = torch.bmm(scores, vb).baddbmm_(qb, S)
+            den = torch.bmm(qb, z.unsqueeze(-1)).squeeze(-1).add_(scores.sum(dim=-1))
+            del scores
+            keep = ~(den.abs() <= DEN_ZERO)  # as in _normalise
+            safe_den = torch.where(keep, den, torch.ones_like(den)).add_(DEN_EPS)
+            y[:, sl] = num.div_(safe_den.unsqueeze(-1)).masked_fill_(~keep.unsqueeze(-1), 0.0)
+            inv_den[:, sl] = safe_den.reciprocal_().masked_fill_(~keep, 0.0)
+            S = torch.baddbmm(S, kb.transpose(1, 2), vb)
+            z = z + kb.sum(dim=1)
+        ctx.block = block
+        ctx.save_for_backward(q, k, v, y, inv_den, *states_S, *states_z)
+        return y, S, z
+
+    @staticmethod
+    @once_differentiable  # no double backward (in-place work); says so clearly if asked
+    def backward(ctx, grad_y, grad_S, grad_z):
+        q, k, v, y, inv_den, *states = ctx.saved_tensors
+        n_blocks = len(states) // 2
+        block = ctx.block
+        # y = num / den where kept (inv_den = 1/den there, 0 elsewhere).
+        g_den_all = (grad_y * y).sum(dim=-1).mul_(inv_den).neg_()
+        gq, gk, gv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        gS, gz = grad_S, grad_z  # gradients w.r.t. the state AFTER the current block
+        for b in reversed(range(n_blocks)):
+            sl = slice(b * block, (b + 1) * block)
+            qb, kb, vb = q[:, sl], k[:, sl], v[:, sl]
+            Sb, zb, g_den = states[b], states[n_blocks + b], g_den_all[:, sl]
+            g_num = grad_y[:, sl] * inv_den[:, sl].unsqueeze(-1)
+            mask_out = ~_causal_mask(qb.shape[1], q.device)
+            # num = scores @ vb + qb @ Sb,  den = scores @ 1 + qb . zb
+            g_scores = torch.baddbmm(g_den.unsqueeze(-1), g_num, vb.transpose(1, 2))
+            g_scores.masked_fill_(mask_out, 0.0)
+            gq[:, sl] = (torch.bmm(g_scores, kb).baddbmm_(g_num, Sb.transpose(1, 2))
+                         .addcmul_(g_den.unsqueeze(-1), zb.unsqueeze(1)))
+            # state after the block = (Sb + kb^T vb, zb + sum_t kb[t])
+            gk[:, sl] = (torch.bmm(g_scores.transpose(1, 2), qb)
+                         .baddbmm_(vb, gS.transpose(1, 2)).add_(gz.unsqueeze(1)))
+            del g_scores
+            scores = torch.bmm(qb, kb.transpose(1, 2)).masked_fill_(mask_out, 0.0)
+            gv[:, sl] = torch.bmm(scores.transpose(1, 2), g_num).baddbmm_(kb, gS)
+            del scores
+            gS = torch.baddbmm(gS, qb.transpose(1, 2), g_num)
+            gz = gz + torch.bmm(qb.transpose(1, 2), g_den.unsqueeze(-1)).squeeze(-1)
+        return gq, gk, gv, gS, gz, None
+
+
+def chunked_attention(q: Tensor, k: Tensor, v: Tensor, S0: Tensor, z0: Tensor,
+                      block: int = CHUNK_BLOCK):
+    """Blockwise kernel: masked scores inside a block, running (S, z) between blocks.
+
+    A python loop over the C / block blocks (never over positions); every step is a batched
+    matmul over the G groups, forward and (hand-written) backward. Measured on CPU, the loop
+    beats building all block states at once with a cumsum over blocks, and the hand-written
+    backward beats autograd's in time and peak memory. Differentiable once (no double
+    backward).
+    """
+    if block < 1:
+        raise ValueError(f"chunked attention: block must be >= 1, got {block}")
+    return _ChunkedAttention.apply(q, k, v, S0, z0, block)
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry and run-time choice.
+
+_BUILTIN_KERNELS: dict = {
+    "einsum": einsum_attention,
+    "cumsum": cumsum_attention,
+    "chunked": chunked_attention,
+}
+_kernels: dict = dict(_BUILTIN_KERNELS)
+ATTENTION_IMPLS: Tuple[str, ...] = tuple(_kernels)  # rebuilt when a kernel is (un)registered
+
+_explicit_choice: Optional[str] = None  # set_attention_impl(name)
+_env_choice: Optional[str] = None  # FRACTUS_ATTN_IMPL, read lazily once
+_env_read = False
+
+
+def _unknown(name: object, source: str) -> ValueError:
+    return ValueError(f"unknown attention impl {name!r} ({source}); "
+                      f"expected one of: {', '.join(ATTENTION_IMPLS)}")
+
+
+def _refresh_names() -> None:
+    global ATTENTION_IMPLS
+    ATTENTION_IMPLS = tuple(_kernels)
+
+
+def register_attention_impl(name: str, fn: Kernel) -> None:
+    """Make `fn(q, k, v, S0, z0) -> (y, S, z)` selectable as `name` (re-registering replaces)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"attention impl name must be a non-empty string, got {name!r}")
+    if name in _BUILTIN_KERNELS:
+        raise ValueError(f"attention impl {name!r} is built in and cannot be replaced")
+    if not callable(fn):
+        raise ValueError(f"attention impl {name!r}: expected a callable kernel, got {type(fn)}")
+    _kernels[name] = fn
+    _refresh_names()
+
+
+def unregister_attention_impl(name: str) -> None:
+    """Remove a registered kernel; a global choice that named it returns to automatic."""
+    global _explicit_choice, _env_choice, _env_read
+    if name in _BUILTIN_KERNELS:
+        raise ValueError(f"attention impl {name!r} is built in and cannot be removed")
+    if name not in _kernels:
+        raise _unknown(name, "unregister_attention_impl")
+    del _kernels[name]
+    _refresh_names()
+    if _explicit_choice == name:
+        _explicit_choice = None
+    if _env_choice == name:
+        _env_choice, _env_read = None, False
+
+
+def set_attention_impl(name: Optional[str]) -> None:
+    """Choose the kernel for every later call with impl=None.
+
+    None returns to automatic: FRACTUS_ATTN_IMPL (read again at the next use), else the device
+    default.
+    """
+    global _explicit_choice, _env_choice, _env_read
+    if name is None:
+        _explicit_choice, _env_choice, _env_read = None, None, False
+        return
+    if name not in _kernels:
+        raise _unknown(name, "set_attention_impl")
+    _explicit_choice = name
+
+
+@contextlib.contextmanager
+def use_attention_impl(name: str) -> Iterator[None]:
+    """Use `name` for impl=None inside the block, then restore the previous choice exactly
+    (an automatic choice stays automatic)."""
+    global _explicit_choice
+    saved = _explicit_choice
+    set_attention_impl(name)
+    try:
+        yield
+    finally:
+        _explicit_choice = saved
+
+
+def _default_for(device_type: str) -> str:
+    # Measured: on CPU the prefix sums are the user's validated default; on CUDA the blocked
+    # kernel is both the fastest and the only memory-flat one.
+    return "chunked" if device_type == "cuda" else "cumsum"
+
+
+def get_attention_impl(device: Union[str, torch.device, None] = None) -> str:
+    """The kernel that impl=None uses on `device` (default: cuda if available, else cpu)."""
+    global _env_choice, _env_read
+    if _explicit_choice is not None:
+        return _explicit_choice
+    if not _env_read:
+        value = os.environ.get(ENV_VAR, "").strip()
+        if value and value not in _kernels:
+            raise _unknown(value, f"environment variable {ENV_VAR}")
+        _env_choice, _env_read = (value or None), True
+    if _env_choice is not None:
+        return _env_choice
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return _default_for(torch.device(device).type)
+
+
+# ---------------------------------------------------------------------------------------------
+# Functional entry point.
+
+def _shape(t: Tensor) -> str:
+    return "(" + ", ".join(str(s) for s in t.shape) + ")"
+
+
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor, carry: Optional[Sequence[Tensor]]) -> None:
+    named = [("q", q), ("k", k), ("v", v)]
+    if carry is not None:
+        if not isinstance(carry, (tuple, list)) or len(carry) != 2:
+            raise ValueError(f"linear_attention: carry must be None or a pair (S0, z0), "
+                             f"got {type(carry).__name__}")
+        named += [("carry S0", carry[0]), ("carry z0", carry[1])]
+    for name, t in named:
+        if not isinstance(t, Tensor):
+            raise ValueError(f"linear_attention: {name} must be a tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise ValueError(f"linear_attention: {name} must be floating point, got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"linear_attention: {name} is on {t.device}, expected {q.device} "
+                             f"(the device of q)")
+    if q.dim() != 3 or q.shape[1] < 1:
+        raise ValueError(f"linear_attention: expected q of shape (G, C, D) with C >= 1, "
+                         f"got {_shape(q)}")
+    G, C, D = q.shape
+    expected = {"k": (G, C, D), "v": (G, C, D), "carry S0": (G, D, D), "carry z0": (G, D)}
+    for name, t in named[1:]:
+        if tuple(t.shape) != expected[name]:
+            raise ValueError(f"linear_attention: expected {name} of shape {expected[name]} "
+                             f"(q is (G, C, D) = {(G, C, D)}), got {_shape(t)}")
+
+
+def _check_outputs(name: str, y: Tensor, S: Tensor, z: Tensor, q: Tensor) -> None:
+    # Guards registered kernels; shape checks only, so no device sync.
+    G, C, D = q.shape
+    for what, t, want in (("y", y, (G, C, D)), ("S", S, (G, D, D)), ("z", z, (G, D))):
+        if tuple(t.shape) != want:
+            raise ValueError(f"attention impl {name!r} returned {what} of shape {_shape(t)}, "
+                             f"expected {want}")
+
+
+def linear_attention(q: Tensor, k: Tensor, v: Tensor, carry: Optional[Carry] = None,
+                     impl: Optional[str] = None) -> Tuple[Tensor, Carry]:
+    """Causal inclusive linear attention on (G, C, D) tensors -> (y, (S, z)), state carry included.
+
+    `impl` None uses the global choice (set_attention_impl, FRACTUS_ATTN_IMPL, device default).
+    Raises ValueError, before any computation, on an unknown impl or on bad shapes/dtypes.
+    Gradients flow to q, k, v and to the carry.
+    """
+    if impl is None:
+        impl = get_attention_impl(q.device if isinstance(q, Tensor) else None)
+    elif impl not in _kernels:
+        raise _unknown(impl, "impl=")
+    kernel = _kernels[impl]
+    _check_inputs(q, k, v, carry)
+
+    out_dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+    compute_dtype = out_dtype
+    if carry is not None:
+        for t in carry:
+            compute_dtype = torch.promote_types(compute_dtype, t.dtype)
+    if compute_dtype in (torch.float16, torch.bfloat16):
+        compute_dtype = torch.float32  # long sums in half precision lose the small terms
+
+    G, C, D = q.shape
+    if carry is None:
+        S0 = q.new_zeros((G, D, D), dtype=compute_dtype)
+        z0 = q.new_zeros((G, D), dtype=compute_dtype)
+    else:
+        S0, z0 = carry[0].to(compute_dtype), carry[1].to(compute_dtype)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        y, S, z = kernel(q.to(compute_dtype), k.to(compute_dtype), v.to(compute_dtype), S0, z0)
+    _check_outputs(impl, y, S, z, q)
+    return y.to(out_dtype), (S, z)
