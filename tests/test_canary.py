@@ -8,21 +8,20 @@ launcher does). Each canary then runs two real workers from that checkpoint.
 import hashlib
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
-from fractus.data import synth
 from launcher.canary import (SCRATCH_DIR, CanarySettings, Tolerance, compare_approximate,
                              compare_exact, load_canary_settings, run_canary)
 from launcher.criteria import Criteria
 from launcher.errors import UserError
-from launcher.manifest import apply_checkpoint, read_manifest, write_manifest
-from launcher.podconfig import Slot, init_pod, load_config
-from launcher.stages import load_stages
-from launcher.workers import WorkerSpec, build_env, metrics_path, read_records, worker_command
+from launcher.manifest import read_manifest
+from launcher.podconfig import load_config
+from launcher.workers import read_records
+
+from tests.support.pods import stage1_pod
 
 STEPS = 4
 
@@ -49,19 +48,7 @@ attention.register_attention_impl("halfcarry", half_carry_normaliser)
 
 @pytest.fixture(scope="module")
 def pod(tmp_path_factory) -> Path:
-    pod = tmp_path_factory.mktemp("pod")
-    init_pod(pod, "tiny-cpu")
-    config = load_config(pod)
-    synth(pod / "data", shards=1, tokens=20_000, vocab=512, seed=0)
-    stages = load_stages(pod / config.stages)
-    env = build_env(config, WorkerSpec(Slot(0, "cpu"), stages[1].settings, max_steps=3))
-    subprocess.run(worker_command(config), cwd=pod, env=env, check=True, capture_output=True,
-                   timeout=120)
-    event = [r for r in read_records(pod / metrics_path(0)) if r.get("event") == "checkpoint"][-1]
-    manifest = read_manifest(pod / config.manifest)
-    apply_checkpoint(manifest, 0, event, 1, pod, config.shard_path(0))
-    write_manifest(manifest)
-    return pod
+    return stage1_pod(tmp_path_factory.mktemp("pod"))
 
 
 def snapshot(pod: Path) -> dict:

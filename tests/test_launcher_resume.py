@@ -5,7 +5,6 @@ manifest refuses the launch with nothing started.
 Shares the pod helpers of tests/test_launcher_e2e.py (real launcher, real tiny CPU workers).
 """
 
-import json
 import os
 import subprocess
 import sys

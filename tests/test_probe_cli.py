@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from fractus.data import synth
 from fractus.eval.probe import probe_checkpoint
-from launcher.manifest import apply_checkpoint, read_manifest, write_manifest
-from launcher.podconfig import Slot, init_pod, load_config
-from launcher.stages import load_stages
-from launcher.workers import WorkerSpec, build_env, metrics_path, read_records, worker_command
+from launcher.manifest import read_manifest
+from launcher.podconfig import load_config
+
+from tests.support.pods import stage1_pod
 
 REPO = Path(__file__).resolve().parents[1]
 NUMBERS = ("ar", "ar_acc", "cold_tf", "start", "rows", "next_token")
@@ -31,19 +30,7 @@ def fractus_pod(pod: Path, *args: str):
 
 @pytest.fixture(scope="module")
 def pod(tmp_path_factory) -> Path:
-    pod = tmp_path_factory.mktemp("pod")
-    init_pod(pod, "tiny-cpu")
-    config = load_config(pod)
-    synth(pod / "data", shards=1, tokens=20_000, vocab=512, seed=0)
-    stages = load_stages(pod / config.stages)
-    env = build_env(config, WorkerSpec(Slot(0, "cpu"), stages[1].settings, max_steps=3))
-    subprocess.run(worker_command(config), cwd=pod, env=env, check=True, capture_output=True,
-                   timeout=120)
-    event = [r for r in read_records(pod / metrics_path(0)) if r.get("event") == "checkpoint"][-1]
-    manifest = read_manifest(pod / config.manifest)
-    apply_checkpoint(manifest, 0, event, 1, pod, config.shard_path(0))
-    write_manifest(manifest)
-    return pod
+    return stage1_pod(tmp_path_factory.mktemp("pod"))
 
 
 def probe_json(pod: Path, *args: str) -> dict:

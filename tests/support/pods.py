@@ -1,0 +1,31 @@
+"""A tiny CPU pod trained for a few steps at stage 1 by the real worker, for launcher tests.
+
+`init --preset tiny-cpu`, one synthetic shard, `steps` steps of stage 1, and the manifest
+written from the worker's last checkpoint event, as the launcher does.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from fractus.data import synth
+from launcher.manifest import apply_checkpoint, read_manifest, write_manifest
+from launcher.podconfig import Slot, init_pod, load_config
+from launcher.stages import load_stages
+from launcher.workers import WorkerSpec, build_env, metrics_path, read_records, worker_command
+
+
+def stage1_pod(pod: Path, steps: int = 3) -> Path:
+    init_pod(pod, "tiny-cpu")
+    config = load_config(pod)
+    synth(pod / "data", shards=1, tokens=20_000, vocab=512, seed=0)
+    stages = load_stages(pod / config.stages)
+    env = build_env(config, WorkerSpec(Slot(0, "cpu"), stages[1].settings, max_steps=steps))
+    subprocess.run(worker_command(config), cwd=pod, env=env, check=True, capture_output=True,
+                   timeout=120)
+    event = [r for r in read_records(pod / metrics_path(0)) if r.get("event") == "checkpoint"][-1]
+    manifest = read_manifest(pod / config.manifest)
+    apply_checkpoint(manifest, 0, event, 1, pod, config.shard_path(0))
+    write_manifest(manifest)
+    return pod
