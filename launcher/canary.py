@@ -32,8 +32,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import yaml
-
 from launcher.criteria import Criteria, parse_criteria
 from launcher.errors import UserError
 from launcher.health import FAILED, INCONCLUSIVE, SUCCESSFUL, analyze
@@ -41,6 +39,7 @@ from launcher.manifest import read_manifest
 from launcher.podconfig import PodConfig, Slot, load_config, parse_devices
 from launcher.stages import Stage, get_stage, load_stages
 from launcher.workers import WorkerSpec, build_env, read_records, worker_command
+from launcher.yamlfile import read_yaml
 
 SCRATCH_DIR = "scratch/canary"   # under the pod directory; never the canonical checkpoints
 KEEP_RUNS = 5                    # canary run directories kept (metrics + logs, no weights)
@@ -69,12 +68,7 @@ class CanarySettings:
 def load_canary_settings(criteria_path: str | Path) -> tuple[CanarySettings, Criteria]:
     """The `canary:` section (defaults for what is missing) and the health-check criteria."""
     path = Path(criteria_path)
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except FileNotFoundError:
-        raise UserError(f"criteria file not found: {path}") from None
-    except yaml.YAMLError as exc:
-        raise UserError(f"{path}: invalid YAML ({str(exc).splitlines()[0]})") from None
+    data = read_yaml(path, "criteria file") or {}
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a mapping")
     criteria = parse_criteria({k: v for k, v in data.items() if k in ("checks", "supervision")},

@@ -94,8 +94,14 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
     from launcher.ckpt_index import CheckpointIndex
     from launcher.events import EventLog
     from launcher.lock import PodLock
-    from launcher.prepare import (load_plan, reconcile, record_baselines, refuse_if_busy,
-                                  restore_from_hub, validate)
+    from launcher.prepare import (
+        load_plan,
+        reconcile,
+        record_baselines,
+        refuse_if_busy,
+        restore_from_hub,
+        validate,
+    )
     from launcher.stage_switch import canary_gate
     from launcher.supervisor import Supervisor
     pod_dir = _pod_dir(ctx)

@@ -12,9 +12,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from launcher.errors import UserError
+from launcher.yamlfile import read_yaml
 
 
 @dataclass(frozen=True)
@@ -145,11 +144,4 @@ def parse_criteria(data: dict, source: str = "criteria") -> Criteria:
 
 
 def load_criteria(path: str | Path) -> Criteria:
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"criteria file not found: {path}") from None
-    except yaml.YAMLError as exc:
-        raise UserError(f"{path}: invalid YAML ({str(exc).splitlines()[0]})") from None
-    return parse_criteria(data, str(path))
+    return parse_criteria(read_yaml(path, "criteria file"), str(path))

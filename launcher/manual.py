@@ -10,7 +10,12 @@ from launcher.ckpt_index import FAILED, CheckpointIndex
 from launcher.errors import UserError
 from launcher.events import EventLog
 from launcher.lock import PodLock, read_holder
-from launcher.manifest import apply_rollback, atomic_write_text, read_manifest, write_manifest
+from launcher.manifest import (
+    apply_rollback,
+    atomic_write_text,
+    read_manifest,
+    write_manifest,
+)
 from launcher.podconfig import load_config, parse_devices
 from launcher.stages import get_stage, load_stages
 from launcher.state import write_rollback_request
@@ -120,8 +125,12 @@ def probe_pod(pod_dir: Path, gpu: int | None = None, checkpoint: str | None = No
     """Probe GPU `gpu`'s newest checkpoint on its shard (or `checkpoint` on `shard`) in a
     child process, and judge it against `baseline_ar`, else the baseline recorded for the
     GPU's stage. Returns the probe's numbers plus what was probed and the verdict."""
-    from launcher.probe_check import (ProbeUnavailable, load_probe_tolerance, probe_verdict,
-                                      run_probe_process)
+    from launcher.probe_check import (
+        ProbeUnavailable,
+        load_probe_tolerance,
+        probe_verdict,
+        run_probe_process,
+    )
     config = load_config(pod_dir)
     gpu, stage, ckpt_path, shard_path = _probe_files(pod_dir, config, gpu, checkpoint, shard)
     if record_baseline and stage is None:

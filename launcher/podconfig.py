@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from launcher.errors import UserError
+from launcher.yamlfile import read_yaml
 
 CONFIG_NAME = "fractus-pod.yaml"
 # The repository's manifests/ directory: the default stage and criteria files.
@@ -159,10 +160,7 @@ def load_config(pod_dir: Path) -> PodConfig:
     path = pod_dir / CONFIG_NAME
     if not path.is_file():
         raise UserError(f"no {CONFIG_NAME} in {pod_dir}: run `fractus-pod init` first")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise UserError(f"{path}: invalid YAML ({str(exc).splitlines()[0]})") from None
+    data = read_yaml(path, "pod config") or {}
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a mapping of settings")
     _check_types(data, str(path))

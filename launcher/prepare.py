@@ -16,8 +16,15 @@ from launcher.ckpt_index import PASSED, CheckpointIndex, sha256_file
 from launcher.criteria import Criteria, load_criteria
 from launcher.errors import PodBusy, UserError
 from launcher.events import EventLog
-from launcher.manifest import (Manifest, ManifestError, apply_checkpoint, read_manifest,
-                               relative_to_pod, validate_for_launch, write_manifest)
+from launcher.manifest import (
+    Manifest,
+    ManifestError,
+    apply_checkpoint,
+    read_manifest,
+    relative_to_pod,
+    validate_for_launch,
+    write_manifest,
+)
 from launcher.podconfig import PodConfig, Slot, load_config, parse_devices
 from launcher.stages import Stage, get_stage, load_stages
 from launcher.workers import busy_cuda_gpus, metrics_path, read_records, running_workers

@@ -24,10 +24,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from launcher.errors import UserError
 from launcher.health import FAILED, INCONCLUSIVE, SUCCESSFUL
+from launcher.yamlfile import read_yaml
 
 
 @dataclass(frozen=True)
@@ -59,12 +58,7 @@ _SCHEDULE_KEYS = {"every": int, "parallel": int, "timeout_s": float}
 
 def _probe_section(criteria_path: str | Path) -> tuple[Path, dict]:
     path = Path(criteria_path)
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except FileNotFoundError:
-        raise UserError(f"criteria file not found: {path}") from None
-    except yaml.YAMLError as exc:
-        raise UserError(f"{path}: invalid YAML ({str(exc).splitlines()[0]})") from None
+    data = read_yaml(path, "criteria file") or {}
     section = (data.get("probe") if isinstance(data, dict) else None) or {}
     if not isinstance(section, dict) or set(section) - _TOLERANCE_KEYS - set(_SCHEDULE_KEYS):
         raise UserError(f"{path}: probe: expected keys from "

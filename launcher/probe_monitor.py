@@ -35,10 +35,23 @@ from pathlib import Path
 
 from launcher.ckpt_index import FAILED as CK_FAILED
 from launcher.criteria import CheckSpec
-from launcher.health import FAILED, INCONCLUSIVE, SUCCESSFUL, CheckState, GpuHealth, Measurement
-from launcher.probe_check import (ProbeSchedule, ProbeTolerance, ProbeUnavailable,
-                                  load_probe_schedule, load_probe_tolerance, probe_verdict,
-                                  run_probe_process)
+from launcher.health import (
+    FAILED,
+    INCONCLUSIVE,
+    SUCCESSFUL,
+    CheckState,
+    GpuHealth,
+    Measurement,
+)
+from launcher.probe_check import (
+    ProbeSchedule,
+    ProbeTolerance,
+    ProbeUnavailable,
+    load_probe_schedule,
+    load_probe_tolerance,
+    probe_verdict,
+    run_probe_process,
+)
 
 BASELINE = "baseline"          # an outcome that set the baseline (no verdict)
 CHECK_NAME = "probe"           # its name among the GPU's health checks

@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from launcher.errors import UserError
+from launcher.yamlfile import read_yaml
 
 
 @dataclass(frozen=True)
@@ -74,14 +73,7 @@ def _env_value(value) -> str:
 
 
 def load_stages(path: str | Path) -> dict[int, Stage]:
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"stages file not found: {path}") from None
-    except yaml.YAMLError as exc:
-        raise UserError(f"{path}: invalid YAML ({str(exc).splitlines()[0]})") from None
-    return parse_stages(data, str(path))
+    return parse_stages(read_yaml(path, "stages file"), str(path))
 
 
 def get_stage(stages: dict[int, Stage], number: int) -> Stage:

@@ -33,14 +33,27 @@ from launcher.ckpt_index import PASSED as CK_PASSED
 from launcher.ckpt_index import CheckpointIndex
 from launcher.events import EventLog
 from launcher.health import FAILED, INCONCLUSIVE, SUCCESSFUL, GpuHealth
-from launcher.manifest import (BackwardsError, Manifest, apply_checkpoint, apply_rollback,
-                               relative_to_pod, write_manifest)
+from launcher.manifest import (
+    BackwardsError,
+    Manifest,
+    apply_checkpoint,
+    apply_rollback,
+    relative_to_pod,
+    write_manifest,
+)
 from launcher.podconfig import Slot
 from launcher.prepare import LaunchPlan
 from launcher.probe_monitor import ProbeMonitor, apply_outcome
 from launcher.state import write_pod_state
 from launcher.sync import HubSync
-from launcher.workers import MetricsTail, WorkerSpec, kill, metrics_path, spawn, terminate
+from launcher.workers import (
+    MetricsTail,
+    WorkerSpec,
+    kill,
+    metrics_path,
+    spawn,
+    terminate,
+)
 
 RUNNING, BACKOFF, DONE, STOPPED, GPU_FAILED = "running", "backoff", "done", "stopped", "failed"
 ROLLBACK_REQUEST = "logs/rollback_request.json"

@@ -15,7 +15,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from .integrity import INDEX_PATH, SCRATCH_DIR, FileEntry, HubError, confine, matches, pod_relpath
+from .integrity import (
+    INDEX_PATH,
+    SCRATCH_DIR,
+    FileEntry,
+    HubError,
+    confine,
+    matches,
+    pod_relpath,
+)
 from .retry import RetryPolicy
 
 log = logging.getLogger(__name__)
