@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from fractus.continuous_engine import ContinuousThoughtEngine
-from fractus.nn.attention import get_attention_impl, set_attention_impl
+from fractus.nn.attention import use_attention_impl
 from tests.support.branch_pinning import pinned_branches
 
 VARIANTS = ["lowrank_sparse", "lowrank_dense", "three_levels"]
@@ -22,10 +22,8 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.fixture
 def kernel(request):
-    previous = get_attention_impl()
-    set_attention_impl(request.param)
-    yield request.param
-    set_attention_impl(previous)
+    with use_attention_impl(request.param):
+        yield request.param
 
 
 def load_fixture(legacy_fixture_dir, variant):
@@ -80,9 +78,7 @@ def test_fixture_without_pinning_differs_only_by_the_noise_branch(legacy_fixture
     einsum kernel disagrees with its fixture somewhere, and in the first block (whose input
     does not depend on routing) only oscillator 0 is ever off, by the damping step
     dt*0.01*2*pi."""
-    previous = get_attention_impl()
-    set_attention_impl("einsum")
-    try:
+    with use_attention_impl("einsum"):
         fx = load_fixture(legacy_fixture_dir, "lowrank_sparse")
         model = ContinuousThoughtEngine.from_checkpoint(fx["checkpoint"])
         model.set_gate_temperature(fx["gate_temp"])
@@ -96,5 +92,3 @@ def test_fixture_without_pinning_differs_only_by_the_noise_branch(legacy_fixture
         assert (off > 1e-3).any()
         step = 0.1 * 0.01 * 2 * torch.pi
         assert torch.all((off < 1e-3) | ((off - step).abs() < 5e-4))
-    finally:
-        set_attention_impl(previous)
