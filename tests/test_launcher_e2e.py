@@ -165,6 +165,8 @@ def test_nan_on_one_gpu_rolls_it_back_and_the_pod_to_previous_stage(tmp_path, la
     # GPU 1 trains again at stage 2 from the restored checkpoint; GPU 0 kept its progress.
     wait_for(lambda: [c for c in worker_records(pod, 1, "checkpoint") if c["ts"] > restarted_at],
              90, "a stage-2 checkpoint on GPU 1")
+    wait_for(lambda: [s for s in worker_records(pod, 0, "start") if s["ts"] > restarted_at],
+             90, "GPU 0 restarted at stage 2")
     os.killpg(launcher.proc.pid, signal.SIGTERM)
     assert launcher.wait(60) == 0, launcher.output()
 
