@@ -21,7 +21,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -134,16 +133,7 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> 
 
 def write_json_atomic(path: os.PathLike, obj: object) -> None:
     """Write JSON to `path` atomically: temp file in the same folder, fsync, os.replace."""
+    from launcher.manifest import atomic_write_text  # one atomic writer (temp, fsync, rename)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
