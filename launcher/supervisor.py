@@ -214,8 +214,11 @@ class Supervisor:
         gpu = run.slot.gpu
         rel = relative_to_pod(event["path"], self.pod_dir)
         record = self.index.add(gpu, event, self.stage, rel)
-        if run.health.failed() or event.get("ema_tf") is None:
+        if run.health.failed():
             self.index.mark(gpu, record["sha256"], CK_FAILED, "written after its GPU failed")
+            return
+        if event.get("ema_tf") is None:   # stopped before its first step: nothing to resume
+            self.index.mark(gpu, record["sha256"], CK_FAILED, "no training step behind it")
             return
         try:
             changed = apply_checkpoint(self.manifest, gpu, event, self.stage, self.pod_dir,

@@ -82,7 +82,13 @@ def test_failure_at_stage_1_stops_the_pod_failed_without_rollback(tmp_path, laun
     # GPU 0 keeps its last good resume point; GPU 1 stopped gracefully with a checkpoint.
     manifest = manifest_json(pod)
     assert manifest["gpu_0"]["start_token"] == 5 * TOKENS_PER_STEP
-    assert manifest["gpu_1"]["start_token"] == worker_records(pod, 1, "checkpoint")[-1]["next_token"]
+    # Under load GPU 1 may still be starting when GPU 0 fails: a stop before its first step
+    # leaves nothing to resume from, so the manifest must not invent an entry for it.
+    trained = [c for c in worker_records(pod, 1, "checkpoint") if c.get("ema_tf") is not None]
+    if trained:
+        assert manifest["gpu_1"]["start_token"] == trained[-1]["next_token"]
+    else:
+        assert "gpu_1" not in manifest
     status = subprocess.run([sys.executable, "-m", "launcher.cli", "--pod-dir", str(pod),
                              "status", "--json"], cwd=REPO, capture_output=True, text=True,
                             timeout=60)
