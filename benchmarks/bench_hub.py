@@ -1,12 +1,16 @@
 """Checkpoint store throughput against the test hub on loopback, and the merge's peak memory.
 
-    python benchmarks/bench_hub.py [--size-mb 1024] [--merge-gpus 8 --merge-size-mb 256]
+    python benchmarks/bench_hub.py [--size-mb 1024 --rounds 3] [--merge-gpus 8 --merge-size-mb 256]
 
-Hub part: one file of --size-mb random bytes is pushed through `hf://` (HfApi: sha256, LFS
-batch, PUT, verify, one commit) to the test hub running in its own process, then pulled into
-an empty pod (HEAD, GET, sha256 check, fsync, rename). Both are set next to a plain
-`shutil.copyfile` of the same bytes (and a copy + fsync, the durable copy a pull also makes),
-and next to sha256 alone: every verified transfer hashes the bytes at least once.
+Hub part: one file of --size-mb random bytes is pushed through `hf://` (HfApi: LFS batch,
+PUT, verify, one commit) to the test hub running in its own process, then pulled into an
+empty pod (HEAD, GET, sha256 check, fsync, rename). Side by side, in interleaved rounds:
+a plain `shutil.copyfile` of the same bytes, a copy + fsync (the durable copy a pull also
+makes), sha256 alone (every verified transfer hashes each byte at least once), and the
+client's bare transport: one PUT and one GET of the same bytes through huggingface_hub's own
+HTTP session with no hashing or commit, the floor under any transfer through the client.
+Pushes come in two kinds: with the checkpoint's recorded sha256 (what the sync sends: the
+check runs beside the upload) and with none (hashed first: LFS names objects by sha256).
 
 Merge part: --merge-gpus synthetic float32 checkpoints of --merge-size-mb each are merged in
 a child process whose RSS is sampled every 2 ms; the peak above its RSS after imports is
@@ -74,7 +78,35 @@ def _start_hub(root: Path) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("test hub did not start")
 
 
-def bench_hub(size_mb: int, work: Path) -> None:
+def _mark(path: Path, tag: int) -> str:
+    """Give the file new bytes (its first 8) so the hub cannot deduplicate it; its sha256."""
+    with open(path, "r+b") as f:
+        f.write(tag.to_bytes(8, "little"))
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _client_get(url: str, dest: Path) -> None:
+    """The bytes of one file through huggingface_hub's own HTTP session, written, no checks:
+    what any download through the client costs at least."""
+    from huggingface_hub.utils import build_hf_headers, get_session
+    with get_session().stream("GET", url, headers=build_hf_headers()) as response, \
+            open(dest, "wb") as f:
+        response.raise_for_status()
+        for chunk in response.iter_bytes(10 * MB):
+            f.write(chunk)
+
+
+def _client_put(url: str, src: Path) -> None:
+    """One LFS upload through the client's HTTP session, as `preupload_lfs_files` sends it."""
+    from huggingface_hub.utils import build_hf_headers, get_session
+    with open(src, "rb") as f:
+        get_session().put(url, content=f, headers=build_hf_headers()).raise_for_status()
+
+
+def bench_hub(size_mb: int, work: Path, rounds: int) -> None:
+    """Every measurement once per round, interleaved, so page-cache and machine noise fall on
+    all of them alike; the median of the rounds is reported."""
     from launcher.hub import open_store
 
     pod = work / "pod"
@@ -82,35 +114,51 @@ def bench_hub(size_mb: int, work: Path) -> None:
     src = pod / rel
     src.parent.mkdir(parents=True)
     _random_file(src, size_mb)
+    times: dict[str, list[float]] = {}
 
-    t_copy = _timed(lambda: shutil.copyfile(src, work / "copy.bin"))
-    t_copy_sync = _timed(lambda: _copy_durable(src, work / "copy_sync.bin"))
-    t_hash = _timed(lambda: hashlib.file_digest(open(src, "rb"), "sha256"))
-    (work / "copy.bin").unlink()
-    (work / "copy_sync.bin").unlink()
+    def measure(name: str, fn) -> None:
+        times.setdefault(name, []).append(_timed(fn))
 
     proc, url = _start_hub(work / "hub")
     try:
         store = open_store("hf://bench/run", pod, endpoint=url)
-        t_push = _timed(lambda: store.push([rel], "bench push"))
-        fresh = work / "fresh_pod"
-        t_pull = _timed(lambda: open_store("hf://bench/run", fresh, endpoint=url).pull([rel]))
-        assert (fresh / rel).stat().st_size == size_mb * MB
+        store.push([rel], "bench: create the repo")
+        for r in range(rounds):
+            measure("shutil.copyfile", lambda: shutil.copyfile(src, work / "copy.bin"))
+            measure("copy + fsync", lambda: _copy_durable(src, work / "copy_sync.bin"))
+            measure("sha256 alone", lambda: hashlib.file_digest(open(src, "rb"), "sha256"))
+            (work / "copy.bin").unlink()
+            (work / "copy_sync.bin").unlink()
+
+            oid = _mark(src, 3 * r + 1)   # raw client transport: no hashing, no commit
+            measure("client PUT, bytes only", lambda: _client_put(f"{url}/_lfs/{oid}", src))
+            sha = _mark(src, 3 * r + 2)
+            measure("push, hash recorded (sync)",
+                    lambda: store.push([rel], "bench push", expected={rel: sha}))
+            _mark(src, 3 * r + 3)
+            measure("push, hash unknown", lambda: store.push([rel], "bench push"))
+            rev = store.head()
+            measure("client GET, bytes only",
+                    lambda: _client_get(f"{url}/bench/run/resolve/{rev}/{rel}", work / "get.bin"))
+            (work / "get.bin").unlink()
+            fresh = work / "fresh_pod"
+            measure("pull (verified, durable)",
+                    lambda: open_store("hf://bench/run", fresh, endpoint=url).pull([rel]))
+            assert (fresh / rel).stat().st_size == size_mb * MB
+            shutil.rmtree(fresh)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
 
-    def rate(t: float) -> float:
-        return size_mb / t
-
-    print(f"hub throughput, {size_mb} MB file, test hub on loopback ({os.cpu_count()} CPUs)")
-    print(f"  shutil.copyfile        {rate(t_copy):8.0f} MB/s   ({t_copy:.2f} s)")
-    print(f"  copy + fsync           {rate(t_copy_sync):8.0f} MB/s   ({t_copy_sync:.2f} s)")
-    print(f"  sha256 alone           {rate(t_hash):8.0f} MB/s   ({t_hash:.2f} s)")
-    print(f"  push (hf://, 1 commit) {rate(t_push):8.0f} MB/s   ({t_push:.2f} s)"
-          f"   = {t_copy / t_push:.2f} x copy, {t_copy_sync / t_push:.2f} x copy+fsync")
-    print(f"  pull (verified)        {rate(t_pull):8.0f} MB/s   ({t_pull:.2f} s)"
-          f"   = {t_copy / t_pull:.2f} x copy, {t_copy_sync / t_pull:.2f} x copy+fsync")
+    median = {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
+    copy, durable = median["shutil.copyfile"], median["copy + fsync"]
+    print(f"hub throughput, {size_mb} MB file, test hub on loopback ({os.cpu_count()} CPUs), "
+          f"median of {rounds} interleaved rounds")
+    print(f"  {'':28s} {'MB/s':>7s} {'s':>6s} {'x copy':>7s} {'x copy+fsync':>13s}   all rounds (s)")
+    for name, t in median.items():
+        rounds_s = " ".join(f"{x:.2f}" for x in times[name])
+        print(f"  {name:28s} {size_mb / t:7.0f} {t:6.2f} {copy / t:7.2f} {durable / t:13.2f}"
+              f"   {rounds_s}")
 
 
 _MERGE_CHILD = """
@@ -174,6 +222,7 @@ def bench_merge(n_gpus: int, size_mb: int, work: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-mb", type=int, default=1024, help="size of the pushed/pulled file")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the hub part")
     parser.add_argument("--merge-gpus", type=int, default=8)
     parser.add_argument("--merge-size-mb", type=int, default=256, help="size of each merged checkpoint")
     parser.add_argument("--only", choices=["hub", "merge"], default=None)
@@ -183,7 +232,7 @@ def main() -> None:
         work = Path(tmp)
         if args.only in (None, "hub"):
             (work / "hub_bench").mkdir()
-            bench_hub(args.size_mb, work / "hub_bench")
+            bench_hub(args.size_mb, work / "hub_bench", args.rounds)
             shutil.rmtree(work / "hub_bench")
         if args.only in (None, "merge"):
             (work / "merge_bench").mkdir()

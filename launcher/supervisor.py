@@ -92,6 +92,7 @@ class Supervisor:
         self.announced: str | None = None
         self.reason = ""
         self._state_written = 0.0
+        self.finishing = self.abandon_sync = False
         # ValueError for a malformed hub URL: the CLI reports it before anything starts.
         self.sync = (HubSync(self.pod_dir, plan.config, manifest, index, events)
                      if plan.config.hub else None)
@@ -122,11 +123,14 @@ class Supervisor:
         self._write_state(force=True)
         if self.probes is not None:
             self.probes.close()
-        if self.sync is not None:
-            self.sync.finish()       # the end of a run is pushed, whatever ended it
+        if self.sync is not None:     # the end of a run is pushed, whatever ended it
+            self.finishing = True
+            self.sync.finish(abandoned=lambda: self.abandon_sync)
         return self.exit_code
 
     def _on_signal(self, signum, frame) -> None:
+        if self.finishing:           # a signal during the final push: give that push up
+            self.abandon_sync = True
         self.stop_reason = f"{signal.Signals(signum).name} received"
 
     def _start_all(self) -> None:

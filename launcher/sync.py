@@ -24,13 +24,15 @@ import json
 import os
 import re
 import shutil
+import sys
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
-from launcher.ckpt_index import CheckpointIndex, sha256_file
+from launcher.ckpt_index import CheckpointIndex
 from launcher.events import EventLog
 from launcher.manifest import Manifest, atomic_write_text, write_manifest
 from launcher.podconfig import CONFIG_NAME, PodConfig
@@ -160,13 +162,8 @@ def take_snapshot(pod_dir: Path, config: PodConfig, manifest: Manifest,
 def send(store, snap: Snapshot, message: str) -> str:
     """Verify the snapshot's checkpoints, write its manifest, merge if asked, push: one
     revision. Runs off the supervision loop. Raises HubError (or OSError) on failure."""
-    from launcher.hub import IntegrityError
     for src, dest in snap.copies.items():
         shutil.copyfile(src, dest)
-    for rel, sha in snap.expected.items():
-        if sha256_file(snap.files[rel]) != sha:
-            raise IntegrityError(f"{rel}: the passed checkpoint's bytes changed on disk before "
-                                 f"they were sent; not pushed")
     manifest_file = snap.dir / "manifest.json"
     atomic_write_text(manifest_file, json.dumps(snap.manifest_doc, indent=2) + "\n")
     snap.files[snap.manifest_path] = manifest_file
@@ -175,7 +172,9 @@ def send(store, snap: Snapshot, message: str) -> str:
         checkpoints = [snap.files[path] for _, (path, _sha) in sorted(snap.pushed.items())]
         merge_checkpoints(checkpoints, snap.dir / "merged.pt")
         snap.files[MERGED_PATH] = snap.dir / "merged.pt"
-    return store.push(snap.files, message)
+    # The store checks each checkpoint against its recorded sha256 in the same read that
+    # sends it (IntegrityError, nothing committed, if the bytes changed on disk).
+    return store.push(snap.files, message, expected=snap.expected)
 
 
 def record_revision(manifest: Manifest, snap: Snapshot, revision: str) -> list[int]:
@@ -229,19 +228,37 @@ class HubSync:
             self.next_due = time.monotonic() + self.settings.interval_s
             self._start("interval")
 
-    def finish(self) -> None:
-        """The launcher is ending: wait for a push in flight, then push once more."""
-        if self._thread is not None:
-            self._thread.join()
-            self._harvest()
+    def finish(self, abandoned: Callable[[], bool] = lambda: False) -> None:
+        """The launcher is ending: wait for a push in flight, then push once more. A dead hub
+        can hold this for minutes of retries; when `abandoned()` turns true (a second
+        signal) the push in flight is given up, recorded as failed, and finish returns."""
+        if not self._wait(abandoned):
+            return
         self._start("stop")
         if self._thread is not None:
-            self._thread.join()
-            self._harvest()
+            print(f"fractus-pod: final push to {self.config.hub} (signal again to abandon it)",
+                  file=sys.stderr, flush=True)
+        if not self._wait(abandoned):
+            return
         try:
             (self.pod_dir / SNAPSHOT_DIR).rmdir()    # only when no other push is using it
         except OSError:
             pass
+
+    def _wait(self, abandoned: Callable[[], bool]) -> bool:
+        """Until the push in flight ends (then harvested: True) or is abandoned (False)."""
+        while self._thread is not None and self._thread.is_alive():
+            if abandoned():
+                snap, reason, started = self._job
+                error = "abandoned: a second signal arrived while it was pushing"
+                update_sync_state(self.pod_dir, in_flight=False, last_error=error,
+                                  last_error_at=time.time(), last_result="error")
+                self.events.emit("sync_failed", reason=reason, error=error, retry="none",
+                                 seconds=round(time.time() - started, 2))
+                return False      # the daemon thread dies with the process; the pod is intact
+            self._thread.join(0.2)
+        self._harvest()
+        return True
 
     def _start(self, reason: str) -> None:
         snap = take_snapshot(self.pod_dir, self.config, self.manifest, self.index,

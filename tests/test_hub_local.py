@@ -84,6 +84,18 @@ def test_push_is_one_commit_and_a_failed_push_commits_nothing(pod):
     assert store.head() == rev and len(store.history()) == 1
 
 
+def test_push_checks_recorded_hashes_in_the_copy_and_commits_nothing_on_a_mismatch(pod):
+    import hashlib
+    store = open_store("file://hub", pod)
+    _write(pod, MANIFEST, b"{}")
+    recorded = hashlib.sha256(_write(pod, CKPT, os.urandom(5000)).read_bytes()).hexdigest()
+    rev = store.push([CKPT, MANIFEST], "recorded", expected={CKPT: recorded})
+    _write(pod, CKPT, b"other bytes")
+    with pytest.raises(IntegrityError, match="changed on disk"):
+        store.push([CKPT, MANIFEST], "damaged", expected={CKPT: recorded})
+    assert store.head() == rev and len(store.history()) == 1
+
+
 def test_pull_keeps_matching_files_and_replaces_damaged_ones(pod, tmp_path):
     store = open_store("file://hub", pod)
     _write(pod, CKPT, b"good bytes")

@@ -150,3 +150,27 @@ def test_failing_hub_does_not_stop_training_and_a_later_sync_succeeds(
     assert events_of(pod, "sync_pushed")[-1]["reason"] == "stop"
     assert_no_token(pod, texts=(plain, json.dumps(as_json), json.dumps(later),
                                 launcher.output()))
+
+
+def test_second_signal_abandons_a_final_push_stuck_on_a_failing_hub(test_hub, tmp_path,
+                                                                    launchers):
+    pod = make_pod(tmp_path, criteria=FAST_PASS, hub=f"hf://{REPO_ID}",
+                   sync={"interval": 3600, "attempts": 5, "backoff_s": 1})
+    # Every commit fails: the client's own backoff and the store's retries would hold the
+    # launcher for minutes at its final push.
+    test_hub.faults.add("commit", "status", count=100_000, status=503)
+    launcher = Launcher(pod, "--stage", "1", "--max-steps", "6")
+    launchers.append(launcher)
+    wait_for(lambda: "final push" in launcher.output(), 120, "the final push to start")
+    wait_for(lambda: test_hub.routed("commit"), 30, "a commit attempt")
+    os.killpg(launcher.proc.pid, signal.SIGTERM)
+    assert launcher.wait(20) == 0, launcher.output()
+    (failed,) = events_of(pod, "sync_failed")
+    assert failed["reason"] == "stop" and "abandoned" in failed["error"]
+    state = json.loads((pod / "logs" / "sync_state.json").read_text())
+    assert state["in_flight"] is False and "abandoned" in state["last_error"]
+    manifest = manifest_json(pod)      # the pod itself is intact: resumable where it stopped
+    for gpu in (0, 1):
+        assert manifest[f"gpu_{gpu}"]["start_token"] == \
+            worker_records(pod, gpu, "checkpoint")[-1]["next_token"]
+        assert "hub_revision" not in manifest[f"gpu_{gpu}"]

@@ -194,6 +194,12 @@ def test_sync_push_sends_only_passed_checkpoints_and_launch_restores_from_hub(tm
     assert (other / "checkpoints" / "fractus_1b_gpu0.pt").read_bytes() == b"good"
     assert [e["revision"] for e in read_events(other) if e["event"] == "checkpoint_pulled"] \
         == [revision]
+    # Intact bytes stay; same-size bytes that fail their sha256 are pulled again.
+    restore_from_hub(plan, manifest, EventLog(other))
+    (other / "checkpoints" / "fractus_1b_gpu0.pt").write_bytes(b"bad!")
+    restore_from_hub(plan, manifest, EventLog(other))
+    assert (other / "checkpoints" / "fractus_1b_gpu0.pt").read_bytes() == b"good"
+    assert len([e for e in read_events(other) if e["event"] == "checkpoint_pulled"]) == 2
 
 
 def _supervisor(pod, stage):

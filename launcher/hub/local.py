@@ -24,7 +24,7 @@ import uuid
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping
 
 from .integrity import (
     FileEntry,
@@ -111,10 +111,12 @@ class FileStore(Store):
         install_copy(obj, dest, entry, f"{rel} at revision {revision[:12]}")
 
     # -- writing -------------------------------------------------------------------------
-    def push(self, files: PushFiles, message: str, *, base: str | None = None) -> str:
+    def push(self, files: PushFiles, message: str, *, base: str | None = None,
+             expected: Mapping[str, str] | None = None) -> str:
         local = self._local_files(files)
         base = self.head() if base is None else self.resolve(base)
         entries = {rel: self._store_object(path) for rel, path in local.items()}
+        self._check_expected(entries, expected)   # the copy was the one read: no commit if off
         with self._locked():
             head = self.head()
             index = self._index(head) if head else {}

@@ -20,6 +20,7 @@ from .integrity import (
     SCRATCH_DIR,
     FileEntry,
     HubError,
+    IntegrityError,
     confine,
     matches,
     pod_relpath,
@@ -48,13 +49,18 @@ class Store(ABC):
 
     # -- to implement --------------------------------------------------------------------
     @abstractmethod
-    def push(self, files: PushFiles, message: str, *, base: str | None = None) -> str:
+    def push(self, files: PushFiles, message: str, *, base: str | None = None,
+             expected: Mapping[str, str] | None = None) -> str:
         """Commit `files` (pod-relative path -> local file, or pod-relative paths) in ONE revision.
 
         `base` is the revision the caller's view of the store comes from (default: the head
         when the push starts). If another writer changed any of the pushed paths since
         `base`, PushConflict is raised and nothing is overwritten; changes to other paths
         are kept and the push is re-applied on top of them. Returns the new revision id.
+
+        `expected` maps pushed paths to the sha256 their bytes must have (a checkpoint's
+        recorded hash). Each file is read for hashing once, and a file whose bytes differ
+        raises IntegrityError with nothing committed.
         """
 
     @abstractmethod
@@ -124,6 +130,14 @@ class Store(ABC):
         if not out:
             raise ValueError("push needs at least one file")
         return out
+
+    @staticmethod
+    def _check_expected(got: Mapping[str, FileEntry], expected: Mapping[str, str] | None) -> None:
+        for rel, sha in (expected or {}).items():
+            if rel in got and got[rel].sha256 != sha:
+                raise IntegrityError(
+                    f"{rel}: its bytes have sha256 {got[rel].sha256[:12]}..., not the recorded "
+                    f"{sha[:12]}... (changed on disk before the push); nothing committed")
 
     def _reserved_dirs(self) -> list[Path]:
         """Absolute directories inside the pod that synced files must never touch."""
