@@ -22,6 +22,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks import common  # noqa: E402
 
 
 def run_mode(mode: str, preset: str, batch: int, seq: int, impl: str, steps: int, warmup: int,
@@ -29,22 +33,13 @@ def run_mode(mode: str, preset: str, batch: int, seq: int, impl: str, steps: int
     import torch
     import torch.nn.functional as F
 
-    from fractus.config import load_config
-    from fractus.continuous_engine import ContinuousThoughtEngine
     from fractus.nn.attention import set_attention_impl
 
-    if threads:
-        torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    cfg = load_config(preset)
-    model = ContinuousThoughtEngine.from_config(cfg)
-    model.set_gate_temperature(2.5)
-    model.reset_thought(batch)
+    cfg, model, opt = common.training_setup(preset, batch, threads)
     reference = mode == "reference"
     set_attention_impl("einsum" if reference else impl)
     for blk in model.blocks:
         blk.moe.dispatch = "token" if reference else "auto"
-    opt = torch.optim.SGD(model.parameters(), lr=7e-4, momentum=0.9)
     gen = torch.Generator().manual_seed(1)
 
     def step():
@@ -87,22 +82,22 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one mode in this process
     args = ap.parse_args()
-    common = dict(preset=args.preset, batch=args.batch, seq=args.seq, impl=args.impl, steps=args.steps,
+    settings = dict(preset=args.preset, batch=args.batch, seq=args.seq, impl=args.impl, steps=args.steps,
                   warmup=args.warmup, ce_chunk=args.ce_chunk, threads=args.threads)
     if args.one:
-        print(json.dumps(run_mode(args.one, **common)))
+        print(json.dumps(run_mode(args.one, **settings)))
         return
 
     results = []
     for mode in args.modes.split(","):
         cmd = [sys.executable, __file__, "--one", mode] + [
-            a for k, v in common.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+            a for k, v in settings.items() for a in (f"--{k.replace('_', '-')}", str(v))]
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
         if proc.returncode != 0:
             results.append({"mode": mode, "error": (proc.stderr.strip().splitlines() or ["?"])[-1]})
         else:
             results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    print(f"| mode | attention | preset | B x SEQ | step (s) | tok/s |\n|---|---|---|---|---|---|")
+    print("| mode | attention | preset | B x SEQ | step (s) | tok/s |\n|---|---|---|---|---|---|")
     for r in results:
         if "error" in r:
             print(f"| {r['mode']} | error: {r['error']} | | | | |")

@@ -32,15 +32,7 @@ from benchmarks import common  # noqa: E402
 def bare_step(preset: str, batch: int, seq: int, steps: int, warmup: int, threads: int) -> dict:
     import torch
     import torch.nn.functional as F
-    from fractus.config import load_config
-    from fractus.continuous_engine import ContinuousThoughtEngine
-    torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    cfg = load_config(preset)
-    model = ContinuousThoughtEngine.from_config(cfg)
-    model.set_gate_temperature(2.5)
-    model.reset_thought(batch)
-    opt = torch.optim.SGD(model.parameters(), lr=7e-4, momentum=0.9)
+    cfg, model, opt = common.training_setup(preset, batch, threads)
     data = torch.randint(0, cfg.vocab_size, (steps + warmup, batch * seq + 1))
     times = []
     for i in range(steps + warmup):

@@ -7,6 +7,8 @@
 - `time_ms(fn, repeats, warmup, sync)` / `median_ms(...)`: wall times of `fn()` after warm-up.
 - `markdown_table(headers, rows)` and `fmt(value, spec)`: print results.
 - `write_json_atomic(path, obj)`: results file written via temp file + fsync + os.replace.
+- `training_setup(preset, batch, threads)`: (config, model, SGD) as the worker builds them,
+  for the benchmarks that time bare training steps.
 
 Scripts import this as `from benchmarks import common` with the repository root on sys.path
 (the children get it through PYTHONPATH).
@@ -137,3 +139,20 @@ def write_json_atomic(path: os.PathLike, obj: object) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
+
+
+def training_setup(preset: str, batch: int, threads: int):
+    """(config, model, optimizer) as a worker starts them: seed 0, gate temperature 2.5,
+    carried state for `batch` rows, SGD with momentum. `threads` > 0 pins torch's threads."""
+    import torch
+
+    from fractus.config import load_config
+    from fractus.continuous_engine import ContinuousThoughtEngine
+    if threads:
+        torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    cfg = load_config(preset)
+    model = ContinuousThoughtEngine.from_config(cfg)
+    model.set_gate_temperature(2.5)
+    model.reset_thought(batch)
+    return cfg, model, torch.optim.SGD(model.parameters(), lr=7e-4, momentum=0.9)

@@ -1,0 +1,114 @@
+"""`fractus-pod sync push|pull|history` and `fractus-pod merge`: thin wrappers, the work
+lives in launcher.hub, launcher.sync and launcher.merge. Registered on the `fractus-pod`
+group by launcher/cli.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from launcher.errors import UserError
+
+
+def _pod_dir(ctx: click.Context) -> Path:
+    return Path(ctx.obj["pod_dir"]).resolve()
+
+
+@click.group()
+def sync() -> None:
+    """Push to / pull from the pod's hub store (the `hub:` of fractus-pod.yaml)."""
+
+
+def _hub_errors(fn):
+    """Hub failures are one line: a bad URL or path is a user error (exit 2), a network or
+    integrity failure exit 1. The hub's messages never contain the token."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from launcher.hub import HubError
+        try:
+            return fn(*args, **kwargs)
+        except HubError as exc:
+            raise click.ClickException(str(exc)) from None
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+    return wrapper
+
+
+def _store(pod_dir: Path):
+    from launcher.podconfig import load_config
+    config = load_config(pod_dir)
+    if not config.hub:
+        raise UserError("no hub configured: set `hub:` in fractus-pod.yaml "
+                        "(file://DIR or hf://owner/repo)")
+    from launcher.hub import open_store
+    return open_store(config.hub, pod_dir)
+
+
+@sync.command("history")
+@click.pass_context
+@_hub_errors
+def sync_history(ctx) -> None:
+    """Revisions of the hub store, newest first."""
+    for entry in _store(_pod_dir(ctx)).history():
+        click.echo(f"{entry.revision[:12]}  {entry.timestamp.isoformat(timespec='seconds')}  "
+                   f"{entry.message}")
+
+
+@sync.command("push")
+@click.option("--message", "-m", default="fractus-pod sync push")
+@click.pass_context
+@_hub_errors
+def sync_push(ctx, message: str) -> None:
+    """Push every GPU's newest passed checkpoint and the manifest as one revision."""
+    from launcher.podconfig import load_config
+    from launcher.sync import push_now
+    pod_dir = _pod_dir(ctx)
+    _store(pod_dir)                        # refuses a pod without a hub
+    revision, noted = push_now(pod_dir, load_config(pod_dir), message)
+    click.echo(f"pushed revision {revision}")
+    click.echo(f"manifest: hub_revision recorded for GPU(s) {noted}" if noted else
+               "manifest: hub_revision unchanged (a running launcher records it, or the "
+               "manifest names newer checkpoints than the ones that passed)")
+
+
+@sync.command("pull")
+@click.option("--revision", default=None, help="Revision to pull (default: the newest).")
+@click.argument("paths", nargs=-1)
+@click.pass_context
+@_hub_errors
+def sync_pull(ctx, revision, paths) -> None:
+    """Pull files (default: all) from the hub store, verified by sha256."""
+    from launcher.from_hub import keep_hub
+    from launcher.podconfig import CONFIG_NAME
+    pod_dir = _pod_dir(ctx)
+    store = _store(pod_dir)
+    pulled = store.pull(list(paths) or None, revision)
+    if CONFIG_NAME in pulled:
+        keep_hub(pod_dir, store.url, f"pulled from {store.url}")
+    for rel in sorted(pulled):
+        click.echo(f"pulled {rel}")
+
+
+@click.command()
+@click.option("--out", default="checkpoints/FRACTUS_1B_8GPU_MERGED.pt", show_default=True)
+@click.pass_context
+def merge(ctx, out: str) -> None:
+    """Mean of the floating tensors of every GPU's checkpoint (streamed)."""
+    from launcher.manifest import read_manifest
+    from launcher.merge import merge_checkpoints
+    from launcher.podconfig import load_config
+    pod_dir = _pod_dir(ctx)
+    config = load_config(pod_dir)
+    manifest = read_manifest(pod_dir / config.manifest)
+    paths = [pod_dir / e["checkpoint"] for _, e in sorted(manifest.entries.items())
+             if e.get("checkpoint")]
+    if not paths:
+        raise UserError("the manifest names no checkpoint to merge")
+    try:
+        merge_checkpoints(paths, pod_dir / out)
+    except (ValueError, FileNotFoundError) as exc:
+        raise UserError(f"merge: {exc}") from None
+    click.echo(f"merged {len(paths)} checkpoints -> {out}")
