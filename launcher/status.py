@@ -190,6 +190,15 @@ def _manifest_stage(entries: dict):
     return min(stages) if stages else None
 
 
+def _held(tokens: dict | None) -> str:
+    """What the last push holds, per GPU: a GPU whose newest checkpoint is not verified yet
+    shows no hub rev in its row, and this says how far its hub copy goes."""
+    if not tokens:
+        return ""
+    return ", holding " + " ".join(f"gpu{g}@{int(t):,}" for g, t in
+                                   sorted(tokens.items(), key=lambda kv: int(kv[0])))
+
+
 def _fmt(value, spec: str = "", none: str = "-") -> str:
     if value is None:
         return none
@@ -244,6 +253,7 @@ def render(report: dict):
                    f"{time.strftime('%H:%M:%S', time.localtime(sync['last_success_at'] or 0))} "
                    f"({_age(sync['last_success_age_s'])} ago)"
                    if sync.get("last_revision") else "none yet")
+                + _held(sync.get("last_pushed_tokens"))
                 + (" ; pushing now" if sync.get("in_flight") else ""))
         parts.append(Text(line))
         if sync.get("last_error"):

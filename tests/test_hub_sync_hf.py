@@ -110,6 +110,8 @@ def test_interval_and_stop_pushes_are_single_commits_of_passed_checkpoints(
     assert as_json["sync"]["last_error"] is None
     plain = status_output(pod)
     assert pushes[-1]["revision"][:12] in plain
+    for gpu in (0, 1):   # how far the hub's copy of each GPU goes
+        assert f"gpu{gpu}@{manifest[f'gpu_{gpu}']['start_token']:,}" in plain
     assert_no_token(pod, texts=(plain, json.dumps(as_json), launcher.output()))
 
 
