@@ -169,6 +169,28 @@ class GpuHealth:
         if all_ok and not self.failed() and (measured_periodic or not self._has_periodic):
             self.verified_step = step
 
+    def close_out(self) -> None:
+        """The run ended cleanly: measure every due periodic check once more on the newest
+        line, so the steps since their last tick (up to the final checkpoint) are vouched
+        for, or not, instead of being left unjudged."""
+        record, rel = self._latest, self.rel_step
+        if not record or rel is None or self.failed() or not _finite(record).ok:
+            return
+        step = int(record.get("step", 0))
+        if self.verified_step is not None and self.verified_step >= step:
+            return
+        periodic = {"trend": self._trend, "lb_band": self._lb_band, "ss_ratio": self._ss_ratio}
+        measured, all_ok = False, True
+        for name, measure in periodic.items():
+            check = self.checks[name]
+            if check.spec.interval <= 0 or rel < check.spec.initialDelay:
+                continue
+            m = measure(record, rel)
+            check.record(m)
+            measured, all_ok = True, all_ok and m.ok is not False
+        if all_ok and not self.failed() and (measured or not self._has_periodic):
+            self.verified_step = step
+
     # ---- measurements -------------------------------------------------------------
     def _measure(self, name, check, record, rel, finite) -> Measurement | None:
         if name == "finite":

@@ -158,6 +158,21 @@ class ProbeMonitor:
         self._enqueue(probes, ProbeRequest(gpu, held, shard, "check", sha256, step))
         return True
 
+    def probe_final(self, gpu: int, checkpoint: str, shard: str, sha256: str | None,
+                    step: int | None) -> bool:
+        """A clean end of the run: probe the GPU's last checkpoint whatever `every` says,
+        so it can pass and go up with the final push. True when a probe is now due."""
+        probes = self.gpus.get(gpu)
+        if probes is None or step is None or (probes.vouched_step or -1) >= step:
+            return False
+        if any(r.sha256 == sha256 for r in [probes.in_flight, *probes.waiting] if r):
+            return True         # already queued or running
+        held = self._hold(gpu, checkpoint, sha256)
+        if held is None:
+            return False
+        self._enqueue(probes, ProbeRequest(gpu, held, shard, "check", sha256, step))
+        return True
+
     def _enqueue(self, probes: _GpuProbes, request: ProbeRequest) -> None:
         if not probes.waiting:
             self._ticket += 1

@@ -13,7 +13,8 @@ FAILED, exit 1. It never loops.
 
 Hub sync (issue 5, launcher/sync.py): with a `hub:` configured, every poll gives the sync
 policy a tick (it pushes in a background thread, never blocking this loop), and when the
-loop ends the last push is made before the launcher exits.
+loop ends the last push is made before the launcher exits, after a clean end's judgement
+of each GPU's last checkpoint (launcher/ending.py, with the stop and failure paths).
 
 AR probe (issue 6, launcher/probe_monitor.py): with `probe.every` > 0 in the criteria, new
 checkpoints are probed in background processes; each poll collects finished probes, and a
@@ -24,15 +25,15 @@ from __future__ import annotations
 
 import signal
 import time
-from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.ckpt_index import FAILED as CK_FAILED
 from launcher.ckpt_index import PASSED as CK_PASSED
 from launcher.ckpt_index import CheckpointIndex
+from launcher.ending import PodEnding
 from launcher.events import EventLog
-from launcher.health import FAILED, INCONCLUSIVE, SUCCESSFUL, GpuHealth
+from launcher.gpu_run import BACKOFF, DONE, GPU_FAILED, RUNNING, STOPPED, GpuRun
+from launcher.health import INCONCLUSIVE, SUCCESSFUL, GpuHealth
 from launcher.manifest import (
     BackwardsError,
     Manifest,
@@ -41,7 +42,6 @@ from launcher.manifest import (
     relative_to_pod,
     write_manifest,
 )
-from launcher.podconfig import Slot
 from launcher.prepare import LaunchPlan
 from launcher.probe_monitor import ProbeMonitor, apply_outcome
 from launcher.state import write_pod_state
@@ -52,31 +52,10 @@ from launcher.workers import (
     kill,
     metrics_path,
     spawn,
-    terminate,
 )
 
-RUNNING, BACKOFF, DONE, STOPPED, GPU_FAILED = "running", "backoff", "done", "stopped", "failed"
-ROLLBACK_REQUEST = "logs/rollback_request.json"
 
-
-@dataclass
-class GpuRun:
-    slot: Slot
-    tail: MetricsTail
-    health: GpuHealth | None = None
-    proc: object = None
-    state: str = RUNNING
-    started_at: float = 0.0
-    last_line_at: float | None = None
-    restarts: deque = field(default_factory=deque)
-    restart_at: float = 0.0
-    exit_code: int | None = None
-    last_metrics: dict | None = None
-    last_error: str | None = None
-    verified_seen: tuple | None = None
-
-
-class Supervisor:
+class Supervisor(PodEnding):
     def __init__(self, plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
                  events: EventLog):
         self.plan, self.manifest, self.index, self.events = plan, manifest, index, events
@@ -121,10 +100,12 @@ class Supervisor:
             else:
                 time.sleep(self.plan.config.poll_interval_s)
         self._write_state(force=True)
+        self.finishing = True        # from here a second signal cuts the ending short
+        if self.pod_state in ("stopped", "done"):
+            self._judge_final()
         if self.probes is not None:
             self.probes.close()
         if self.sync is not None:     # the end of a run is pushed, whatever ended it
-            self.finishing = True
             self.sync.finish(abandoned=lambda: self.abandon_sync)
         return self.exit_code
 
@@ -180,10 +161,7 @@ class Supervisor:
                 self._check_hang(run, now)
             elif run.state == BACKOFF and now >= run.restart_at and self.pod_state == "running":
                 self._start_worker(run, fresh_health=False)
-        for outcome in self.probes.poll() if self.probes is not None else ():
-            self.events.emit("probe", stage=self.stage, **outcome.event_fields())
-            apply_outcome(outcome, self.runs[outcome.request.gpu].health, self.index)
-            self._mark_verified(self.runs[outcome.request.gpu])
+        self._collect_probes()
         failed = [r for r in self.runs.values() if r.health and r.health.failed()]
         if failed and self.pod_state == "running":
             self._rollback(failed, auto=True)
@@ -197,6 +175,12 @@ class Supervisor:
         if self.sync is not None:
             self.sync.tick()
         self._write_state()
+
+    def _collect_probes(self) -> None:
+        for outcome in self.probes.poll() if self.probes is not None else ():
+            self.events.emit("probe", stage=self.stage, **outcome.event_fields())
+            apply_outcome(outcome, self.runs[outcome.request.gpu].health, self.index)
+            self._mark_verified(self.runs[outcome.request.gpu])
 
     def _drain(self, run: GpuRun) -> None:
         for record in run.tail.read():
@@ -311,19 +295,6 @@ class Supervisor:
             reasons = {r.slot.gpu: r.health.verdict().reason for r in self.runs.values()}
             self.events.emit(verdict, stage=self.stage, reasons=reasons)
 
-    def _stop_workers(self, kill_gpus: set[int]) -> None:
-        for run in self.runs.values():
-            if run.proc is not None and run.slot.gpu in kill_gpus:
-                kill(run.proc)
-        terminate([r.proc for r in self.runs.values() if r.proc is not None],
-                  self.plan.config.stop_grace_s)
-        for run in self.runs.values():
-            self._drain(run)
-            if run.proc is not None:
-                self.events.emit("worker_exit", gpu=run.slot.gpu, code=run.proc.returncode,
-                                 stage=self.stage)
-            run.proc, run.state = None, STOPPED
-
     def _rollback(self, failed: list[GpuRun], auto: bool, to_stage: int | None = None) -> None:
         from_stage = self.stage
         target_stage = from_stage - 1 if to_stage is None else to_stage
@@ -373,24 +344,6 @@ class Supervisor:
             self.runs[gpu].health.fail("manual", "rollback requested by hand")
         self._rollback([self.runs[g] for g in gpus], auto=False,
                        to_stage=int(request["to_stage"]))
-
-    def _fail_pod(self, reason: str, exit_code: int) -> None:
-        self.pod_state, self.reason = "failing", reason
-        failed = {r.slot.gpu for r in self.runs.values()
-                  if r.health and r.health.phase() == FAILED}
-        self._stop_workers(kill_gpus=failed)
-        for gpu in failed:
-            for record in self.index.pending(gpu):
-                self.index.mark(gpu, record["sha256"], CK_FAILED, "its GPU failed")
-        self.events.emit("pod_failed", stage=self.stage, reason=reason)
-        self.pod_state, self.exit_code = "failed", exit_code
-
-    def _stop(self, reason: str) -> None:
-        self.pod_state, self.reason = "stopping", reason
-        self._write_state(force=True)
-        self._stop_workers(kill_gpus=set())
-        self.events.emit("pod_stopped", stage=self.stage, reason=reason)
-        self.pod_state = "stopped"
 
     def _write_state(self, force: bool = False) -> None:
         now = time.monotonic()

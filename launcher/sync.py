@@ -234,6 +234,10 @@ class HubSync:
         signal) the push in flight is given up, recorded as failed, and finish returns."""
         if not self._wait(abandoned):
             return
+        if abandoned():
+            self._record_abandoned("stop", time.time(), "abandoned before it started: a "
+                                                        "second signal")
+            return
         self._start("stop")
         if self._thread is not None:
             print(f"fractus-pod: final push to {self.config.hub} (signal again to abandon it)",
@@ -249,16 +253,19 @@ class HubSync:
         """Until the push in flight ends (then harvested: True) or is abandoned (False)."""
         while self._thread is not None and self._thread.is_alive():
             if abandoned():
-                snap, reason, started = self._job
-                error = "abandoned: a second signal arrived while it was pushing"
-                update_sync_state(self.pod_dir, in_flight=False, last_error=error,
-                                  last_error_at=time.time(), last_result="error")
-                self.events.emit("sync_failed", reason=reason, error=error, retry="none",
-                                 seconds=round(time.time() - started, 2))
+                _snap, reason, started = self._job
+                self._record_abandoned(reason, started, "abandoned: a second signal arrived "
+                                                        "while it was pushing")
                 return False      # the daemon thread dies with the process; the pod is intact
             self._thread.join(0.2)
         self._harvest()
         return True
+
+    def _record_abandoned(self, reason: str, started: float, error: str) -> None:
+        update_sync_state(self.pod_dir, in_flight=False, last_error=error,
+                          last_error_at=time.time(), last_result="error")
+        self.events.emit("sync_failed", reason=reason, error=error, retry="none",
+                         seconds=round(time.time() - started, 2))
 
     def _start(self, reason: str) -> None:
         snap = take_snapshot(self.pod_dir, self.config, self.manifest, self.index,

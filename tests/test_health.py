@@ -145,6 +145,24 @@ def test_verified_step_only_advances_on_clean_periodic_measurements():
     assert h.verified_step == before
 
 
+def test_close_out_judges_the_steps_since_the_last_periodic_tick():
+    healthy = GpuHealth(criteria(), 1000)
+    for record in curve(25):            # periodic ticks at steps 10 and 20; the run ends at 24
+        healthy.feed(record)
+    assert healthy.verified_step == 20
+    healthy.close_out()
+    assert healthy.verified_step == 24 and not healthy.failed()
+
+    climbing = GpuHealth(criteria(), 1000)
+    records = curve(25)
+    for i in (22, 23, 24):               # the last steps climb above the window's minimum
+        records[i]["ema_tf"] = records[i]["tf"] = 9.0
+    for record in records:
+        climbing.feed(record)
+    climbing.close_out()
+    assert climbing.verified_step == 20 and climbing.failed()
+
+
 def test_repository_criteria_file_loads_and_thresholds_come_from_it(tmp_path):
     loaded = load_criteria(REPO / "manifests" / "trusted_loss.yaml")
     assert loaded.restarts.max_restarts >= 1 and loaded.hang.timeout_s > 0

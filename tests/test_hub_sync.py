@@ -189,3 +189,28 @@ def test_bounded_run_pushes_at_stop_and_launch_restores_missing_checkpoints(tmp_
         record = [r for r in CheckpointIndex(pod).for_gpu(gpu)
                   if r["sha256"] == expected[gpu]]
         assert record and record[0]["verdict"] == PASSED
+
+
+def test_a_clean_end_judges_the_final_checkpoints_so_the_hub_holds_where_the_run_ended(
+        tmp_path, launchers):
+    # Periodic checks (every 5 steps) and an AR probe of every 100th checkpoint: during the
+    # run neither has vouched for the last checkpoint (step 8) when the run ends.
+    criteria = {**TEST_CRITERIA, "probe": {"every": 100, "band": 1e9}}
+    pod = make_pod(tmp_path, criteria=criteria, hub="file://hub", sync={"interval": 3600})
+    launcher = Launcher(pod, "--stage", "1", "--max-steps", "8")
+    launchers.append(launcher)
+    assert launcher.wait(120) == 0, launcher.output()
+
+    (final,) = events_of(pod, "final_verdicts")
+    for gpu in (0, 1):
+        verdict = final["verdicts"][str(gpu)]
+        assert verdict["step"] == 8 and verdict["verdict"] == PASSED, verdict
+        (probe,) = events_of(pod, "probe", gpu=gpu)          # the final probe, nothing else
+        assert probe["step"] == 8 and probe["status"] != "Failed"
+    (pushed,) = events_of(pod, "sync_pushed")
+    assert pushed["ts"] > final["ts"]
+    assert pushed["tokens"] == {"0": 8 * TOKENS_PER_STEP, "1": 8 * TOKENS_PER_STEP}
+    manifest = manifest_json(pod)
+    for gpu in (0, 1):
+        assert manifest[f"gpu_{gpu}"]["start_token"] == 8 * TOKENS_PER_STEP
+        assert manifest[f"gpu_{gpu}"]["hub_revision"] == pushed["revision"]

@@ -25,6 +25,24 @@ def test_init_tiny_cpu_writes_a_loadable_self_contained_pod(tmp_path):
     assert load_config(tmp_path).model == "1b"
 
 
+def test_the_tiny_preset_gets_a_probe_band_for_its_model_and_keeps_the_comments(tmp_path):
+    from launcher.probe_check import load_probe_tolerance
+    from launcher.podconfig import DEFAULT_MANIFESTS, edit_yaml_values
+    tiny, big = tmp_path / "tiny", tmp_path / "big"
+    init_pod(tiny, "tiny-cpu")
+    init_pod(big, "1b-8gpu")
+    assert load_probe_tolerance(tiny / "manifests" / "trusted_loss.yaml").relativeBand == 1.0
+    assert load_probe_tolerance(big / "manifests" / "trusted_loss.yaml").relativeBand is None
+    original = (DEFAULT_MANIFESTS / "trusted_loss.yaml").read_text()
+    edited = (tiny / "manifests" / "trusted_loss.yaml").read_text()
+    comments = [line for line in original.splitlines() if line.lstrip().startswith("#")]
+    assert comments and all(line in edited.splitlines() for line in comments)
+    assert yaml.safe_load(edited) == {**yaml.safe_load(original), "probe": {
+        **yaml.safe_load(original)["probe"], "relativeBand": 1.0}}
+    with pytest.raises(ValueError, match="no"):
+        edit_yaml_values(original, {("probe", "missing_key"): 1})
+
+
 def test_unknown_preset_and_missing_config_are_user_errors(tmp_path):
     with pytest.raises(UserError, match="unknown preset"):
         init_pod(tmp_path, "huge")

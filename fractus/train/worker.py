@@ -163,17 +163,27 @@ class Worker:
                          self.ema_ss, result.lb, tok_s, mem), flush=True)
 
     # --- the loop -------------------------------------------------------------------------
+    def _end_reason(self, run_steps: int) -> str | None:
+        if self.stop.requested:
+            return "signal"
+        if self.s.max_steps and run_steps >= self.s.max_steps:
+            return "max_steps"
+        if self.next_token + self.s.tokens_per_step + 1 > len(self.shard):
+            return "end_of_shard"
+        return None
+
     def train(self) -> str:
         s = self.s
         per_step = s.tokens_per_step
         run_steps, window_tokens, window_t0 = 0, 0, time.perf_counter()
+        unreported = None   # the newest step's result while no metrics line carries it
         while True:
-            if self.stop.requested:
-                return "signal"
-            if s.max_steps and run_steps >= s.max_steps:
-                return "max_steps"
-            if self.next_token + per_step + 1 > len(self.shard):
-                return "end_of_shard"
+            reason = self._end_reason(run_steps)
+            if reason is not None:
+                if unreported is not None:   # the final checkpoint's step gets its line:
+                    elapsed = max(time.perf_counter() - window_t0, 1e-9)
+                    self._report(unreported, window_tokens / elapsed)
+                return reason                # the launcher judges that checkpoint by it
             step = self.step + 1
             self.faults.before_step(step)
             batches = [self._batch(self.next_token + i * s.tokens_per_batch)
@@ -186,10 +196,11 @@ class Worker:
             if result.ss is not None:
                 self.last_ss, self.ema_ss = result.ss, ema(self.ema_ss, result.ss)
             self.last_lb = result.lb
+            unreported = result
             if run_steps == 1 or step % s.log_every == 0:
                 now = time.perf_counter()
                 self._report(result, window_tokens / max(now - window_t0, 1e-9))
-                window_tokens, window_t0 = 0, now
+                window_tokens, window_t0, unreported = 0, now, None
             if s.save_every and step % s.save_every == 0:
                 self._save()
 
