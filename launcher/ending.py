@@ -69,7 +69,11 @@ class PodEnding:
         if not last:
             return
         if self.probes is not None and self.probes.busy():
-            deadline = time.monotonic() + self.probes.schedule.timeout_s
+            largest = max(_size(self.pod_dir / (r.get("retained") or r["path"]))
+                          for r in last.values())
+            at_once = self.probes.widen_for_finish(len(last), largest)
+            rounds = -(-len(last) // at_once) + 1       # + the stage's baseline probes
+            deadline = time.monotonic() + rounds * self.probes.schedule.timeout_s
             self._collect_probes()                      # starts the queued probes
             while self.probes.busy() and not self.abandon_sync and time.monotonic() < deadline:
                 time.sleep(self.plan.config.poll_interval_s)
@@ -80,3 +84,10 @@ class PodEnding:
             gpu: {"step": r.get("step"), "next_token": r.get("next_token"),
                   **{k: self.index.records[(gpu, r["sha256"])][k] for k in ("verdict", "reason")}}
             for gpu, r in last.items()})
+
+
+def _size(path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0

@@ -24,6 +24,8 @@ retained links may delete every other name for it before its probe starts.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import os
 import queue
@@ -172,6 +174,20 @@ class ProbeMonitor:
             return False
         self._enqueue(probes, ProbeRequest(gpu, held, shard, "check", sha256, step))
         return True
+
+    def widen_for_finish(self, probes_due: int, checkpoint_bytes: int) -> int:
+        """The workers have stopped: the final probes may use the host. As many at once as
+        are due, bounded by free memory (a CPU probe holds about 2.5x its checkpoint: the
+        loaded file and the model built from it), each with an equal share of the cores.
+        Returns how many run at once."""
+        import psutil
+        by_memory = int(psutil.virtual_memory().available // max(1, int(2.5 * checkpoint_bytes)))
+        parallel = max(1, min(probes_due, by_memory))
+        threads = max(1, (os.cpu_count() or 1) // parallel)
+        self.schedule = dataclasses.replace(self.schedule, parallel=parallel)
+        if threads > 1:
+            self.runner = functools.partial(self.runner, threads=threads)
+        return parallel
 
     def _enqueue(self, probes: _GpuProbes, request: ProbeRequest) -> None:
         if not probes.waiting:

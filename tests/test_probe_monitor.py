@@ -137,6 +137,14 @@ def test_a_probe_that_cannot_run_is_inconclusive_and_holds_the_stage(tmp_path):
     assert health.verdict().phase == INCONCLUSIVE and "boom" in health.verdict().reason
 
 
+def test_final_probes_widen_to_the_free_host_within_its_memory(tmp_path):
+    import psutil
+    monitor = monitor_of(tmp_path, FakeRunner({}), parallel=1)
+    assert monitor.widen_for_finish(2, 1 << 20) == 2 and monitor.schedule.parallel == 2
+    free = psutil.virtual_memory().available
+    assert monitor.widen_for_finish(8, free // 2) == 1      # two would not fit in memory
+
+
 def test_schedule_keys_are_checked(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump({"probe": {"band": 0.3}}))
