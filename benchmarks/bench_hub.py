@@ -9,8 +9,8 @@ a plain `shutil.copyfile` of the same bytes, a copy + fsync (the durable copy a 
 makes), sha256 alone (every verified transfer hashes each byte at least once), and the
 client's bare transport: one PUT and one GET of the same bytes through huggingface_hub's own
 HTTP session with no hashing or commit, the floor under any transfer through the client.
-Pushes come in two kinds: with the checkpoint's recorded sha256 (what the sync sends: the
-check runs beside the upload) and with none (hashed first: LFS names objects by sha256).
+The push is the sync's: each file hashed once (LFS names objects by sha256), checked against
+the checkpoint's recorded sha256 before any byte is sent, then uploaded and committed.
 
 Merge part: --merge-gpus synthetic float32 checkpoints of --merge-size-mb each are merged in
 a child process whose RSS is sampled every 2 ms; the peak above its RSS after imports is
@@ -132,11 +132,9 @@ def bench_hub(size_mb: int, work: Path, rounds: int) -> None:
 
             oid = _mark(src, 3 * r + 1)   # raw client transport: no hashing, no commit
             measure("client PUT, bytes only", lambda: _client_put(f"{url}/_lfs/{oid}", src))
-            sha = _mark(src, 3 * r + 2)
-            measure("push, hash recorded (sync)",
+            sha = _mark(src, 3 * r + 2)   # the sync's push: checked against its recorded hash
+            measure("push (one commit)",
                     lambda: store.push([rel], "bench push", expected={rel: sha}))
-            _mark(src, 3 * r + 3)
-            measure("push, hash unknown", lambda: store.push([rel], "bench push"))
             rev = store.head()
             measure("client GET, bytes only",
                     lambda: _client_get(f"{url}/bench/run/resolve/{rev}/{rel}", work / "get.bin"))

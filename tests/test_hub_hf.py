@@ -143,8 +143,7 @@ def test_server_errors_are_retried_and_give_a_clear_error_when_they_persist(test
     assert len(test_hub.commits(REPO)) == n + 1
 
 
-def test_push_checks_recorded_hashes_while_uploading_and_commits_nothing_on_a_mismatch(
-        test_hub, tmp_path):
+def test_push_checks_recorded_hashes_before_sending_a_byte(test_hub, tmp_path):
     pod = tmp_path / "pod"
     good = _write(pod, CKPTS[0], os.urandom(2 << 20))
     recorded = hashlib.sha256(good.read_bytes()).hexdigest()
@@ -152,13 +151,14 @@ def test_push_checks_recorded_hashes_while_uploading_and_commits_nothing_on_a_mi
     store = _store(test_hub, pod)
     rev = store.push([CKPTS[0], MANIFEST], "recorded", expected={CKPTS[0]: recorded})
     assert store.files(rev)[CKPTS[0]].sha256 == recorded
-    n = len(test_hub.commits(REPO))
+    n, uploads = len(test_hub.commits(REPO)), len(test_hub.routed("lfs_upload"))
 
     _write(pod, CKPTS[1], os.urandom(2 << 20))          # bytes that are not the recorded ones
     with pytest.raises(IntegrityError, match="changed on disk") as err:
         store.push([CKPTS[1], MANIFEST], "damaged", expected={CKPTS[1]: recorded})
     assert "\n" not in str(err.value)
     assert store.head() == rev and len(test_hub.commits(REPO)) == n
+    assert len(test_hub.routed("lfs_upload")) == uploads     # no object under a wrong hash
 
 
 def test_lost_commit_answer_is_not_committed_twice(test_hub, tmp_path):

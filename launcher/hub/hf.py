@@ -23,7 +23,6 @@ import os
 import shutil
 import uuid
 from datetime import timezone
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Mapping, TypeVar
 
@@ -220,34 +219,26 @@ class HfStore(Store):
     def push(self, files: PushFiles, message: str, *, base: str | None = None,
              expected: Mapping[str, str] | None = None) -> str:
         local = self._local_files(files)
-        expected = {rel: sha for rel, sha in (expected or {}).items() if rel in local}
-        # Files with a recorded hash go up under it at once while a second thread hashes
-        # them (hashlib releases the GIL): the read for verification overlaps the upload,
-        # and the commit that would publish them waits for its verdict. Others are hashed
-        # first: the LFS protocol names each object by its sha256 before sending it.
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hub-hash") as hasher:
-            verified = hasher.submit(lambda: {rel: sha256_file(local[rel]) for rel in expected})
-            entries = {rel: sha256_file(path) for rel, path in local.items() if rel not in expected}
-            self._ensure_repo()
-            base = self.resolve(base)
-            base_index = self._index(base)
-            ops = []
-            for rel, path in local.items():
-                op = CommitOperationAdd(path_in_repo=rel, path_or_fileobj=str(path))
-                sha = expected.get(rel) or entries[rel].sha256
-                op.upload_info.sha256 = bytes.fromhex(sha)  # the client never re-reads the file
-                ops.append(op)
-            try:
-                self._call(
-                    lambda: self._api.preupload_lfs_files(
-                        self.repo_id, additions=ops, repo_type=self.repo_type, revision=BRANCH,
-                        free_memory=False,
-                    ),
-                    "uploading large files",
-                )
-            finally:   # changed bytes explain a refused upload better than the HTTP error
-                self._check_expected(verified.result(), expected)
-            entries.update(verified.result())
+        # One read per file: this hash names the LFS object, and it is checked against the
+        # recorded one before any byte leaves, so the hub never holds an object under a hash
+        # its bytes do not have (a later push of the real bytes would be deduplicated
+        # against it on a hub that does not verify uploads).
+        entries = {rel: sha256_file(path) for rel, path in local.items()}
+        self._check_expected(entries, expected)
+        self._ensure_repo()
+        base = self.resolve(base)
+        base_index = self._index(base)
+        ops = []
+        for rel, path in local.items():
+            op = CommitOperationAdd(path_in_repo=rel, path_or_fileobj=str(path))
+            op.upload_info.sha256 = bytes.fromhex(entries[rel].sha256)  # no second read
+            ops.append(op)
+        self._call(
+            lambda: self._api.preupload_lfs_files(
+                self.repo_id, additions=ops, repo_type=self.repo_type, revision=BRANCH, free_memory=False
+            ),
+            "uploading large files",
+        )
         push_id = uuid.uuid4().hex
         parent, parent_index = base, base_index
         for _ in range(MAX_REBASES + 1):
