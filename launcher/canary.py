@@ -30,8 +30,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from launcher.canary_compare import (StepComparison, Tolerance, compare_approximate,  # noqa: F401
-                                     compare_exact, metrics_lines)
+from launcher.canary_compare import Tolerance, compare_approximate, compare_exact, metrics_lines
 from launcher.criteria import Criteria, parse_criteria
 from launcher.errors import UserError
 from launcher.health import FAILED, INCONCLUSIVE, SUCCESSFUL
@@ -105,7 +104,7 @@ class CanaryResult:
     status: str                  # Successful | Failed | Inconclusive (could not judge)
     exact: bool
     reason: str
-    per_step: list = field(default_factory=list)   # StepComparison, one per compared step
+    per_step: list = field(default_factory=list)   # canary_compare.StepComparison, per step
     seconds: float = 0.0
     from_stage: int = 0
     to_stage: int = 0

@@ -16,14 +16,10 @@ from pathlib import Path
 
 import click
 
-from launcher.cli_hub import merge, sync
+from launcher.cli_hub import merge, pod_dir_of, sync
 from launcher.errors import UserError
 
 POD_DIR_HELP = "Pod working directory (default: $FRACTUS_POD_DIR or the current directory)."
-
-
-def _pod_dir(ctx: click.Context) -> Path:
-    return Path(ctx.obj["pod_dir"]).resolve()
 
 
 @click.group()
@@ -46,7 +42,7 @@ def cli(ctx: click.Context, pod_dir: str) -> None:
 def init(ctx, preset: str, force: bool, no_data: bool) -> None:
     """Write fractus-pod.yaml (and, for tiny-cpu, synthetic shards under data/)."""
     from launcher.podconfig import init_pod, load_config, write_demo_shards
-    pod_dir = _pod_dir(ctx)
+    pod_dir = pod_dir_of(ctx)
     for path in init_pod(pod_dir, preset, force=force):
         click.echo(f"wrote {path.relative_to(pod_dir)}")
     config = load_config(pod_dir)
@@ -105,7 +101,7 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
     )
     from launcher.stage_switch import canary_gate
     from launcher.supervisor import Supervisor
-    pod_dir = _pod_dir(ctx)
+    pod_dir = pod_dir_of(ctx)
     if revision and not from_hub:
         raise UserError("--revision goes with --from-hub (a resumed pod uses the revisions "
                         "its manifest records)")
@@ -199,7 +195,7 @@ def status(ctx, as_json: bool, watch: bool) -> None:
     """Per GPU: liveness, stage, progress, losses, speed, memory, checkpoint, verdict."""
     from launcher.podconfig import load_config
     from launcher.status import collect, render
-    pod_dir = _pod_dir(ctx)
+    pod_dir = pod_dir_of(ctx)
     config = load_config(pod_dir)
     if as_json:
         while True:
@@ -231,7 +227,7 @@ def stop(ctx, timeout) -> None:
     from launcher.lock import read_holder
     from launcher.podconfig import load_config
     from launcher.workers import running_workers
-    pod_dir = _pod_dir(ctx)
+    pod_dir = pod_dir_of(ctx)
     config = load_config(pod_dir)
     holder = read_holder(pod_dir)
     if holder is None or not holder.get("pid"):
@@ -263,7 +259,7 @@ def stop(ctx, timeout) -> None:
 def rollback(ctx, to_stage: int, gpus: tuple[int, ...]) -> None:
     """The automatic rollback, by hand: restore GPU checkpoints and switch stage."""
     from launcher.manual import manual_rollback
-    click.echo(manual_rollback(_pod_dir(ctx), to_stage, list(gpus)))
+    click.echo(manual_rollback(pod_dir_of(ctx), to_stage, list(gpus)))
 
 
 @cli.command()
@@ -284,7 +280,7 @@ def probe(ctx, gpu, checkpoint, shard, baseline_ar, record_baseline, device, tim
     """The trusted-loss AR probe in a child process: AR, ARacc, cold TF (and a verdict)."""
     from launcher.manual import ProbeFailed, probe_pod
     try:
-        report = probe_pod(_pod_dir(ctx), gpu, checkpoint, shard, baseline_ar, record_baseline,
+        report = probe_pod(pod_dir_of(ctx), gpu, checkpoint, shard, baseline_ar, record_baseline,
                            device, timeout)
     except ProbeFailed as exc:
         raise click.ClickException(str(exc)) from None

@@ -11,7 +11,8 @@ import click
 from launcher.errors import UserError
 
 
-def _pod_dir(ctx: click.Context) -> Path:
+def pod_dir_of(ctx: click.Context) -> Path:
+    """The --pod-dir of the `fractus-pod` group (launcher/cli.py), absolute."""
     return Path(ctx.obj["pod_dir"]).resolve()
 
 
@@ -52,7 +53,7 @@ def _store(pod_dir: Path):
 @_hub_errors
 def sync_history(ctx) -> None:
     """Revisions of the hub store, newest first."""
-    for entry in _store(_pod_dir(ctx)).history():
+    for entry in _store(pod_dir_of(ctx)).history():
         click.echo(f"{entry.revision[:12]}  {entry.timestamp.isoformat(timespec='seconds')}  "
                    f"{entry.message}")
 
@@ -65,7 +66,7 @@ def sync_push(ctx, message: str) -> None:
     """Push every GPU's newest passed checkpoint and the manifest as one revision."""
     from launcher.podconfig import load_config
     from launcher.sync import push_now
-    pod_dir = _pod_dir(ctx)
+    pod_dir = pod_dir_of(ctx)
     _store(pod_dir)                        # refuses a pod without a hub
     revision, noted = push_now(pod_dir, load_config(pod_dir), message)
     click.echo(f"pushed revision {revision}")
@@ -83,7 +84,7 @@ def sync_pull(ctx, revision, paths) -> None:
     """Pull files (default: all) from the hub store, verified by sha256."""
     from launcher.from_hub import keep_hub
     from launcher.podconfig import CONFIG_NAME
-    pod_dir = _pod_dir(ctx)
+    pod_dir = pod_dir_of(ctx)
     store = _store(pod_dir)
     pulled = store.pull(list(paths) or None, revision)
     if CONFIG_NAME in pulled:
@@ -100,7 +101,7 @@ def merge(ctx, out: str) -> None:
     from launcher.manifest import read_manifest
     from launcher.merge import merge_checkpoints
     from launcher.podconfig import load_config
-    pod_dir = _pod_dir(ctx)
+    pod_dir = pod_dir_of(ctx)
     config = load_config(pod_dir)
     manifest = read_manifest(pod_dir / config.manifest)
     paths = [pod_dir / e["checkpoint"] for _, e in sorted(manifest.entries.items())

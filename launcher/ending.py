@@ -75,7 +75,7 @@ class PodEnding:
             rounds = -(-len(last) // at_once) + 1       # + the stage's baseline probes
             deadline = time.monotonic() + rounds * self.probes.schedule.timeout_s
             self._collect_probes()                      # starts the queued probes
-            while self.probes.busy() and not self.abandon_sync and time.monotonic() < deadline:
+            while self.probes.busy() and not self.cut_short and time.monotonic() < deadline:
                 time.sleep(self.plan.config.poll_interval_s)
                 self._collect_probes()
         for run in self.runs.values():

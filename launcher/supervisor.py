@@ -71,7 +71,7 @@ class Supervisor(PodEnding):
         self.announced: str | None = None
         self.reason = ""
         self._state_written = 0.0
-        self.finishing = self.abandon_sync = False
+        self.finishing = self.cut_short = False
         # ValueError for a malformed hub URL: the CLI reports it before anything starts.
         self.sync = (HubSync(self.pod_dir, plan.config, manifest, index, events)
                      if plan.config.hub else None)
@@ -106,12 +106,12 @@ class Supervisor(PodEnding):
         if self.probes is not None:
             self.probes.close()
         if self.sync is not None:     # the end of a run is pushed, whatever ended it
-            self.sync.finish(abandoned=lambda: self.abandon_sync)
+            self.sync.finish(abandoned=lambda: self.cut_short)
         return self.exit_code
 
     def _on_signal(self, signum, frame) -> None:
-        if self.finishing:           # a signal during the final push: give that push up
-            self.abandon_sync = True
+        if self.finishing:           # a signal while the run ends: cut the ending short
+            self.cut_short = True
         self.stop_reason = f"{signal.Signals(signum).name} received"
 
     def _start_all(self) -> None:

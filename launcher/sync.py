@@ -160,8 +160,8 @@ def take_snapshot(pod_dir: Path, config: PodConfig, manifest: Manifest,
 
 
 def send(store, snap: Snapshot, message: str) -> str:
-    """Verify the snapshot's checkpoints, write its manifest, merge if asked, push: one
-    revision. Runs off the supervision loop. Raises HubError (or OSError) on failure."""
+    """Write the snapshot's manifest, merge if asked, push (checkpoints checked against
+    their recorded sha256): one revision. Runs off the supervision loop. Raises HubError (or OSError) on failure."""
     for src, dest in snap.copies.items():
         shutil.copyfile(src, dest)
     manifest_file = snap.dir / "manifest.json"
@@ -172,8 +172,8 @@ def send(store, snap: Snapshot, message: str) -> str:
         checkpoints = [snap.files[path] for _, (path, _sha) in sorted(snap.pushed.items())]
         merge_checkpoints(checkpoints, snap.dir / "merged.pt")
         snap.files[MERGED_PATH] = snap.dir / "merged.pt"
-    # The store checks each checkpoint against its recorded sha256 in the same read that
-    # sends it (IntegrityError, nothing committed, if the bytes changed on disk).
+    # The store checks each checkpoint against its recorded sha256 in the one read it makes
+    # of it (IntegrityError, nothing sent or committed, if the bytes changed on disk).
     return store.push(snap.files, message, expected=snap.expected)
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.canary import (SCRATCH_DIR, CanarySettings, Tolerance, compare_approximate,
-                             compare_exact, load_canary_settings, run_canary)
+from launcher.canary import SCRATCH_DIR, CanarySettings, load_canary_settings, run_canary
+from launcher.canary_compare import Tolerance, compare_approximate, compare_exact
 from launcher.criteria import Criteria
 from launcher.errors import UserError
 from launcher.manifest import read_manifest
