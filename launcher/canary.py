@@ -162,6 +162,7 @@ def canary_env(config: PodConfig, slot: Slot, stage: Stage, start: ResumePoint, 
                 "LOG_EVERY": "1", "SAVE_EVERY": "0", "SAVE_KEEP": "1",
                 "SEED": config.env.get("SEED", str(42 + slot.gpu))})
     env.pop("FRACTUS_FAULT", None)
+    env.pop("TB_DIR", None)      # a trial run: not part of the GPU's TensorBoard curves
     if exact:
         env["SS_RATE"] = "0"     # see the module docstring: the SS draw differs by design
     return env

@@ -121,9 +121,11 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
             raise UserError(f"hub: {exc}") from None
     lock = PodLock(pod_dir)
     lock.acquire()
+    events = None
     try:
         refuse_if_busy(plan)
-        events = EventLog(pod_dir)
+        from launcher.tensorboard_events import EventsToTensorBoard
+        events = EventLog(pod_dir, mirror=EventsToTensorBoard(pod_dir))
         index = CheckpointIndex(pod_dir)
         reconcile(plan, manifest, index, events)
         restore_from_hub(plan, manifest, events)
@@ -131,7 +133,9 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
         canary_gate(plan, manifest, events, no_canary)
         record_baselines(plan, manifest, index)
         if detach:
+            events.mirror.close()          # its writer thread would not survive the fork
             _daemonize(pod_dir)
+            events.mirror = EventsToTensorBoard(pod_dir)
             lock.record_holder()
         stage = plan.stages[plan.stage]
         click.echo(f"pod {pod_dir}: stage {plan.stage} ({stage.name}), "
@@ -143,6 +147,8 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
         click.echo(f"pod {supervisor.pod_state.upper()} at stage {supervisor.stage}"
                    + (f": {supervisor.reason}" if supervisor.reason else ""))
     finally:
+        if events is not None:
+            events.mirror.close()
         lock.release()
     sys.exit(code)
 

@@ -16,9 +16,13 @@ EVENTS_FILE = "logs/events.jsonl"
 
 
 class EventLog:
-    def __init__(self, pod_dir: Path):
+    """`mirror`, if given, is called with each record after it is written (the launcher's
+    TensorBoard run: launcher/tensorboard_events.py)."""
+
+    def __init__(self, pod_dir: Path, mirror=None):
         self.path = pod_dir / EVENTS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.mirror = mirror
 
     def emit(self, event: str, **fields) -> dict:
         record = {"ts": time.time(), "event": event, **fields}
@@ -31,6 +35,8 @@ class EventLog:
             os.fsync(fd)
         finally:
             os.close(fd)
+        if self.mirror is not None:
+            self.mirror(record)
         return record
 
 

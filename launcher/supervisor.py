@@ -140,7 +140,7 @@ class Supervisor(PodEnding):
                           start_token=entry["start_token"] if entry else None,
                           ckpt_in=entry.get("checkpoint") if entry else None,
                           max_steps=self.plan.max_steps,
-                          fault=self.plan.faults.pop(gpu, None))
+                          fault=self.plan.faults.pop(gpu, None), stage=self.stage)
         run.tail.read()                      # skip anything older than this start
         run.proc = spawn(self.plan.config, self.pod_dir, spec)
         run.state, run.exit_code = RUNNING, None

@@ -35,6 +35,11 @@ def worker_log_path(gpu: int) -> str:
     return f"logs/worker_gpu{gpu}.log"
 
 
+def tensorboard_dir(gpu: int) -> str:
+    """The GPU's TensorBoard run (`tensorboard --logdir logs/tb` shows one run per GPU)."""
+    return f"logs/tb/gpu{gpu}"
+
+
 def _worker_env_names() -> tuple[str, ...]:
     try:
         from fractus.train.env import ENV_VARS
@@ -52,6 +57,7 @@ class WorkerSpec:
     ckpt_in: str | None = None
     max_steps: int | None = None
     fault: str | None = None           # FRACTUS_FAULT, tests only
+    stage: int | None = None           # STAGE: shown in TensorBoard only
 
 
 def build_env(config: PodConfig, spec: WorkerSpec, base: dict | None = None) -> dict:
@@ -72,6 +78,7 @@ def build_env(config: PodConfig, spec: WorkerSpec, base: dict | None = None) -> 
         "SAVE_EVERY": str(config.save_every),
         "SAVE_KEEP": str(config.save_keep),
         "LOG_EVERY": str(config.log_every),
+        "TB_DIR": tensorboard_dir(gpu),
         "PYTHONUNBUFFERED": "1",
     })
     if spec.slot.device == "cuda":
@@ -88,6 +95,8 @@ def build_env(config: PodConfig, spec: WorkerSpec, base: dict | None = None) -> 
         env["MAX_STEPS"] = str(spec.max_steps)
     if spec.fault:
         env["FRACTUS_FAULT"] = spec.fault
+    if spec.stage is not None:
+        env["STAGE"] = str(spec.stage)
     for name in [n for n in env if n.startswith(HUB_ENV_PREFIXES)]:
         del env[name]
     return env

@@ -148,6 +148,17 @@ def test_launch_trains_and_manifest_advances(tmp_path, launchers):
         assert tokens == sorted(tokens) and tokens[-1] == entry["start_token"]
         start = worker_records(pod, gpu, "start")[-1]
         assert start["settings"]["ce_chunk"] == 0 and start["settings"]["batch"] == BATCH
+    # TensorBoard: one run per GPU (its stage as a scalar), the launcher's decisions as text.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    for gpu in (0, 1):
+        run = EventAccumulator(str(pod / "logs" / "tb" / f"gpu{gpu}"))
+        run.Reload()
+        assert [p.step for p in run.Scalars("loss/ema_tf")][-1] == 12
+        assert {p.value for p in run.Scalars("stage")} == {1.0}
+    decisions = EventAccumulator(str(pod / "logs" / "tb" / "launcher"))
+    decisions.Reload()
+    assert {"events/launch/text_summary", "events/pod_done/text_summary"} <= set(
+        decisions.Tags()["tensors"])
 
 
 def test_nan_on_one_gpu_rolls_it_back_and_the_pod_to_previous_stage(tmp_path, launchers):

@@ -9,7 +9,7 @@ fails before anything is loaded or written, with one line naming the variable:
 Variables kept from the v1 trainer (same names, same defaults): GPU_ID, START_TOKEN, BATCH,
 SEQ, LR, SS_RATE, SS_PROB, LB_COEF, GATE_TEMP, CE_CHUNK, FRACTUS_ATTN_IMPL, COMPILE, ACCUM,
 SHARD, CKPT_IN, CKPT_OUT. New in v2: MODEL, DEVICE, MAX_STEPS, SAVE_EVERY, SAVE_KEEP,
-LOG_EVERY, METRICS, SEED, FORCE_START_TOKEN, FRACTUS_FAULT (tests only).
+LOG_EVERY, METRICS, TB_DIR, STAGE, SEED, FORCE_START_TOKEN, FRACTUS_FAULT (tests only).
 """
 
 from __future__ import annotations
@@ -143,6 +143,11 @@ class WorkerSettings:
     log_every: int = _var("LOG_EVERY", 40, _int_at_least(1),
                           "Metrics line and human line every N steps (and at step 1 of a run).")
     metrics: str | None = _var("METRICS", None, _text, "JSON-lines file for metrics and events.")
+    tb_dir: str | None = _var("TB_DIR", None, _text,
+                              "TensorBoard run directory for the metrics (unset: none).")
+    stage: int | None = _var("STAGE", None, _int_at_least(1),
+                             "The pod stage of this run: only shown, as the TensorBoard "
+                             "`stage` scalar.")
     seed: int | None = _var("SEED", None, _int_at_least(0),
                             "Seed for torch and python random. Default 42 + GPU_ID.")
     force_start_token: bool = _var("FORCE_START_TOKEN", False, _flag,

@@ -28,10 +28,13 @@ def _clean(value):
 
 
 class MetricsWriter:
-    """Appends JSON lines to `path` (None: no file). One writer per worker process."""
+    """Appends JSON lines to `path` (None: no file). One writer per worker process.
+    `tensorboard` (a fractus.train.tensorboard.TensorBoardScalars) also gets every metrics
+    record, as written."""
 
-    def __init__(self, path: str | os.PathLike | None, gpu: int):
+    def __init__(self, path: str | os.PathLike | None, gpu: int, tensorboard=None):
         self.gpu = gpu
+        self._tensorboard = tensorboard
         self._file = None
         if path is not None:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -51,10 +54,16 @@ class MetricsWriter:
         missing = set(METRIC_FIELDS) - set(fields)
         if missing:
             raise ValueError(f"metrics line lacks {sorted(missing)}")
-        self._write({"type": "metrics", "ts": time.time(), "gpu": self.gpu,
-                     **{k: fields[k] for k in METRIC_FIELDS}})
+        record = {"type": "metrics", "ts": time.time(), "gpu": self.gpu,
+                  **{k: fields[k] for k in METRIC_FIELDS}}
+        self._write(record)
+        if self._tensorboard is not None:
+            self._tensorboard.metrics(record)
 
     def close(self) -> None:
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
         if self._file is not None:
             self._file.close()
             self._file = None

@@ -30,6 +30,7 @@ from fractus.train.faults import FaultInjector, parse_fault
 from fractus.train.metrics import MetricsWriter, human_line
 from fractus.train.resume import build_model, find_start, resolve_device
 from fractus.train.step import NonFiniteError, TrainStep
+from fractus.train.tensorboard import TensorBoardScalars
 
 EMA_BETA = 0.98
 EXIT_OK, EXIT_CRASH, EXIT_SETTINGS, EXIT_NAN, EXIT_OOM = 0, 1, 2, 3, 4
@@ -206,7 +207,8 @@ class Worker:
 
     def run(self) -> int:
         s = self.s
-        self.log = MetricsWriter(s.metrics, s.gpu_id)
+        tensorboard = TensorBoardScalars(s.tb_dir, s.stage) if s.tb_dir else None
+        self.log = MetricsWriter(s.metrics, s.gpu_id, tensorboard)
         self.stop.install()
         self.compile_checked = False
         self.last_ss = None  # the SS value of the latest SS pass in this run
@@ -268,7 +270,11 @@ def main(environ=None) -> int:
     except torch.OutOfMemoryError as e:  # building or loading the model did not fit
         print(f"error: out of memory during setup: {str(e).splitlines()[0]}", file=sys.stderr)
         return EXIT_OOM
-    return worker.run()
+    try:
+        return worker.run()
+    finally:
+        if hasattr(worker, "log"):   # every exit path: the TensorBoard writer flushes its queue
+            worker.log.close()
 
 
 if __name__ == "__main__":
