@@ -1,4 +1,5 @@
-"""`fractus-pod`: init, launch, status, stop, rollback, probe (sync and merge: launcher/cli_hub.py).
+"""`fractus-pod`: init, launch, status, stop, rollback, probe (sync and merge: launcher/cli_hub.py;
+dashboard and plot: launcher/cli_view.py).
 
 Every user mistake (bad file, bad option, busy pod) is one line on stderr and exit code 2,
 with nothing started. `launch` exits 0 when the pod stopped or finished, 1 when it FAILED
@@ -17,6 +18,7 @@ from pathlib import Path
 import click
 
 from launcher.cli_hub import merge, pod_dir_of, sync
+from launcher.cli_view import dashboard, plot
 from launcher.errors import UserError
 
 POD_DIR_HELP = "Pod working directory (default: $FRACTUS_POD_DIR or the current directory)."
@@ -303,9 +305,11 @@ def probe(ctx, gpu, checkpoint, shard, baseline_ar, record_baseline, device, tim
         sys.exit(1)
 
 
-# ---- hub and merge: launcher/cli_hub.py -----------------------------------------------
+# ---- hub, merge, dashboard, plot: launcher/cli_hub.py, launcher/cli_view.py ---------
 cli.add_command(sync)
 cli.add_command(merge)
+cli.add_command(dashboard)
+cli.add_command(plot)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,196 @@
+// fractus-pod dashboard: polls /api/data and draws it with uPlot (vendored, see
+// uPlot.LICENSE). The server downsamples; this page only draws what it gets.
+"use strict";
+
+const POLL_MS = 2000;
+const CURVES = ["ema_tf", "lb", "tok_s"];
+const GPU_COLORS = ["#1f77b4", "#e377c2", "#8c564b", "#bcbd22", "#17a2b8", "#6f42c1",
+                    "#20c997", "#fd7e14"];
+const STAGE_FILLS = ["rgba(66,133,244,0.07)", "rgba(251,188,5,0.10)",
+                     "rgba(52,168,83,0.08)", "rgba(234,67,53,0.07)", "rgba(120,120,120,0.08)"];
+
+const state = { version: null, data: null, charts: {}, lastRender: 0 };
+window.dashboard = state;          // for people poking in the console, and for the tests
+
+function chartWidth(el) { return Math.max(300, el.clientWidth - 16); }
+
+// Stage windows behind the curves, then every marker as a vertical line.
+function timelinePlugin() {
+  return {
+    hooks: {
+      drawClear: [u => {
+        const d = state.data; if (!d) return;
+        const ctx = u.ctx, top = u.bbox.top, h = u.bbox.height;
+        ctx.save();
+        ctx.font = `${11 * devicePixelRatio}px system-ui, sans-serif`;
+        for (const w of d.stages) {
+          const x0 = Math.max(u.bbox.left, u.valToPos(w.start, "x", true));
+          const x1 = Math.min(u.bbox.left + u.bbox.width, u.valToPos(w.end, "x", true));
+          if (x1 <= x0) continue;
+          ctx.fillStyle = STAGE_FILLS[(w.stage - 1) % STAGE_FILLS.length];
+          ctx.fillRect(x0, top, x1 - x0, h);
+          ctx.fillStyle = "#666";
+          ctx.fillText(`stage ${w.stage}`, x0 + 4 * devicePixelRatio, top + 12 * devicePixelRatio);
+        }
+        ctx.restore();
+      }],
+      draw: [u => {
+        const d = state.data; if (!d) return;
+        const ctx = u.ctx, top = u.bbox.top, h = u.bbox.height;
+        ctx.save();
+        for (const m of d.markers) {
+          const x = Math.round(u.valToPos(m.ts, "x", true));
+          if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
+          const rollback = m.kind === "rollback";
+          ctx.strokeStyle = d.marker_colors[m.kind] || "#000";
+          ctx.lineWidth = (rollback ? 3 : 1.5) * devicePixelRatio;
+          ctx.setLineDash(rollback ? [] : [5 * devicePixelRatio, 4 * devicePixelRatio]);
+          ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, top + h); ctx.stroke();
+        }
+        ctx.restore();
+      }],
+    },
+  };
+}
+
+function buildChart(name, gpus, aligned) {
+  const el = document.getElementById(`chart-${name}`);
+  const old = state.charts[name];
+  if (old) old.destroy();
+  const opts = {
+    width: chartWidth(el), height: 220,
+    scales: { x: { time: true } },
+    series: [{}].concat(gpus.map(g => ({
+      label: `gpu${g}`, stroke: GPU_COLORS[g % GPU_COLORS.length], width: 1.5,
+      spanGaps: false, points: { show: false },   // null: a restart's gap
+    }))),
+    axes: [{}, { size: 60 }],
+    plugins: [timelinePlugin()],
+  };
+  const chart = new uPlot(opts, aligned, el);
+  chart.gpus = gpus;
+  state.charts[name] = chart;
+}
+
+function drawCurves(d) {
+  for (const name of CURVES) {
+    const perGpu = d.curves[name] || {};
+    const gpus = Object.keys(perGpu).map(Number).sort((a, b) => a - b);
+    const tables = gpus.map(g => perGpu[String(g)]);
+    // NULL_EXPAND (2): a restart's null also swallows the other GPUs' x values around
+    // it, so no line is drawn across the pause.
+    const aligned = tables.length ? uPlot.join(tables, tables.map(() => [0, 2])) : [[]];
+    const chart = state.charts[name];
+    if (chart && chart.gpus.join() === gpus.join()) chart.setData(aligned);
+    else buildChart(name, gpus, aligned);
+  }
+}
+
+function fmt(v, digits) {
+  if (v === null || v === undefined) return "-";
+  return typeof v === "number" && digits !== undefined ? v.toFixed(digits) : String(v);
+}
+function age(s) {
+  if (s === null || s === undefined) return "-";
+  s = Math.round(s);
+  return s < 120 ? `${s}s` : s < 7200 ? `${Math.floor(s / 60)}m`
+       : `${Math.floor(s / 3600)}h${String(Math.floor((s % 3600) / 60)).padStart(2, "0")}m`;
+}
+
+const COLUMNS = [
+  ["GPU", r => r.gpu], ["pid", r => r.pid ? `${r.pid}${r.alive ? "" : " (dead)"}` : "-"],
+  ["state", r => r.state, true], ["stage", r => fmt(r.stage)],
+  ["next_token", r => r.next_token === null ? "-" : r.next_token.toLocaleString("en-US")],
+  ["shard %", r => fmt(r.shard_pct, 2)], ["ema_tf", r => fmt(r.ema_tf, 4)],
+  ["ema_ss", r => fmt(r.ema_ss, 4)], ["lb", r => fmt(r.lb, 3)], ["tok/s", r => fmt(r.tok_s, 0)],
+  ["mem GB", r => fmt(r.mem_gb, 2)], ["ckpt age", r => age(r.checkpoint_age_s)],
+  ["hub rev", r => fmt(r.hub_revision).slice(0, 12)], ["restarts", r => fmt(r.restarts)],
+  ["verdict", r => fmt(r.verdict) + (r.verdict_from_last_run ? " (last run)" : ""), true],
+  ["reason", r => fmt(r.reason), true],
+];
+
+function text(tag, content, cls) {
+  const el = document.createElement(tag);
+  el.textContent = content;
+  if (cls) el.className = cls;
+  return el;
+}
+
+function drawStatus(d) {
+  const s = d.status;
+  const pill = document.getElementById("pod-state");
+  pill.textContent = s.pod_state; pill.className = `pill ${s.pod_state.replace(" ", "_")}`;
+  document.getElementById("pod-line").textContent =
+    `${s.pod_dir}  stage ${fmt(s.stage)}${s.stage_name ? ` (${s.stage_name})` : ""}` +
+    (s.uptime_s ? `  uptime ${age(s.uptime_s)}` : "") + (s.reason ? `  reason: ${s.reason}` : "");
+  const head = document.querySelector("#gpu-table thead");
+  if (!head.children.length) {
+    const tr = document.createElement("tr");
+    for (const [title] of COLUMNS) tr.appendChild(text("th", title));
+    head.appendChild(tr);
+  }
+  const body = document.querySelector("#gpu-table tbody");
+  body.replaceChildren(...s.gpus.map(r => {
+    const tr = document.createElement("tr");
+    tr.dataset.gpu = r.gpu;
+    for (const [, cell, isText] of COLUMNS) tr.appendChild(text("td", cell(r), isText ? "text" : ""));
+    return tr;
+  }));
+  const sync = s.sync;
+  document.getElementById("hub-line").textContent = sync ? `hub ${sync.hub}: last push ` +
+    (sync.last_revision ? `${sync.last_revision.slice(0, 12)} (${age(sync.last_success_age_s)} ago)`
+                        : "none yet") + (sync.in_flight ? "; pushing now" : "") +
+    (sync.last_error ? `; last error: ${sync.last_error}` : "") : "";
+  const c = s.canary;
+  document.getElementById("canary-line").textContent = c ?
+    `last canary: stage ${fmt(c.from_stage)} -> ${fmt(c.to_stage)}: ${c.status}: ${fmt(c.reason)}` : "";
+}
+
+function drawMarkers(d) {
+  const list = document.getElementById("markers");
+  list.replaceChildren(...d.markers.slice().reverse().map(m => {
+    const li = document.createElement("li");
+    li.dataset.kind = m.kind;
+    const when = new Date(m.ts * 1000).toLocaleTimeString();
+    const b = text("b", m.kind);
+    b.style.color = d.marker_colors[m.kind];
+    li.append(text("span", `${when} `), b, text("span", m.label));
+    return li;
+  }));
+  const legend = document.getElementById("legend-markers");
+  if (!legend.children.length) {
+    for (const [kind, color] of Object.entries(d.marker_colors)) {
+      const span = document.createElement("span");
+      const swatch = document.createElement("i");
+      swatch.style.background = color;
+      span.append(swatch, kind.replace("_", " "));
+      legend.appendChild(span);
+    }
+  }
+}
+
+async function poll() {
+  const points = Math.min(4000, Math.max(200, window.innerWidth));
+  const url = `/api/data?points=${points}` + (state.version ? `&version=${state.version}` : "");
+  try {
+    const res = await fetch(url, { cache: "no-store" });
+    const d = await res.json();
+    if (!d.unchanged) {
+      state.data = d; state.version = d.version;
+      drawCurves(d); drawStatus(d); drawMarkers(d);
+      state.lastRender = Date.now();
+    }
+    document.getElementById("updated").textContent =
+      `updated ${new Date().toLocaleTimeString()}`;
+  } catch (err) {
+    document.getElementById("updated").textContent = `dashboard unreachable: ${err}`;
+  }
+  setTimeout(poll, POLL_MS);
+}
+
+window.addEventListener("resize", () => {
+  for (const [name, chart] of Object.entries(state.charts)) {
+    chart.setSize({ width: chartWidth(document.getElementById(`chart-${name}`)), height: 220 });
+  }
+});
+poll();

@@ -1,0 +1,74 @@
+"""What happened when, from logs/events.jsonl: markers (restarts, rollbacks, stage
+switches, canary and probe verdicts, hub pushes) and the stage windows shaded behind the
+curves. Shared by the dashboard and the plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from launcher.events import read_events
+
+# event -> marker kind (the page and the plot colour by kind)
+MARKER_KINDS = {
+    "worker_crash": "restart", "hang": "restart",
+    "rollback": "rollback", "check_failed": "rollback",
+    "stage_change": "stage",
+    "canary": "canary", "canary_skipped": "canary",
+    "probe": "probe", "final_verdicts": "probe",
+    "sync_pushed": "hub_push",
+}
+MARKER_COLORS = {"restart": "#ff7f0e", "rollback": "#d62728", "stage": "#7f7f7f",
+                 "canary": "#9467bd", "probe": "#17becf", "hub_push": "#2ca02c"}
+
+
+def _label(event: dict) -> str:
+    name = event["event"]
+    gpu = f"GPU {event['gpu']} " if event.get("gpu") is not None else ""
+    if name == "rollback":
+        return f"{gpu}rollback stage {event.get('from_stage')} -> {event.get('to_stage')}"
+    if name == "check_failed":
+        return f"{gpu}check failed: {event.get('reason') or event.get('checks') or ''}"
+    if name == "stage_change":
+        return f"stage {event.get('from_stage')} -> {event.get('to_stage')}"
+    if name in ("canary", "canary_skipped"):
+        verdict = event.get("status") or "skipped"
+        return (f"canary {event.get('from_stage')} -> {event.get('to_stage')}: {verdict}")
+    if name == "probe":
+        return f"{gpu}probe {event.get('status')} AR={event.get('ar')}"
+    if name == "final_verdicts":
+        return "final verdicts"
+    if name == "sync_pushed":
+        return f"hub push {str(event.get('revision') or '')[:12]}"
+    if name == "hang":
+        return f"{gpu}hang: restarted"
+    return f"{gpu}crash: {event.get('reason', '')}"
+
+
+def markers(events: list[dict]) -> list[dict]:
+    """One marker per notable event: ts, kind, gpu (None: pod-wide), label."""
+    return [{"ts": e.get("ts"), "kind": MARKER_KINDS[e["event"]], "gpu": e.get("gpu"),
+             "label": _label(e)[:200]}
+            for e in events if e.get("event") in MARKER_KINDS and e.get("ts") is not None]
+
+
+def stage_windows(events: list[dict], until: float | None) -> list[dict]:
+    """Consecutive spans of one pod stage: from a `launch` or `stage_change` event to the
+    next (the last one up to `until`, the newest data)."""
+    starts = []
+    for e in events:
+        stage = e.get("stage") if e.get("event") == "launch" else (
+            e.get("to_stage") if e.get("event") == "stage_change" else None)
+        if isinstance(stage, int) and e.get("ts") is not None:
+            if starts and starts[-1][1] == stage:
+                continue
+            starts.append((e["ts"], stage))
+    windows = []
+    for i, (ts, stage) in enumerate(starts):
+        end = starts[i + 1][0] if i + 1 < len(starts) else max(until or ts, ts)
+        windows.append({"start": ts, "end": end, "stage": stage})
+    return windows
+
+
+def read_timeline(pod_dir: Path, until: float | None) -> dict:
+    events = read_events(pod_dir)
+    return {"markers": markers(events), "stages": stage_windows(events, until)}
