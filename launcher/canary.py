@@ -21,15 +21,14 @@ Nothing here switches anything: the caller switches only when `result.passed`.
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from launcher import child
 from launcher.canary_compare import Tolerance, compare_approximate, compare_exact, metrics_lines
 from launcher.criteria import Criteria, parse_criteria
 from launcher.errors import UserError
@@ -198,19 +197,15 @@ def _start(run: _Run, command: list[str], env: dict, cwd: Path) -> None:
     run.run_dir.mkdir(parents=True, exist_ok=True)
     with open(run.run_dir / "worker.log", "wb") as log:
         try:
-            run.proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                                        stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True)  # its own group: killpg
+            run.proc = child.spawn(command, cwd=cwd, env=env, stdout=log,  # own group: killpg
+                                   stderr=subprocess.STDOUT)
         except OSError as exc:
             raise UserError(f"canary: cannot start the worker command {command}: {exc}") from None
 
 
 def _kill(run: _Run) -> None:
     """SIGKILL the worker's process group (torch.compile may have spawned helpers)."""
-    try:
-        os.killpg(run.proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    child.kill_group(run.proc)
     run.proc.wait()
 
 

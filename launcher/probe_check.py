@@ -20,10 +20,10 @@ import json
 import math
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher import child
 from launcher.errors import UserError
 from launcher.health import FAILED, INCONCLUSIVE, SUCCESSFUL
 from launcher.yamlfile import read_yaml
@@ -144,19 +144,18 @@ def run_probe_process(checkpoint: str | Path, shard: str | Path, head: int | Non
                       cwd: str | Path | None = None, threads: int = 1) -> dict:
     """`python -m fractus.eval.probe --json` in a child process -> its result dict
     (ar, ar_acc, cold_tf, start, rows, next_token). Raises ProbeUnavailable."""
-    command = [sys.executable, "-m", "fractus.eval.probe", "--checkpoint", str(checkpoint),
+    command = ["python", "-m", "fractus.eval.probe", "--checkpoint", str(checkpoint),
                "--shard", str(shard), "--device", device, "--json"]
     if head is not None:
         command += ["--head", str(head)]
     if rows is not None:
         command += ["--rows", str(rows)]
-    env = None
+    env = dict(os.environ)
     if device == "cpu":   # never fight the training workers for every core
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
                    CUDA_VISIBLE_DEVICES="")
     try:
-        done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
-                              timeout=timeout_s, stdin=subprocess.DEVNULL)
+        done = child.run(command, cwd=cwd, env=env, timeout_s=timeout_s)
     except subprocess.TimeoutExpired:
         raise ProbeUnavailable(f"probe timed out after {timeout_s:g} s") from None
     if done.returncode != 0:

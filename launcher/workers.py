@@ -6,25 +6,18 @@ logs/metrics_gpu{i}.jsonl) from the offset it last reached.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
+from launcher import child
 from launcher.podconfig import PodConfig, Slot
-
-PR_SET_PDEATHSIG = 1
-# Hugging Face settings and secrets (HF_TOKEN, HUGGING_FACE_HUB_TOKEN, ...): only the
-# launcher talks to the hub, so a worker never gets them (its environment can be read by
-# any process of the same user, and a crash dump may print it).
-HUB_ENV_PREFIXES = ("HF_", "HUGGING_FACE_")
 
 
 def metrics_path(gpu: int) -> str:
@@ -62,7 +55,7 @@ class WorkerSpec:
 
 def build_env(config: PodConfig, spec: WorkerSpec, base: dict | None = None) -> dict:
     """The worker's environment: stage settings, then the pod's overrides, then identity;
-    never the hub's settings or token (HUB_ENV_PREFIXES)."""
+    never the hub's settings, token or other secrets (launcher.child.child_env)."""
     env = dict(os.environ if base is None else base)
     for name in _worker_env_names():     # a stray BATCH=... in the shell must not leak in
         env.pop(name, None)
@@ -97,34 +90,21 @@ def build_env(config: PodConfig, spec: WorkerSpec, base: dict | None = None) -> 
         env["FRACTUS_FAULT"] = spec.fault
     if spec.stage is not None:
         env["STAGE"] = str(spec.stage)
-    for name in [n for n in env if n.startswith(HUB_ENV_PREFIXES)]:
-        del env[name]
-    return env
+    return child.child_env(env)
 
 
 def worker_command(config: PodConfig) -> list[str]:
-    return [sys.executable if part == "python" else part for part in config.worker]
-
-
-def _die_with_parent(parent_pid: int):
-    """Runs in the child before exec: SIGTERM it when the launcher dies (no unsupervised
-    writers; SIGTERM, so it checkpoints first), and exit if the launcher is already gone."""
-    def hook():
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent_pid:
-            os._exit(1)
-    return hook
+    """The pod's `worker:` command; `python` is this interpreter in safe-path mode."""
+    return child.resolve_command(config.worker)
 
 
 def spawn(config: PodConfig, pod_dir: Path, spec: WorkerSpec) -> subprocess.Popen:
+    """Start one worker: SIGTERM when the launcher dies (it checkpoints first: no
+    unsupervised writers)."""
     log = open(pod_dir / worker_log_path(spec.slot.gpu), "ab")
     try:
-        return subprocess.Popen(
-            worker_command(config), cwd=pod_dir, env=build_env(config, spec),
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,    # Ctrl-C reaches the launcher, which stops workers cleanly
-            preexec_fn=_die_with_parent(os.getpid()) if sys.platform == "linux" else None)
+        return child.spawn(worker_command(config), cwd=pod_dir, env=build_env(config, spec),
+                           stdout=log, stderr=subprocess.STDOUT, death_signal=signal.SIGTERM)
     finally:
         log.close()
 

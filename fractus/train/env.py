@@ -20,6 +20,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 
+# Set by the launcher (launcher.child) when a worker's parent-death signal is SIGTERM; read
+# by the worker's signal handler (a repeated SIGTERM is then the same launcher death).
+PARENT_DEATH_ENV = "FRACTUS_PARENT_DEATH_SIGNAL"
+
+
 class SettingsError(ValueError):
     """A user mistake in the environment: reported as one line, exit code 2."""
 

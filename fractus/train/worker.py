@@ -25,7 +25,7 @@ from fractus.continuous_engine import check_token_ids
 from fractus.data import ShardError, TokenShard, batch_from_window
 from fractus.train.checkpoint import (NonFiniteCheckpointError, capture_rng, remove_stale_temps,
                                       restore_rng, save_checkpoint, training_payload)
-from fractus.train.env import SettingsError, WorkerSettings
+from fractus.train.env import PARENT_DEATH_ENV, SettingsError, WorkerSettings
 from fractus.train.faults import FaultInjector, parse_fault
 from fractus.train.metrics import MetricsWriter, human_line
 from fractus.train.resume import build_model, find_start, resolve_device
@@ -41,10 +41,16 @@ def ema(previous: float | None, value: float) -> float:
 
 
 class StopSignal:
-    """First SIGTERM/SIGINT: finish the step, checkpoint, exit 0. Second: exit at once."""
+    """First SIGTERM/SIGINT: finish the step, checkpoint, exit 0. Second: exit at once,
+    except a repeated SIGTERM in a worker the launcher started with SIGTERM as its
+    parent-death signal: the kernel sends that once per launcher thread that exits, so a
+    killed launcher can deliver it several times; the launcher itself escalates with SIGKILL."""
 
-    def __init__(self):
+    def __init__(self, environ=None):
+        environ = os.environ if environ is None else environ
         self.requested: str | None = None
+        self.repeated_sigterm_is_parent_death = (
+            environ.get(PARENT_DEATH_ENV) == signal.SIGTERM.name)
 
     def install(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -52,6 +58,8 @@ class StopSignal:
 
     def _handle(self, signum, frame) -> None:
         if self.requested is not None:
+            if signum == signal.SIGTERM and self.repeated_sigterm_is_parent_death:
+                return          # the same launcher death again: the save goes on
             os._exit(128 + signum)
         self.requested = signal.Signals(signum).name
 

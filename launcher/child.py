@@ -1,0 +1,123 @@
+"""Every process the launcher starts (workers, probes, canary workers) is started here, so
+each one gets the same three guarantees:
+
+- **fractus-pod's engine, whatever the working directory.** Python runs in safe-path mode
+  (`-P`): neither the working directory (`-m`) nor a script's folder goes on `sys.path`, so a
+  user's own `fractus/` package in their run directory is never imported in place of ours.
+- **A scrubbed environment.** Hugging Face settings and secrets (`HF_*`, `HUGGING_FACE_*`) and
+  anything named like a secret (`*SECRET*`, `*PASSWORD*`, `*API_KEY*`, `*ACCESS_TOKEN*`, ...,
+  `GITHUB_TOKEN`) are removed:
+  only the launcher talks to the hub, and a child's environment can be read by any process of
+  the same user (`/proc/PID/environ`) or printed in a crash dump.
+- **It dies with the launcher.** `PR_SET_PDEATHSIG`: workers get SIGTERM (they checkpoint and
+  exit), every other child SIGKILL (a probe or canary result nobody will read). The kernel
+  sends that signal each time the *thread* that forked the child exits and the child is
+  handed to another thread of the same process, so all children are forked from one
+  long-lived thread (`_SPAWNER`): a probe thread that ends never signals anything. When the
+  whole launcher is killed, its threads exit one after another and a child can still get the
+  signal more than once; the worker ignores a repeated SIGTERM when it was started with
+  `FRACTUS_PARENT_DEATH_SIGNAL=SIGTERM` (the launcher's own escalation is SIGKILL).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from typing import IO, Mapping, Sequence
+
+from fractus.train.env import PARENT_DEATH_ENV
+
+PR_SET_PDEATHSIG = 1
+SECRET_ENV_PREFIXES = ("HF_", "HUGGING_FACE_")
+# Not a bare "TOKEN": START_TOKEN and FORCE_START_TOKEN are worker settings.
+SECRET_ENV_PARTS = ("SECRET", "PASSWORD", "API_KEY", "ACCESS_KEY", "AUTH_TOKEN",
+                    "ACCESS_TOKEN", "API_TOKEN")
+SECRET_ENV_NAMES = ("GITHUB_TOKEN", "GH_TOKEN")
+INTERPRETER_NAMES = ("python", "python3")
+
+_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="child-spawner")
+
+
+def python_command(*args: str) -> list[str]:
+    """This interpreter in safe-path mode, with `args` (e.g. "-m", "fractus.eval.probe")."""
+    return [sys.executable, "-P", *args]
+
+
+def resolve_command(command: Sequence[str]) -> list[str]:
+    """A configured command (e.g. the pod's `worker:`) with a leading `python` replaced by
+    this interpreter in safe-path mode; any other program is run as given."""
+    command = list(command)
+    if command and command[0] in (*INTERPRETER_NAMES, sys.executable):
+        rest = command[1:]
+        return python_command(*(rest[1:] if rest[:1] == ["-P"] else rest))
+    return command
+
+
+def is_secret_name(name: str) -> bool:
+    upper = name.upper()
+    return (upper.startswith(SECRET_ENV_PREFIXES) or upper in SECRET_ENV_NAMES
+            or any(part in upper for part in SECRET_ENV_PARTS))
+
+
+def child_env(base: Mapping[str, str] | None = None, **overrides: str) -> dict[str, str]:
+    """`base` (default: the launcher's environment) plus `overrides`, without secrets."""
+    env = dict(os.environ if base is None else base)
+    env.update(overrides)
+    return {name: value for name, value in env.items() if not is_secret_name(name)}
+
+
+def _die_with_parent(parent_pid: int, death_signal: int):
+    """Runs in the child before exec: `death_signal` when the launcher dies, and exit at
+    once if the launcher is already gone (it died between fork and here)."""
+    def hook():
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, death_signal)
+        if os.getppid() != parent_pid:
+            os._exit(1)
+    return hook
+
+
+def spawn(command: Sequence[str], *, cwd, env: Mapping[str, str],
+          stdout: int | IO | None = subprocess.DEVNULL, stderr: int | IO | None = None,
+          death_signal: int = signal.SIGKILL, new_session: bool = True) -> subprocess.Popen:
+    """Start `command` (resolved, see resolve_command) with a scrubbed copy of `env`, from the
+    spawner thread. `new_session`: its own process group (Ctrl-C reaches only the launcher,
+    which stops children cleanly; killpg reaches a child's helpers)."""
+    env = child_env(env)
+    if death_signal == signal.SIGTERM:
+        env[PARENT_DEATH_ENV] = "SIGTERM"
+    preexec = _die_with_parent(os.getpid(), death_signal) if sys.platform == "linux" else None
+    argv = resolve_command(command)
+
+    def start() -> subprocess.Popen:
+        return subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout,
+                                stderr=stderr, start_new_session=new_session,
+                                preexec_fn=preexec)
+    return _SPAWNER.submit(start).result()
+
+
+def run(command: Sequence[str], *, cwd, env: Mapping[str, str],
+        timeout_s: float) -> subprocess.CompletedProcess:
+    """spawn() and wait, capturing text output; on timeout the child's group is SIGKILLed and
+    subprocess.TimeoutExpired raised (as subprocess.run does)."""
+    proc = spawn(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except BaseException:
+        kill_group(proc)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode,
+                                       out.decode(errors="replace"), err.decode(errors="replace"))
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the child's process group (it runs in its own session)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

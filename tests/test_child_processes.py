@@ -1,0 +1,179 @@
+"""Every child the launcher starts (launcher.child): fractus-pod's engine whatever the cwd (a
+decoy `fractus/` package sits in the pod directory), a scrubbed environment read from
+/proc/PID/environ, and no child outliving a kill -9 of its launcher; a worker whose launcher
+dies gets its parent-death SIGTERM repeated (once per launcher thread) and still writes its
+final checkpoint.
+
+The "launcher" here is a real stand-in process that runs the launcher's own spawning code
+(launcher.probe_check.run_probe_process from a probe thread, launcher.child.spawn for a
+worker) beside idle threads, as the real launcher's probe and sync threads.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from launcher.child import child_env, resolve_command
+from tests.support.pods import stage1_pod
+from tests.test_launcher_e2e import wait_for
+from tests.support.worker_utils import (REPO_ROOT, events, read_jsonl, worker_env,
+                                        write_synth_shard)
+
+SECRET = "hf_secret_value_for_the_scrub_test"
+
+
+def add_decoy_package(pod: Path) -> None:
+    """The user's own `fractus/` package in their run directory: importing it fails."""
+    (pod / "fractus").mkdir()
+    (pod / "fractus" / "__init__.py").write_text(
+        'raise ImportError("decoy fractus package from the pod directory was imported")\n')
+
+
+def start_stand_in(script: str, cwd: Path, env: dict) -> subprocess.Popen:
+    """A launcher stand-in: idle threads (like probe/sync threads), then `script`."""
+    prelude = textwrap.dedent("""
+        import sys, threading, time
+        for n in range(3):
+            threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
+    """)
+    return subprocess.Popen([sys.executable, "-c", prelude + textwrap.dedent(script)],
+                            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def child_running(parent: psutil.Process, marker: str) -> psutil.Process | None:
+    for proc in parent.children(recursive=True):
+        try:
+            if marker in " ".join(proc.cmdline()):
+                return proc
+        except psutil.Error:
+            continue
+    return None
+
+
+def gone(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.fixture
+def cleanup():
+    procs: list[int] = []
+    yield procs
+    for pid in procs:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def test_probe_child_imports_our_engine_gets_no_secret_and_dies_with_its_launcher(
+        tmp_path, cleanup):
+    pod = stage1_pod(tmp_path / "pod", steps=2)
+    add_decoy_package(pod)
+    env = dict(os.environ, HF_TOKEN=SECRET, GITHUB_TOKEN=SECRET,
+               PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+    # First a probe run to its end: it imports fractus-pod's engine despite the decoy.
+    done = start_stand_in(f"""
+        from launcher.probe_check import run_probe_process
+        print(run_probe_process({str(pod / "checkpoints/fractus_1b_gpu0.pt")!r},
+                                {str(pod / "data/shard_phase2_gpu0.npy")!r},
+                                rows=2, cwd={str(pod)!r}, timeout_s=300))
+    """, REPO_ROOT, env)
+    cleanup.append(done.pid)
+    out, err = done.communicate(timeout=300)
+    assert done.returncode == 0, err
+    assert "'ar':" in out
+
+    # Then a long probe from a probe thread: its environment, then kill -9 of its launcher.
+    stand_in = start_stand_in(f"""
+        import threading
+        from launcher.probe_check import run_probe_process
+        def probe():
+            run_probe_process({str(pod / "checkpoints/fractus_1b_gpu0.pt")!r},
+                              {str(pod / "data/shard_phase2_gpu0.npy")!r},
+                              rows=100000, cwd={str(pod)!r}, timeout_s=3600)
+        threading.Thread(target=probe, name="probe-gpu0", daemon=True).start()
+        time.sleep(3600)
+    """, REPO_ROOT, env)
+    cleanup.append(stand_in.pid)
+    probe = wait_for(lambda: child_running(psutil.Process(stand_in.pid), "fractus.eval.probe"),
+                     60, "the probe child")
+    environ = Path(f"/proc/{probe.pid}/environ").read_bytes().split(b"\0")
+    names = {entry.split(b"=", 1)[0].decode() for entry in environ if entry}
+    assert "HF_TOKEN" not in names and "GITHUB_TOKEN" not in names
+    assert SECRET.encode() not in b"\0".join(environ)
+    assert "PYTHONPATH" in names                   # the rest of the environment is kept
+    assert "-P" in probe.cmdline()
+
+    stand_in.kill()
+    stand_in.wait()
+    wait_for(lambda: gone(probe), 15, "the probe to die with its launcher")
+
+
+def test_worker_writes_its_final_checkpoint_through_repeated_parent_death_signals(
+        tmp_path, cleanup):
+    pod = tmp_path / "pod"
+    pod.mkdir()
+    add_decoy_package(pod)
+    write_synth_shard(tmp_path / "shard.npy", tokens=400_000)
+    env = worker_env(tmp_path, SAVE_EVERY=0, HF_TOKEN=SECRET, ALLOW_FRESH_START=1)
+    stand_in = start_stand_in(f"""
+        import signal
+        from launcher import child
+        proc = child.spawn(["python", "-u", "-m", "fractus.train.worker"], cwd={str(pod)!r},
+                           env=dict(__import__("os").environ),
+                           stdout=open({str(tmp_path / "worker.log")!r}, "ab"),
+                           stderr=subprocess.STDOUT, death_signal=signal.SIGTERM)
+        print(proc.pid, flush=True)
+        time.sleep(3600)
+    """.replace("import signal", "import signal, subprocess"), REPO_ROOT, env)
+    cleanup.append(stand_in.pid)
+    worker_pid = int(stand_in.stdout.readline())
+    cleanup.append(worker_pid)
+    metrics = tmp_path / "metrics.jsonl"
+    wait_for(lambda: any(r.get("type") == "metrics" for r in read_jsonl(metrics)), 120,
+             "the worker's first step")
+    worker = psutil.Process(worker_pid)
+    assert "HF_TOKEN" not in worker.environ()
+
+    stand_in.kill()                      # kill -9 the launcher: the kernel's SIGTERM(s) follow
+    stand_in.wait()
+    # The kernel repeats the parent-death signal once per launcher thread that exits; make
+    # sure repeats land while the worker finishes its step and saves.
+    while not gone(worker):
+        try:
+            worker.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.01)
+
+    records = read_jsonl(metrics)
+    (done,) = events(records, "done")
+    assert done["reason"] == "signal"
+    final = events(records, "checkpoint")[-1]
+    assert final["next_token"] == done["next_token"]
+    assert Path(final["path"]).exists()
+    assert (tmp_path / "worker.log").read_text().count("decoy") == 0
+
+
+def test_configured_python_commands_run_safe_path_and_env_is_scrubbed():
+    assert resolve_command(["python", "-u", "-m", "fractus.train.worker"]) == \
+        [sys.executable, "-P", "-u", "-m", "fractus.train.worker"]
+    assert resolve_command(["torchrun", "x.py"]) == ["torchrun", "x.py"]
+    env = child_env({"HF_TOKEN": "t", "HUGGING_FACE_HUB_TOKEN": "t", "HF_ENDPOINT": "u",
+                     "WANDB_API_KEY": "k", "START_TOKEN": "64", "FORCE_START_TOKEN": "1",
+                     "PATH": "/bin"})
+    assert env == {"START_TOKEN": "64", "FORCE_START_TOKEN": "1", "PATH": "/bin"}
