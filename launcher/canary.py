@@ -35,12 +35,14 @@ from launcher.errors import UserError
 from launcher.health import FAILED, INCONCLUSIVE, SUCCESSFUL
 from launcher.manifest import read_manifest
 from launcher.podconfig import PodConfig, Slot, load_config, parse_devices
+from launcher.progress import progress
 from launcher.stages import Stage, get_stage, load_stages
 from launcher.workers import WorkerSpec, build_env, read_records, worker_command
 from launcher.yamlfile import read_yaml
 
 SCRATCH_DIR = "scratch/canary"   # under the pod directory; never the canonical checkpoints
 KEEP_RUNS = 5                    # canary run directories kept (metrics + logs, no weights)
+WATCH_S = 0.5                    # how often the progress line reads the runs' metrics
 
 
 # ---- settings (the `canary:` section of trusted_loss.yaml, with defaults) ---------------
@@ -209,16 +211,24 @@ def _kill(run: _Run) -> None:
     run.proc.wait()
 
 
-def _wait(run: _Run, deadline: float) -> None:
-    try:
-        run.code = run.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        _kill(run)
-        run.code, run.timed_out = run.proc.returncode, True
+def _wait(run: _Run, deadline: float, watch=None) -> None:
+    """Until the run exits or the deadline; `watch()` every WATCH_S meanwhile (progress)."""
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            run.code = run.proc.wait(timeout=max(0.0, min(WATCH_S, left)))
+            return
+        except subprocess.TimeoutExpired:
+            if left <= WATCH_S:
+                break
+            if watch is not None:
+                watch()
+    _kill(run)
+    run.code, run.timed_out = run.proc.returncode, True
 
 
 def _execute(runs: list[_Run], envs: list[dict], command: list[str], cwd: Path,
-             parallel: bool, deadline: float) -> None:
+             parallel: bool, deadline: float, watch=None) -> None:
     """Run the reference (runs[0]) and stage-N workers; none is left behind on any exit."""
     try:
         for run, env in zip(runs, envs):
@@ -226,14 +236,24 @@ def _execute(runs: list[_Run], envs: list[dict], command: list[str], cwd: Path,
                 break                      # nothing to compare stage N with
             _start(run, command, env, cwd)
             if not parallel:
-                _wait(run, deadline)
+                _wait(run, deadline, watch)
         for run in runs:
             if run.proc is not None and run.code is None:
-                _wait(run, deadline)
+                _wait(run, deadline, watch)
     finally:
         for run in runs:
             if run.proc is not None and run.proc.poll() is None:
                 _kill(run)
+
+
+def _show_steps(task, title: str, runs: list[_Run], steps: int) -> None:
+    """Which stage's run is at which step (before step 1 it loads the model)."""
+    done = {run.name: min(len(metrics_lines(run.records())), steps)
+            for run in runs if run.proc is not None}
+    running = [run.name for run in runs if run.proc is not None and run.code is None]
+    where = ", ".join(f"{name} step {done[name]}/{steps}" if done[name] else
+                      f"{name} loading the model" for name in running)
+    task.update(completed=sum(done.values()), description=f"{title}: {where or 'comparing'}")
 
 
 def _clean(scratch_root: Path, run_dir: Path) -> None:
@@ -284,8 +304,11 @@ def run_canary(pod_dir: str | Path, gpu: int, from_stage: int, to_stage: int,
     runs = [_Run(f"stage {s.number}", run_dir / f"stage{s.number}") for s in (ref_stage, new_stage)]
     envs = [canary_env(config, slot, stage, start, steps, run.run_dir, exact)
             for run, stage in zip(runs, (ref_stage, new_stage))]
-    _execute(runs, envs, worker_command(config), pod_dir, parallel,
-             time.monotonic() + timeout_s)
+    title = f"canary stage {from_stage} -> {to_stage} on GPU {gpu}"
+    with progress(title, 2 * steps, "steps") as task:
+        _execute(runs, envs, worker_command(config), pod_dir, parallel,
+                 time.monotonic() + timeout_s, watch=lambda: _show_steps(task, title, runs, steps))
+        _show_steps(task, title, runs, steps)
     ref_fail, new_fail = runs[0].failure(), runs[1].failure()
     started = [r for r in runs[0].records() if r.get("event") == "start"]
     if started and result.start_token is None:

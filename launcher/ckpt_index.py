@@ -28,11 +28,14 @@ VERIFY_BELOW_BYTES = 256 << 20
 PENDING, PASSED, FAILED = "pending", "passed", "failed"
 
 
-def sha256_file(path: Path) -> str:
+def sha256_file(path: Path, on_bytes=None) -> str:
+    """`on_bytes(n)` after each block read (a progress task's advance)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
+            if on_bytes is not None:
+                on_bytes(len(block))
     return h.hexdigest()
 
 

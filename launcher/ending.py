@@ -13,6 +13,7 @@ import time
 from launcher.ckpt_index import FAILED as CK_FAILED
 from launcher.gpu_run import STOPPED
 from launcher.health import FAILED
+from launcher.progress import progress
 from launcher.workers import kill, terminate
 
 
@@ -75,9 +76,12 @@ class PodEnding:
             rounds = -(-len(last) // at_once) + 1       # + the stage's baseline probes
             deadline = time.monotonic() + rounds * self.probes.schedule.timeout_s
             self._collect_probes()                      # starts the queued probes
-            while self.probes.busy() and not self.cut_short and time.monotonic() < deadline:
-                time.sleep(self.plan.config.poll_interval_s)
-                self._collect_probes()
+            with progress(f"final probes of {len(last)} checkpoint(s)", len(last),
+                          "probes") as task:
+                while self.probes.busy() and not self.cut_short and time.monotonic() < deadline:
+                    time.sleep(self.plan.config.poll_interval_s)
+                    self._collect_probes()
+                    task.update(completed=len(last) - self.probes.probing(last))
         for run in self.runs.values():
             self._mark_verified(run)
         self.events.emit("final_verdicts", stage=self.stage, verdicts={

@@ -27,6 +27,8 @@ from typing import Sequence
 
 import torch
 
+from launcher.progress import progress
+
 CARRIED_STATE_SUFFIXES = ("attn_S", "attn_z", "kuramoto_phases")
 CARRIED_STATE_NAMES = ("thought_state", "last_lb_loss")
 
@@ -79,9 +81,14 @@ def merge_checkpoints(paths: Sequence[str | Path], out_path: str | Path) -> Merg
     paths = [Path(p) for p in paths]
     if not paths:
         raise ValueError("merge needs at least one checkpoint")
-    out_path = Path(out_path)
+    with progress(f"merging {len(paths)} checkpoints", len(paths), "checkpoints") as task:
+        return _merge(paths, Path(out_path), task)
 
+
+def _merge(paths: list[Path], out_path: Path, task) -> MergeReport:
+    task.update(description=f"merging: reading {paths[0].name}")
     first_state, config = _load(paths[0])
+    task.update(advance=1)
     dropped = tuple(k for k in first_state if is_carried_state(k))
     sums: dict[str, torch.Tensor] = {}  # floating keys -> running sum
     merged: dict[str, torch.Tensor] = {}  # every kept key, in the first checkpoint's order
@@ -106,6 +113,7 @@ def merge_checkpoints(paths: Sequence[str | Path], out_path: str | Path) -> Merg
     del first_state
 
     for path in paths[1:]:
+        task.update(description=f"merging: adding {path.name}")
         state, _ = _load(path)
         kept = {k for k in state if not is_carried_state(k)}
         if kept != set(spec):
@@ -119,7 +127,9 @@ def merge_checkpoints(paths: Sequence[str | Path], out_path: str | Path) -> Merg
                 )
             acc.add_(t)  # pages this tensor in, adds, and never touches it again
         del state
+        task.update(advance=1)
 
+    task.update(description=f"merging: writing {out_path.name}")
     n = len(paths)
     for key, acc in sums.items():
         acc.div_(n)

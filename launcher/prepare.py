@@ -27,6 +27,7 @@ from launcher.manifest import (
     write_manifest,
 )
 from launcher.podconfig import PodConfig, Slot, load_config, parse_devices
+from launcher.progress import progress
 from launcher.stages import Stage, get_stage, load_stages
 from launcher.workers import busy_cuda_gpus, metrics_path, read_records, running_workers
 
@@ -139,10 +140,12 @@ def restore_from_hub(plan: LaunchPlan, manifest: Manifest, events: EventLog) -> 
         entry = manifest.entries.get(slot.gpu) or {}
         if entry.get("checkpoint") and entry.get("hub_revision"):
             named[slot.gpu] = entry
-    with ThreadPoolExecutor(max_workers=max(1, len(named))) as pool:
-        intact = dict(zip(named, pool.map(_holds_recorded_bytes,
-                                          [plan.pod_dir / e["checkpoint"] for e in named.values()],
-                                          [e.get("checkpoint_sha256") for e in named.values()])))
+    paths = [plan.pod_dir / e["checkpoint"] for e in named.values()]
+    with progress(f"hashing {len(paths)} checkpoint(s)", _total_bytes(paths), "bytes") as task, \
+            ThreadPoolExecutor(max_workers=max(1, len(named))) as pool:
+        intact = dict(zip(named, pool.map(_holds_recorded_bytes, paths,
+                                          [e.get("checkpoint_sha256") for e in named.values()],
+                                          [task.advance] * len(paths))))
     for gpu, entry in named.items():
         if intact[gpu]:
             continue
@@ -156,10 +159,14 @@ def restore_from_hub(plan: LaunchPlan, manifest: Manifest, events: EventLog) -> 
         events.emit("checkpoint_pulled", gpu=gpu, checkpoint=rel, revision=revision)
 
 
-def _holds_recorded_bytes(path: Path, sha256: str | None) -> bool:
+def _holds_recorded_bytes(path: Path, sha256: str | None, on_bytes=None) -> bool:
     if not path.is_file():
         return False
-    return not sha256 or sha256_file(path) == sha256
+    return not sha256 or sha256_file(path, on_bytes) == sha256
+
+
+def _total_bytes(paths: list[Path]) -> int:
+    return sum(p.stat().st_size for p in paths if p.is_file())
 
 
 def validate(plan: LaunchPlan, manifest: Manifest) -> None:

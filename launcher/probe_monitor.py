@@ -175,6 +175,10 @@ class ProbeMonitor:
         self._enqueue(probes, ProbeRequest(gpu, held, shard, "check", sha256, step))
         return True
 
+    def probing(self, gpus) -> int:
+        """How many of `gpus` still have a probe running or waiting."""
+        return sum(1 for gpu in gpus if (p := self.gpus.get(gpu)) and (p.in_flight or p.waiting))
+
     def widen_for_finish(self, probes_due: int, checkpoint_bytes: int) -> int:
         """The workers have stopped: the final probes may use the host. As many at once as
         are due, bounded by free memory (a CPU probe holds about 2.5x its checkpoint: the

@@ -36,6 +36,7 @@ from launcher.ckpt_index import CheckpointIndex
 from launcher.events import EventLog
 from launcher.manifest import Manifest, atomic_write_text, write_manifest
 from launcher.podconfig import CONFIG_NAME, PodConfig
+from launcher.progress import progress
 
 SYNC_STATE = "logs/sync_state.json"
 SNAPSHOT_DIR = ".fractus_sync"       # hard links of the files one sync sends; never pushed
@@ -174,7 +175,10 @@ def send(store, snap: Snapshot, message: str) -> str:
         snap.files[MERGED_PATH] = snap.dir / "merged.pt"
     # The store checks each checkpoint against its recorded sha256 in the one read it makes
     # of it (IntegrityError, nothing sent or committed, if the bytes changed on disk).
-    return store.push(snap.files, message, expected=snap.expected)
+    size = sum(path.stat().st_size for path in snap.files.values())
+    with progress(f"hub push to {store.url}: {len(snap.files)} file(s), "
+                  f"{size / 1e9:.2f} GB"):
+        return store.push(snap.files, message, expected=snap.expected)
 
 
 def record_revision(manifest: Manifest, snap: Snapshot, revision: str) -> list[int]:

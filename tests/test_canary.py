@@ -73,11 +73,19 @@ def check_untouched(pod: Path, before: dict, result) -> None:
 
 
 # ---- real processes ----------------------------------------------------------------------
-def test_canary_passes_stage_1_to_2_sequentially(pod):
+def test_canary_passes_stage_1_to_2_sequentially(pod, monkeypatch, capsys):
+    import launcher.progress
+    monkeypatch.setattr(launcher.progress, "PLAIN_FIRST_S", 0.0)   # every progress line
+    monkeypatch.setattr(launcher.progress, "PLAIN_EVERY_S", 0.0)
     before = snapshot(pod)
     entry = read_manifest(pod / load_config(pod).manifest).entries[0]
     result = run_canary(pod, gpu=0, from_stage=1, to_stage=2, steps=STEPS, device="cpu")
     assert result.passed and result.exact and result.status == "Successful", result.reason
+    # It says which stage runs and at which step, while it runs.
+    progress = capsys.readouterr().out
+    assert "canary stage 1 -> 2 on GPU 0: stage 1 loading the model" in progress
+    assert f"canary stage 1 -> 2 on GPU 0: stage 2 step {STEPS}/{STEPS}" in progress
+    assert f"{2 * STEPS}/{2 * STEPS} steps (100%), done in" in progress
     assert [row.step for row in result.per_step] == [4, 5, 6, 7]      # checkpoint was at step 3
     assert all(row.ok for row in result.per_step)
     starts = start_events(pod, result)

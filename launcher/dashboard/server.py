@@ -138,8 +138,10 @@ class DashboardHandler(BaseHTTPRequestHandler):
 
 
 def make_server(pod_dir: Path, config, host: str, port: int) -> ThreadingHTTPServer:
-    handler = type("PodDashboardHandler", (DashboardHandler,),
-                   {"data": DashboardData(pod_dir, config)})
+    """Bound, and the pod's files already read (the first page is then as quick as any)."""
+    data = DashboardData(pod_dir, config)
+    handler = type("PodDashboardHandler", (DashboardHandler,), {"data": data})
     server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
+    _scrubbed_json(data.payload(DEFAULT_POINTS))     # reads every line, imports the scrub
     return server

@@ -15,6 +15,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Iterable, Mapping
 
+from launcher.progress import progress
+
 from .integrity import (
     INDEX_PATH,
     SCRATCH_DIR,
@@ -106,14 +108,18 @@ class Store(ABC):
         if missing:
             raise HubError(f"not in revision {rev[:12]} of {self.url}: {', '.join(missing)}")
         out: dict[str, Path] = {}
-        for rel in wanted:
-            dest = self._destination(rel)
-            if matches(dest, index[rel]):
-                log.info("hub: %s already matches revision %s", rel, rev[:12])
-            else:
-                self._fetch(rel, index[rel], rev, dest)
-                log.info("hub: pulled %s at revision %s", rel, rev[:12])
-            out[rel] = dest
+        with progress(f"hub pull {rev[:12]}", sum(index[rel].size for rel in wanted),
+                      "bytes") as task:
+            for rel in wanted:
+                task.update(description=f"hub pull {rev[:12]}: {rel}")
+                dest = self._destination(rel)
+                if matches(dest, index[rel]):
+                    log.info("hub: %s already matches revision %s", rel, rev[:12])
+                else:
+                    self._fetch(rel, index[rel], rev, dest)
+                    log.info("hub: pulled %s at revision %s", rel, rev[:12])
+                out[rel] = dest
+                task.update(advance=index[rel].size)
         return out
 
     def _local_files(self, files: PushFiles) -> dict[str, Path]:

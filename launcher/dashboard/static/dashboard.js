@@ -179,6 +179,7 @@ async function poll() {
       state.data = d; state.version = d.version;
       drawCurves(d); drawStatus(d); drawMarkers(d);
       state.lastRender = Date.now();
+      if (state.readyMs === undefined) state.readyMs = performance.now();  // page ready
     }
     document.getElementById("updated").textContent =
       `updated ${new Date().toLocaleTimeString()}`;
