@@ -1,7 +1,7 @@
 """Token shards: zero-copy access for training, and learnable synthetic shards for demos.
 
-A shard is one flat stream of token ids. Production shards are `.npy` int32 (uint16 also
-accepted) opened as a memmap: the worker slices B*SEQ+1 tokens per step, so resident memory
+A shard is one flat stream of token ids. Production shards are `.npy` int32 (any integer
+dtype accepted, widened per window) opened as a memmap: the worker slices B*SEQ+1 tokens per step, so resident memory
 does not grow with the shard size (v1 converted the whole shard to int64: 3.4 GB per process).
 Legacy `.pt` shards (a 1-D int64 tensor, loaded with weights_only=True) are accepted too.
 
@@ -21,7 +21,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-NPY_DTYPES = (np.dtype(np.int32), np.dtype(np.uint16))
+# Windows of these dtypes stay int32 on the host (exact); any other integer dtype is
+# widened to int64 per window (as v1 did for the whole shard).
+INT32_EXACT = (np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.int16),
+               np.dtype(np.uint16), np.dtype(np.int32))
 
 
 class ShardError(ValueError):
@@ -48,8 +51,8 @@ class TokenShard:
             tokens = np.load(path, mmap_mode="r")
         except (ValueError, OSError) as e:
             raise ShardError(f"shard {path}: not a readable .npy file ({e})") from None
-        if tokens.ndim != 1 or tokens.dtype not in NPY_DTYPES:
-            raise ShardError(f"shard {path}: expected a 1-D int32 or uint16 array, "
+        if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
+            raise ShardError(f"shard {path}: expected a 1-D integer array, "
                              f"got {tokens.dtype} with shape {tokens.shape}")
         return tokens
 
@@ -67,17 +70,18 @@ class TokenShard:
         return int(self._tokens.shape[0])
 
     def window(self, start: int, length: int) -> torch.Tensor:
-        """Tokens [start, start+length) as a small CPU tensor (int32, uint16 or int64).
+        """Tokens [start, start+length) as a small CPU tensor (int32 or int64).
 
         Only this window is read from the memmap (a copy of `length` tokens), so the worker's
-        memory stays flat. uint16 is widened to int32 on the host: a few KB per step.
+        memory stays flat; narrower integers are widened per window (a few KB per step),
+        never the whole shard.
         """
         if start < 0 or start + length > len(self):
             raise IndexError(f"window [{start}, {start + length}) outside shard of {len(self)}")
         piece = self._tokens[start:start + length]
         if isinstance(piece, torch.Tensor):
             return piece.clone()
-        dtype = np.int32 if piece.dtype == np.uint16 else piece.dtype
+        dtype = np.int32 if piece.dtype in INT32_EXACT else np.int64
         return torch.from_numpy(np.array(piece, dtype=dtype))
 
 

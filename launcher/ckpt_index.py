@@ -39,6 +39,19 @@ def sha256_file(path: Path, on_bytes=None) -> str:
     return h.hexdigest()
 
 
+def link_or_copy(source: Path, target: Path) -> None:
+    """`target` becomes another name for `source`'s bytes: a hard link (no copy, and the
+    bytes stay whatever later renames or deletes do to `source`), else a copy; atomic."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(source, tmp)
+    except OSError:        # no hard links here: fall back to a copy
+        shutil.copyfile(source, tmp)
+    os.replace(tmp, target)
+
+
 class CheckpointIndex:
     def __init__(self, pod_dir: Path):
         self.pod_dir = pod_dir
@@ -133,14 +146,7 @@ class CheckpointIndex:
             if (size is None or st.st_size <= VERIFY_BELOW_BYTES) and \
                     sha256_file(candidate) != record["sha256"]:
                 continue
-            gpu_dir.mkdir(parents=True, exist_ok=True)
-            tmp = gpu_dir / f".{target.name}.tmp"
-            tmp.unlink(missing_ok=True)
-            try:
-                os.link(candidate, tmp)
-            except OSError:        # no hard links here: fall back to a copy
-                shutil.copyfile(candidate, tmp)
-            os.replace(tmp, target)
+            link_or_copy(candidate, target)
             return str(target.relative_to(self.pod_dir))
         return None
 

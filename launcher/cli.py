@@ -17,6 +17,7 @@ from pathlib import Path
 
 import click
 
+from launcher.cli_adopt import adopt
 from launcher.cli_hub import merge, pod_dir_of, sync
 from launcher.cli_view import dashboard, plot
 from launcher.errors import UserError
@@ -310,6 +311,7 @@ cli.add_command(sync)
 cli.add_command(merge)
 cli.add_command(dashboard)
 cli.add_command(plot)
+cli.add_command(adopt)      # launcher/cli_adopt.py
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,8 +3,10 @@
 Two layouts are read:
     current  {"gpu_0": {"start_token": ..., ...}, "gpu_1": {...}, ...}
     older    {"gpus": {"0": {"start_token", "tokens_processed", "last_loss", ...}}}
-and the current one is always written, keeping every field we do not know, so the
-user's one-liner `json.load(open(p))['gpu_3']['start_token']` keeps working.
+and each is written back in the layout it was read in, keeping every field we do not know
+where it was, so the user's own readers keep working at every write: the tracker's
+one-liner `json.load(open(p))['gpu_3']['start_token']`, or `m['gpus']['3']['start_token']`.
+A foreign field that means the same as start_token (`tokens_processed`) is kept equal to it.
 
 Rules (issue 4): updated atomically, only from the workers' checkpoint events; a GPU's
 start_token never moves backwards except through a recorded rollback.
@@ -43,6 +45,7 @@ class Manifest:
     extra: dict = field(default_factory=dict)     # unknown top-level keys, kept as read
     layout: str = "current"                       # layout it was read in
     exists: bool = False
+    gpus_at: int = 0                              # older layout: where "gpus" sat among keys
 
     def entry(self, gpu: int) -> dict:
         return self.entries.setdefault(gpu, {})
@@ -51,13 +54,34 @@ class Manifest:
         return int(self.entries.get(gpu, {}).get("start_token", 0))
 
     def to_json(self) -> dict:
+        """The manifest in the layout it was read in (a new one: the current layout)."""
+        entries = {gpu: _written_entry(self.entries[gpu], self.layout)
+                   for gpu in sorted(self.entries)}
+        if self.layout == "older":
+            items = list(self.extra.items())
+            items.insert(self.gpus_at, ("gpus", {str(gpu): e for gpu, e in entries.items()}))
+            return dict(items)
         out = dict(self.extra)
-        for gpu in sorted(self.entries):
-            entry = self.entries[gpu]
-            ordered = {k: entry[k] for k in ENTRY_FIELDS if k in entry}
-            ordered.update({k: v for k, v in entry.items() if k not in ordered})
-            out[f"gpu_{gpu}"] = ordered
+        out.update({f"gpu_{gpu}": e for gpu, e in entries.items()})
         return out
+
+
+# Foreign progress fields that mean the same as start_token: kept equal to it at every write.
+SAME_AS_START_TOKEN = ("tokens_processed",)
+
+
+def _written_entry(entry: dict, layout: str) -> dict:
+    """One GPU's entry as written: ours first in the current layout; the user's own order in
+    the older one (new fields after theirs)."""
+    if layout == "older":
+        ordered = dict(entry)
+    else:
+        ordered = {k: entry[k] for k in ENTRY_FIELDS if k in entry}
+        ordered.update({k: v for k, v in entry.items() if k not in ordered})
+    for name in SAME_AS_START_TOKEN:
+        if name in ordered and "start_token" in ordered:
+            ordered[name] = ordered["start_token"]
+    return ordered
 
 
 def _no_duplicate_keys(pairs):
@@ -100,7 +124,7 @@ def read_manifest(path: str | Path) -> Manifest:
         if match:
             add(key, int(match.group(1)), value)
         elif key == "gpus" and isinstance(value, dict):
-            manifest.layout = "older"
+            manifest.layout, manifest.gpus_at = "older", len(manifest.extra)
             for sub, entry in value.items():
                 if not str(sub).isdigit():
                     raise ManifestError(f"manifest {path}: gpus key {sub!r} is not a GPU index")
@@ -123,14 +147,26 @@ def _check_start_token(path: Path, gpu: int, entry: dict) -> None:
         raise ManifestError(f"manifest {path}: gpu_{gpu} start_token is negative ({token})")
 
 
+def name_default_checkpoints(manifest: Manifest, pod_dir: Path, checkpoint_path_of) -> None:
+    """An entry with progress but no `checkpoint` field (the reference tracker writes only
+    start_token) resumes from the GPU's own file, v1's default, when it is there."""
+    for gpu, entry in manifest.entries.items():
+        if not entry.get("checkpoint") and (pod_dir / checkpoint_path_of(gpu)).is_file():
+            entry["checkpoint"] = checkpoint_path_of(gpu)
+
+
 def validate_for_launch(manifest: Manifest, pod_dir: Path, gpus: list[int],
                         shard_path_of, shard_length_of) -> None:
     """Everything `launch` needs before it starts anything. Raises ManifestError."""
     where = f"manifest {manifest.path}"
     for gpu in gpus:
         entry = manifest.entries.get(gpu)
-        shard = pod_dir / (entry.get("shard") if entry and entry.get("shard")
-                           else shard_path_of(gpu))
+        named = entry.get("shard") if entry else None
+        if named and os.path.normpath(named) != os.path.normpath(shard_path_of(gpu)):
+            raise ManifestError(f"{where}: gpu_{gpu} trained on shard {named} but the pod "
+                                f"config's shards: names {shard_path_of(gpu)}; make "
+                                f"shards: in fractus-pod.yaml name the manifest's shard")
+        shard = pod_dir / (named or shard_path_of(gpu))
         if not shard.is_file():
             raise ManifestError(f"shard for GPU {gpu} not found: {shard}")
         if entry is None:
@@ -152,7 +188,6 @@ def write_manifest(manifest: Manifest) -> None:
     manifest.path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(manifest.path, json.dumps(manifest.to_json(), indent=2) + "\n")
     manifest.exists = True
-    manifest.layout = "current"
 
 
 def atomic_write_text(path: Path, text: str) -> None:

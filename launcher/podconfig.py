@@ -124,7 +124,9 @@ def _seconds(value, what: str, minimum: float = 0.1) -> float:
 PRESETS: dict[str, PodConfig] = {
     # The CPU demo and tests: two tiny workers on synthetic shards, a local hub store.
     "tiny-cpu": PodConfig(
-        model="tiny", devices="cpu:2", env={"SEQ": "32"}, save_every=25, save_keep=3,
+        # ALLOW_FRESH_START: the demo starts new random models (a real run never does).
+        model="tiny", devices="cpu:2", env={"SEQ": "32", "ALLOW_FRESH_START": "1"},
+        save_every=25, save_keep=3,
         log_every=5, poll_interval_s=0.5, stop_grace_s=30.0, hub="file://hub",
         sync={"interval": 600},
         demo_data={"tokens": 1_000_000, "vocab": 512, "seed": 0}),
@@ -199,13 +201,18 @@ def load_config(pod_dir: Path) -> PodConfig:
     return config
 
 
-def write_config(pod_dir: Path, config: PodConfig, preset: str) -> Path:
-    from launcher.manifest import atomic_write_text
-    path = pod_dir / CONFIG_NAME
+def config_text(config: PodConfig, preset: str) -> str:
+    """fractus-pod.yaml's text for `config` (`preset`: where it came from, for the header)."""
     header = (f"# fractus-pod config (preset {preset}). Paths are relative to this directory.\n"
               f"# Keys: see docs/LAUNCHER.md. Stage settings: {config.stages}; "
               f"health thresholds: {config.criteria}.\n")
-    atomic_write_text(path, header + yaml.safe_dump(config.to_dict(), sort_keys=False))
+    return header + yaml.safe_dump(config.to_dict(), sort_keys=False)
+
+
+def write_config(pod_dir: Path, config: PodConfig, preset: str) -> Path:
+    from launcher.manifest import atomic_write_text
+    path = pod_dir / CONFIG_NAME
+    atomic_write_text(path, config_text(config, preset))
     return path
 
 

@@ -21,6 +21,7 @@ from launcher.manifest import (
     Manifest,
     ManifestError,
     apply_checkpoint,
+    name_default_checkpoints,
     read_manifest,
     relative_to_pod,
     validate_for_launch,
@@ -67,6 +68,7 @@ def load_plan(pod_dir: Path, stage: int | None, devices: str | None, gpus: str |
     criteria = load_criteria(pod_dir / config.criteria)
     slots = parse_devices(devices or config.devices, gpus)
     manifest = read_manifest(pod_dir / config.manifest)
+    name_default_checkpoints(manifest, pod_dir, config.checkpoint_path)
     if stage is None:
         recorded = {e.get("stage") for e in manifest.entries.values() if e.get("stage")}
         stage = min(recorded) if recorded else 1
@@ -172,6 +174,25 @@ def _total_bytes(paths: list[Path]) -> int:
 def validate(plan: LaunchPlan, manifest: Manifest) -> None:
     validate_for_launch(manifest, plan.pod_dir, [s.gpu for s in plan.slots],
                         plan.config.shard_path, shard_length)
+    refuse_fresh_starts(plan, manifest)
+
+
+def refuse_fresh_starts(plan: LaunchPlan, manifest: Manifest) -> None:
+    """A GPU whose manifest entry names no checkpoint and whose checkpoint file is absent
+    would train a new random model: only when the pod config says so (env:
+    ALLOW_FRESH_START: "1", as the demo preset)."""
+    if plan.config.env.get("ALLOW_FRESH_START") == "1":
+        return
+    for slot in plan.slots:
+        gpu = slot.gpu
+        entry = manifest.entries.get(gpu) or {}
+        if entry.get("checkpoint") or (plan.pod_dir / plan.config.checkpoint_path(gpu)).is_file():
+            continue
+        known = "names no checkpoint for it" if entry else "does not list it"
+        raise UserError(f"gpu {gpu}: {manifest.path.name} {known} and there is no "
+                        f"{plan.config.checkpoint_path(gpu)}: nothing to resume from; adopt it "
+                        f"with `fractus-pod adopt --init-new-from PATH`, or set env: "
+                        f"ALLOW_FRESH_START: \"1\" in fractus-pod.yaml to train a new model")
 
 
 def record_baselines(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex) -> None:

@@ -24,18 +24,12 @@ import pytest
 
 from launcher.child import child_env, resolve_command
 from tests.support.pods import stage1_pod
+from tests.support.v1_run import add_decoy_package
 from tests.test_launcher_e2e import wait_for
 from tests.support.worker_utils import (REPO_ROOT, events, read_jsonl, worker_env,
                                         write_synth_shard)
 
 SECRET = "hf_secret_value_for_the_scrub_test"
-
-
-def add_decoy_package(pod: Path) -> None:
-    """The user's own `fractus/` package in their run directory: importing it fails."""
-    (pod / "fractus").mkdir()
-    (pod / "fractus" / "__init__.py").write_text(
-        'raise ImportError("decoy fractus package from the pod directory was imported")\n')
 
 
 def start_stand_in(script: str, cwd: Path, env: dict) -> subprocess.Popen:

@@ -54,7 +54,8 @@ def make_pod(root: Path, criteria: dict | None = None, **config_overrides) -> Pa
     from fractus.data import synth
     synth(pod / "data", shards=2, tokens=SHARD_TOKENS, vocab=512, seed=0)
     config = yaml.safe_load((pod / "fractus-pod.yaml").read_text())
-    config.update({"env": {"SEQ": str(SEQ), "BATCH": str(BATCH)}, "save_every": 5,
+    config["env"].update({"SEQ": str(SEQ), "BATCH": str(BATCH)})
+    config.update({"save_every": 5,
                    "log_every": 1, "poll_interval_s": 0.2, "stop_grace_s": 20.0})
     config.update(config_overrides)
     (pod / "fractus-pod.yaml").write_text(yaml.safe_dump(config))

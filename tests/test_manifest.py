@@ -1,4 +1,4 @@
-"""The resume manifest: both layouts in, the current layout out, never backwards."""
+"""The resume manifest: both layouts in, each written back in its own layout, never backwards."""
 
 import json
 import os
@@ -23,23 +23,36 @@ def test_current_layout_round_trip_keeps_unknown_fields(tmp_path):
     write_manifest(m)
     data = json.load(open(path))
     assert data["note"] == "user field"
-    assert data["gpu_0"] == {"start_token": 100, "tokens_processed": 7}
+    # tokens_processed means start_token: kept true (it said 7: stale, now 100)
+    assert data["gpu_0"] == {"start_token": 100, "tokens_processed": 100}
     assert data["gpu_3"]["custom"] == [1, 2]
     assert json.load(open(path))["gpu_3"]["start_token"] == 5      # the user's one-liner
 
 
-def test_older_layout_is_read_and_rewritten_in_current_layout(tmp_path):
-    path = write(tmp_path / "m.json", {"gpus": {
-        "0": {"start_token": 4096, "tokens_processed": 4096, "last_loss": 5.1,
-              "checkpoint": "checkpoints/fractus_1b_gpu0.pt", "shard": "data/s0.npy"},
-        "1": {"start_token": 2048}}, "created": "2026-08-01"})
+def test_older_layout_is_written_back_in_its_own_layout(tmp_path):
+    user = {"saved_at_utc": "2026-08-16", "step_tokens": 256, "surgery": {"gate_temp": 2.5},
+            "gpus": {
+                "0": {"tokens_processed": 4096, "start_token": 4096, "last_loss": 5.1,
+                      "checkpoint": "checkpoints/fractus_1b_gpu0.pt", "shard": "data/s0.npy"},
+                "1": {"start_token": 2048}},
+            "created": "2026-08-01"}
+    path = write(tmp_path / "m.json", user)
     m = read_manifest(path)
     assert m.layout == "older" and m.start_token(0) == 4096 and m.start_token(1) == 2048
+    apply_checkpoint(m, 0, {"next_token": 8192, "path": "checkpoints/fractus_1b_gpu0.pt",
+                            "sha256": "ab" * 32}, 1, tmp_path, "data/s0.npy")
     write_manifest(m)
     data = json.load(open(path))
-    assert "gpus" not in data and data["created"] == "2026-08-01"
-    assert data["gpu_0"]["last_loss"] == 5.1 and data["gpu_0"]["start_token"] == 4096
-    assert data["gpu_1"]["start_token"] == 2048
+    assert list(data) == list(user)                       # same keys, same places
+    assert {k: data[k] for k in ("saved_at_utc", "step_tokens", "surgery", "created")} == \
+        {k: user[k] for k in ("saved_at_utc", "step_tokens", "surgery", "created")}
+    assert not any(k.startswith("gpu_") for k in data)
+    gpu0 = data["gpus"]["0"]
+    assert gpu0["start_token"] == 8192 and gpu0["tokens_processed"] == 8192   # the user's reader
+    assert gpu0["last_loss"] == 5.1 and list(gpu0)[:5] == list(user["gpus"]["0"])
+    assert data["gpus"]["1"] == {"start_token": 2048}
+    write_manifest(read_manifest(path))                   # read back: still the same layout
+    assert json.load(open(path)) == data
 
 
 def test_missing_manifest_is_an_empty_fresh_pod(tmp_path):

@@ -96,6 +96,7 @@ def test_metrics_writer_lines(tmp_path):
 
 def test_human_line_is_the_v1_format():
     line = human_line(3, 1234567, 2.5, 2.75, None, None, 14.0, 950.4, 1.23)
-    assert line == "GPU 3:    1,234,567 tf=2.500 ema_tf=2.750 lb=14.000 950 tok/s mem=1.2GB"
+    assert line == ("GPU 3:    1,234,567 tf=2.500 ema_tf=2.750 lb=14.000 950 tok/s mem=1.2GB "
+                    "[boost]")
     with_ss = human_line(0, 10, 1.0, 1.0, 2.0, 2.5, 0.1, 1.0, 0.0)
     assert " ss=2.000 ema_ss=2.500 lb=" in with_ss

@@ -15,7 +15,7 @@ def test_defaults_match_the_v1_trainer():
     assert (s.ce_chunk, s.accum, s.compile, s.save_every, s.log_every, s.save_keep) == \
         (0, 1, False, 800, 40, 3)
     assert s.start_token is None and s.max_steps == 0
-    assert s.shard_path == "data/shard_phase2_gpu0.npy"
+    assert s.shard_path == "data/shard_gpu0.pt"     # v1 default (no such file here)
     assert s.ckpt_out_path == "checkpoints/fractus_1b_gpu0.pt"
     assert s.effective_seed == 42
 

@@ -155,14 +155,25 @@ def remove_stale_temps(path: str | os.PathLike) -> None:
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict:
-    """Load a checkpoint onto the CPU without unpickling code (weights_only=True)."""
+    """Load a checkpoint onto the CPU without unpickling code (weights_only=True); a bare
+    state_dict comes back as {"model_state": it, "config": None} (the caller decides the
+    config: MODEL)."""
     try:  # memory-mapped: the file's pages are read as the weights are copied into the model
         ck = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except RuntimeError:  # files in torch's pre-zip format cannot be mapped
         ck = torch.load(path, map_location="cpu", weights_only=True)
+    if is_bare_state_dict(ck):     # v1 loaded these too (`ck.get("model_state", ck)`)
+        return {"model_state": ck, "config": None}
     if not isinstance(ck, dict) or "model_state" not in ck or "config" not in ck:
-        raise ValueError(f"{path}: not a Fractus checkpoint (needs model_state and config)")
+        raise ValueError(f"{path}: not a Fractus checkpoint (needs model_state and config, "
+                         "or a bare state_dict)")
     return ck
+
+
+def is_bare_state_dict(obj) -> bool:
+    """A plain `model.state_dict()` saved alone: names to tensors, nothing else."""
+    return (isinstance(obj, dict) and bool(obj) and "model_state" not in obj
+            and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()))
 
 
 def is_full(ck: dict) -> bool:

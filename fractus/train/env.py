@@ -6,16 +6,20 @@ fails before anything is loaded or written, with one line naming the variable:
 
     error: BATCH must be an integer >= 1, got 'x'
 
-Variables kept from the v1 trainer (same names, same defaults): GPU_ID, START_TOKEN, BATCH,
-SEQ, LR, SS_RATE, SS_PROB, LB_COEF, GATE_TEMP, CE_CHUNK, FRACTUS_ATTN_IMPL, COMPILE, ACCUM,
-SHARD, CKPT_IN, CKPT_OUT. New in v2: MODEL, DEVICE, MAX_STEPS, SAVE_EVERY, SAVE_KEEP,
-LOG_EVERY, METRICS, TB_DIR, STAGE, SEED, FORCE_START_TOKEN, FRACTUS_FAULT (tests only).
+Variables of the v1 trainer (scripts/fast4gpu_boost.py), same names, same defaults:
+GPU_ID, BATCH, SEQ, LR, SS_RATE, SS_PROB, LB_COEF, GATE_TEMP, START_TOKEN, SHARD (default
+data/shard_gpu{i}.pt, then .npy), CKPT_IN (default: the GPU's file, then the merged brain),
+CKPT_OUT. Read by v2 only (v1 never read them): CE_CHUNK, FRACTUS_ATTN_IMPL, COMPILE, ACCUM,
+MODEL, DEVICE, MAX_STEPS, SAVE_EVERY, SAVE_KEEP, LOG_EVERY, METRICS, SEED, FORCE_START_TOKEN,
+ALLOW_FRESH_START, FRACTUS_FAULT (tests only). Where v2 still differs from v1:
+docs/WORKER.md, "Differences from v1".
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -128,10 +132,14 @@ class WorkerSettings:
     accum: int = _var("ACCUM", 1, _int_at_least(1),
                       "Batches accumulated per optimizer step (1 = the reference step).")
     shard: str | None = _var("SHARD", None, _text,
-                             "Token shard (.npy int32/uint16, or legacy int64 .pt). "
-                             "Default data/shard_phase2_gpu{GPU_ID}.npy.")
+                             "Token shard (.pt 1-D integer tensor, or .npy of any integer "
+                             "dtype). Default data/shard_gpu{GPU_ID}.pt; a missing .pt falls "
+                             "back to the same path with .npy (as v1).")
     ckpt_in: str | None = _var("CKPT_IN", None, _text,
-                               "Checkpoint to start from (full or legacy weights-only).")
+                               "Checkpoint to start from (full, v1 weights-only, or a bare "
+                               "state_dict). Unset: CKPT_OUT if it exists, else "
+                               "checkpoints/FRACTUS_1B_STAGE2_MERGED.pt (v1's chain), else "
+                               "refused unless ALLOW_FRESH_START=1.")
     ckpt_out: str | None = _var("CKPT_OUT", None, _text,
                                 "Checkpoint to write. Default checkpoints/fractus_1b_gpu{GPU_ID}.pt; "
                                 "resumed from when CKPT_IN is unset and it exists.")
@@ -157,6 +165,9 @@ class WorkerSettings:
                             "Seed for torch and python random. Default 42 + GPU_ID.")
     force_start_token: bool = _var("FORCE_START_TOKEN", False, _flag,
                                    "1: accept a START_TOKEN that disagrees with the checkpoint.")
+    allow_fresh_start: bool = _var("ALLOW_FRESH_START", False, _flag,
+                                   "1: train a new random model when there is no checkpoint "
+                                   "to start from (the demo preset sets it); else refused.")
     fault: str | None = _var("FRACTUS_FAULT", None, _fault,
                              "Tests only: nan@S, oom@S, hang@S, crash@S, compile@S.")
 
@@ -174,7 +185,13 @@ class WorkerSettings:
     # Defaults that depend on GPU_ID (kept as properties so the raw settings stay as given).
     @property
     def shard_path(self) -> str:
-        return self.shard or f"data/shard_phase2_gpu{self.gpu_id}.npy"
+        """SHARD, else v1's default; a missing .pt falls back to its .npy twin (as v1)."""
+        path = self.shard or f"data/shard_gpu{self.gpu_id}.pt"
+        if path.endswith(".pt") and not os.path.exists(path):
+            twin = path[:-len(".pt")] + ".npy"
+            if os.path.exists(twin):
+                return twin
+        return path
 
     @property
     def ckpt_out_path(self) -> str:

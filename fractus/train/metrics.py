@@ -71,7 +71,8 @@ class MetricsWriter:
 
 def human_line(gpu: int, next_token: int, tf: float, ema_tf: float, ss: float | None,
                ema_ss: float | None, lb: float, tok_s: float, mem_gb: float) -> str:
-    """The v1 log line, unchanged so existing log parsers keep working."""
+    """The v1 log line, unchanged (the `[boost]` tag included: the user's log readers key on
+    it) so existing log parsers keep working."""
     extra = f" ss={ss:.3f} ema_ss={ema_ss:.3f}" if ss is not None and ema_ss is not None else ""
     return (f"GPU {gpu}: {next_token:>12,} tf={tf:.3f} ema_tf={ema_tf:.3f}{extra} "
-            f"lb={lb:.3f} {tok_s:.0f} tok/s mem={mem_gb:.1f}GB")
+            f"lb={lb:.3f} {tok_s:.0f} tok/s mem={mem_gb:.1f}GB [boost]")

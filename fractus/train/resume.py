@@ -16,7 +16,8 @@ from fractus.config import EngineConfig, load_config
 from fractus.train.checkpoint import is_full, load_checkpoint
 from fractus.train.env import SettingsError, WorkerSettings
 
-DEFAULT_MODEL = "1b"
+DEFAULT_MODEL = "1b"          # v1's TARGET config (vocab 50257)
+MERGED_BRAIN = "checkpoints/FRACTUS_1B_STAGE2_MERGED.pt"   # v1's fallback for CKPT_IN
 
 
 @dataclass
@@ -51,7 +52,8 @@ def resolve_device(settings: WorkerSettings) -> torch.device:
 def _model_config(settings: WorkerSettings, ck: dict | None) -> EngineConfig:
     try:
         wanted = load_config(settings.model) if settings.model else None
-        stored = EngineConfig.from_dict(ck["config"]) if ck is not None else None
+        stored = (EngineConfig.from_dict(ck["config"])
+                  if ck is not None and ck["config"] is not None else None)
     except (ValueError, TypeError, OSError) as e:
         raise SettingsError(f"MODEL: {e}") from None
     if wanted and stored and wanted != stored:
@@ -60,16 +62,27 @@ def _model_config(settings: WorkerSettings, ck: dict | None) -> EngineConfig:
     return stored or wanted or load_config(DEFAULT_MODEL)
 
 
-def find_start(settings: WorkerSettings, shard_len: int) -> StartPoint:
-    """Read the checkpoint to resume from (CKPT_IN, else an existing CKPT_OUT) and decide
-    the first token; nothing is written."""
+def _source(settings: WorkerSettings) -> Path | None:
+    """CKPT_IN, else v1's chain: the GPU's own file (CKPT_OUT), then the merged brain; None
+    only when ALLOW_FRESH_START=1 says a new random model is wanted."""
     if settings.ckpt_in is not None:
         source = Path(settings.ckpt_in)
         if not source.is_file():
             raise SettingsError(f"CKPT_IN not found: {source}")
-    else:
-        out = Path(settings.ckpt_out_path)
-        source = out if out.is_file() else None
+        return source
+    chain = [Path(settings.ckpt_out_path), Path(MERGED_BRAIN)]
+    found = next((path for path in chain if path.is_file()), None)
+    if found is None and not settings.allow_fresh_start:
+        raise SettingsError(f"no checkpoint to start from: CKPT_IN is unset and neither "
+                            f"{chain[0]} nor {chain[1]} exists; set CKPT_IN, or "
+                            f"ALLOW_FRESH_START=1 to train a new random model")
+    return found
+
+
+def find_start(settings: WorkerSettings, shard_len: int) -> StartPoint:
+    """Read the checkpoint to resume from (see _source) and decide the first token;
+    nothing is written."""
+    source = _source(settings)
 
     ck = None
     if source is not None:
@@ -78,6 +91,8 @@ def find_start(settings: WorkerSettings, shard_len: int) -> StartPoint:
         except Exception as e:  # a truncated or foreign file is a user-facing error
             raise SettingsError(f"cannot load checkpoint {source}: {e}") from None
     config = _model_config(settings, ck)
+    if ck is not None and ck["config"] is None:    # a bare state_dict: MODEL's config
+        ck = {**ck, "config": config.to_dict()}
 
     if ck is None:
         start = StartPoint(config, settings.start_token or 0)

@@ -24,6 +24,7 @@ ENTRY = REPO_ROOT / "scripts" / "fast4gpu_boost_v2.py"
 TEST_DEFAULTS = {
     "MODEL": "tiny", "DEVICE": "cpu", "BATCH": "2", "SEQ": "16", "SEED": "1234",
     "LOG_EVERY": "1", "SAVE_EVERY": "0", "GPU_ID": "0",
+    "ALLOW_FRESH_START": "1",     # tests of a fresh start's refusal remove it
 }
 
 
@@ -43,7 +44,8 @@ def worker_env(tmp_path: Path, **overrides) -> dict:
 
     An override of None removes the variable."""
     env = {k: v for k, v in os.environ.items()
-           if k not in ("FRACTUS_FAULT", "START_TOKEN", "CKPT_IN", "FORCE_START_TOKEN")}
+           if k not in ("FRACTUS_FAULT", "START_TOKEN", "CKPT_IN", "FORCE_START_TOKEN",
+                        "ALLOW_FRESH_START")}
     env.update(TEST_DEFAULTS)
     env.update({
         "CKPT_OUT": str(tmp_path / "checkpoints" / "fractus_1b_gpu0.pt"),
