@@ -34,8 +34,7 @@ def dashboard(ctx, port: int, host: str) -> None:
                             f"--port (0 picks a free one)") from None
         raise UserError(f"--host {host!r}: {exc.strerror or exc}") from None
     bound_host, bound_port = server.server_address[:2]
-    click.echo(f"dashboard of {pod_dir} on http://{bound_host}:{bound_port}/ (Ctrl-C stops it)",
-               )
+    click.echo(f"dashboard of {pod_dir} on http://{bound_host}:{bound_port}/ (Ctrl-C stops it)")
     try:
         server.serve_forever(poll_interval=1.0)
     except KeyboardInterrupt:
