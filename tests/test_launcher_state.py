@@ -166,7 +166,8 @@ def test_stop_without_a_launcher_says_so(tmp_path, capsys):
     assert "no launcher is running" in capsys.readouterr().out
 
 
-def test_sync_push_sends_only_passed_checkpoints_and_launch_restores_from_hub(tmp_path, capsys):
+def test_sync_push_sends_only_passed_checkpoints_and_launch_restores_from_hub(tmp_path, capsys,
+                                                                            monkeypatch):
     pod = _pod_with_history(tmp_path)
     assert cli_main(["--pod-dir", str(pod), "sync", "push", "-m", "test"]) == 0
     revision = capsys.readouterr().out.split("pushed revision ")[1].split()[0]
@@ -200,6 +201,13 @@ def test_sync_push_sends_only_passed_checkpoints_and_launch_restores_from_hub(tm
     restore_from_hub(plan, manifest, EventLog(other))
     assert (other / "checkpoints" / "fractus_1b_gpu0.pt").read_bytes() == b"good"
     assert len([e for e in read_events(other) if e["event"] == "checkpoint_pulled"]) == 2
+    # The hashing shows its progress (every line here; by default only past 5 s).
+    import launcher.progress
+    monkeypatch.setattr(launcher.progress, "PLAIN_FIRST_S", 0.0)
+    capsys.readouterr()
+    restore_from_hub(plan, manifest, EventLog(other))
+    out = capsys.readouterr().out
+    assert "hashing 1 checkpoint(s): 0.0 MB/0.0 MB (100%), done in" in out
 
 
 def _supervisor(pod, stage):
