@@ -31,6 +31,7 @@ from launcher.errors import UserError
 from launcher.manifest import Manifest, ManifestError, read_manifest, write_manifest
 from launcher.podconfig import (CONFIG_NAME, DEFAULT_MANIFESTS, PodConfig, load_config,
                                 parse_devices, write_config)
+from launcher.progress import progress
 
 MANIFEST_CANDIDATES = ("checkpoints/RESUME_MANIFEST_8GPU.json", "RESUME_MANIFEST.json",
                        "RESUME_MANIFEST_FINE.json", "RESUME_MANIFEST_SS.json")
@@ -247,8 +248,11 @@ def _hash_all(pod_dir: Path, gpus: list[AdoptedGpu]) -> None:
     """sha256 of every checkpoint and shard, all at once (hashlib releases the GIL: the
     files are read and hashed in parallel, as `sha256sum` processes would)."""
     files = sorted({p for g in gpus for p in (g.checkpoint, g.shard)})
-    with ThreadPoolExecutor(max_workers=max(1, len(files))) as pool:
-        digests = dict(zip(files, pool.map(lambda rel: sha256_file(pod_dir / rel), files)))
+    total = sum((pod_dir / rel).stat().st_size for rel in files)
+    with progress(f"hashing {len(files)} file(s)", total, "bytes") as task, \
+            ThreadPoolExecutor(max_workers=max(1, len(files))) as pool:
+        digests = dict(zip(files, pool.map(
+            lambda rel: sha256_file(pod_dir / rel, task.advance), files)))
     for g in gpus:
         g.sha256, g.shard_sha256 = digests[g.checkpoint], digests[g.shard]
 
