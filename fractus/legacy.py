@@ -17,13 +17,48 @@ from .config import EngineConfig
 COMPILED_PREFIX = "_orig_mod."
 
 
-def read_checkpoint(source, map_location="cpu") -> dict:
-    """A checkpoint dict from a path or an already-loaded dict; never unpickles code."""
-    if isinstance(source, (str, os.PathLike)):
-        return torch.load(source, map_location=map_location, weights_only=True)
+class CheckpointLoadError(ValueError):
+    """A file that does not load as a checkpoint (truncated, corrupt, foreign, or holding
+    pickled code): one line that names the file and never advises an unsafe load."""
+
+
+def read_checkpoint(source, map_location="cpu", mmap: bool = False) -> dict:
+    """A checkpoint dict from a path or an already-loaded dict; never unpickles code.
+
+    `mmap=True` maps the tensors' bytes instead of reading them (files in torch's pre-zip
+    format cannot be mapped and are read whole). A file that does not load raises
+    CheckpointLoadError with one line."""
     if isinstance(source, dict):
         return source
-    raise ValueError(f"expected a checkpoint path or dict, got {type(source).__name__}")
+    if not isinstance(source, (str, os.PathLike)):
+        raise ValueError(f"expected a checkpoint path or dict, got {type(source).__name__}")
+    try:
+        try:
+            return torch.load(source, map_location=map_location, weights_only=True, mmap=mmap)
+        except RuntimeError as exc:
+            if not mmap or "mmap" not in str(exc):
+                raise
+            return torch.load(source, map_location=map_location, weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointLoadError(f"cannot load checkpoint {source}: no such file") from None
+    except Exception as exc:
+        raise CheckpointLoadError(f"cannot load checkpoint {source}: "
+                                  f"{describe_load_error(exc)}") from None
+
+
+def describe_load_error(exc: BaseException) -> str:
+    """Why a weights-only load failed, in one line. torch's own message for a refused
+    pickle is several lines advising weights_only=False, i.e. running the file's code:
+    that advice is never repeated."""
+    import pickle
+    if isinstance(exc, pickle.UnpicklingError):
+        return ("refused: it holds pickled objects or code that a weights-only load does not "
+                "allow (not a checkpoint to trust)")
+    text = " ".join(str(exc).split())
+    first = text.split(". ")[0].rstrip(".") if text else ""
+    if "zip archive" in text or "central directory" in text or isinstance(exc, EOFError):
+        return f"truncated or corrupt ({first or type(exc).__name__})"
+    return f"{type(exc).__name__}: {first}"[:300]
 
 
 def strip_compiled_prefix(state: dict) -> dict:

@@ -21,6 +21,8 @@ import shutil
 import time
 from pathlib import Path
 
+from launcher.manifest import resolve_in_pod
+
 INDEX_FILE = "logs/checkpoints.jsonl"
 PASSED_DIR = "checkpoints/retained"
 KEEP_PASSED = 2
@@ -120,7 +122,10 @@ class CheckpointIndex:
             for rel in (record.get("retained"), record["path"]):
                 if not rel:
                     continue
-                candidate = self.pod_dir / rel
+                try:
+                    candidate = resolve_in_pod(rel, self.pod_dir)
+                except ValueError:
+                    continue
                 if candidate.is_file() and (not verify
                                             or sha256_file(candidate) == record["sha256"]):
                     return {**record, "path": rel}
@@ -132,11 +137,13 @@ class CheckpointIndex:
         The worker rotates its files every SAVE_EVERY steps; linking when the event
         arrives keeps these exact bytes whatever rotation does later. The link is checked
         against the event: by sha256 for small files, by size for large ones (hashing a
-        1B checkpoint every save would cost the launcher seconds of CPU)."""
-        source = self.pod_dir / record["path"]
+        1B checkpoint every save would cost the launcher seconds of CPU). A path outside
+        the pod is never linked."""
+        try:
+            source = resolve_in_pod(record["path"], self.pod_dir)
+        except ValueError:          # never link (nor later push) a file outside the pod
+            return None
         candidates = [source] + [source.with_name(f"{source.name}.{k}") for k in range(1, 9)]
-        gpu_dir = self.pod_dir / PASSED_DIR / f"gpu{record['gpu']}"
-        target = gpu_dir / f"token{record['next_token']:012d}-{record['sha256'][:12]}.pt"
         for candidate in candidates:
             if not candidate.is_file():
                 continue
@@ -146,9 +153,29 @@ class CheckpointIndex:
             if (size is None or st.st_size <= VERIFY_BELOW_BYTES) and \
                     sha256_file(candidate) != record["sha256"]:
                 continue
-            link_or_copy(candidate, target)
-            return str(target.relative_to(self.pod_dir))
+            return self.retain_file(record["gpu"], record["next_token"], record["sha256"],
+                                    candidate)
         return None
+
+    def retain_file(self, gpu: int, next_token: int, sha256: str, source: Path) -> str:
+        """Hard-link `source` (bytes already known to be `sha256`) as the retained copy of
+        that checkpoint; returns its pod-relative path."""
+        target = (self.pod_dir / PASSED_DIR / f"gpu{gpu}"
+                  / f"token{int(next_token):012d}-{sha256[:12]}.pt")
+        link_or_copy(source, target)
+        return str(target.relative_to(self.pod_dir))
+
+    def copies_of(self, gpu: int, sha256: str) -> list[Path]:
+        """Retained files that should hold these bytes (unverified): the record's link and
+        any retained file named after the sha."""
+        found = []
+        record = self.records.get((gpu, sha256))
+        if record and record.get("retained"):
+            found.append(self.pod_dir / record["retained"])
+        gpu_dir = self.pod_dir / PASSED_DIR / f"gpu{gpu}"
+        if gpu_dir.is_dir():
+            found += sorted(p for p in gpu_dir.glob(f"token*-{sha256[:12]}.pt") if p not in found)
+        return found
 
     def _prune(self, gpu: int) -> None:
         """Keep the KEEP_PASSED newest passed links of a GPU (pending ones stay)."""

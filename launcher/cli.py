@@ -95,11 +95,12 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
     from launcher.events import EventLog
     from launcher.lock import PodLock
     from launcher.prepare import (
+        ensure_run_id,
         load_plan,
         reconcile,
         record_baselines,
+        recover_checkpoints,
         refuse_if_busy,
-        restore_from_hub,
         validate,
     )
     from launcher.stage_switch import canary_gate
@@ -131,10 +132,11 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
         events = EventLog(pod_dir, mirror=EventsToTensorBoard(pod_dir))
         index = CheckpointIndex(pod_dir)
         reconcile(plan, manifest, index, events)
-        restore_from_hub(plan, manifest, events)
+        recover_checkpoints(plan, manifest, index, events)
         validate(plan, manifest)
         canary_gate(plan, manifest, events, no_canary)
         record_baselines(plan, manifest, index)
+        ensure_run_id(manifest)
         if detach:
             events.mirror.close()          # its writer thread would not survive the fork
             _daemonize(pod_dir)

@@ -1,5 +1,6 @@
 """How a pod run ends, part of the Supervisor (launcher/supervisor.py): a graceful stop, a
-FAILED pod, and the final judgement of each GPU's last checkpoint after a clean end.
+FAILED pod (a full disk among the causes), and the final judgement of each GPU's last
+checkpoint after a clean end.
 
 The final judgement exists for the hub: a sync pushes only checkpoints that passed their
 checks, and the periodic checks and AR probes tick on their own cadence, so without it the
@@ -8,8 +9,10 @@ last push of a run would carry where the checks last ticked, not where the run e
 
 from __future__ import annotations
 
+import sys
 import time
 
+from fractus.train.disk import disk_full
 from launcher.ckpt_index import FAILED as CK_FAILED
 from launcher.gpu_run import STOPPED
 from launcher.health import FAILED
@@ -43,6 +46,34 @@ class PodEnding:
                 self.index.mark(gpu, record["sha256"], CK_FAILED, "its GPU failed")
         self.events.emit("pod_failed", stage=self.stage, reason=reason)
         self.pod_state, self.exit_code = "failed", exit_code
+
+    def _on_write_error(self, exc: OSError) -> None:
+        """One of the launcher's own writes failed. A full disk fails the pod, recorded
+        with the space the reserve frees; anything else is a bug and propagates."""
+        if disk_full(exc) is None:
+            raise exc
+        self._disk_full(f"the launcher could not write ({exc.strerror})")
+
+    def _disk_full(self, what: str) -> None:
+        """The disk is full (a worker's or the launcher's own write failed): nothing can
+        make progress. Workers stop (each checkpoints if it still can; saves are atomic,
+        so the last checkpoint stays valid), the reserve is freed, and the failure is
+        recorded where people look: the pod_failed event and `status`."""
+        if self.pod_state in ("failing", "failed"):
+            return
+        reason = f"disk full: {what}; free space on {self.pod_dir}, then launch again"
+        terminate([r.proc for r in self.runs.values() if r.proc is not None],
+                  self.plan.config.stop_grace_s)
+        if self.reserve is not None:
+            self.reserve.release()
+        try:
+            self._fail_pod(reason, exit_code=1)
+        except OSError as exc:         # not even the reserve's space was enough
+            self.pod_state, self.reason, self.exit_code = "failed", reason, 1
+            for run in self.runs.values():
+                run.proc, run.state = None, STOPPED
+            warn(f"{reason} (not recorded: {exc.strerror})")
+        self._write_state(force=True)
 
     def _stop(self, reason: str) -> None:
         self.pod_state, self.reason = "stopping", reason
@@ -88,6 +119,14 @@ class PodEnding:
             gpu: {"step": r.get("step"), "next_token": r.get("next_token"),
                   **{k: self.index.records[(gpu, r["sha256"])][k] for k in ("verdict", "reason")}}
             for gpu, r in last.items()})
+
+
+def warn(message: str) -> None:
+    """A line on the launcher's stderr, which may itself be a log on the full disk."""
+    try:
+        print(f"fractus-pod: {message}", file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 def _size(path) -> int:

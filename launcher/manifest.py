@@ -28,6 +28,8 @@ from launcher.errors import UserError
 ENTRY_FIELDS = ("start_token", "checkpoint", "checkpoint_sha256", "shard", "stage", "ema_tf",
                 "lb", "updated_at", "hub_revision")
 _CURRENT_KEY = re.compile(r"^gpu_(\d+)$")
+# Top-level field naming this run; every checkpoint a worker of the run writes records it.
+RUN_ID_KEY = "run_id"
 
 
 class ManifestError(UserError):
@@ -133,7 +135,40 @@ def read_manifest(path: str | Path) -> Manifest:
             manifest.extra[key] = value
     for gpu, entry in manifest.entries.items():
         _check_start_token(path, gpu, entry)
+        _check_field_types(path, gpu, entry)
+    run_id = manifest.extra.get(RUN_ID_KEY)
+    if run_id is not None and (not isinstance(run_id, str) or not run_id):
+        raise ManifestError(f"manifest {path}: {RUN_ID_KEY} must be a non-empty string, "
+                            f"got {run_id!r} (delete it and the next launch records a new one)")
     return manifest
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# The fields the launcher reads, and what each must hold when present (null allowed where
+# a GPU may not have it yet). Fields it does not read are kept as they are, unchecked.
+_FIELD_TYPES = {
+    "checkpoint": ("a path string", lambda v: isinstance(v, str) and bool(v)),
+    "checkpoint_sha256": ("a 64-digit hex sha256",
+                          lambda v: isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v)),
+    "shard": ("a path string", lambda v: isinstance(v, str) and bool(v)),
+    "stage": ("an integer >= 1", lambda v: isinstance(v, int) and not isinstance(v, bool)
+              and v >= 1),
+    "ema_tf": ("a number", _is_number),
+    "lb": ("a number", _is_number),
+    "updated_at": ("a number (unix time)", _is_number),
+    "hub_revision": ("a revision string", lambda v: isinstance(v, str) and bool(v)),
+}
+
+
+def _check_field_types(path: Path, gpu: int, entry: dict) -> None:
+    for name, (wanted, ok) in _FIELD_TYPES.items():
+        value = entry.get(name)
+        if value is not None and not ok(value):
+            raise ManifestError(f"manifest {path}: gpu_{gpu} {name} must be {wanted}, got "
+                                f"{value!r}; fix or remove that field")
 
 
 def _check_start_token(path: Path, gpu: int, entry: dict) -> None:
@@ -176,6 +211,13 @@ def validate_for_launch(manifest: Manifest, pod_dir: Path, gpus: list[int],
             raise ManifestError(f"{where}: gpu_{gpu} start_token {entry['start_token']} is past "
                                 f"the end of its shard {shard} ({length} tokens)")
         ckpt = entry.get("checkpoint")
+        if ckpt:
+            try:
+                resolve_in_pod(ckpt, pod_dir)
+            except ValueError as exc:
+                raise ManifestError(f"{where}: gpu_{gpu} checkpoint {exc}; checkpoints must "
+                                    "live inside the pod (copy the file in and name it "
+                                    "relative to the pod)") from None
         if ckpt and not (pod_dir / ckpt).is_file():
             raise ManifestError(f"{where}: gpu_{gpu} checkpoint {ckpt} does not exist")
         if entry["start_token"] > 0 and not ckpt:
@@ -207,6 +249,17 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def resolve_in_pod(name: str | Path, pod_dir: Path) -> Path:
+    """Where a manifest path really points (symlinks followed), which must be inside the
+    pod: a checkpoint outside it would be hard-linked under retained/ and pushed to the hub.
+    An absolute path is allowed when it resolves inside the pod. Raises ValueError."""
+    root = pod_dir.resolve()
+    target = (pod_dir / name).resolve()
+    if target != root and root not in target.parents:
+        raise ValueError(f"{name} resolves outside the pod directory ({target})")
+    return target
 
 
 def relative_to_pod(path: str | Path, pod_dir: Path) -> str:

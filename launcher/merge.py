@@ -27,6 +27,7 @@ from typing import Sequence
 
 import torch
 
+from fractus.legacy import read_checkpoint
 from launcher.progress import progress
 
 CARRIED_STATE_SUFFIXES = ("attn_S", "attn_z", "kuramoto_phases")
@@ -51,16 +52,7 @@ class MergeReport:
 
 
 def _load(path: Path) -> tuple[dict, dict]:
-    try:
-        try:
-            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as exc:
-            if "mmap" not in str(exc):
-                raise
-            # Pre-zipfile (legacy serialization) files cannot be mapped: read them whole.
-            ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise ValueError(f"cannot load checkpoint {path}: {type(exc).__name__}: {exc}") from None
+    ckpt = read_checkpoint(path, mmap=True)     # CheckpointLoadError: one line, a ValueError
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get("model_state"), dict):
         raise ValueError(f"{path} is not a legacy checkpoint with a 'model_state' dict")
     return ckpt["model_state"], ckpt.get("config", {})

@@ -1,23 +1,26 @@
 """Everything `launch` checks and settles before it starts a single worker.
 
 Order: config files -> devices -> the pod lock -> no worker already on a requested GPU ->
-manifest (read, reconcile with checkpoint events a dead launcher missed, validate) ->
-verdict baseline. Any problem raises UserError (one line, exit 2) and nothing is started.
+manifest (read, reconcile with checkpoint events a dead launcher missed, recover the exact
+bytes each entry names, validate paths, types and each checkpoint's identity) -> verdict
+baseline. Any problem raises UserError (one line, exit 2) and nothing is started.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from launcher.ckpt_index import PASSED, CheckpointIndex, sha256_file
+from launcher.ckpt_trust import check_entry
 from launcher.criteria import Criteria, load_criteria
 from launcher.errors import PodBusy, UserError
 from launcher.events import EventLog
 from launcher.manifest import (
+    RUN_ID_KEY,
     Manifest,
     ManifestError,
     apply_checkpoint,
@@ -28,7 +31,7 @@ from launcher.manifest import (
     write_manifest,
 )
 from launcher.podconfig import PodConfig, Slot, load_config, parse_devices
-from launcher.progress import progress
+from launcher.recover import recover_all
 from launcher.stages import Stage, get_stage, load_stages
 from launcher.workers import busy_cuda_gpus, metrics_path, read_records, running_workers
 
@@ -130,51 +133,22 @@ def reconcile(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
         write_manifest(manifest)
 
 
-def restore_from_hub(plan: LaunchPlan, manifest: Manifest, events: EventLog) -> None:
-    """A checkpoint the manifest names but the disk lacks, or holds other bytes than its
-    recorded sha256, is pulled from the hub revision the manifest records for it. Every file
-    is hashed, in parallel (hashlib releases the GIL: 8 checkpoints take about as long as
-    the largest). Without a hub or a revision, validation refuses the launch instead."""
-    if not plan.config.hub:
-        return
-    named = {}
-    for slot in plan.slots:
-        entry = manifest.entries.get(slot.gpu) or {}
-        if entry.get("checkpoint") and entry.get("hub_revision"):
-            named[slot.gpu] = entry
-    paths = [plan.pod_dir / e["checkpoint"] for e in named.values()]
-    with progress(f"hashing {len(paths)} checkpoint(s)", _total_bytes(paths), "bytes") as task, \
-            ThreadPoolExecutor(max_workers=max(1, len(named))) as pool:
-        intact = dict(zip(named, pool.map(_holds_recorded_bytes, paths,
-                                          [e.get("checkpoint_sha256") for e in named.values()],
-                                          [task.advance] * len(paths))))
-    for gpu, entry in named.items():
-        if intact[gpu]:
-            continue
-        rel, revision = entry["checkpoint"], entry["hub_revision"]
-        from launcher.hub import HubError, open_store
-        try:
-            open_store(plan.config.hub, plan.pod_dir).pull([rel], revision=revision)
-        except (HubError, ValueError) as exc:
-            raise UserError(f"gpu_{gpu} checkpoint {rel} is missing or damaged and the "
-                            f"hub could not restore it: {exc}") from None
-        events.emit("checkpoint_pulled", gpu=gpu, checkpoint=rel, revision=revision)
-
-
-def _holds_recorded_bytes(path: Path, sha256: str | None, on_bytes=None) -> bool:
-    if not path.is_file():
-        return False
-    return not sha256 or sha256_file(path, on_bytes) == sha256
-
-
-def _total_bytes(paths: list[Path]) -> int:
-    return sum(p.stat().st_size for p in paths if p.is_file())
+def recover_checkpoints(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
+                        events: EventLog) -> None:
+    """Each named checkpoint must hold the bytes its manifest entry records (every one is
+    hashed, in parallel): else they come from a local copy or the hub, or the launch is
+    refused (launcher/recover.py)."""
+    if recover_all(plan.pod_dir, [s.gpu for s in plan.slots], manifest, index, events,
+                   plan.config.hub, plan.config.checkpoint_path):
+        write_manifest(manifest)
 
 
 def validate(plan: LaunchPlan, manifest: Manifest) -> None:
     validate_for_launch(manifest, plan.pod_dir, [s.gpu for s in plan.slots],
                         plan.config.shard_path, shard_length)
     refuse_fresh_starts(plan, manifest)
+    for slot in plan.slots:
+        check_entry(manifest, plan.pod_dir, slot.gpu, plan.config.shard_path)
 
 
 def refuse_fresh_starts(plan: LaunchPlan, manifest: Manifest) -> None:
@@ -193,6 +167,14 @@ def refuse_fresh_starts(plan: LaunchPlan, manifest: Manifest) -> None:
                         f"{plan.config.checkpoint_path(gpu)}: nothing to resume from; adopt it "
                         f"with `fractus-pod adopt --init-new-from PATH`, or set env: "
                         f"ALLOW_FRESH_START: \"1\" in fractus-pod.yaml to train a new model")
+
+
+def ensure_run_id(manifest: Manifest) -> None:
+    """Name this run in the manifest once (kept for ever after, pushed with it): each worker
+    records it in its checkpoints, so a checkpoint of another run is recognised."""
+    if not manifest.extra.get(RUN_ID_KEY):
+        manifest.extra[RUN_ID_KEY] = uuid.uuid4().hex
+        write_manifest(manifest)
 
 
 def record_baselines(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex) -> None:

@@ -85,10 +85,11 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8) -> dict:
         entries, manifest_error = manifest.entries, None
     except ManifestError as exc:
         entries, manifest_error = {}, str(exc)
-    try:
-        gpus = sorted({s.gpu for s in parse_devices(config.devices)} | set(entries))
+    try:   # the GPUs this pod runs; a manifest entry for another index is no GPU of it
+        gpus = sorted({s.gpu for s in parse_devices(config.devices)})
     except Exception:
         gpus = sorted(entries)
+    unrun = sorted(set(entries) - set(gpus))
     gpu_states = (state or {}).get("gpus", {})
     last_gpu_states = last_state.get("gpus", {})     # verdicts survive the launcher
     rows = []
@@ -132,6 +133,7 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8) -> dict:
             "verdict": last.get("verdict"),
             "reason": last.get("reason"),
             "restarts": last.get("restarts", 0),
+            "last_error": last.get("last_error"),
             "verdict_from_last_run": state is None and bool(last),
         })
     pod_state = (state or {}).get("pod_state") if holder is not None else None
@@ -146,6 +148,8 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8) -> dict:
         "reason": last_state.get("reason"),
         "uptime_s": now - state["started_at"] if state and state.get("started_at") else None,
         "manifest_error": manifest_error,
+        "manifest_unrun_gpus": unrun,
+        "devices": config.devices,
         "gpus": rows,
         "events": read_events(pod_dir, last=n_events),
         "sync": _sync_report(pod_dir, config, now),
@@ -232,6 +236,10 @@ def render(report: dict):
         parts.append(Text(f"reason: {report['reason']}"))
     if report.get("manifest_error"):
         parts.append(Text(f"manifest: {report['manifest_error']}", style="red"))
+    if report.get("manifest_unrun_gpus"):
+        names = ", ".join(f"gpu_{g}" for g in report["manifest_unrun_gpus"])
+        parts.append(Text(f"manifest also lists {names}, which this pod's devices "
+                          f"({report['devices']}) do not run: kept, not shown", style="yellow"))
     table = Table(show_header=True, header_style="bold")
     for col in ("GPU", "pid", "state", "stage", "next_token", "shard %", "ema_tf", "ema_ss",
                 "lb", "tok/s", "mem GB", "ckpt age", "hub rev", "verdict", "reason"):
@@ -246,6 +254,9 @@ def render(report: dict):
                       _fmt(r["verdict"]) + (" (last run)" if r["verdict_from_last_run"] else ""),
                       _fmt(r["reason"]))
     parts.append(table)
+    for r in report["gpus"]:
+        if r.get("last_error"):
+            parts.append(Text(f"GPU {r['gpu']} last error: {r['last_error']}", style="red"))
     sync = report.get("sync")
     if sync:
         line = (f"hub {sync['hub']} (every {_age(sync['interval_s'])}): last push "

@@ -27,14 +27,16 @@ import signal
 import time
 from pathlib import Path
 
+from fractus.train.disk import EXIT_DISK_FULL, disk_full
 from launcher.ckpt_index import FAILED as CK_FAILED
 from launcher.ckpt_index import PASSED as CK_PASSED
 from launcher.ckpt_index import CheckpointIndex
-from launcher.ending import PodEnding
+from launcher.ending import PodEnding, warn
 from launcher.events import EventLog
 from launcher.gpu_run import BACKOFF, DONE, GPU_FAILED, RUNNING, STOPPED, GpuRun
 from launcher.health import INCONCLUSIVE, SUCCESSFUL, GpuHealth
 from launcher.manifest import (
+    RUN_ID_KEY,
     BackwardsError,
     Manifest,
     apply_checkpoint,
@@ -44,6 +46,8 @@ from launcher.manifest import (
 )
 from launcher.prepare import LaunchPlan
 from launcher.probe_monitor import ProbeMonitor, apply_outcome
+from launcher.recover import RecoveryError, recover_entry
+from launcher.reserve import DiskReserve
 from launcher.state import write_pod_state
 from launcher.sync import HubSync
 from launcher.workers import (
@@ -72,6 +76,8 @@ class Supervisor(PodEnding):
         self.reason = ""
         self._state_written = 0.0
         self.finishing = self.cut_short = False
+        self.state_write_failed = False
+        self.reserve: DiskReserve | None = None     # made by run(): it writes a file
         # ValueError for a malformed hub URL: the CLI reports it before anything starts.
         self.sync = (HubSync(self.pod_dir, plan.config, manifest, index, events)
                      if plan.config.hub else None)
@@ -89,24 +95,37 @@ class Supervisor(PodEnding):
             # Where issue 6's canary will sit: a switch up is checked before it happens.
             self.events.emit("stage_change", from_stage=sorted(recorded), to_stage=self.stage,
                              reason="launch")
-        self._start_all()
+        self.reserve = DiskReserve(self.pod_dir)
+        try:
+            self._start_all()
+        except OSError as exc:
+            self._on_write_error(exc)
         while self.pod_state not in ("stopped", "done", "failed"):
-            self._poll()
-            if self.stop_reason and self.pod_state == "running":
-                self._stop(self.stop_reason)
-            elif deadline is not None and time.monotonic() >= deadline \
-                    and self.pod_state == "running":
-                self._stop(f"--max-time {self.plan.max_time:g}s reached")
-            else:
-                time.sleep(self.plan.config.poll_interval_s)
+            try:
+                self._poll()
+                if self.stop_reason and self.pod_state == "running":
+                    self._stop(self.stop_reason)
+                elif deadline is not None and time.monotonic() >= deadline \
+                        and self.pod_state == "running":
+                    self._stop(f"--max-time {self.plan.max_time:g}s reached")
+                else:
+                    time.sleep(self.plan.config.poll_interval_s)
+            except OSError as exc:
+                self._on_write_error(exc)
         self._write_state(force=True)
         self.finishing = True        # from here a second signal cuts the ending short
-        if self.pod_state in ("stopped", "done"):
-            self._judge_final()
-        if self.probes is not None:
-            self.probes.close()
-        if self.sync is not None:     # the end of a run is pushed, whatever ended it
-            self.sync.finish(abandoned=lambda: self.cut_short)
+        try:
+            if self.pod_state in ("stopped", "done"):
+                self._judge_final()
+            if self.probes is not None:
+                self.probes.close()
+            if self.sync is not None:     # the end of a run is pushed, whatever ended it
+                self.sync.finish(abandoned=lambda: self.cut_short)
+        except OSError as exc:
+            if disk_full(exc) is None:
+                raise
+            warn(f"the end of the run could not be recorded: {exc}")
+        self.reserve.release()
         return self.exit_code
 
     def _on_signal(self, signum, frame) -> None:
@@ -128,6 +147,8 @@ class Supervisor(PodEnding):
     def _start_worker(self, run: GpuRun, fresh_health: bool) -> None:
         gpu = run.slot.gpu
         stage = self.plan.stages[self.stage]
+        if not fresh_health and not self._recover(gpu):
+            return
         entry = self.manifest.entries.get(gpu)
         resume_ema = entry.get("ema_tf") if entry else None
         if fresh_health or run.health is None:
@@ -140,7 +161,8 @@ class Supervisor(PodEnding):
                           start_token=entry["start_token"] if entry else None,
                           ckpt_in=entry.get("checkpoint") if entry else None,
                           max_steps=self.plan.max_steps,
-                          fault=self.plan.faults.pop(gpu, None), stage=self.stage)
+                          fault=self.plan.faults.pop(gpu, None), stage=self.stage,
+                          run_id=self.manifest.extra.get(RUN_ID_KEY))
         run.tail.read()                      # skip anything older than this start
         run.proc = spawn(self.plan.config, self.pod_dir, spec)
         run.state, run.exit_code = RUNNING, None
@@ -148,6 +170,20 @@ class Supervisor(PodEnding):
         self.events.emit("worker_start", gpu=gpu, pid=run.proc.pid, stage=self.stage,
                          start_token=spec.start_token, checkpoint=spec.ckpt_in,
                          fault=spec.fault)
+
+    def _recover(self, gpu: int) -> bool:
+        """Before a restart: the entry's checkpoint must hold its recorded bytes (a worker
+        killed between its rename and its event leaves a newer file there; a file can be
+        damaged mid-run). False when they are nowhere: the pod is failed, clearly."""
+        try:
+            if recover_entry(self.pod_dir, gpu, self.manifest, self.index, self.events,
+                             self.plan.config.hub, self.plan.config.checkpoint_path(gpu)):
+                write_manifest(self.manifest)
+        except RecoveryError as exc:
+            self.runs[gpu].state = GPU_FAILED
+            self._fail_pod(f"GPU {gpu}: {exc}", exit_code=1)
+            return False
+        return True
 
     # ---- the poll loop ------------------------------------------------------------
     def _poll(self) -> None:
@@ -243,6 +279,10 @@ class Supervisor(PodEnding):
             run.state = STOPPED
         elif code == 0:
             run.state = DONE
+        elif code == EXIT_DISK_FULL:
+            run.state = GPU_FAILED
+            self._disk_full(f"GPU {gpu}'s worker could not write (exit {code}"
+                            + (f": {run.last_error}" if run.last_error else "") + ")")
         elif code == 2:
             run.state = GPU_FAILED
             self._fail_pod(f"GPU {gpu}: the worker refused its settings or files (exit 2); "
@@ -350,4 +390,14 @@ class Supervisor(PodEnding):
         if not force and now - self._state_written < max(2.0, self.plan.config.poll_interval_s):
             return
         self._state_written = now
-        write_pod_state(self)
+        try:
+            write_pod_state(self)
+        except OSError as exc:      # a view for `status`: the next write tries again
+            if disk_full(exc) is None:
+                raise
+            if not self.state_write_failed:
+                warn(f"logs/pod_state.json not written: {exc}")
+            self.state_write_failed = True
+        else:
+            self.state_write_failed = False
+

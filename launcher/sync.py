@@ -193,6 +193,20 @@ def record_revision(manifest: Manifest, snap: Snapshot, revision: str) -> list[i
     return noted
 
 
+def refuse_vanished_store(store, pod_dir: Path, hub: str) -> None:
+    """A store this pod pushed revisions to and that is now empty (a deleted file:// DIR,
+    a deleted repo) is an error: pushing would recreate it empty, and the revisions the
+    manifest records could never be pulled again. HubError, one line."""
+    from launcher.hub import HubError
+    state = read_sync_state(pod_dir)
+    last = state.get("last_revision")
+    if not last or state.get("last_revision_hub") != hub or store.head() is not None:
+        return
+    raise HubError(f"hub {hub} held this pod's revisions (last {str(last)[:12]}) and is now "
+                   f"empty or gone; restore it, or set hub: to a new store (then "
+                   f"`fractus-pod sync push` starts it)")
+
+
 def store_for(config: PodConfig, pod_dir: Path):
     """The pod's hub store with its sync retry policy. ValueError for a malformed URL."""
     from launcher.hub import RetryPolicy, open_store
@@ -221,6 +235,14 @@ class HubSync:
         shutil.rmtree(pod_dir / SNAPSHOT_DIR, ignore_errors=True)   # a dead launcher's
         update_sync_state(pod_dir, hub=config.hub, interval_s=self.settings.interval_s,
                           in_flight=False)
+        if config.hub.startswith("file://"):    # a local check is free: say it at launch
+            from launcher.hub import HubError
+            try:
+                refuse_vanished_store(self.store, pod_dir, config.hub)
+            except HubError as exc:
+                update_sync_state(pod_dir, last_error=str(exc), last_error_at=time.time(),
+                                  last_result="error")
+                events.emit("sync_failed", reason="launch", error=str(exc), retry="every push")
 
     @property
     def busy(self) -> bool:
@@ -295,6 +317,7 @@ class HubSync:
 
     def _run(self, snap: Snapshot, message: str) -> None:
         try:
+            refuse_vanished_store(self.store, self.pod_dir, self.config.hub)
             self._outcome = ("ok", send(self.store, snap, message))
         except Exception as exc:      # any failure: recorded, retried next interval
             self._outcome = ("error", describe_error(exc))
@@ -316,6 +339,7 @@ class HubSync:
             if noted:
                 write_manifest(self.manifest)
             update_sync_state(self.pod_dir, in_flight=False, last_revision=value,
+                              last_revision_hub=self.config.hub,
                               last_success_at=time.time(), last_pushed_tokens=tokens,
                               last_result="ok")
             self.events.emit("sync_pushed", reason=reason, revision=value, tokens=tokens,
@@ -344,7 +368,9 @@ def push_now(pod_dir: Path, config: PodConfig, message: str) -> tuple[str, list[
         if snap is None:
             raise UserError("no checkpoint has passed its checks yet: nothing to push")
         try:
-            revision = send(store_for(config, pod_dir), snap, message)
+            store = store_for(config, pod_dir)
+            refuse_vanished_store(store, pod_dir, config.hub)
+            revision = send(store, snap, message)
         except Exception as exc:
             update_sync_state(pod_dir, last_error=describe_error(exc), last_error_at=time.time(),
                               last_result="error")
@@ -354,7 +380,8 @@ def push_now(pod_dir: Path, config: PodConfig, message: str) -> tuple[str, list[
         noted = [] if running else record_revision(manifest, snap, revision)
         if noted:
             write_manifest(manifest)
-        update_sync_state(pod_dir, last_revision=revision, last_success_at=time.time(),
+        update_sync_state(pod_dir, last_revision=revision, last_revision_hub=config.hub,
+                          last_success_at=time.time(),
                           last_result="ok", last_pushed_tokens={
                               g: HubSync.manifest_token(snap, g) for g in snap.pushed})
         EventLog(pod_dir).emit("sync_pushed", reason="by hand", revision=revision,

@@ -51,6 +51,7 @@ class WorkerSpec:
     max_steps: int | None = None
     fault: str | None = None           # FRACTUS_FAULT, tests only
     stage: int | None = None           # STAGE: shown in TensorBoard only
+    run_id: str | None = None          # RUN_ID: the manifest's run, recorded in checkpoints
 
 
 def build_env(config: PodConfig, spec: WorkerSpec, base: dict | None = None) -> dict:
@@ -90,6 +91,8 @@ def build_env(config: PodConfig, spec: WorkerSpec, base: dict | None = None) -> 
         env["FRACTUS_FAULT"] = spec.fault
     if spec.stage is not None:
         env["STAGE"] = str(spec.stage)
+    if spec.run_id:
+        env["RUN_ID"] = spec.run_id
     return child.child_env(env)
 
 

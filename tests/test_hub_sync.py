@@ -173,16 +173,19 @@ def test_bounded_run_pushes_at_stop_and_launch_restores_missing_checkpoints(tmp_
     for key in floats:
         torch.testing.assert_close(merged[key], (gpus[0][key] + gpus[1][key]) / 2)
 
-    # A lost and a damaged checkpoint: launch pulls both from the pinned revision first.
+    # A lost and a damaged checkpoint: launch restores both first. The lost one from its
+    # retained hard link (a local copy whose sha256 matches); the one damaged in place
+    # (every hard link sees it) from the pinned revision.
     expected = {g: manifest[f"gpu_{g}"]["checkpoint_sha256"] for g in (0, 1)}
     (pod / CKPT.format(1)).unlink()
     (pod / CKPT.format(0)).write_bytes(b"not a checkpoint")
     again = Launcher(pod, "--max-steps", "1")
     launchers.append(again)
     assert again.wait(120) == 0, again.output()
-    pulled = events_of(pod, "checkpoint_pulled")
-    assert sorted(e["gpu"] for e in pulled) == [0, 1]
-    assert all(e["revision"] == pushed["revision"] for e in pulled)
+    (recovered,) = events_of(pod, "checkpoint_recovered")
+    assert recovered["gpu"] == 1 and recovered["was"] == CKPT.format(1)
+    (pulled,) = events_of(pod, "checkpoint_pulled")
+    assert pulled["gpu"] == 0 and pulled["revision"] == pushed["revision"]
     for gpu in (0, 1):
         start = worker_records(pod, gpu, "start")[-1]
         assert start["next_token"] == 8 * TOKENS_PER_STEP

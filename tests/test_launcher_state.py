@@ -189,8 +189,11 @@ def test_sync_push_sends_only_passed_checkpoints_and_launch_restores_from_hub(tm
     pulled["gpu_0"]["hub_revision"] = revision
     (other / "checkpoints" / "RESUME_MANIFEST_8GPU.json").write_text(json.dumps(pulled))
     (other / "checkpoints" / "fractus_1b_gpu0.pt").unlink()
-    from launcher.prepare import load_plan, restore_from_hub
+    from launcher.prepare import load_plan, recover_checkpoints
     plan, manifest = load_plan(other, 1, "cpu:1", None)
+
+    def restore_from_hub(plan, manifest, events):
+        recover_checkpoints(plan, manifest, CheckpointIndex(other), events)
     restore_from_hub(plan, manifest, EventLog(other))
     assert (other / "checkpoints" / "fractus_1b_gpu0.pt").read_bytes() == b"good"
     assert [e["revision"] for e in read_events(other) if e["event"] == "checkpoint_pulled"] \

@@ -6,7 +6,8 @@ File format (a superset of the legacy file, so legacy tools keep working):
      "config": {...engine keywords..., "gpu", "batch", "lr", "ss_rate", "tokens_processed"},
      "optimizer_state": SGD state_dict,  # momentum buffers
      "train_state": {"format", "next_token", "step", "ema_tf", "ema_ss", "rng": {...},
-                     "carry_batch", "settings", "version", "shard", "saved_at"}}
+                     "carry_batch", "settings", "version", "shard", "saved_at",
+                     "gpu", "run_id"}}
 
 The engine's carried state (thought_state, attn_S, attn_z, kuramoto_phases) is part of
 `model_state` as in v1; `train_state["carry_batch"]` records its batch size.
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from fractus.legacy import read_checkpoint
 
 FORMAT_VERSION = 1
 
@@ -157,16 +160,16 @@ def remove_stale_temps(path: str | os.PathLike) -> None:
 def load_checkpoint(path: str | os.PathLike) -> dict:
     """Load a checkpoint onto the CPU without unpickling code (weights_only=True); a bare
     state_dict comes back as {"model_state": it, "config": None} (the caller decides the
-    config: MODEL)."""
-    try:  # memory-mapped: the file's pages are read as the weights are copied into the model
-        ck = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError:  # files in torch's pre-zip format cannot be mapped
-        ck = torch.load(path, map_location="cpu", weights_only=True)
+    config: MODEL).
+
+    Memory-mapped: the file's pages are read as the weights are copied into the model.
+    Raises CheckpointLoadError (a ValueError, one line) for a file that does not load."""
+    ck = read_checkpoint(path, mmap=True)
     if is_bare_state_dict(ck):     # v1 loaded these too (`ck.get("model_state", ck)`)
         return {"model_state": ck, "config": None}
     if not isinstance(ck, dict) or "model_state" not in ck or "config" not in ck:
-        raise ValueError(f"{path}: not a Fractus checkpoint (needs model_state and config, "
-                         "or a bare state_dict)")
+        raise ValueError(f"cannot load checkpoint {path}: not a Fractus checkpoint (needs "
+                         "model_state and config, or a bare state_dict)")
     return ck
 
 
@@ -222,6 +225,8 @@ def training_payload(model, optimizer, settings, *, next_token: int, step: int,
         "ema_tf": ema_tf, "ema_ss": ema_ss, "rng": capture_rng(device),
         "carry_batch": model.carried_batch_size, "settings": settings.to_dict(),
         "version": __version__, "shard": shard, "saved_at": time.time(),
+        # identity, checked by the launcher against the manifest entry naming this file
+        "gpu": settings.gpu_id, "run_id": settings.run_id,
     }
     return {"model_state": model.state_dict(), "config": config,
             "optimizer_state": optimizer.state_dict(), "train_state": train_state}

@@ -10,8 +10,8 @@ Variables of the v1 trainer (scripts/fast4gpu_boost.py), same names, same defaul
 GPU_ID, BATCH, SEQ, LR, SS_RATE, SS_PROB, LB_COEF, GATE_TEMP, START_TOKEN, SHARD (default
 data/shard_gpu{i}.pt, then .npy), CKPT_IN (default: the GPU's file, then the merged brain),
 CKPT_OUT. Read by v2 only (v1 never read them): CE_CHUNK, FRACTUS_ATTN_IMPL, COMPILE, ACCUM,
-MODEL, DEVICE, MAX_STEPS, SAVE_EVERY, SAVE_KEEP, LOG_EVERY, METRICS, SEED, FORCE_START_TOKEN,
-ALLOW_FRESH_START, FRACTUS_FAULT (tests only). Where v2 still differs from v1:
+MODEL, DEVICE, MAX_STEPS, SAVE_EVERY, SAVE_KEEP, LOG_EVERY, METRICS, TB_DIR, STAGE, SEED, RUN_ID,
+FORCE_START_TOKEN, ALLOW_FRESH_START, FRACTUS_FAULT (tests only). Where v2 still differs from v1:
 docs/WORKER.md, "Differences from v1".
 """
 
@@ -163,13 +163,17 @@ class WorkerSettings:
                              "`stage` scalar.")
     seed: int | None = _var("SEED", None, _int_at_least(0),
                             "Seed for torch and python random. Default 42 + GPU_ID.")
+    run_id: str | None = _var("RUN_ID", None, _text,
+                              "Identity of the run, recorded in each checkpoint (the launcher "
+                              "sets it from the manifest's run_id).")
     force_start_token: bool = _var("FORCE_START_TOKEN", False, _flag,
                                    "1: accept a START_TOKEN that disagrees with the checkpoint.")
     allow_fresh_start: bool = _var("ALLOW_FRESH_START", False, _flag,
                                    "1: train a new random model when there is no checkpoint "
                                    "to start from (the demo preset sets it); else refused.")
     fault: str | None = _var("FRACTUS_FAULT", None, _fault,
-                             "Tests only: nan@S, oom@S, hang@S, crash@S, compile@S.")
+                             "Tests only: nan@S, oom@S, hang@S, crash@S, compile@S, "
+                             "kill_after_save@S.")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> "WorkerSettings":

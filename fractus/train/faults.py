@@ -9,6 +9,9 @@
 - `hang`: sleeps forever before the step (a stuck worker, for watchdog tests).
 - `compile`: with COMPILE=1, the compiled chunk function fails at that step's first call,
   so the compile fallback runs (a `compile` event, the step retried uncompiled).
+- `kill_after_save`: the worker SIGKILLs itself right after the checkpoint of that step is
+  renamed into place and before its `checkpoint` event: the file is newer than anything
+  the launcher was told about (a real kill -9 at the worst moment).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-KINDS = ("nan", "oom", "hang", "crash", "compile")
+KINDS = ("nan", "oom", "hang", "crash", "compile", "kill_after_save")
 
 
 @dataclass(frozen=True)
@@ -60,3 +63,9 @@ class FaultInjector:
 
     def compile_fails(self, step: int) -> bool:
         return self._fires("compile", step)
+
+    def after_save(self, step: int) -> None:
+        if self._fires("kill_after_save", step):
+            import os
+            import signal
+            os.kill(os.getpid(), signal.SIGKILL)

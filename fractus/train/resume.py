@@ -88,8 +88,8 @@ def find_start(settings: WorkerSettings, shard_len: int) -> StartPoint:
     if source is not None:
         try:
             ck = load_checkpoint(source)
-        except Exception as e:  # a truncated or foreign file is a user-facing error
-            raise SettingsError(f"cannot load checkpoint {source}: {e}") from None
+        except ValueError as e:  # truncated, corrupt, foreign or pickled code: one line
+            raise SettingsError(str(e)) from None
     config = _model_config(settings, ck)
     if ck is not None and ck["config"] is None:    # a bare state_dict: MODEL's config
         ck = {**ck, "config": config.to_dict()}

@@ -6,7 +6,8 @@
 Setup (all checks before anything is written) -> resume -> loop -> final checkpoint.
 Exit codes: 0 done or stopped by a signal, 1 crash (error event), 2 bad settings or bad
 input files, 3 non-finite loss or gradient (nan event, no checkpoint), 4 out of memory
-(oom event). The environment contract is fractus/train/env.py; docs in docs/WORKER.md.
+(oom event), 5 disk full (error event starting "disk full", when it can still be written).
+The environment contract is fractus/train/env.py; docs in docs/WORKER.md.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from fractus.continuous_engine import check_token_ids
 from fractus.data import ShardError, TokenShard, batch_from_window
 from fractus.train.checkpoint import (NonFiniteCheckpointError, capture_rng, remove_stale_temps,
                                       restore_rng, save_checkpoint, training_payload)
+from fractus.train.disk import EXIT_DISK_FULL, describe_disk_full, disk_full
 from fractus.train.env import PARENT_DEATH_ENV, SettingsError, WorkerSettings
 from fractus.train.faults import FaultInjector, parse_fault
 from fractus.train.metrics import MetricsWriter, human_line
@@ -128,6 +130,7 @@ class Worker:
                                    shard=str(self.shard.path))
         t0 = time.perf_counter()
         saved = save_checkpoint(payload, self.ckpt_out, keep=self.s.save_keep)
+        self.faults.after_save(self.step)
         self.saved_step = self.step
         self.log.event("checkpoint", path=saved.path, sha256=saved.sha256, bytes=saved.bytes,
                        next_token=self.next_token, step=self.step, ema_tf=self.ema_tf,
@@ -255,16 +258,36 @@ class Worker:
             print(f"error: {e}", file=sys.stderr)
             return EXIT_SETTINGS
         except Exception as e:
+            full = disk_full(e)
+            if full is not None:
+                return self._disk_full(full)
             self.log.event("error", message=f"{type(e).__name__}: {e}"[:2000], exit_code=EXIT_CRASH)
             traceback.print_exc()
             return EXIT_CRASH
         finally:
-            sys.stdout.flush()
+            try:
+                sys.stdout.flush()
+            except OSError:      # the log's disk is full: the exit code still says why
+                pass
         self.log.event("done", reason=reason, step=self.step, next_token=self.next_token,
                        ema_tf=self.ema_tf, ema_ss=self.ema_ss)
         print(f"GPU {s.gpu_id}: DONE ({reason}) next_token={self.next_token}", flush=True)
         self.log.close()
         return EXIT_OK
+
+    def _disk_full(self, exc: OSError) -> int:
+        """No space left: one line saying so (the previous checkpoint stays the last good
+        one: saves are atomic), as an event if the metrics file can still take it."""
+        message = describe_disk_full(self.ckpt_out, exc)
+        try:
+            self.log.event("error", message=message, exit_code=EXIT_DISK_FULL)
+        except OSError:
+            pass
+        try:
+            print(f"error: GPU {self.s.gpu_id}: {message}", file=sys.stderr, flush=True)
+        except OSError:       # its log is on the full disk too
+            pass
+        return EXIT_DISK_FULL
 
 
 def main(environ=None) -> int:

@@ -1,0 +1,34 @@
+"""Telling a full disk apart from other write failures, for the worker and the launcher.
+
+torch.save reports a full disk as `RuntimeError: [enforce fail at inline_container.cc:672]
+... unexpected pos ...`, with the `OSError: [Errno 28] No space left on device` only in
+its context; people need to read "disk full" where they look (events, status)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+EXIT_DISK_FULL = 5      # the worker's exit code for it (fractus/train/worker.py)
+
+
+def disk_full(exc: BaseException | None) -> OSError | None:
+    """The no-space OSError behind `exc` (itself, its cause or its context), else None."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def describe_disk_full(path: str | os.PathLike, exc: OSError) -> str:
+    """One line: disk full, and the free space left on the disk holding `path`."""
+    try:
+        free = f"{shutil.disk_usage(os.path.dirname(os.path.abspath(path)) or '.').free:,}"
+    except OSError:
+        free = "unknown"
+    return f"disk full: {exc.strerror or exc} ({free} bytes free on the disk of {path})"

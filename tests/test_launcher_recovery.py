@@ -1,0 +1,92 @@
+"""End to end, a restart never wedges (issue 10, items 1 and 4): a worker SIGKILLed between
+renaming its checkpoint into place and reporting it, or a checkpoint damaged mid-run, is
+resumed from the exact bytes the manifest names (sha256-verified local copy), at once and at
+every later launch.
+
+Shares the pod helpers of tests/test_launcher_e2e.py (real launcher, real tiny CPU workers).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import yaml
+
+from launcher.ckpt_index import sha256_file
+from tests.test_launcher_e2e import (TOKENS_PER_STEP, Launcher, events_of, launchers, make_pod,
+                                     manifest_json, wait_for, worker_records)
+
+__all__ = ["launchers"]   # the fixture, imported for pytest
+
+CANONICAL = "checkpoints/fractus_1b_gpu0.pt"
+
+
+def replace_file(path, data: bytes) -> None:
+    """New bytes under the name (a new inode, as a copy or an editor would leave it)."""
+    tmp = path.with_name(path.name + ".replacing")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def worker_starts(pod, gpu):
+    return worker_records(pod, gpu, "start")
+
+
+def test_worker_killed_between_rename_and_event_resumes_the_manifest_bytes(tmp_path, launchers):
+    pod = make_pod(tmp_path)
+    # GPU 0 saves at step 5 (reported), then at step 10 renames its checkpoint into place
+    # and is SIGKILLed before the event: the file is newer than the manifest knows.
+    first = Launcher(pod, "--stage", "1", "--max-steps", "12", "--fault", "0:kill_after_save@10")
+    launchers.append(first)
+    assert first.wait(300) == 0, first.output()
+    exits = [e["code"] for e in events_of(pod, "worker_exit", gpu=0)]
+    assert exits[0] == -9
+    (recovered,) = events_of(pod, "checkpoint_recovered", gpu=0)
+    assert recovered["was"] == CANONICAL
+    assert recovered["checkpoint"].startswith("checkpoints/retained/gpu0/token")
+    starts = worker_starts(pod, 0)
+    assert [s["next_token"] for s in starts] == [0, 5 * TOKENS_PER_STEP]
+    assert starts[1]["source"] == recovered["checkpoint"]
+    # 5 steps kept, then the restart's 12: no token skipped, none trained twice.
+    assert manifest_json(pod)["gpu_0"]["start_token"] == 17 * TOKENS_PER_STEP
+    assert not events_of(pod, "pod_failed")
+
+    # At the next launch: the named file replaced by other bytes -> the retained copy.
+    entry = manifest_json(pod)["gpu_0"]
+    named = pod / entry["checkpoint"]
+    replace_file(named, b"damaged" * 1000)
+    second = Launcher(pod, "--stage", "1", "--max-steps", "1")
+    launchers.append(second)
+    assert second.wait(300) == 0, second.output()
+    earlier, recovered = events_of(pod, "checkpoint_recovered", gpu=0)
+    assert recovered["was"] == entry["checkpoint"]
+    assert sha256_file(pod / recovered["checkpoint"]) == entry["checkpoint_sha256"]
+    assert worker_starts(pod, 0)[-1]["next_token"] == entry["start_token"]
+    assert manifest_json(pod)["gpu_0"]["start_token"] == entry["start_token"] + TOKENS_PER_STEP
+
+
+def test_checkpoint_damaged_mid_run_is_recovered_at_the_restart(tmp_path, launchers):
+    pod = make_pod(tmp_path)
+    first = Launcher(pod, "--stage", "1", "--max-steps", "3")
+    launchers.append(first)
+    assert first.wait(300) == 0, first.output()
+    entry = manifest_json(pod)["gpu_0"]
+    # No periodic save in the second run: the manifest keeps naming the same file.
+    config = yaml.safe_load((pod / "fractus-pod.yaml").read_text())
+    config["save_every"] = 100_000
+    (pod / "fractus-pod.yaml").write_text(yaml.safe_dump(config))
+    second = Launcher(pod, "--stage", "1")
+    launchers.append(second)
+    wait_for(lambda: len(worker_records(pod, 0, "start")) == 2
+             and worker_records(pod, 0)[-1].get("type") == "metrics", 120,
+             "GPU 0 training again")
+    replace_file(pod / entry["checkpoint"], b"\0" * 4096)       # damaged under the worker
+    os.kill(events_of(pod, "worker_start", gpu=0)[-1]["pid"], signal.SIGKILL)
+    wait_for(lambda: len(worker_starts(pod, 0)) == 3, 120, "GPU 0 restarted")
+    (recovered,) = events_of(pod, "checkpoint_recovered", gpu=0)
+    assert sha256_file(pod / recovered["checkpoint"]) == entry["checkpoint_sha256"]
+    assert worker_starts(pod, 0)[-1]["next_token"] == entry["start_token"]
+    os.killpg(second.proc.pid, signal.SIGTERM)
+    assert second.wait(120) == 0, second.output()
+    assert not events_of(pod, "pod_failed")
