@@ -103,3 +103,31 @@ def test_launcher_survives_a_full_disk_and_says_so(tmp_path):
         report = json.loads(status.stdout)
         assert report["pod_state"] == "FAILED" and "disk full" in report["reason"]
         assert not (pod / "logs" / ".launcher_reserve").exists()
+
+
+def test_launcher_own_writes_on_a_full_disk_fail_the_pod_without_a_crash(tmp_path):
+    """The launcher's logs/ on a full disk: its pod_state.json write is skipped, not a
+    crash, and a failed event write fails the pod with the reason recorded, in the space
+    its reserve frees."""
+    from launcher.events import EventLog, read_events
+    from launcher.podconfig import init_pod
+    from launcher.reserve import DiskReserve
+    from launcher.state import read_pod_state
+    from tests.test_launcher_state import _supervisor
+    pod = tmp_path / "pod"
+    init_pod(pod, "tiny-cpu")
+    with small_tmpfs(pod / "logs", "2m"):
+        sup = _supervisor(pod, 1)
+        sup.reserve = DiskReserve(pod)
+        filler = fill(pod / "logs")
+        sup._write_state(force=True)              # skipped with a warning, not raised
+        assert read_pod_state(pod) is None
+        with pytest.raises(OSError) as full:
+            for _ in range(1000):                 # the last partial page takes a few lines
+                EventLog(pod).emit("probe_line", padding="x" * 512)
+        sup._on_write_error(full.value)
+        assert sup.pod_state == "failed" and sup.exit_code == 1
+        (failed,) = [e for e in read_events(pod) if e["event"] == "pod_failed"]
+        assert failed["reason"].startswith("disk full: the launcher could not write")
+        assert read_pod_state(pod)["reason"] == failed["reason"]
+        filler.unlink()
