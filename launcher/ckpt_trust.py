@@ -57,7 +57,10 @@ def check_entry(manifest: Manifest, pod_dir: Path, gpu: int, shard_of) -> None:
     except ValueError as exc:
         raise ManifestError(f"{where} is not usable ({exc}); restore the file or roll the "
                             f"GPU back") from None
-    if found.gpu is not None and found.gpu != gpu:
+    # At token 0 another GPU's weights are an initialisation, not a resume (the user's own
+    # practice: a new GPU starts from the merged brain, whose config names GPU 0; adopt
+    # --init-new-from): nothing of this GPU's shard has been trained yet.
+    if found.gpu is not None and found.gpu != gpu and entry["start_token"] > 0:
         raise ManifestError(f"{where} was written by GPU {found.gpu}, not GPU {gpu}; point "
                             f"gpu_{gpu} at its own checkpoint")
     shard = entry.get("shard") or shard_of(gpu)

@@ -145,7 +145,7 @@ def test_unknown_gpu_is_refused_unless_told_where_it_starts(tmp_path, capsys):
     (line,) = _refused(run, capsys, "--devices", "cpu:3")
     assert line.startswith("error: gpu 2: not in RESUME_MANIFEST_8GPU.json, RESUME_MANIFEST.json")
     assert "--init-new-from" in line
-    write_v1_checkpoint(run / "checkpoints/FRACTUS_1B_STAGE2_MERGED.pt", 0, seed=99)
+    write_v1_checkpoint(run / "checkpoints/FRACTUS_1B_STAGE2_MERGED.pt", 0, seed=99)  # gpu 0
     assert adopt(run, "--devices", "cpu:3", "--init-new-from",
                  "checkpoints/FRACTUS_1B_STAGE2_MERGED.pt") == 0
     tracker = json.loads((run / "checkpoints/RESUME_MANIFEST_8GPU.json").read_text())
@@ -153,6 +153,11 @@ def test_unknown_gpu_is_refused_unless_told_where_it_starts(tmp_path, capsys):
                                 "checkpoint": "checkpoints/FRACTUS_1B_STAGE2_MERGED.pt",
                                 "shard": "data/shard_gpu2.pt"}
     assert tracker["gpu_0"] == {"start_token": START_TOKENS[0]}   # the user's entries as they were
+    # launch accepts the merged brain (its config names GPU 0) as GPU 2's start at token 0
+    from launcher.ckpt_trust import check_entry
+    from launcher.manifest import read_manifest
+    manifest = read_manifest(run / "checkpoints/RESUME_MANIFEST_8GPU.json")
+    check_entry(manifest, run, 2, lambda gpu: f"data/shard_gpu{gpu}.pt")
 
 
 def test_bad_runs_are_refused_one_line_per_problem(tmp_path, capsys):
