@@ -74,23 +74,32 @@ def load_the_v1_way(path: Path) -> tuple[ContinuousThoughtEngine, int, dict]:
     return engine, loaded, clean
 
 
+# The user's own reader of each manifest layout, as their relaunch one-liners do it.
+READERS = {
+    "checkpoints/RESUME_MANIFEST_8GPU.json": lambda m, gpu: m[f"gpu_{gpu}"]["start_token"],
+    "RESUME_MANIFEST.json": lambda m, gpu: m["gpus"][str(gpu)]["start_token"],
+}
+
+
 @pytest.mark.filterwarnings("ignore:carried state")   # v1's file at batch 1; the worker resets too
-def test_adopt_then_launch_resumes_every_gpu_exactly(tmp_path, launchers, capsys):
+@pytest.mark.parametrize("pod_manifest", sorted(READERS))
+def test_adopt_then_launch_resumes_every_gpu_exactly(tmp_path, launchers, capsys, pod_manifest):
     run = v1_run(tmp_path / "run")
     originals = {gpu: sha(run / f"checkpoints/fractus_1b_gpu{gpu}.pt") for gpu in (0, 1)}
-    assert adopt(run, "--devices", "cpu:2") == 0
+    chosen = () if pod_manifest.startswith("checkpoints/") else ("--manifest", pod_manifest)
+    assert adopt(run, "--devices", "cpu:2", *chosen) == 0
     out = capsys.readouterr().out
     for gpu in (0, 1):
         assert f"checkpoints/fractus_1b_gpu{gpu}.pt" in out and originals[gpu][:12] in out
         assert f"{START_TOKENS[gpu]:,}" in out
     config = yaml.safe_load((run / "fractus-pod.yaml").read_text())
     assert config["shards"] == "data/shard_gpu{i}.pt"
-    assert config["manifest"] == "checkpoints/RESUME_MANIFEST_8GPU.json"
+    assert config["manifest"] == pod_manifest
     assert json.loads((run / config["model"]).read_text()) == {"vocab_size": V1_VOCAB, **TARGET}
     assert "ALLOW_FRESH_START" not in config["env"]
 
     before = snapshot(run)
-    assert adopt(run, "--devices", "cpu:2") == 0                  # idempotent
+    assert adopt(run, "--devices", "cpu:2", *chosen) == 0         # idempotent
     assert snapshot(run) == before
 
     config["env"] = {"SEQ": str(SEQ), "BATCH": str(BATCH)}
@@ -102,14 +111,18 @@ def test_adopt_then_launch_resumes_every_gpu_exactly(tmp_path, launchers, capsys
     launchers.append(launcher)
     assert launcher.wait(300) == 0, launcher.output()
 
-    tracker = json.loads((run / "checkpoints/RESUME_MANIFEST_8GPU.json").read_text())   # user's reader
+    written = json.loads((run / pod_manifest).read_text())
     for gpu in (0, 1):
         first = [r for r in worker_records(run, gpu) if r.get("type") == "metrics"][0]
         expected = first_step_loss(run / "checkpoints/adopted" / _kept(run, gpu).name,
                                    run / f"data/shard_gpu{gpu}.pt", START_TOKENS[gpu])
         assert first["tf"] == pytest.approx(expected, rel=1e-5, abs=1e-6)
         assert first["next_token"] == START_TOKENS[gpu] + TOKENS_PER_STEP
-        assert tracker[f"gpu_{gpu}"]["start_token"] == START_TOKENS[gpu] + STEPS * TOKENS_PER_STEP
+        advanced = START_TOKENS[gpu] + STEPS * TOKENS_PER_STEP
+        assert READERS[pod_manifest](written, gpu) == advanced          # the user's reader
+        if "gpus" in written:                  # kept in its layout, tokens_processed true
+            assert written["gpus"][str(gpu)]["tokens_processed"] == advanced
+            assert written["step_tokens"] == 256 and written["gpus"][str(gpu)]["last_loss"] == 30.3
         # STEPS saves > SAVE_KEEP: rotation pruned the original, the baseline keeps its bytes
         assert sha(_kept(run, gpu)) == originals[gpu]
         assert not any(sha(p) == originals[gpu]
