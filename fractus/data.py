@@ -59,9 +59,14 @@ class TokenShard:
     @staticmethod
     def _open_pt(path: Path) -> torch.Tensor:
         try:
-            tokens = torch.load(path, map_location="cpu", weights_only=True)
+            try:  # memory-mapped: a window reads its own pages, never the whole shard
+                tokens = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError:  # torch's pre-zip format cannot be mapped: read it whole
+                tokens = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # any unpickling failure is a bad file, not a crash
-            raise ShardError(f"shard {path}: not a loadable tensor file ({e})") from None
+            raise ShardError(f"shard {path}: not a loadable tensor file "
+                             f"({str(e).strip().splitlines()[0] if str(e).strip() else e!r})"
+                             ) from None
         if not isinstance(tokens, torch.Tensor) or tokens.dim() != 1 or tokens.is_floating_point():
             raise ShardError(f"shard {path}: expected a 1-D integer tensor")
         return tokens

@@ -132,8 +132,15 @@ def _gpu_plan(pod_dir: Path, gpu: int, manifests: list[Manifest], init_new_from:
         entry, checkpoint = {"start_token": 0}, init_new_from
     else:
         entry = {}
-        for _, e in known:           # the manifests agree on the token; merge what they name
-            entry.update({k: v for k, v in e.items() if v is not None})
+        for field in ("checkpoint", "shard"):    # the manifests may name them, or not
+            named = {str(e[field]): m.path.name for m, e in known if e.get(field)}
+            if len(named) > 1:
+                listed = " vs ".join(f"{field} {v} in {n}" for v, n in named.items())
+                problems.append(f"gpu {gpu}: {listed}; adopt one of them with --manifest PATH")
+                return None
+            if named:
+                entry[field] = next(iter(named))
+        entry["start_token"] = next(iter(by_token))
         checkpoint = str(entry.get("checkpoint") or V1_CHECKPOINT.format(i=gpu))
     shard = _shard_of(pod_dir, gpu, entry)
     where = f"gpu {gpu}" + (f" ({', '.join(names)})" if names else "")

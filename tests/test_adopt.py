@@ -203,6 +203,11 @@ def test_a_gpu_in_two_manifests_with_different_tokens_names_both(tmp_path, capsy
     assert "gpu 1: start_token 640 in RESUME_MANIFEST_8GPU.json, RESUME_MANIFEST.json vs " \
            "start_token 960 in RESUME_MANIFEST_FINE.json" in line
     assert "--manifest" in line
+    (run / "RESUME_MANIFEST_FINE.json").write_text(json.dumps(   # same token, another file
+        {"gpus": {"1": {"start_token": 640, "checkpoint": "checkpoints/fractus_1b_gpu0.pt"}}}))
+    (line,) = _refused(run, capsys, "--devices", "cpu:2")
+    assert "gpu 1: checkpoint checkpoints/fractus_1b_gpu1.pt in RESUME_MANIFEST.json vs " \
+           "checkpoint checkpoints/fractus_1b_gpu0.pt in RESUME_MANIFEST_FINE.json" in line
     assert adopt(run, "--devices", "cpu:2", "--manifest", "RESUME_MANIFEST.json") == 0
     assert yaml.safe_load((run / "fractus-pod.yaml").read_text())["manifest"] == \
         "RESUME_MANIFEST.json"
