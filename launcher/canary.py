@@ -27,6 +27,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from launcher import child
 from launcher.canary_compare import Tolerance, compare_approximate, compare_exact, metrics_lines
@@ -42,7 +43,7 @@ from launcher.yamlfile import read_yaml
 
 SCRATCH_DIR = "scratch/canary"   # under the pod directory; never the canonical checkpoints
 KEEP_RUNS = 5                    # canary run directories kept (metrics + logs, no weights)
-WATCH_S = 0.5                    # how often the progress line reads the runs' metrics
+WATCH_S = 0.5                    # how often a running canary shows progress, looks for a stop
 
 
 # ---- settings (the `canary:` section of trusted_loss.yaml, with defaults) ---------------
@@ -114,6 +115,7 @@ class CanaryResult:
     checkpoint: str | None = None
     start_token: int | None = None
     scratch: str | None = None
+    interrupted: str | None = None   # why the canary was cut short (a stop, --max-time)
 
     def to_dict(self) -> dict:
         """JSON-ready, e.g. the fields of a `canary` event in logs/events.jsonl."""
@@ -176,11 +178,14 @@ class _Run:
     proc: subprocess.Popen | None = None
     code: int | None = None
     timed_out: bool = False
+    interrupted: str | None = None
 
     def records(self) -> list[dict]:
         return read_records(self.run_dir / "metrics.jsonl")
 
     def failure(self) -> str | None:
+        if self.interrupted:
+            return f"{self.name} interrupted: {self.interrupted}"
         if self.timed_out:
             return f"{self.name} timed out (killed)"
         if self.code == 0:
@@ -211,24 +216,31 @@ def _kill(run: _Run) -> None:
     run.proc.wait()
 
 
-def _wait(run: _Run, deadline: float, watch=None) -> None:
-    """Until the run exits or the deadline; `watch()` every WATCH_S meanwhile (progress)."""
+def _wait(run: _Run, deadline: float, watch=None,
+          should_stop: Callable[[], str | None] = lambda: None) -> None:
+    """Until the run exits, the deadline, or a stop (a signal, the launch's --max-time: the
+    canary writes only scratch files, so a stop kills it at once); `watch()` every WATCH_S
+    meanwhile (progress)."""
     while True:
         left = deadline - time.monotonic()
         try:
             run.code = run.proc.wait(timeout=max(0.0, min(WATCH_S, left)))
             return
         except subprocess.TimeoutExpired:
-            if left <= WATCH_S:
-                break
-            if watch is not None:
-                watch()
+            pass
+        stop = should_stop()
+        if stop or left <= WATCH_S:
+            break
+        if watch is not None:
+            watch()
     _kill(run)
-    run.code, run.timed_out = run.proc.returncode, True
+    run.code = run.proc.returncode
+    run.interrupted, run.timed_out = stop, not stop
 
 
 def _execute(runs: list[_Run], envs: list[dict], command: list[str], cwd: Path,
-             parallel: bool, deadline: float, watch=None) -> None:
+             parallel: bool, deadline: float, watch=None,
+             should_stop: Callable[[], str | None] = lambda: None) -> None:
     """Run the reference (runs[0]) and stage-N workers; none is left behind on any exit."""
     try:
         for run, env in zip(runs, envs):
@@ -236,10 +248,10 @@ def _execute(runs: list[_Run], envs: list[dict], command: list[str], cwd: Path,
                 break                      # nothing to compare stage N with
             _start(run, command, env, cwd)
             if not parallel:
-                _wait(run, deadline, watch)
+                _wait(run, deadline, watch, should_stop)
         for run in runs:
             if run.proc is not None and run.code is None:
-                _wait(run, deadline, watch)
+                _wait(run, deadline, watch, should_stop)
     finally:
         for run in runs:
             if run.proc is not None and run.proc.poll() is None:
@@ -269,11 +281,14 @@ def _clean(scratch_root: Path, run_dir: Path) -> None:
 def run_canary(pod_dir: str | Path, gpu: int, from_stage: int, to_stage: int,
                steps: int | None = None, device: str | None = None,
                timeout_s: float | None = None, parallel: bool = False,
-               stages_path: str | Path | None = None) -> CanaryResult:
+               stages_path: str | Path | None = None,
+               should_stop: Callable[[], str | None] = lambda: None) -> CanaryResult:
     """Run the canary for switching GPU `gpu` from stage M to stage N > M. Never switches.
 
     `device`: cpu or cuda (default: the pod's device for that GPU). `steps` and `timeout_s`
     default to trusted_loss.yaml's canary section. `parallel` runs the two workers at once.
+    `should_stop` is polled while it runs: a reason there cuts it short (Inconclusive,
+    `interrupted` set).
     User mistakes (unknown stage, N <= M, bad files) raise UserError before anything runs.
     """
     t0 = time.monotonic()
@@ -307,8 +322,10 @@ def run_canary(pod_dir: str | Path, gpu: int, from_stage: int, to_stage: int,
     title = f"canary stage {from_stage} -> {to_stage} on GPU {gpu}"
     with progress(title, 2 * steps, "steps") as task:
         _execute(runs, envs, worker_command(config), pod_dir, parallel,
-                 time.monotonic() + timeout_s, watch=lambda: _show_steps(task, title, runs, steps))
+                 time.monotonic() + timeout_s, watch=lambda: _show_steps(task, title, runs, steps),
+                 should_stop=should_stop)
         _show_steps(task, title, runs, steps)
+    result.interrupted = runs[0].interrupted or runs[1].interrupted
     ref_fail, new_fail = runs[0].failure(), runs[1].failure()
     started = [r for r in runs[0].records() if r.get("event") == "start"]
     if started and result.start_token is None:
@@ -316,7 +333,9 @@ def run_canary(pod_dir: str | Path, gpu: int, from_stage: int, to_stage: int,
     logged = len(metrics_lines(runs[0].records()))
     if not ref_fail and logged < steps:
         ref_fail = f"it logged {logged} of {steps} steps (end of the shard?)"
-    if ref_fail:
+    if result.interrupted:
+        result.reason = f"interrupted ({result.interrupted}): stage {to_stage} not judged"
+    elif ref_fail:
         result.reason = f"cannot judge stage {to_stage}: the reference run failed: {ref_fail}"
     elif new_fail:
         result.status, result.reason = FAILED, new_fail

@@ -131,6 +131,20 @@ class CheckpointIndex:
                     return {**record, "path": rel}
         return None
 
+    def file_sha256(self, gpu: int, path: Path, recorded_sha256: str) -> str:
+        """The sha256 of the bytes at `path`, which a GPU's manifest says are
+        `recorded_sha256`. Cheap in the usual case: the same inode as the retained link of
+        that checkpoint holds those bytes (files are only ever replaced by rename, never
+        written in place); anything else (a pulled or copied file) is hashed."""
+        record = self.records.get((gpu, recorded_sha256)) or {}
+        retained = self.pod_dir / record["retained"] if record.get("retained") else None
+        try:
+            if retained is not None and os.path.samefile(path, retained):
+                return recorded_sha256
+        except OSError:
+            pass
+        return sha256_file(path)
+
     def _retain(self, record: dict, size: int | None) -> str | None:
         """Hard-link the checkpoint's file under checkpoints/passed/gpu{i}/ at once.
 

@@ -18,11 +18,9 @@ from pathlib import Path
 import click
 
 from launcher.cli_adopt import adopt
-from launcher.cli_hub import merge, pod_dir_of, sync
+from launcher.cli_hub import POD_DIR_HELP, merge, pod_dir_of, pod_dir_option, sync
 from launcher.cli_view import dashboard, plot
 from launcher.errors import UserError
-
-POD_DIR_HELP = "Pod working directory (default: $FRACTUS_POD_DIR or the current directory)."
 
 
 @click.group()
@@ -36,24 +34,40 @@ def cli(ctx: click.Context, pod_dir: str) -> None:
 
 # ---- init -----------------------------------------------------------------------------
 @cli.command()
+@pod_dir_option
 @click.option("--preset", default="tiny-cpu", show_default=True,
               help="tiny-cpu (CPU demo: 2 tiny workers, synthetic shards, local hub) or "
                    "1b-8gpu (the production run).")
-@click.option("--force", is_flag=True, help="Overwrite an existing fractus-pod.yaml.")
+@click.option("--force", is_flag=True,
+              help="Overwrite an existing fractus-pod.yaml (your stage and criteria files "
+                   "under manifests/ are always kept).")
 @click.option("--no-data", is_flag=True, help="Do not write the preset's synthetic shards.")
 @click.pass_context
 def init(ctx, preset: str, force: bool, no_data: bool) -> None:
     """Write fractus-pod.yaml (and, for tiny-cpu, synthetic shards under data/)."""
-    from launcher.podconfig import init_pod, load_config, write_demo_shards
+    from launcher.podconfig import (
+        init_pod,
+        load_config,
+        missing_shards,
+        missing_shards_fix,
+        write_demo_shards,
+    )
     pod_dir = pod_dir_of(ctx)
-    for path in init_pod(pod_dir, preset, force=force):
+    written, kept = init_pod(pod_dir, preset, force=force)
+    for path in written:
         click.echo(f"wrote {path.relative_to(pod_dir)}")
+    for path in kept:
+        click.echo(f"kept {path.relative_to(pod_dir)} (yours, unchanged; delete it and rerun "
+                   f"init --force for the default)")
     config = load_config(pod_dir)
     if config.demo_data and not no_data:
         for p in write_demo_shards(pod_dir, config):
             click.echo(f"wrote {Path(p).relative_to(pod_dir)} "
                        f"(synthetic, {config.demo_data['tokens']:,} tokens)")
-    click.echo(f"next: fractus-pod --pod-dir {pod_dir} launch --stage 1")
+    launch_cmd = f"fractus-pod --pod-dir {pod_dir} launch --stage 1"
+    missing = missing_shards(pod_dir, config)
+    click.echo(f"next: {missing_shards_fix(pod_dir, missing)}; then {launch_cmd}" if missing
+               else f"next: {launch_cmd}")
 
 
 # ---- launch ---------------------------------------------------------------------------
@@ -68,6 +82,7 @@ def _parse_faults(values: tuple[str, ...]) -> dict[int, str]:
 
 
 @cli.command()
+@pod_dir_option
 @click.option("--stage", type=int, default=None,
               help="Stage of manifests/stages.yaml to run (default: the manifest's).")
 @click.option("--gpus", default=None, help="Subset of GPUs, e.g. 0,1,2 or 0-3.")
@@ -103,7 +118,7 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
         refuse_if_busy,
         validate,
     )
-    from launcher.stage_switch import canary_gate
+    from launcher.stage_switch import EarlyStop, LaunchStopped, canary_gate, current_stage
     from launcher.supervisor import Supervisor
     pod_dir = pod_dir_of(ctx)
     if revision and not from_hub:
@@ -126,6 +141,8 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
     lock = PodLock(pod_dir)
     lock.acquire()
     events = None
+    stop = EarlyStop(plan.deadline)     # `fractus-pod stop` works from here on
+    stop.install()
     try:
         refuse_if_busy(plan)
         from launcher.tensorboard_events import EventsToTensorBoard
@@ -134,7 +151,12 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
         reconcile(plan, manifest, index, events)
         recover_checkpoints(plan, manifest, index, events)
         validate(plan, manifest)
-        canary_gate(plan, manifest, events, no_canary)
+        try:
+            canary_gate(plan, manifest, events, no_canary, stop)
+        except LaunchStopped as exc:
+            events.emit("launch_stopped", stage=current_stage(plan, manifest), reason=str(exc))
+            click.echo(f"pod STOPPED: {exc}")
+            sys.exit(0)
         record_baselines(plan, manifest, index)
         ensure_run_id(manifest)
         if detach:
@@ -148,6 +170,7 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
                    + (f", for {plan.max_time:g}s" if plan.max_time else "")
                    + "; `fractus-pod status` to watch, `fractus-pod stop` to stop")
         supervisor = Supervisor(plan, manifest, index, events)
+        supervisor.stop_reason = stop.signal       # a stop that came before supervision
         code = supervisor.run()
         click.echo(f"pod {supervisor.pod_state.upper()} at stage {supervisor.stage}"
                    + (f": {supervisor.reason}" if supervisor.reason else ""))
@@ -164,15 +187,17 @@ def _rebuild(pod_dir: Path, url: str, revision: str | None) -> None:
     from launcher.from_hub import rebuild_from_hub
     from launcher.hub import HubError
     try:
-        rev, _config = rebuild_from_hub(pod_dir, url, revision)
+        rev, _config, lease = rebuild_from_hub(pod_dir, url, revision)
     except HubError as exc:
         if exc.status == 404:              # no such repo or revision: the user's to fix
             raise UserError(f"--from-hub: {exc}") from None
         raise click.ClickException(f"--from-hub: {exc}") from None
     except ValueError as exc:
         raise UserError(f"--from-hub: {exc}") from None
-    EventLog(pod_dir).emit("rebuilt_from_hub", hub=url, revision=rev)
-    click.echo(f"rebuilt {pod_dir} from {url} at revision {rev[:12]}")
+    EventLog(pod_dir).emit("rebuilt_from_hub", hub=url, revision=rev, pod_id=lease["pod_id"],
+                           lease_epoch=lease["epoch"], previous_pod=lease["previous_pod"])
+    click.echo(f"rebuilt {pod_dir} from {url} at revision {rev[:12]}; this pod "
+               f"({lease['pod_id']}) now writes the run (lease epoch {lease['epoch']})")
 
 
 def _daemonize(pod_dir: Path) -> None:
@@ -199,6 +224,7 @@ def _daemonize(pod_dir: Path) -> None:
 
 # ---- status / stop / rollback ---------------------------------------------------------
 @cli.command()
+@pod_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--watch", is_flag=True, help="Refresh every 2 s until Ctrl-C.")
 @click.pass_context
@@ -230,6 +256,7 @@ def status(ctx, as_json: bool, watch: bool) -> None:
 
 
 @cli.command()
+@pod_dir_option
 @click.option("--timeout", type=float, default=None,
               help="Seconds to wait for the launcher to finish (default: grace period + 30).")
 @click.pass_context
@@ -249,11 +276,14 @@ def stop(ctx, timeout) -> None:
                                                 f"{sorted(orphans.values())}" if orphans else ""))
         return
     os.kill(int(holder["pid"]), signal.SIGTERM)
+    from launcher.state import read_pod_state
     from launcher.sync import read_sync_state
     deadline = time.monotonic() + (timeout if timeout is not None else config.stop_grace_s + 30)
     while read_holder(pod_dir) is not None:
-        if timeout is None and read_sync_state(pod_dir).get("in_flight"):
-            deadline = max(deadline, time.monotonic() + 30)   # the final hub push runs
+        if timeout is None and (read_sync_state(pod_dir).get("in_flight") or
+                                (read_pod_state(pod_dir) or {}).get("pod_state") == "judging"):
+            # The final probes (each bounded by probe.timeout_s) or the final hub push run.
+            deadline = max(deadline, time.monotonic() + 30)
         if time.monotonic() > deadline:
             raise click.ClickException(f"launcher pid {holder['pid']} still running after "
                                        f"the timeout; check logs/launcher.log")
@@ -262,6 +292,7 @@ def stop(ctx, timeout) -> None:
 
 
 @cli.command()
+@pod_dir_option
 @click.option("--to-stage", type=click.IntRange(min=1), required=True)
 @click.option("--gpu", "gpus", type=int, multiple=True,
               help="Restore this GPU's newest passed checkpoint (repeatable). Without it, "
@@ -274,6 +305,7 @@ def rollback(ctx, to_stage: int, gpus: tuple[int, ...]) -> None:
 
 
 @cli.command()
+@pod_dir_option
 @click.option("--gpu", type=int, default=None,
               help="Probe this GPU's newest checkpoint on its shard (default: GPU 0).")
 @click.option("--checkpoint", default=None, help="Probe this checkpoint file instead.")
@@ -325,8 +357,13 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         return 130
-    except click.ClickException as exc:
-        exc.show()
+    except click.UsageError as exc:       # a bad option or argument: the user's to fix
+        where = exc.ctx.command_path if exc.ctx is not None else "fractus-pod"
+        click.echo(f"error: {exc.format_message().rstrip('.')} (see `{where} --help`)",
+                   err=True)
+        return 2
+    except click.ClickException as exc:   # one prefix for every error, as for UserError
+        click.echo(f"error: {exc.format_message()}", err=True)
         return exc.exit_code
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 0

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import click
 
-from launcher.cli_hub import pod_dir_of
+from launcher.cli_hub import pod_dir_of, pod_dir_option
 
 
 @click.command()
+@pod_dir_option
 @click.option("--devices", default=None,
               help="GPUs to adopt, e.g. cuda:0-7 or cpu:2 (default: every GPU the manifests "
                    "list, on CUDA).")

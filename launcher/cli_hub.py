@@ -1,6 +1,6 @@
 """`fractus-pod sync push|pull|history` and `fractus-pod merge`: thin wrappers, the work
-lives in launcher.hub, launcher.sync and launcher.merge. Registered on the `fractus-pod`
-group by launcher/cli.py."""
+lives in launcher.hub, launcher.sync(_push), launcher.pull and launcher.merge. Registered on
+the `fractus-pod` group by launcher/cli.py."""
 
 from __future__ import annotations
 
@@ -11,12 +11,26 @@ import click
 from launcher.errors import UserError
 
 
+POD_DIR_HELP = "Pod working directory (default: $FRACTUS_POD_DIR or the current directory)."
+
+
 def pod_dir_of(ctx: click.Context) -> Path:
     """The --pod-dir of the `fractus-pod` group (launcher/cli.py), absolute."""
     return Path(ctx.obj["pod_dir"]).resolve()
 
 
+def pod_dir_option(command):
+    """`--pod-dir` after the subcommand too (`fractus-pod status --pod-dir X`): people type
+    it where they type every other option. Given there, it overrides the group's."""
+    def remember(ctx: click.Context, _param, value: str | None) -> None:
+        if value is not None:
+            ctx.obj["pod_dir"] = value
+    return click.option("--pod-dir", default=None, expose_value=False, callback=remember,
+                        help=POD_DIR_HELP)(command)
+
+
 @click.group()
+@pod_dir_option
 def sync() -> None:
     """Push to / pull from the pod's hub store (the `hub:` of fractus-pod.yaml)."""
 
@@ -49,51 +63,62 @@ def _store(pod_dir: Path):
 
 
 @sync.command("history")
+@pod_dir_option
 @click.pass_context
 @_hub_errors
 def sync_history(ctx) -> None:
     """Revisions of the hub store, newest first."""
-    for entry in _store(pod_dir_of(ctx)).history():
+    store = _store(pod_dir_of(ctx))
+    entries = store.history()
+    if not entries:
+        click.echo(f"no revisions in {store.url} yet (`fractus-pod sync push`, or a running "
+                   f"launcher pushes every sync interval)")
+    for entry in entries:
         click.echo(f"{entry.revision[:12]}  {entry.timestamp.isoformat(timespec='seconds')}  "
                    f"{entry.message}")
 
 
 @sync.command("push")
+@pod_dir_option
 @click.option("--message", "-m", default="fractus-pod sync push")
 @click.pass_context
 @_hub_errors
 def sync_push(ctx, message: str) -> None:
     """Push every GPU's newest passed checkpoint and the manifest as one revision."""
     from launcher.podconfig import load_config
-    from launcher.sync import push_now
+    from launcher.sync_push import push_now
     pod_dir = pod_dir_of(ctx)
     _store(pod_dir)                        # refuses a pod without a hub
-    revision, noted = push_now(pod_dir, load_config(pod_dir), message)
-    click.echo(f"pushed revision {revision}")
+    revision, noted, skipped = push_now(pod_dir, load_config(pod_dir), message)
+    click.echo(f"skipped: revision {revision} already holds these checkpoints" if skipped
+               else f"pushed revision {revision}")
     click.echo(f"manifest: hub_revision recorded for GPU(s) {noted}" if noted else
                "manifest: hub_revision unchanged (a running launcher records it, or the "
                "manifest names newer checkpoints than the ones that passed)")
 
 
 @sync.command("pull")
+@pod_dir_option
 @click.option("--revision", default=None, help="Revision to pull (default: the newest).")
+@click.option("--from", "from_url", default=None, metavar="URL",
+              help="The hub to pull from (hf://owner/repo or file://DIR); default: the pod's "
+                   "`hub:`. Into a new folder, this is all it needs.")
+@click.option("--force", is_flag=True,
+              help="Replace the manifest or a checkpoint it names with other bytes.")
 @click.argument("paths", nargs=-1)
 @click.pass_context
 @_hub_errors
-def sync_pull(ctx, revision, paths) -> None:
+def sync_pull(ctx, revision, from_url, force, paths) -> None:
     """Pull files (default: all) from the hub store, verified by sha256."""
-    from launcher.from_hub import keep_hub
-    from launcher.podconfig import CONFIG_NAME
-    pod_dir = pod_dir_of(ctx)
-    store = _store(pod_dir)
-    pulled = store.pull(list(paths) or None, revision)
-    if CONFIG_NAME in pulled:
-        keep_hub(pod_dir, store.url, f"pulled from {store.url}")
+    from launcher.pull import pull_into_pod
+    url, rev, pulled = pull_into_pod(pod_dir_of(ctx), from_url, revision, list(paths), force)
     for rel in sorted(pulled):
         click.echo(f"pulled {rel}")
+    click.echo(f"from {url} at revision {rev[:12]}")
 
 
 @click.command()
+@pod_dir_option
 @click.option("--out", default="checkpoints/FRACTUS_1B_8GPU_MERGED.pt", show_default=True)
 @click.pass_context
 def merge(ctx, out: str) -> None:

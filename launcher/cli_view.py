@@ -7,13 +7,14 @@ import errno
 
 import click
 
-from launcher.cli_hub import pod_dir_of
+from launcher.cli_hub import pod_dir_of, pod_dir_option
 from launcher.errors import UserError
 
 DEFAULT_PORT = 8765
 
 
 @click.command()
+@pod_dir_option
 @click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True,
               help="TCP port (0: any free one).")
 @click.option("--host", default="127.0.0.1", show_default=True,
@@ -44,6 +45,7 @@ def dashboard(ctx, port: int, host: str) -> None:
 
 
 @click.command()
+@pod_dir_option
 @click.option("--out", default="run.png", show_default=True, help="PNG file to write.")
 @click.option("--width", type=click.IntRange(320, 8000), default=1600, show_default=True,
               help="Pixels.")

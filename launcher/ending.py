@@ -101,6 +101,8 @@ class PodEnding:
         if not last:
             return
         if self.probes is not None and self.probes.busy():
+            ended_as, self.pod_state = self.pod_state, "judging"    # `stop` waits through it
+            self._write_state(force=True)
             largest = max(_size(self.pod_dir / (r.get("retained") or r["path"]))
                           for r in last.values())
             at_once = self.probes.widen_for_finish(len(last), largest)
@@ -113,6 +115,8 @@ class PodEnding:
                     time.sleep(self.plan.config.poll_interval_s)
                     self._collect_probes()
                     task.update(completed=len(last) - self.probes.probing(last))
+            self.pod_state = ended_as
+            self._write_state(force=True)
         for run in self.runs.values():
             self._mark_verified(run)
         self.events.emit("final_verdicts", stage=self.stage, verdicts={

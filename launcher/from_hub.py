@@ -24,11 +24,14 @@ def absolute_hub_url(url: str, base: Path) -> str:
     return url
 
 
-def rebuild_from_hub(pod_dir: Path, url: str, revision: str | None) -> tuple[str, PodConfig]:
+def rebuild_from_hub(pod_dir: Path, url: str,
+                     revision: str | None) -> tuple[str, PodConfig, dict]:
     """Fill an EMPTY pod directory from one pinned hub revision: config, stage/criteria
     files, manifest and the checkpoints it names (each verified by sha256 against the hub
     index AND the manifest). Shards come from the config's own path; the tiny preset's
-    synthetic shards are regenerated from their seed. Returns (revision, config)."""
+    synthetic shards are regenerated from their seed. The new pod then takes over the run's
+    hub lease (launcher/lease.py): the pod it was rebuilt from stops pushing to the run.
+    Returns (revision, config, the lease taken)."""
     from launcher.errors import UserError
     if pod_dir.exists() and (not pod_dir.is_dir() or any(pod_dir.iterdir())):
         raise UserError(f"--from-hub rebuilds a pod in an EMPTY directory; {pod_dir} is not "
@@ -37,7 +40,10 @@ def rebuild_from_hub(pod_dir: Path, url: str, revision: str | None) -> tuple[str
     created = not pod_dir.exists()
     pod_dir.mkdir(parents=True, exist_ok=True)
     try:
-        return _rebuild(pod_dir, url, revision)
+        rev, config = _rebuild(pod_dir, url, revision)
+        from launcher.hub import open_store
+        from launcher.lease import take_over
+        return rev, config, take_over(open_store(url, pod_dir), pod_dir)
     except BaseException:
         # Leave the directory as empty as it was, so the same command can simply be rerun.
         for child in list(pod_dir.iterdir()):

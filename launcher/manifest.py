@@ -86,6 +86,14 @@ def _written_entry(entry: dict, layout: str) -> dict:
     return ordered
 
 
+def recorded_stage(entries: dict, gpus=None) -> int | None:
+    """The pod's stage as the manifest records it: the lowest of the GPUs' (of `gpus` if
+    given), so no GPU runs above a stage it reached. None: nothing recorded (a new pod)."""
+    stages = [e["stage"] for g, e in entries.items()
+              if e.get("stage") is not None and (gpus is None or g in gpus)]
+    return min(stages) if stages else None
+
+
 def _no_duplicate_keys(pairs):
     seen = {}
     for key, value in pairs:

@@ -14,6 +14,7 @@ from launcher.manifest import (
     apply_rollback,
     atomic_write_text,
     read_manifest,
+    recorded_stage,
     write_manifest,
 )
 from launcher.podconfig import load_config, parse_devices
@@ -30,6 +31,7 @@ def manual_rollback(pod_dir: Path, to_stage: int, gpus: list[int]) -> str:
     config = load_config(pod_dir)
     get_stage(load_stages(pod_dir / config.stages), to_stage)
     holder = read_holder(pod_dir)
+    _refuse_going_up(pod_dir, config, to_stage, running=holder is not None)
     if holder is not None:
         write_rollback_request(pod_dir, to_stage, gpus)
         return (f"asked the running launcher (pid {holder.get('pid')}) to roll back to stage "
@@ -64,6 +66,23 @@ def manual_rollback(pod_dir: Path, to_stage: int, gpus: list[int]) -> str:
         events.emit("stage_change", to_stage=to_stage, reason="rollback by hand")
     lines.append(f"pod set to stage {to_stage}; resume with `fractus-pod launch --stage {to_stage}`")
     return "\n".join(lines)
+
+
+def _refuse_going_up(pod_dir: Path, config, to_stage: int, running: bool) -> None:
+    """Rollback only goes down: every way up is `launch --stage N`, which runs the canary.
+    The pod's stage is the running launcher's, else the lowest the manifest records."""
+    from launcher.state import read_pod_state
+    state = read_pod_state(pod_dir) if running else None
+    current = (state or {}).get("stage")
+    if current is None:
+        current = recorded_stage(read_manifest(pod_dir / config.manifest).entries)
+    if current is None:
+        raise UserError("the pod has no recorded stage to roll back from (nothing was "
+                        "launched yet): use `fractus-pod launch --stage N`")
+    if to_stage > current:
+        raise UserError(f"--to-stage {to_stage} is above the pod's stage {current}: rollback "
+                        f"only goes down; to go up, `fractus-pod launch --stage {to_stage}` "
+                        f"(it runs the stage canary first)")
 
 
 # ---- the AR probe (`fractus-pod probe`) -----------------------------------------------

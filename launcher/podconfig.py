@@ -216,8 +216,10 @@ def write_config(pod_dir: Path, config: PodConfig, preset: str) -> Path:
     return path
 
 
-def init_pod(pod_dir: Path, preset: str, force: bool = False) -> list[Path]:
-    """Write fractus-pod.yaml and copy the default stage/criteria files; returns what it wrote."""
+def init_pod(pod_dir: Path, preset: str, force: bool = False) -> tuple[list[Path], list[Path]]:
+    """Write fractus-pod.yaml and copy the default stage/criteria files. Returns (written,
+    kept): a stage or criteria file already in the pod is the user's (the docs tell them to
+    edit it), so it is kept, even with `force`, which only overwrites the pod config."""
     from launcher.manifest import atomic_write_text
     if preset not in PRESETS:
         raise UserError(f"unknown preset {preset!r}: expected one of {sorted(PRESETS)}")
@@ -225,12 +227,15 @@ def init_pod(pod_dir: Path, preset: str, force: bool = False) -> list[Path]:
     if (pod_dir / CONFIG_NAME).exists() and not force:
         raise UserError(f"{pod_dir / CONFIG_NAME} already exists (use --force to overwrite)")
     config = dataclasses.replace(PRESETS[preset])
-    written = [write_config(pod_dir, config, preset)]
+    written, kept = [write_config(pod_dir, config, preset)], []
     for name, rel in (("stages.yaml", config.stages), ("trusted_loss.yaml", config.criteria)):
         target = pod_dir / rel
         source = DEFAULT_MANIFESTS / name
-        if target.resolve() == source.resolve() or (target.exists() and not force):
-            continue    # the pod is the repository itself, or the user's copy is kept
+        if target.resolve() == source.resolve():
+            continue    # the pod is the repository itself
+        if target.exists():
+            kept.append(target)
+            continue
         target.parent.mkdir(parents=True, exist_ok=True)
         text = source.read_text()
         if name == "trusted_loss.yaml" and preset in CRITERIA_EDITS:
@@ -239,7 +244,25 @@ def init_pod(pod_dir: Path, preset: str, force: bool = False) -> list[Path]:
         written.append(target)
     for sub in ("checkpoints", "data", "logs"):
         (pod_dir / sub).mkdir(exist_ok=True)
-    return written
+    return written, kept
+
+
+def missing_shards_fix(pod_dir: Path, missing: list[str]) -> str:
+    """What is missing and how to fix it: said by `init` as the next step, by `launch` as
+    its refusal."""
+    return (f"{len(missing)} token shard(s) missing: {', '.join(missing)}; put them there, or "
+            f"set `shards:` in {pod_dir / CONFIG_NAME} to where they are (a path with {{i}} "
+            f"for the GPU)")
+
+
+def missing_shards(pod_dir: Path, config: PodConfig) -> list[str]:
+    """The shard paths of the config's devices that are not files yet (relative to the pod)."""
+    try:
+        slots = parse_devices(config.devices)
+    except UserError:
+        return []
+    return [config.shard_path(s.gpu) for s in slots
+            if not (pod_dir / config.shard_path(s.gpu)).is_file()]
 
 
 def write_demo_shards(pod_dir: Path, config: PodConfig) -> list[Path]:

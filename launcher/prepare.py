@@ -8,6 +8,7 @@ baseline. Any problem raises UserError (one line, exit 2) and nothing is started
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,11 +27,12 @@ from launcher.manifest import (
     apply_checkpoint,
     name_default_checkpoints,
     read_manifest,
+    recorded_stage,
     relative_to_pod,
     validate_for_launch,
     write_manifest,
 )
-from launcher.podconfig import PodConfig, Slot, load_config, parse_devices
+from launcher.podconfig import PodConfig, Slot, load_config, missing_shards_fix, parse_devices
 from launcher.recover import recover_all
 from launcher.stages import Stage, get_stage, load_stages
 from launcher.workers import busy_cuda_gpus, metrics_path, read_records, running_workers
@@ -47,6 +49,9 @@ class LaunchPlan:
     max_time: float | None = None
     max_steps: int | None = None
     faults: dict = field(default_factory=dict)   # gpu -> FRACTUS_FAULT for its first start
+    # time.monotonic() at which --max-time ends the launch: counted from the start of
+    # `launch`, so a canary before the workers spends it too.
+    deadline: float | None = None
 
 
 def shard_length(path: Path) -> int:
@@ -73,8 +78,7 @@ def load_plan(pod_dir: Path, stage: int | None, devices: str | None, gpus: str |
     manifest = read_manifest(pod_dir / config.manifest)
     name_default_checkpoints(manifest, pod_dir, config.checkpoint_path)
     if stage is None:
-        recorded = {e.get("stage") for e in manifest.entries.values() if e.get("stage")}
-        stage = min(recorded) if recorded else 1
+        stage = recorded_stage(manifest.entries) or 1
     get_stage(stages, stage)
     if max_time is not None and max_time <= 0:
         raise UserError(f"--max-time must be > 0 seconds, got {max_time}")
@@ -82,7 +86,8 @@ def load_plan(pod_dir: Path, stage: int | None, devices: str | None, gpus: str |
         if gpu not in {s.gpu for s in slots}:
             raise UserError(f"--fault names GPU {gpu}, which this launch does not run")
     plan = LaunchPlan(pod_dir, config, stages, criteria, stage, slots, max_time, max_steps,
-                      dict(faults or {}))
+                      dict(faults or {}),
+                      None if max_time is None else time.monotonic() + max_time)
     return plan, manifest
 
 
@@ -144,6 +149,7 @@ def recover_checkpoints(plan: LaunchPlan, manifest: Manifest, index: CheckpointI
 
 
 def validate(plan: LaunchPlan, manifest: Manifest) -> None:
+    _refuse_missing_shards(plan, manifest)
     validate_for_launch(manifest, plan.pod_dir, [s.gpu for s in plan.slots],
                         plan.config.shard_path, shard_length)
     refuse_fresh_starts(plan, manifest)
@@ -175,6 +181,18 @@ def ensure_run_id(manifest: Manifest) -> None:
     if not manifest.extra.get(RUN_ID_KEY):
         manifest.extra[RUN_ID_KEY] = uuid.uuid4().hex
         write_manifest(manifest)
+
+
+def _refuse_missing_shards(plan: LaunchPlan, manifest: Manifest) -> None:
+    """Every missing shard in one line, with the fix (a new pod's first launch meets this)."""
+    missing = []
+    for slot in plan.slots:
+        rel = (manifest.entries.get(slot.gpu) or {}).get("shard") or \
+            plan.config.shard_path(slot.gpu)
+        if not (plan.pod_dir / rel).is_file():
+            missing.append(str(rel))
+    if missing:
+        raise UserError(missing_shards_fix(plan.pod_dir, missing))
 
 
 def record_baselines(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex) -> None:

@@ -14,9 +14,11 @@ from pathlib import Path
 
 import psutil
 
+from launcher.ckpt_index import CheckpointIndex
 from launcher.events import read_events
+from launcher.health import PENDING, RUNNING
 from launcher.lock import read_holder
-from launcher.manifest import ManifestError, atomic_write_text, read_manifest
+from launcher.manifest import ManifestError, atomic_write_text, read_manifest, recorded_stage
 from launcher.podconfig import PodConfig, parse_devices
 from launcher.state import read_pod_state
 from launcher.workers import metrics_path
@@ -90,6 +92,7 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8) -> dict:
     except Exception:
         gpus = sorted(entries)
     unrun = sorted(set(entries) - set(gpus))
+    index = CheckpointIndex(pod_dir)
     gpu_states = (state or {}).get("gpus", {})
     last_gpu_states = last_state.get("gpus", {})     # verdicts survive the launcher
     rows = []
@@ -110,6 +113,10 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8) -> dict:
         ckpt = pod_dir / entry["checkpoint"] if entry.get("checkpoint") else None
         ckpt_age = now - ckpt.stat().st_mtime if ckpt is not None and ckpt.exists() else None
         pid = live.get("pid")
+        verdict, reason = last.get("verdict"), last.get("reason")
+        if state is None and verdict in (PENDING, RUNNING):
+            # Nothing measures any more: the last run's checks stopped where it stopped.
+            verdict, reason = "Incomplete", f"the last run stopped at {reason}"
         rows.append({
             "gpu": gpu,
             "pid": pid,
@@ -129,9 +136,10 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8) -> dict:
             "metrics_age_s": now - metrics["ts"] if metrics.get("ts") else None,
             "checkpoint": entry.get("checkpoint"),
             "checkpoint_age_s": ckpt_age,
+            "checkpoint_problem": _checkpoint_problem(pod_dir, gpu, entry, index),
             "hub_revision": entry.get("hub_revision"),
-            "verdict": last.get("verdict"),
-            "reason": last.get("reason"),
+            "verdict": verdict,
+            "reason": reason,
             "restarts": last.get("restarts", 0),
             "last_error": last.get("last_error"),
             "verdict_from_last_run": state is None and bool(last),
@@ -143,7 +151,7 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8) -> dict:
         "pod_dir": str(pod_dir),
         "launcher_pid": (holder or {}).get("pid") if holder is not None else None,
         "pod_state": pod_state.upper() if pod_state != "not running" else pod_state,
-        "stage": last_state.get("stage") if state else _manifest_stage(entries),
+        "stage": last_state.get("stage") if state else recorded_stage(entries),
         "stage_name": last_state.get("stage_name") if state else None,
         "reason": last_state.get("reason"),
         "uptime_s": now - state["started_at"] if state and state.get("started_at") else None,
@@ -155,6 +163,29 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8) -> dict:
         "sync": _sync_report(pod_dir, config, now),
         "canary": _canary_report(pod_dir),
     }
+
+
+def _checkpoint_problem(pod_dir: Path, gpu: int, entry: dict,
+                        index: CheckpointIndex) -> str | None:
+    """Why the checkpoint the manifest names is not the one it records (None: it is). A file
+    replaced behind the manifest's back (a `sync pull --force`, a copy) would otherwise only
+    show when a launch resumes from it."""
+    rel, recorded = entry.get("checkpoint"), entry.get("checkpoint_sha256")
+    if not rel:
+        return None
+    path = pod_dir / rel
+    if not path.is_file():
+        return f"{rel} is missing"
+    if not recorded:
+        return None
+    try:
+        actual = index.file_sha256(gpu, path, recorded)
+    except OSError as exc:
+        return f"{rel} cannot be read: {exc.strerror or exc}"
+    if actual == recorded or any(r["sha256"] == actual for r in index.pending(gpu)):
+        return None     # (or a newer checkpoint the running launcher is recording)
+    return (f"{rel} does not hold the bytes the manifest records (sha256 {actual[:12]}..., "
+            f"manifest {recorded[:12]}...): it was replaced after the launcher recorded it")
 
 
 def _canary_report(pod_dir: Path) -> dict | None:
@@ -186,12 +217,8 @@ def _sync_report(pod_dir: Path, config: PodConfig, now: float) -> dict | None:
             "last_result": state.get("last_result"),
             "last_error": scrub(error) if error else None,
             "last_error_at": state.get("last_error_at"),
-            "last_error_age_s": age("last_error_at")}
-
-
-def _manifest_stage(entries: dict):
-    stages = {e.get("stage") for e in entries.values() if e.get("stage") is not None}
-    return min(stages) if stages else None
+            "last_error_age_s": age("last_error_at"),
+            "taken_over": state.get("taken_over")}
 
 
 def _held(tokens: dict | None) -> str:
@@ -257,6 +284,9 @@ def render(report: dict):
     for r in report["gpus"]:
         if r.get("last_error"):
             parts.append(Text(f"GPU {r['gpu']} last error: {r['last_error']}", style="red"))
+        if r.get("checkpoint_problem"):
+            parts.append(Text(f"GPU {r['gpu']} checkpoint: {r['checkpoint_problem']}",
+                              style="red"))
     sync = report.get("sync")
     if sync:
         line = (f"hub {sync['hub']} (every {_age(sync['interval_s'])}): last push "
@@ -267,7 +297,9 @@ def render(report: dict):
                 + _held(sync.get("last_pushed_tokens"))
                 + (" ; pushing now" if sync.get("in_flight") else ""))
         parts.append(Text(line))
-        if sync.get("last_error"):
+        if sync.get("taken_over"):
+            parts.append(Text(f"hub: {sync['taken_over']}", style="red"))
+        elif sync.get("last_error"):
             parts.append(Text(f"hub last error ({_age(sync['last_error_age_s'])} ago"
                               + (", since succeeded" if sync.get("last_result") == "ok" else "")
                               + f"): {sync['last_error']}",

@@ -48,6 +48,7 @@ from launcher.prepare import LaunchPlan
 from launcher.probe_monitor import ProbeMonitor, apply_outcome
 from launcher.recover import RecoveryError, recover_entry
 from launcher.reserve import DiskReserve
+from launcher.stage_switch import record_stage
 from launcher.state import write_pod_state
 from launcher.sync import HubSync
 from launcher.workers import (
@@ -87,16 +88,12 @@ class Supervisor(PodEnding):
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
-        deadline = None if self.plan.max_time is None else time.monotonic() + self.plan.max_time
+        deadline = self.plan.deadline
         self.events.emit("launch", stage=self.stage, gpus=[s.gpu for s in self.plan.slots],
                          devices=sorted({s.device for s in self.plan.slots}))
-        recorded = {e.get("stage") for e in self.manifest.entries.values() if e.get("stage")}
-        if recorded and recorded != {self.stage}:
-            # Where issue 6's canary will sit: a switch up is checked before it happens.
-            self.events.emit("stage_change", from_stage=sorted(recorded), to_stage=self.stage,
-                             reason="launch")
         self.reserve = DiskReserve(self.pod_dir)
         try:
+            record_stage(self.manifest, list(self.runs), self.stage, self.events)
             self._start_all()
         except OSError as exc:
             self._on_write_error(exc)
@@ -378,6 +375,10 @@ class Supervisor(PodEnding):
         from launcher.state import take_rollback_request
         request = take_rollback_request(self.pod_dir)
         if request is None:
+            return
+        if int(request["to_stage"]) > self.stage:     # only down: up goes through the canary
+            self.events.emit("rollback_refused", to_stage=request["to_stage"], stage=self.stage,
+                             reason="rollback only goes down")
             return
         gpus = [g for g in request.get("gpus", []) if g in self.runs]
         for gpu in gpus:

@@ -174,11 +174,13 @@ def send(store, snap: Snapshot, message: str) -> str:
         merge_checkpoints(checkpoints, snap.dir / "merged.pt")
         snap.files[MERGED_PATH] = snap.dir / "merged.pt"
     # The store checks each checkpoint against its recorded sha256 in the one read it makes
-    # of it (IntegrityError, nothing sent or committed, if the bytes changed on disk).
+    # of it (IntegrityError, nothing sent or committed, if the bytes changed on disk); the
+    # push carries the run's lease (RunTakenOver if another pod writes the run now).
+    from launcher.lease import push_as_writer
     size = sum(path.stat().st_size for path in snap.files.values())
     with progress(f"hub push to {store.url}: {len(snap.files)} file(s), "
                   f"{size / 1e9:.2f} GB"):
-        return store.push(snap.files, message, expected=snap.expected)
+        return push_as_writer(store, snap.files, message, snap.expected, snap.dir)
 
 
 def record_revision(manifest: Manifest, snap: Snapshot, revision: str) -> list[int]:
@@ -232,6 +234,7 @@ class HubSync:
         self._job: tuple | None = None            # (snapshot, reason, started)
         self._outcome: tuple | None = None        # ("ok", revision) or ("error", message)
         self._last_key: tuple | None = None
+        self.taken_over: str | None = None        # another pod writes the run: no more pushes
         shutil.rmtree(pod_dir / SNAPSHOT_DIR, ignore_errors=True)   # a dead launcher's
         update_sync_state(pod_dir, hub=config.hub, interval_s=self.settings.interval_s,
                           in_flight=False)
@@ -250,7 +253,7 @@ class HubSync:
 
     def tick(self) -> None:
         self._harvest()
-        if not self.busy and time.monotonic() >= self.next_due:
+        if not self.busy and not self.taken_over and time.monotonic() >= self.next_due:
             self.next_due = time.monotonic() + self.settings.interval_s
             self._start("interval")
 
@@ -258,7 +261,7 @@ class HubSync:
         """The launcher is ending: wait for a push in flight, then push once more. A dead hub
         can hold this for minutes of retries; when `abandoned()` turns true (a second
         signal) the push in flight is given up, recorded as failed, and finish returns."""
-        if not self._wait(abandoned):
+        if not self._wait(abandoned) or self.taken_over:
             return
         if abandoned():
             self._record_abandoned("stop", time.time(), "abandoned before it started: a "
@@ -316,9 +319,12 @@ class HubSync:
         return int(snap.manifest_doc[f"gpu_{gpu}"]["start_token"])
 
     def _run(self, snap: Snapshot, message: str) -> None:
+        from launcher.lease import RunTakenOver
         try:
             refuse_vanished_store(self.store, self.pod_dir, self.config.hub)
             self._outcome = ("ok", send(self.store, snap, message))
+        except RunTakenOver as exc:   # another pod writes the run: this one stops pushing
+            self._outcome = ("taken_over", str(exc))
         except Exception as exc:      # any failure: recorded, retried next interval
             self._outcome = ("error", describe_error(exc))
 
@@ -341,9 +347,12 @@ class HubSync:
             update_sync_state(self.pod_dir, in_flight=False, last_revision=value,
                               last_revision_hub=self.config.hub,
                               last_success_at=time.time(), last_pushed_tokens=tokens,
-                              last_result="ok")
+                              last_result="ok", taken_over=None)
             self.events.emit("sync_pushed", reason=reason, revision=value, tokens=tokens,
                              files=len(snap.files), seconds=seconds, hub_revision_for=noted)
+        elif kind == "taken_over":
+            self.taken_over = value
+            record_taken_over(self.pod_dir, self.events, value, reason)
         else:
             update_sync_state(self.pod_dir, in_flight=False, last_error=value,
                               last_error_at=time.time(), last_result="error")
@@ -351,43 +360,8 @@ class HubSync:
                              retry="at the next interval" if reason == "interval" else "none")
 
 
-def push_now(pod_dir: Path, config: PodConfig, message: str) -> tuple[str, list[int]]:
-    """`fractus-pod sync push` with no launcher running: same snapshot, same manifest note.
-    With a launcher running the manifest is its own, so only the push happens here."""
-    from launcher.errors import UserError
-    from launcher.lock import PodLock, read_holder
-    from launcher.manifest import read_manifest
-    running = read_holder(pod_dir) is not None
-    lock = None if running else PodLock(pod_dir)
-    if lock is not None:
-        lock.acquire()
-    try:
-        manifest = read_manifest(pod_dir / config.manifest)
-        snap = take_snapshot(pod_dir, config, manifest, CheckpointIndex(pod_dir),
-                             config.sync_settings().merge)
-        if snap is None:
-            raise UserError("no checkpoint has passed its checks yet: nothing to push")
-        try:
-            store = store_for(config, pod_dir)
-            refuse_vanished_store(store, pod_dir, config.hub)
-            revision = send(store, snap, message)
-        except Exception as exc:
-            update_sync_state(pod_dir, last_error=describe_error(exc), last_error_at=time.time(),
-                              last_result="error")
-            raise
-        finally:
-            snap.discard()
-        noted = [] if running else record_revision(manifest, snap, revision)
-        if noted:
-            write_manifest(manifest)
-        update_sync_state(pod_dir, last_revision=revision, last_revision_hub=config.hub,
-                          last_success_at=time.time(),
-                          last_result="ok", last_pushed_tokens={
-                              g: HubSync.manifest_token(snap, g) for g in snap.pushed})
-        EventLog(pod_dir).emit("sync_pushed", reason="by hand", revision=revision,
-                               files=len(snap.files), hub_revision_for=noted)
-        return revision, noted
-    finally:
-        if lock is not None:
-            lock.release()
-
+def record_taken_over(pod_dir: Path, events: EventLog, message: str, reason: str) -> None:
+    """Another pod holds the run's lease (launcher/lease.py): said in events and status."""
+    update_sync_state(pod_dir, in_flight=False, taken_over=message, last_error=message,
+                      last_error_at=time.time(), last_result="taken_over")
+    events.emit("hub_taken_over", reason=reason, error=message, retry="none: pushes stop")

@@ -13,7 +13,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_init_tiny_cpu_writes_a_loadable_self_contained_pod(tmp_path):
-    written = init_pod(tmp_path, "tiny-cpu")
+    written, kept = init_pod(tmp_path, "tiny-cpu")
+    assert kept == []
     names = {p.relative_to(tmp_path).as_posix() for p in written}
     assert names == {"fractus-pod.yaml", "manifests/stages.yaml", "manifests/trusted_loss.yaml"}
     config = load_config(tmp_path)

@@ -42,17 +42,28 @@ def ema(previous: float | None, value: float) -> float:
     return value if previous is None else EMA_BETA * previous + (1 - EMA_BETA) * value
 
 
+class StoppedBeforeProgress(BaseException):
+    """A stop before this run's first step completed (not an Exception: no crash handler
+    may take it for a failure)."""
+
+
 class StopSignal:
     """First SIGTERM/SIGINT: finish the step, checkpoint, exit 0. Second: exit at once,
     except a repeated SIGTERM in a worker the launcher started with SIGTERM as its
     parent-death signal: the kernel sends that once per launcher thread that exits, so a
-    killed launcher can deliver it several times; the launcher itself escalates with SIGKILL."""
+    killed launcher can deliver it several times; the launcher itself escalates with SIGKILL.
+
+    Until this run's first step has completed (model load, the first compiled step: minutes
+    for the 1B model) there is no progress to save and its resume point is still on disk,
+    so the first signal ends the worker at once (exit 0, no checkpoint) instead of making
+    the launcher wait out a compile and kill it."""
 
     def __init__(self, environ=None):
         environ = os.environ if environ is None else environ
         self.requested: str | None = None
         self.repeated_sigterm_is_parent_death = (
             environ.get(PARENT_DEATH_ENV) == signal.SIGTERM.name)
+        self.progressed = False
 
     def install(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -64,6 +75,8 @@ class StopSignal:
                 return          # the same launcher death again: the save goes on
             os._exit(128 + signum)
         self.requested = signal.Signals(signum).name
+        if not self.progressed:
+            raise StoppedBeforeProgress(self.requested)
 
 
 class Worker:
@@ -202,6 +215,7 @@ class Worker:
                        for i in range(s.accum)]
             result = self._run_step(batches, step)
             self.step, self.next_token = step, self.next_token + per_step
+            self.stop.progressed = True      # from here a stop checkpoints first
             run_steps += 1
             window_tokens += per_step
             self.ema_tf = ema(self.ema_tf, result.tf)
@@ -237,9 +251,9 @@ class Worker:
         if self.stored_batch is not None and self.stored_batch != s.batch:
             self.log.event("batch_change", old=self.stored_batch, new=s.batch,
                            message="carried state reset to zeros")
-        if s.compile:
-            self.trainer.compile()
         try:
+            if s.compile:
+                self.trainer.compile()
             reason = self.train()
             if self.saved_step != self.step or not self.ckpt_out.exists():
                 self._save()
@@ -253,6 +267,13 @@ class Worker:
             self.log.event("oom", step=self.step + 1, message=str(e)[:500])
             print(f"GPU {s.gpu_id}: out of memory at step {self.step + 1}: {e}", file=sys.stderr)
             return EXIT_OOM
+        except StoppedBeforeProgress as e:
+            self.log.event("done", reason="signal_before_first_step", signal=str(e),
+                           step=self.step, next_token=self.next_token)
+            print(f"GPU {s.gpu_id}: stopped ({e}) before its first step: nothing to save, "
+                  f"it resumes from next_token={self.next_token}", flush=True)
+            self.log.close()
+            return EXIT_OK
         except ShardError as e:
             self.log.event("error", message=str(e), exit_code=EXIT_SETTINGS)
             print(f"error: {e}", file=sys.stderr)
@@ -292,17 +313,21 @@ class Worker:
 
 def main(environ=None) -> int:
     environ = os.environ if environ is None else environ
+    worker = None
     try:
         worker = Worker(WorkerSettings.from_env(environ))
+        worker.stop.install()       # a stop while the model loads ends the worker cleanly
         worker.setup()
+        return worker.run()
+    except StoppedBeforeProgress as e:
+        print(f"stopped ({e}) before its first step: nothing to save", flush=True)
+        return EXIT_OK
     except (SettingsError, ShardError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_SETTINGS
     except torch.OutOfMemoryError as e:  # building or loading the model did not fit
         print(f"error: out of memory during setup: {str(e).splitlines()[0]}", file=sys.stderr)
         return EXIT_OOM
-    try:
-        return worker.run()
     finally:
         if hasattr(worker, "log"):   # every exit path: the TensorBoard writer flushes its queue
             worker.log.close()

@@ -9,6 +9,8 @@ downloads into the pod directory and only installs bytes whose sha256 matches th
 from __future__ import annotations
 
 import logging
+import shutil
+import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import datetime
@@ -121,6 +123,24 @@ class Store(ABC):
                 out[rel] = dest
                 task.update(advance=index[rel].size)
         return out
+
+    def read_bytes(self, rel: str, revision: str) -> bytes | None:
+        """The verified bytes of a small tracked file at a full revision id, without
+        touching the pod's own files (None: the revision does not track it)."""
+        entry = self._index(revision).get(rel)
+        if entry is None:
+            return None
+        scratch = self.pod_dir / SCRATCH_DIR / f"read-{uuid.uuid4().hex[:12]}"
+        scratch.mkdir(parents=True)
+        try:
+            self._fetch(rel, entry, revision, scratch / "file")
+            return (scratch / "file").read_bytes()
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+            try:
+                scratch.parent.rmdir()    # only when no other operation is using it
+            except OSError:
+                pass
 
     def _local_files(self, files: PushFiles) -> dict[str, Path]:
         """Normalise push arguments to {pod-relative path: existing local file}."""

@@ -1,0 +1,134 @@
+"""One writer per hub run (issue 10, item 17): the lease in the hub (launcher/lease.py).
+
+A pod rebuilt with `launch --from-hub` takes the run's lease over; the pod it came from is
+refused at its next push ("run taken over by pod X at T"), stops pushing, and says so in
+its events and `status`. A takeover landing between a push's read of the lease and its
+commit makes that push fail (parent_commit), never both pods win.
+
+With the file:// store: the whole path through the real CLI, launcher and tiny CPU workers.
+With the hf:// test hub (real huggingface_hub client): the same protocol at the API the CLI
+uses (`rebuild_from_hub`, `sync push`), and the race.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.cli import main as cli_main
+from launcher.from_hub import rebuild_from_hub
+from launcher.hub import open_store
+from launcher.lease import HELD_FILE, LEASE_PATH, RunTakenOver, hub_lease, push_as_writer, take_over
+from tests.support.hub_server import test_hub  # noqa: F401  (pytest fixture)
+from tests.test_hub_paths import add_passed
+from tests.test_hub_sync import FAST_PASS
+from tests.test_launcher_e2e import REPO, events_of, make_pod
+
+pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")
+
+
+def fractus_pod(pod: Path, *args: str, timeout: float = 240):
+    return subprocess.run([sys.executable, "-m", "launcher.cli", "--pod-dir", str(pod), *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def held_id(pod: Path) -> str:
+    return json.loads((pod / HELD_FILE).read_text())["pod_id"]
+
+
+def test_from_hub_takes_the_run_over_and_the_old_pod_stops_pushing(tmp_path):
+    old = make_pod(tmp_path / "a", criteria=FAST_PASS)        # hub: file://hub (in the pod)
+    done = fractus_pod(old, "launch", "--stage", "1", "--gpus", "0", "--max-steps", "3")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert events_of(old, "sync_pushed")
+    store = open_store(f"file://{old / 'hub'}", tmp_path)
+    first = hub_lease(store, store.head())
+    assert first["pod_id"] == held_id(old) and first["epoch"] == 1
+
+    new = tmp_path / "b" / "pod"
+    done = fractus_pod(new, "launch", "--from-hub", f"file://{old / 'hub'}", "--gpus", "0",
+                       "--max-steps", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (rebuilt,) = events_of(new, "rebuilt_from_hub")
+    assert rebuilt["pod_id"] == held_id(new) != held_id(old)
+    assert (rebuilt["lease_epoch"], rebuilt["previous_pod"]) == (2, held_id(old))
+    assert events_of(new, "sync_pushed")                      # the new pod writes the run
+    head = store.head()
+    assert hub_lease(store, head)["pod_id"] == held_id(new)
+
+    # The old pod's next push, by hand: refused, one line naming the new pod; nothing sent.
+    refused = fractus_pod(old, "sync", "push")
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert refused.stderr.startswith(f"error: run taken over by pod {held_id(new)} at ")
+    assert store.head() == head
+    status = json.loads(fractus_pod(old, "status", "--json").stdout)
+    assert status["sync"]["taken_over"].startswith(f"run taken over by pod {held_id(new)}")
+    table = fractus_pod(old, "status").stdout
+    assert f"run taken over by pod {held_id(new)}" in table
+
+    # Its launcher: trains, is refused at its push, says so, and pushes no more.
+    done = fractus_pod(old, "launch", "--gpus", "0", "--max-steps", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    taken = [e for e in events_of(old, "hub_taken_over") if e["reason"] != "by hand"]
+    assert len(taken) == 1 and held_id(new) in taken[0]["error"]
+    assert store.head() == head
+
+
+@pytest.mark.parametrize("kind", ["file", "hf"])
+def test_a_takeover_between_read_and_commit_refuses_the_push(kind, tmp_path, request):
+    if kind == "hf":
+        request.getfixturevalue("test_hub")    # the server; HF_ENDPOINT, HF_TOKEN for the client
+        url = "hf://fractus/lease-race"
+    else:
+        url = f"file://{tmp_path / 'hub'}"
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir()
+    new.mkdir()
+    (old / "x.bin").write_bytes(b"one")
+    store = open_store(url, old)
+    first = push_as_writer(store, {"x.bin": old / "x.bin"}, "first", None, old / "stage")
+    assert hub_lease(store, first)["pod_id"] == held_id(old)
+    real_push = store.push
+
+    def push_after_a_takeover(*args, **kwargs):
+        take_over(open_store(url, new), new)       # lands after the old pod read the lease
+        return real_push(*args, **kwargs)
+
+    store.push = push_after_a_takeover
+    (old / "x.bin").write_bytes(b"two")
+    with pytest.raises(RunTakenOver) as refused:
+        push_as_writer(store, {"x.bin": old / "x.bin"}, "second", None, old / "stage")
+    assert str(refused.value).startswith(f"run taken over by pod {held_id(new)} at ")
+    head = store.head()
+    assert hub_lease(store, head)["pod_id"] == held_id(new)
+    assert hub_lease(store, head)["epoch"] == 2
+    assert store.read_bytes("x.bin", head) == b"one"          # the old pod's push: not in
+    assert LEASE_PATH in store.files(head)
+
+
+def test_hf_hub_run_rebuilt_elsewhere_refuses_the_old_pods_push(test_hub, tmp_path, capsys,
+                                                               monkeypatch):
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    url = "hf://fractus/lease-run"
+    old = tmp_path / "old"
+    assert cli_main(["--pod-dir", str(old), "init", "--preset", "tiny-cpu", "--no-data"]) == 0
+    text = (old / "fractus-pod.yaml").read_text().replace("hub: file://hub", f"hub: {url}")
+    (old / "fractus-pod.yaml").write_text(text)
+    add_passed(old, 0, 100)
+    assert cli_main(["--pod-dir", str(old), "sync", "push"]) == 0
+    rev, _config, lease = rebuild_from_hub(tmp_path / "new", url, None)
+    assert lease["epoch"] == 2 and lease["previous_pod"] == held_id(old)
+    commits_before = len(test_hub.commits("fractus/lease-run"))
+
+    add_passed(old, 0, 200)
+    capsys.readouterr()
+    assert cli_main(["--pod-dir", str(old), "sync", "push"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: run taken over by pod {lease['pod_id']} at ")
+    assert len(test_hub.commits("fractus/lease-run")) == commits_before
+    (event,) = events_of(old, "hub_taken_over")
+    assert lease["pod_id"] in event["error"]
