@@ -102,3 +102,50 @@ def test_stop_while_a_worker_compiles_is_graceful_and_the_switch_stays_recorded(
         (3 * TOKENS_PER_STEP, before["checkpoint_sha256"])
     status = json.loads(fractus_pod(pod, "status", "--json").stdout)
     assert status["stage"] == 2                           # the next plain launch resumes there
+
+
+# A probe that takes long (the 1B model's final probes take minutes), once the test says so.
+SLOW_PROBE = '''
+import os, sys, time
+_marker = os.environ.get("SLOW_PROBE_MARKER")
+if _marker and "--checkpoint" in sys.argv and os.path.exists(_marker):
+    time.sleep(float(os.environ["SLOW_PROBE_S"]))
+'''
+
+
+def test_stop_waits_through_the_final_probes(pod, tmp_path, launchers, monkeypatch):
+    import yaml
+    from tests.test_launch_canary import CRITERIA
+    config = yaml.safe_load((pod / "fractus-pod.yaml").read_text())
+    config["stop_grace_s"] = 10.0         # `stop` alone would wait 10 + 30 s
+    (pod / "fractus-pod.yaml").write_text(yaml.safe_dump(config))
+    criteria = {**CRITERIA, "probe": {**CRITERIA["probe"], "every": 1000, "parallel": 1,
+                                      "timeout_s": 120}}
+    (pod / "manifests" / "trusted_loss.yaml").write_text(yaml.safe_dump(criteria))
+    plugin, marker = tmp_path / "plugin", tmp_path / "slow-probes"
+    plugin.mkdir()
+    (plugin / "sitecustomize.py").write_text(SLOW_PROBE)
+    monkeypatch.setenv("PYTHONPATH", f"{plugin}:{REPO}")
+    monkeypatch.setenv("SLOW_PROBE_MARKER", str(marker))
+    monkeypatch.setenv("SLOW_PROBE_S", "55")
+    starts_before = len(events_of(pod, "worker_start"))
+    launcher = Launcher(pod, "--gpus", "0")
+    launchers.append(launcher)
+    start = wait_for(lambda: events_of(pod, "worker_start")[starts_before:], 120,
+                     "the worker")[0]
+    wait_for(lambda: [e for e in events_of(pod, "probe") if e["ts"] > start["ts"]], 120,
+             "the probe of the checkpoint it resumed from (the stage's baseline)")
+    wait_for(lambda: [r for r in worker_records(pod, 0)
+                      if r.get("type") == "metrics" and r["ts"] > start["ts"]], 120,
+             "a training step (so the stop checkpoints, and that checkpoint is probed)")
+    marker.touch()                        # from now on a probe takes 55 s
+
+    stopped = fractus_pod(pod, "stop", timeout=240)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert launcher.wait(30) == 0, launcher.output()
+    (exit_event,) = [e for e in events_of(pod, "worker_exit") if e["ts"] > start["ts"]]
+    assert exit_event["code"] == 0                        # it checkpointed: a final probe
+    (final,) = [e for e in events_of(pod, "final_verdicts") if e["ts"] > start["ts"]]
+    final_probe = [e for e in events_of(pod, "probe") if e["ts"] > start["ts"]][-1]
+    assert final_probe["seconds"] >= 55   # `stop` waited past its own 40 s for this probe
+    assert final["ts"] >= final_probe["ts"]
