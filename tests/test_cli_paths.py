@@ -15,7 +15,8 @@ from pathlib import Path
 import yaml
 
 from tests.test_launch_canary import pod, stage1_pod  # noqa: F401 (fixtures: a launched pod)
-from tests.test_launcher_e2e import REPO, events_of, manifest_json
+from tests.test_launcher_e2e import (REPO, Launcher, events_of, launchers,  # noqa: F401
+                                     manifest_json, wait_for)
 
 
 def fractus_pod(*args: str, cwd: Path = REPO, timeout: float = 180):
@@ -112,6 +113,21 @@ def test_rollback_above_the_pods_stage_is_refused_and_changes_nothing(pod):
     # Down (or to the same stage) still works.
     done = fractus_pod("--pod-dir", str(pod), "rollback", "--to-stage", "1", "--gpu", "0")
     assert done.returncode == 0, done.stderr
+    assert manifest_json(pod)["gpu_0"]["stage"] == 1
+
+
+def test_rollback_above_the_running_launchers_stage_is_refused(pod, launchers):
+    launcher = Launcher(pod, "--gpus", "0")
+    launchers.append(launcher)
+    state = pod / "logs" / "pod_state.json"
+    wait_for(lambda: state.exists() and json.loads(state.read_text())["pod_state"] == "running"
+             and json.loads(state.read_text())["started_at"] > manifest_json(pod)["gpu_0"]
+             ["updated_at"], 120, "the launcher running")
+    refused = one_error_line(fractus_pod("--pod-dir", str(pod), "rollback", "--to-stage", "2"))
+    assert "only goes down" in refused
+    assert not (pod / "logs" / "rollback_request.json").exists()   # nothing asked of it
+    assert fractus_pod("--pod-dir", str(pod), "stop").returncode == 0
+    assert launcher.wait(60) == 0
     assert manifest_json(pod)["gpu_0"]["stage"] == 1
 
 

@@ -120,6 +120,13 @@ def test_hf_hub_run_rebuilt_elsewhere_refuses_the_old_pods_push(test_hub, tmp_pa
     (old / "fractus-pod.yaml").write_text(text)
     add_passed(old, 0, 100)
     assert cli_main(["--pod-dir", str(old), "sync", "push"]) == 0
+    # sync pull into a new folder from the hf:// hub alone (item 16): no config needed.
+    fresh = tmp_path / "pulled" / "pod"
+    assert cli_main(["--pod-dir", str(fresh), "sync", "pull", "--from", url]) == 0
+    assert (fresh / "checkpoints" / "fractus_1b_gpu0.pt").read_bytes() == \
+        (old / "checkpoints" / "fractus_1b_gpu0.pt").read_bytes()
+    assert f"hub: {url}" in (fresh / "fractus-pod.yaml").read_text()
+    assert not (fresh / LEASE_PATH).exists()               # the hub's record stays there
     rev, _config, lease = rebuild_from_hub(tmp_path / "new", url, None)
     assert lease["epoch"] == 2 and lease["previous_pod"] == held_id(old)
     commits_before = len(test_hub.commits("fractus/lease-run"))
