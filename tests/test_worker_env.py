@@ -14,6 +14,7 @@ def test_defaults_match_the_v1_trainer():
         (4, 128, 7e-4, 0.25, 0.2, 0.02, 2.5)
     assert (s.ce_chunk, s.accum, s.compile, s.save_every, s.log_every, s.save_keep) == \
         (0, 1, False, 800, 40, 3)
+    assert s.async_save is True   # new in v2: checkpoints written in the background
     assert s.start_token is None and s.max_steps == 0
     assert s.shard_path == "data/shard_gpu0.pt"     # v1 default (no such file here)
     assert s.ckpt_out_path == "checkpoints/fractus_1b_gpu0.pt"
@@ -44,6 +45,7 @@ def test_values_are_parsed():
     ("LR", "nan", "LR must be a number > 0"),
     ("SS_RATE", "1.5", "SS_RATE must be a number >= 0 and <= 1"),
     ("COMPILE", "yes", "COMPILE must be 0 or 1"),
+    ("ASYNC_SAVE", "on", "ASYNC_SAVE must be 0 or 1"),
     ("FRACTUS_ATTN_IMPL", "flash", "FRACTUS_ATTN_IMPL must be one of einsum, cumsum, chunked"),
     ("DEVICE", "tpu", "DEVICE must be cpu, cuda or cuda:N"),
     ("FRACTUS_FAULT", "boom@1", "FRACTUS_FAULT must be <kind>@<step>"),
@@ -61,13 +63,15 @@ def test_every_field_has_one_variable():
     for name in ("GPU_ID", "START_TOKEN", "BATCH", "SEQ", "LR", "SS_RATE", "SS_PROB", "LB_COEF",
                  "GATE_TEMP", "CE_CHUNK", "FRACTUS_ATTN_IMPL", "COMPILE", "ACCUM", "SHARD",
                  "CKPT_IN", "CKPT_OUT", "MODEL", "DEVICE", "MAX_STEPS", "SAVE_EVERY", "LOG_EVERY",
-                 "METRICS", "SEED", "SAVE_KEEP", "FORCE_START_TOKEN", "FRACTUS_FAULT"):
+                 "METRICS", "SEED", "SAVE_KEEP", "ASYNC_SAVE", "FORCE_START_TOKEN", "FRACTUS_FAULT"):
         assert name in ENV_VARS
 
 
 def test_fault_parsing_and_firing():
     assert parse_fault(None) is None and parse_fault("") is None
     assert parse_fault("oom@12") == Fault("oom", 12)
+    assert parse_fault("save_hang@4") == Fault("save_hang", 4)
+    assert FaultInjector(Fault("save_hang", 4)).save_write_hook(3) is None
     inj = FaultInjector(parse_fault("crash@2"))
     inj.before_step(1)
     with pytest.raises(RuntimeError, match="injected crash"):

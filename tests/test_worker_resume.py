@@ -6,8 +6,10 @@ an SS pass and some do not)."""
 import signal
 import time
 
+import pytest
 import torch
 
+from fractus.train.checkpoint import sha256_file
 from tests.support.worker_utils import (events, load_ckpt, metrics_lines, read_jsonl,
                                         run_worker, start_worker, worker_env, write_synth_shard)
 
@@ -30,7 +32,7 @@ def assert_same_training_state(a: dict, b: dict):
 
 
 def test_accum_2_stop_and_resume_is_bitwise_identical(tmp_path):
-    """ACCUM=2 split by MAX_STEPS (ACCUM=1 is covered by the SIGTERM test below)."""
+    """ACCUM=2 split by MAX_STEPS (the SIGTERM test below covers ACCUM 1 and 2)."""
     accum = 2
     shard = write_synth_shard(tmp_path / "shard.npy", tokens=3000)
     straight = worker_env(tmp_path / "a", SHARD=shard, MAX_STEPS=5, ACCUM=accum, **COMMON)
@@ -52,31 +54,41 @@ def test_accum_2_stop_and_resume_is_bitwise_identical(tmp_path):
     assert start[1]["next_token"] == first["next_token"]
 
 
-def test_sigterm_finishes_the_step_checkpoints_and_resumes_exactly(tmp_path):
-    steps = 30
-    shard = write_synth_shard(tmp_path / "shard.npy", tokens=steps * 32 + 1)  # exactly 30 steps
-    straight = worker_env(tmp_path / "a", SHARD=shard, **COMMON)
+@pytest.mark.parametrize("accum", [1, 2])
+def test_sigterm_finishes_the_step_checkpoints_and_resumes_exactly(tmp_path, accum):
+    """A checkpoint every step, written in the background (ASYNC_SAVE=1, the default),
+    SIGTERM mid-run, resume: the end state equals a straight run's whose only checkpoint was
+    written on the training thread (ASYNC_SAVE=0)."""
+    steps, per_step = 24, 32 * accum
+    shard = write_synth_shard(tmp_path / "shard.npy", tokens=steps * per_step + 1)  # exactly
+    straight = worker_env(tmp_path / "a", SHARD=shard, ACCUM=accum, ASYNC_SAVE=0, **COMMON)
     proc = run_worker(straight)
     assert proc.returncode == 0, proc.stderr
     done = events(read_jsonl(straight["METRICS"]), "done")
     assert done[-1]["reason"] == "end_of_shard" and done[-1]["step"] == steps
 
-    env = worker_env(tmp_path / "b", SHARD=shard, **COMMON)
+    env = worker_env(tmp_path / "b", SHARD=shard, ACCUM=accum, SAVE_EVERY=1, **COMMON)
     child = start_worker(env)
-    deadline = time.time() + 60
-    while not metrics_lines(read_jsonl(env["METRICS"])) and time.time() < deadline:
+    deadline = time.time() + 90
+    while not [m for m in metrics_lines(read_jsonl(env["METRICS"])) if m["step"] >= 3] \
+            and time.time() < deadline:
         time.sleep(0.02)
     child.send_signal(signal.SIGTERM)
-    assert child.wait(timeout=60) == 0, child.stderr.read()
+    assert child.wait(timeout=90) == 0, child.stderr.read()
     records = read_jsonl(env["METRICS"])
     stopped = events(records, "done")[-1]
     k = stopped["step"]
-    assert stopped["reason"] == "signal" and 1 <= k < steps
-    ck_event = events(records, "checkpoint")[-1]
-    assert ck_event["step"] == k and ck_event["next_token"] == k * 32
+    assert stopped["reason"] == "signal" and 3 <= k < steps
+    saves = events(records, "checkpoint")
+    assert [c["step"] for c in saves] == list(range(1, k + 1))   # one per step, in order
+    assert saves[-1]["next_token"] == k * per_step
+    assert saves[-1]["sha256"] == sha256_file(env["CKPT_OUT"])
+    assert all(c["stall_s"] <= c["seconds"] for c in saves)
+    assert records.index(saves[-1]) < records.index(stopped)     # durable before `done`
 
-    proc = run_worker(env)  # resume from CKPT_OUT to the end of the shard
+    proc = run_worker({**env, "SAVE_EVERY": "0"})   # resume from CKPT_OUT to the end
     assert proc.returncode == 0, proc.stderr
+    assert events(read_jsonl(env["METRICS"]), "start")[-1]["next_token"] == k * per_step
     assert_same_training_state(load_ckpt(straight["CKPT_OUT"]), load_ckpt(env["CKPT_OUT"]))
 
 

@@ -45,15 +45,20 @@ class SavedCheckpoint:
 class _HashingWriter:
     """File wrapper that hashes bytes as torch.save writes them (no second read of the file)."""
 
-    def __init__(self, f):
+    def __init__(self, f, on_write=None):
         self._f = f
         self.sha256 = hashlib.sha256()
         self.bytes = 0
+        self._on_write = on_write   # called with the byte count after each write (tests)
 
     def write(self, data) -> int:
         self.sha256.update(data)
         self.bytes += len(data)
-        return self._f.write(data)
+        written = self._f.write(data)
+        if self._on_write is not None:
+            self._f.flush()   # the hook sees the bytes in the file, not in a buffer
+            self._on_write(self.bytes)
+        return written
 
     def flush(self) -> None:
         self._f.flush()
@@ -124,10 +129,12 @@ def _prune(path: Path, keep: int) -> None:
         i += 1
 
 
-def save_checkpoint(payload: dict, path: str | os.PathLike, keep: int = 3) -> SavedCheckpoint:
+def save_checkpoint(payload: dict, path: str | os.PathLike, keep: int = 3,
+                    on_write=None) -> SavedCheckpoint:
     """Write `payload` atomically to `path` (temp file in the same dir, fsync, rename).
 
-    Refuses non-finite weights: the previous file stays the last good checkpoint."""
+    Refuses non-finite weights: the previous file stays the last good checkpoint.
+    `on_write(bytes_so_far)`, if given, runs after each write to the temp file (fault tests)."""
     if not all_finite(payload["model_state"]):
         raise NonFiniteCheckpointError(f"not saving {path}: weights are not finite")
     path = Path(path)
@@ -135,7 +142,7 @@ def save_checkpoint(payload: dict, path: str | os.PathLike, keep: int = 3) -> Sa
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
-            writer = _HashingWriter(f)
+            writer = _HashingWriter(f, on_write)
             torch.save(payload, writer)
             f.flush()
             os.fsync(f.fileno())

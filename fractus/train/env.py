@@ -10,9 +10,9 @@ Variables of the v1 trainer (scripts/fast4gpu_boost.py), same names, same defaul
 GPU_ID, BATCH, SEQ, LR, SS_RATE, SS_PROB, LB_COEF, GATE_TEMP, START_TOKEN, SHARD (default
 data/shard_gpu{i}.pt, then .npy), CKPT_IN (default: the GPU's file, then the merged brain),
 CKPT_OUT. Read by v2 only (v1 never read them): CE_CHUNK, FRACTUS_ATTN_IMPL, COMPILE, ACCUM,
-MODEL, DEVICE, MAX_STEPS, SAVE_EVERY, SAVE_KEEP, LOG_EVERY, METRICS, TB_DIR, STAGE, SEED, RUN_ID,
-FORCE_START_TOKEN, ALLOW_FRESH_START, FRACTUS_FAULT (tests only). Where v2 still differs from v1:
-docs/WORKER.md, "Differences from v1".
+MODEL, DEVICE, MAX_STEPS, SAVE_EVERY, SAVE_KEEP, ASYNC_SAVE, LOG_EVERY, METRICS, TB_DIR, STAGE,
+SEED, RUN_ID, FORCE_START_TOKEN, ALLOW_FRESH_START, FRACTUS_FAULT (tests only). Where v2
+still differs from v1: docs/WORKER.md, "Differences from v1".
 """
 
 from __future__ import annotations
@@ -153,6 +153,10 @@ class WorkerSettings:
                            "Checkpoint every N steps (0 = only at the end).")
     save_keep: int = _var("SAVE_KEEP", 3, _int_at_least(1),
                           "Checkpoints kept per GPU: the canonical file plus SAVE_KEEP-1 copies.")
+    async_save: bool = _var("ASYNC_SAVE", True, _flag,
+                            "1: snapshot at the step boundary, write the checkpoint in the "
+                            "background (one in flight, one snapshot of host memory). "
+                            "0: write it on the training thread.")
     log_every: int = _var("LOG_EVERY", 40, _int_at_least(1),
                           "Metrics line and human line every N steps (and at step 1 of a run).")
     metrics: str | None = _var("METRICS", None, _text, "JSON-lines file for metrics and events.")
@@ -173,7 +177,7 @@ class WorkerSettings:
                                    "to start from (the demo preset sets it); else refused.")
     fault: str | None = _var("FRACTUS_FAULT", None, _fault,
                              "Tests only: nan@S, oom@S, hang@S, crash@S, compile@S, "
-                             "kill_after_save@S.")
+                             "kill_after_save@S, save_hang@S.")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> "WorkerSettings":

@@ -12,6 +12,8 @@
 - `kill_after_save`: the worker SIGKILLs itself right after the checkpoint of that step is
   renamed into place and before its `checkpoint` event: the file is newer than anything
   the launcher was told about (a real kill -9 at the worst moment).
+- `save_hang`: the write of the checkpoint of that step stops for good once its first bytes
+  are in the temp file (a write in flight when the worker is killed or signalled).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-KINDS = ("nan", "oom", "hang", "crash", "compile", "kill_after_save")
+KINDS = ("nan", "oom", "hang", "crash", "compile", "kill_after_save", "save_hang")
 
 
 @dataclass(frozen=True)
@@ -69,3 +71,14 @@ class FaultInjector:
             import os
             import signal
             os.kill(os.getpid(), signal.SIGKILL)
+
+    def save_write_hook(self, step: int):
+        """For the checkpoint of `step`: None, or a hook on the temp file's byte count that
+        never returns once bytes are written (save_checkpoint's `on_write`)."""
+        if not self._fires("save_hang", step):
+            return None
+
+        def hang_once_written(written: int) -> None:
+            while written:
+                time.sleep(3600)
+        return hang_once_written

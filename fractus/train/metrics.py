@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -36,15 +37,18 @@ class MetricsWriter:
         self.gpu = gpu
         self._tensorboard = tensorboard
         self._file = None
+        self._lock = threading.Lock()   # the checkpoint writer thread emits events too
         if path is not None:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             self._file = open(path, "a", buffering=1, encoding="utf-8")
 
     def _write(self, record: dict) -> None:
-        if self._file is None:
-            return
-        self._file.write(json.dumps(_clean(record), allow_nan=False) + "\n")
-        self._file.flush()
+        line = json.dumps(_clean(record), allow_nan=False) + "\n"
+        with self._lock:
+            if self._file is None:
+                return
+            self._file.write(line)
+            self._file.flush()
 
     def event(self, name: str, **fields) -> None:
         self._write({"type": "event", "event": name, "ts": time.time(), "gpu": self.gpu,
@@ -64,9 +68,10 @@ class MetricsWriter:
         if self._tensorboard is not None:
             self._tensorboard.close()
             self._tensorboard = None
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
 
 
 def human_line(gpu: int, next_token: int, tf: float, ema_tf: float, ss: float | None,

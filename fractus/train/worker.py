@@ -16,6 +16,7 @@ import os
 import random
 import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -24,6 +25,7 @@ import torch
 
 from fractus.continuous_engine import check_token_ids
 from fractus.data import ShardError, TokenShard, batch_from_window
+from fractus.train.async_save import AsyncCheckpointer, SaveTiming
 from fractus.train.checkpoint import (NonFiniteCheckpointError, capture_rng, remove_stale_temps,
                                       restore_rng, save_checkpoint, training_payload)
 from fractus.train.disk import EXIT_DISK_FULL, describe_disk_full, disk_full
@@ -137,19 +139,43 @@ class Worker:
             return psutil.Process().memory_info().rss / 1e9
 
     def _save(self) -> None:
+        """Checkpoint this step: snapshot and background write (ASYNC_SAVE=1, the default)
+        or a write on this thread. Either way the event follows the durable file."""
+        t0 = time.perf_counter()
         payload = training_payload(self.model, self.optimizer, self.s,
                                    next_token=self.next_token, step=self.step,
                                    ema_tf=self.ema_tf, ema_ss=self.ema_ss, device=self.device,
                                    shard=str(self.shard.path))
-        t0 = time.perf_counter()
-        saved = save_checkpoint(payload, self.ckpt_out, keep=self.s.save_keep)
-        self.faults.after_save(self.step)
+        numbers = {"next_token": self.next_token, "step": self.step, "ema_tf": self.ema_tf,
+                   "ema_ss": self.ema_ss, "lb": self.last_lb}
+        if self.saver is not None:
+            self.saver.submit(payload, numbers)
+        else:
+            saved = save_checkpoint(payload, self.ckpt_out, keep=self.s.save_keep,
+                                    on_write=self.faults.save_write_hook(self.step))
+            seconds = time.perf_counter() - t0
+            self._on_durable(saved, numbers, SaveTiming(stall_s=seconds, seconds=seconds))
         self.saved_step = self.step
+
+    def _on_durable(self, saved, numbers: dict, timing: SaveTiming) -> None:
+        """Runs once the file is on disk (on the writer thread when saving in the background)."""
+        self.faults.after_save(numbers["step"])
         self.log.event("checkpoint", path=saved.path, sha256=saved.sha256, bytes=saved.bytes,
-                       next_token=self.next_token, step=self.step, ema_tf=self.ema_tf,
-                       ema_ss=self.ema_ss, lb=self.last_lb, seconds=time.perf_counter() - t0)
-        print(f"GPU {self.s.gpu_id}: saved -> {saved.path} (next_token={self.next_token})",
-              flush=True)
+                       **numbers, seconds=timing.seconds, stall_s=timing.stall_s)
+        with self.stdout_lock:
+            print(f"GPU {self.s.gpu_id}: saved -> {saved.path} "
+                  f"(next_token={numbers['next_token']})", flush=True)
+
+    def _settle_saves(self) -> None:
+        """Before an abnormal exit is reported, the save in flight (a good step's state, which
+        a synchronous save would already have written) lands, so its event comes first."""
+        if self.saver is None:
+            return
+        try:
+            self.saver.wait()
+        except Exception as e:
+            print(f"GPU {self.s.gpu_id}: the checkpoint in flight failed: {e}",
+                  file=sys.stderr, flush=True)
 
     def _run_step(self, batches, step: int):
         """One step; the first compiled step falls back to eager if compilation fails."""
@@ -184,8 +210,9 @@ class Worker:
                          ema_tf=self.ema_tf, ss=self.last_ss, ema_ss=self.ema_ss, lb=result.lb,
                          grad_norm=result.grad_norm, tok_s=tok_s, mem_gb=mem)
         ss_shown = result.ss  # v1 shows ss only when this step ran an SS pass
-        print(human_line(self.s.gpu_id, self.next_token, result.tf, self.ema_tf, ss_shown,
-                         self.ema_ss, result.lb, tok_s, mem), flush=True)
+        with self.stdout_lock:   # the writer thread prints its "saved" line too
+            print(human_line(self.s.gpu_id, self.next_token, result.tf, self.ema_tf, ss_shown,
+                             self.ema_ss, result.lb, tok_s, mem), flush=True)
 
     # --- the loop -------------------------------------------------------------------------
     def _end_reason(self, run_steps: int) -> str | None:
@@ -209,6 +236,8 @@ class Worker:
                     elapsed = max(time.perf_counter() - window_t0, 1e-9)
                     self._report(unreported, window_tokens / elapsed)
                 return reason                # the launcher judges that checkpoint by it
+            if self.saver is not None:
+                self.saver.check()   # a failed background write stops the run here
             step = self.step + 1
             self.faults.before_step(step)
             batches = [self._batch(self.next_token + i * s.tokens_per_batch)
@@ -238,6 +267,10 @@ class Worker:
         self.compile_checked = False
         self.last_ss = None  # the SS value of the latest SS pass in this run
         self.last_lb = None
+        self.stdout_lock = threading.Lock()
+        self.saver = None if not s.async_save else AsyncCheckpointer(
+            self.ckpt_out, s.save_keep, self.device, on_durable=self._on_durable,
+            on_write=lambda numbers: self.faults.save_write_hook(numbers["step"]))
         remove_stale_temps(self.ckpt_out)
         self.log.event("start", pid=os.getpid(), next_token=self.next_token, step=self.step,
                        resume=self.start.kind, source=self.start.source,
@@ -255,15 +288,21 @@ class Worker:
             if s.compile:
                 self.trainer.compile()
             reason = self.train()
+            if self.saver is not None:
+                self.saver.wait()   # the save in flight lands before the final one is decided
             if self.saved_step != self.step or not self.ckpt_out.exists():
                 self._save()
+            if self.saver is not None:
+                self.saver.wait()   # SIGTERM or the end: the final checkpoint is durable first
         except (NonFiniteError, NonFiniteCheckpointError) as e:
+            self._settle_saves()
             values = getattr(e, "values", {})
             self.log.event("nan", step=getattr(e, "step", self.step + 1), values=values,
                            message=str(e))
             print(f"GPU {s.gpu_id}: {e}; stopping without a checkpoint", file=sys.stderr)
             return EXIT_NAN
         except torch.OutOfMemoryError as e:
+            self._settle_saves()
             self.log.event("oom", step=self.step + 1, message=str(e)[:500])
             print(f"GPU {s.gpu_id}: out of memory at step {self.step + 1}: {e}", file=sys.stderr)
             return EXIT_OOM
@@ -275,10 +314,12 @@ class Worker:
             self.log.close()
             return EXIT_OK
         except ShardError as e:
+            self._settle_saves()
             self.log.event("error", message=str(e), exit_code=EXIT_SETTINGS)
             print(f"error: {e}", file=sys.stderr)
             return EXIT_SETTINGS
         except Exception as e:
+            self._settle_saves()
             full = disk_full(e)
             if full is not None:
                 return self._disk_full(full)
