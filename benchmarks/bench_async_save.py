@@ -98,7 +98,8 @@ def side_by_side(preset: str, batch: int, threads: int, n_layers: int | None = N
         return training_payload(model, optimizer, settings, next_token=step * 512, step=step,
                                 ema_tf=1.0, ema_ss=None, device=device, shard="bench")
 
-    out = {"preset": preset, "n_layers": n_layers, "params": sum(p.numel() for p in model.parameters()),
+    out = {"preset": preset, "n_layers": n_layers,
+           "params": sum(p.numel() for p in model.parameters()),
            "build_s": build_s, "threads": threads}
     with tempfile.TemporaryDirectory(dir=REPO) as tmp:
         path = Path(tmp) / "fractus_1b_gpu0.pt"
