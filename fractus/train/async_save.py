@@ -50,16 +50,15 @@ class HostSnapshot:
     def take(self, payload):
         """A copy of `payload` whose tensors live in the host buffers. On CUDA the copies
         are queued on the current stream; call `ready()` before reading the result."""
-        self._storage_copies: dict[tuple, torch.Tensor] = {}
-        used: set[tuple] = set()
-        result = self._copy(payload, (), used)
+        copied: dict[tuple, torch.Tensor] = {}   # (device, storage address) -> its host buffer
+        used: set[tuple] = set()                 # positions whose buffer this take filled
+        result = self._copy(payload, (), copied, used)
         for stale in set(self._buffers) - used:   # a tensor that is gone: free its buffer
             del self._buffers[stale]
         self._done = None
         if self.pin:
             self._done = torch.cuda.Event()
             self._done.record()
-        del self._storage_copies
         return result
 
     def ready(self) -> None:
@@ -67,26 +66,28 @@ class HostSnapshot:
         if self._done is not None:
             self._done.synchronize()
 
-    def _copy(self, value, position: tuple, used: set):
+    def _copy(self, value, position: tuple, copied: dict, used: set):
         if isinstance(value, torch.Tensor):
-            return self._copy_tensor(value, position, used)
+            return self._copy_tensor(value, position, copied, used)
         if isinstance(value, dict):
             # copy.copy keeps the mapping's type and attributes (a state_dict's _metadata),
             # so the pickled layout is the live one's
             out = copy.copy(value)
             for key in out:
-                out[key] = self._copy(value[key], position + (key,), used)
+                out[key] = self._copy(value[key], position + (key,), copied, used)
             return out
         if isinstance(value, list):
-            return [self._copy(v, position + (i,), used) for i, v in enumerate(value)]
+            return [self._copy(v, position + (i,), copied, used) for i, v in enumerate(value)]
         if isinstance(value, tuple) and not hasattr(value, "_fields"):
-            return tuple(self._copy(v, position + (i,), used) for i, v in enumerate(value))
+            return tuple(self._copy(v, position + (i,), copied, used)
+                         for i, v in enumerate(value))
         return value   # numbers, strings, None: immutable, shared as they are
 
-    def _copy_tensor(self, tensor: torch.Tensor, position: tuple, used: set) -> torch.Tensor:
+    def _copy_tensor(self, tensor: torch.Tensor, position: tuple, copied: dict,
+                     used: set) -> torch.Tensor:
         storage = tensor.untyped_storage()
         identity = (str(storage.device), storage.data_ptr())
-        host = self._storage_copies.get(identity)
+        host = copied.get(identity)
         if host is None:
             host = self._buffer(position, storage.nbytes())
             used.add(position)
@@ -97,7 +98,7 @@ class HostSnapshot:
                 numpy.copyto(host.numpy(), source.numpy())
             else:   # queued on the training stream; the writer waits for it (ready())
                 host.copy_(source, non_blocking=True)
-            self._storage_copies[identity] = host   # bytes: bitwise, whatever the dtype
+            copied[identity] = host   # bytes: bitwise, whatever the dtype
         view = torch.empty(0, dtype=tensor.dtype)
         return view.set_(host.untyped_storage(), tensor.storage_offset(), tensor.size(),
                          tensor.stride())
@@ -149,10 +150,6 @@ class AsyncCheckpointer:
             self._on_durable(saved, tag, SaveTiming(stall, time.perf_counter() - t0))
         except BaseException as e:  # handed to the training thread, which decides the exit
             self._failure = e
-
-    @property
-    def in_flight(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
 
     def check(self) -> None:
         """Raise, on the training thread, the failure of a background write that has ended."""
