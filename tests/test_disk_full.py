@@ -131,3 +131,22 @@ def test_launcher_own_writes_on_a_full_disk_fail_the_pod_without_a_crash(tmp_pat
         assert failed["reason"].startswith("disk full: the launcher could not write")
         assert read_pod_state(pod)["reason"] == failed["reason"]
         filler.unlink()
+
+
+
+def test_closing_the_metrics_outputs_on_a_full_disk_does_not_turn_exit_5_into_a_crash(tmp_path):
+    """The worker closes its METRICS file and TensorBoard writer on every exit path; after the
+    disk filled, their unwritten lines cannot be flushed, and close() must not raise over
+    the worker's disk-full exit."""
+    from fractus.train.metrics import MetricsWriter
+    from fractus.train.tensorboard import TensorBoardScalars
+    with small_tmpfs(tmp_path / "disk", "1m") as disk:
+        log = MetricsWriter(disk / "metrics.jsonl", 0,
+                            TensorBoardScalars(str(disk / "tb" / "gpu0"), stage=1))
+        log.event("start", pid=1)
+        fill(disk)
+        with pytest.raises(OSError):   # as in the worker: a line that does not fit raises
+            for step in range(1, 200):
+                log.metrics(step=step, next_token=step, tf=1.0, ema_tf=1.0, ss=None,
+                            ema_ss=None, lb=0.1, grad_norm=1.0, tok_s=1.0, mem_gb=0.1)
+        log.close()

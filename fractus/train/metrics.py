@@ -14,6 +14,8 @@ import threading
 import time
 from pathlib import Path
 
+from fractus.train.disk import disk_full
+
 METRIC_FIELDS = ("step", "next_token", "tf", "ema_tf", "ss", "ema_ss", "lb", "grad_norm",
                  "tok_s", "mem_gb")
 
@@ -65,13 +67,19 @@ class MetricsWriter:
             self._tensorboard.metrics(record)
 
     def close(self) -> None:
-        if self._tensorboard is not None:
-            self._tensorboard.close()
-            self._tensorboard = None
+        """Close both outputs. On a full disk their last lines are lost, and closing must not
+        turn the worker's disk-full exit (5, already reported) into a crash."""
+        tensorboard, self._tensorboard = self._tensorboard, None
         with self._lock:
-            if self._file is not None:
-                self._file.close()
-                self._file = None
+            file, self._file = self._file, None
+        for output in (tensorboard, file):
+            if output is None:
+                continue
+            try:
+                output.close()      # a file is closed even when its last flush fails
+            except OSError as exc:
+                if disk_full(exc) is None:
+                    raise
 
 
 def human_line(gpu: int, next_token: int, tf: float, ema_tf: float, ss: float | None,
