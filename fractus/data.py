@@ -3,7 +3,8 @@
 A shard is one flat stream of token ids. Production shards are `.npy` int32 (any integer
 dtype accepted, widened per window) opened as a memmap: the worker slices B*SEQ+1 tokens per step, so resident memory
 does not grow with the shard size (v1 converted the whole shard to int64: 3.4 GB per process).
-Legacy `.pt` shards (a 1-D int64 tensor, loaded with weights_only=True) are accepted too.
+Legacy `.pt` shards (a 1-D integer tensor, v1's format) are accepted too, loaded with
+weights_only=True and memory-mapped, so they do not cost their size in memory either.
 
     python -m fractus.data synth --out DIR --shards 8 --tokens N --vocab V --seed S
 
