@@ -4,9 +4,11 @@ decoy `fractus/` package sits in the pod directory), a scrubbed environment read
 dies gets its parent-death SIGTERM repeated (once per launcher thread) and still writes its
 final checkpoint.
 
-The "launcher" here is a real stand-in process that runs the launcher's own spawning code
+The first two tests use a real stand-in process that runs the launcher's own spawning code
 (launcher.probe_check.run_probe_process from a probe thread, launcher.child.spawn for a
-worker) beside idle threads, as the real launcher's probe and sync threads.
+worker) beside idle threads, as the real launcher's probe and sync threads, so the probe
+runs long and the repeated SIGTERM is certain; the third kills the real launcher while one
+of its probe threads waits on a probe child.
 """
 
 from __future__ import annotations
@@ -25,7 +27,10 @@ import pytest
 from launcher.child import child_env, resolve_command
 from tests.support.pods import stage1_pod
 from tests.support.v1_run import add_decoy_package
-from tests.test_launcher_e2e import wait_for
+from tests.test_launcher_e2e import (TEST_CRITERIA, Launcher, events_of, launchers, make_pod,
+                                     wait_for, worker_records)
+
+__all__ = ["launchers"]   # the fixture, imported for pytest
 from tests.support.worker_utils import (REPO_ROOT, events, read_jsonl, worker_env,
                                         write_synth_shard)
 
@@ -161,6 +166,37 @@ def test_worker_writes_its_final_checkpoint_through_repeated_parent_death_signal
     assert final["next_token"] == done["next_token"]
     assert Path(final["path"]).exists()
     assert (tmp_path / "worker.log").read_text().count("decoy") == 0
+
+
+def test_killed_launcher_with_a_probe_running_every_worker_checkpoints_and_the_probe_dies(
+        tmp_path, launchers, monkeypatch):
+    """The real launcher, killed -9 while a probe thread waits on its probe child: every
+    worker writes its final checkpoint, the probe (which never saw HF_TOKEN) dies too."""
+    monkeypatch.setenv("HF_TOKEN", SECRET)                 # the launcher's own environment
+    criteria = {**TEST_CRITERIA, "probe": {"every": 1, "relativeBand": 100.0, "parallel": 1,
+                                           "timeout_s": 600}}
+    pod = make_pod(tmp_path, criteria)
+    add_decoy_package(pod)
+    launcher = Launcher(pod, "--stage", "1")
+    launchers.append(launcher)
+    for gpu in (0, 1):
+        wait_for(lambda: worker_records(pod, gpu, "checkpoint"), 120, "checkpoints")
+    probe = wait_for(lambda: child_running(psutil.Process(launcher.proc.pid),
+                                           "fractus.eval.probe"), 120, "a probe child")
+    assert "HF_TOKEN" not in probe.environ() and "-P" in probe.cmdline()
+    workers = [psutil.Process(e["pid"]) for e in events_of(pod, "worker_start")]
+    assert all("HF_TOKEN" not in w.environ() for w in workers)
+    killed_at = time.time()
+    launcher.proc.kill()
+    launcher.proc.wait()
+    # A probe just started runs for seconds more (torch import, model load); it must not.
+    wait_for(lambda: gone(probe), 3, "the probe to die with its launcher")
+    wait_for(lambda: all(gone(w) for w in workers), 60, "the workers to stop with it")
+    for gpu in (0, 1):
+        (done,) = worker_records(pod, gpu, "done")
+        final = worker_records(pod, gpu, "checkpoint")[-1]
+        assert done["reason"] == "signal" and final["ts"] > killed_at
+        assert final["next_token"] == done["next_token"]
 
 
 def test_configured_python_commands_run_safe_path_and_env_is_scrubbed():
