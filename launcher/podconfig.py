@@ -286,7 +286,9 @@ def _visible_gpu_count() -> int:
     if shutil.which("nvidia-smi") is None:
         return 0
     try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+        from launcher.child import child_env   # no secrets in any child's environment
+        out = subprocess.run(["nvidia-smi", "-L"], env=child_env(), capture_output=True,
+                             text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return 0
     return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))

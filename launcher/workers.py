@@ -207,11 +207,12 @@ def busy_cuda_gpus(indices: list[int]) -> dict[int, list[int]]:
     if not indices or shutil.which("nvidia-smi") is None:
         return {}
     try:
+        env = child.child_env()        # no secrets in any child's environment
         gpus = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=20).stdout
+                              env=env, capture_output=True, text=True, timeout=20).stdout
         apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,gpu_uuid",
                                "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=20).stdout
+                              env=env, capture_output=True, text=True, timeout=20).stdout
     except (OSError, subprocess.TimeoutExpired):
         return {}
     by_uuid = {}

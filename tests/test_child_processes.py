@@ -207,3 +207,21 @@ def test_configured_python_commands_run_safe_path_and_env_is_scrubbed():
                      "WANDB_API_KEY": "k", "START_TOKEN": "64", "FORCE_START_TOKEN": "1",
                      "PATH": "/bin"})
     assert env == {"START_TOKEN": "64", "FORCE_START_TOKEN": "1", "PATH": "/bin"}
+
+
+def test_nvidia_smi_queries_get_the_scrubbed_environment(tmp_path, monkeypatch):
+    """The launcher's other children (nvidia-smi, here a stand-in on PATH that records its
+    environment) get no secret either."""
+    from launcher.podconfig import _visible_gpu_count
+    from launcher.workers import busy_cuda_gpus
+    seen = tmp_path / "environ"
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\necho CALLED >> {seen}\nenv >> {seen}\necho 'GPU 0: stand-in (UUID: GPU-0)'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    assert _visible_gpu_count() == 1
+    busy_cuda_gpus([0])
+    recorded = seen.read_text()
+    assert recorded.count("CALLED") == 3 and SECRET not in recorded
