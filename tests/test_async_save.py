@@ -143,3 +143,30 @@ def test_a_failed_background_write_is_raised_on_the_training_thread(tmp_path, st
         saver.wait()
     assert events == [1] and sha256_file(path) == good
     saver.wait()   # reported once
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_snapshot_is_the_state_at_submit_while_the_gpu_trains_on(tmp_path):
+    """Pinned buffers, copies queued on the training stream: kernels launched right after
+    submit (no synchronisation) must not leak into the file."""
+    device = torch.device("cuda", 0)
+    torch.manual_seed(0)
+    model = ContinuousThoughtEngine.from_config(load_config("tiny")).to(device)
+    model.reset_thought(2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for p in model.parameters():
+        optimizer.state[p]["momentum_buffer"] = torch.randn_like(p)
+    expected = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    p = training_payload(model, optimizer, WorkerSettings.from_env({}), next_token=32, step=1,
+                         ema_tf=1.5, ema_ss=None, device=device, shard="s")
+    saver = AsyncCheckpointer(tmp_path / "c.pt", 3, device, lambda *a: None)
+    saver.submit(p, 1)
+    assert all(b.is_pinned() for b in saver.snapshot._buffers.values())
+    with torch.no_grad():
+        for _ in range(20):   # queued behind the copies on the same stream
+            for param in model.parameters():
+                param.mul_(1.5).add_(1.0)
+    saver.wait()
+    ck = load_checkpoint(tmp_path / "c.pt")
+    for name, value in expected.items():
+        assert torch.equal(ck["model_state"][name], value), name
