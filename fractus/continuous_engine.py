@@ -113,10 +113,13 @@ class ContinuousThoughtEngine(nn.Module):
         return cls(**cfg.to_dict())
 
     @classmethod
-    def from_checkpoint(cls, source, map_location="cpu", batch_size: int | None = None):
-        """Build from a legacy checkpoint (path or loaded dict); see fractus.legacy."""
+    def from_checkpoint(cls, source, map_location="cpu", batch_size: int | None = None,
+                        config: EngineConfig | None = None):
+        """Build from a legacy checkpoint (path or loaded dict); see fractus.legacy.
+        `config` is for files that carry none (a bare state_dict)."""
         from .legacy import load_engine
-        return load_engine(cls, source, map_location=map_location, batch_size=batch_size)
+        return load_engine(cls, source, map_location=map_location, batch_size=batch_size,
+                           config=config)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         _adopt_carried_shapes(self, state_dict, prefix, ("thought_state",))

@@ -3,6 +3,13 @@
 Production files may carry an `_orig_mod.` prefix on every key (saved from a compiled
 module) and carried-state buffers at the training batch size. Parameters are loaded
 strictly; carried buffers are restored when their batch size fits, else reset.
+
+Every file the reference trains from loads here (`as_engine_checkpoint`):
+  v1 `{"model_state", "config"}` whose config holds the v1 TARGET keys and no vocab_size
+  (50257 is implied: EngineConfig's default), the merged brain (same layout, carried
+  buffers dropped), fractus-pod's full checkpoints (the same two keys plus train_state and
+  optimizer_state), and a bare state_dict or a `{"model_state"}` without config, which
+  the reference builds with its TARGET config: here the caller's `config` (the pod's model).
 """
 
 from __future__ import annotations
@@ -61,6 +68,37 @@ def describe_load_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}"[:300]
 
 
+def as_engine_checkpoint(ckpt: dict, config: EngineConfig | None = None) -> dict:
+    """`ckpt` as `{"model_state", "config", ...}`; a file without a config (a bare
+    state_dict, or model_state alone) takes `config`, and is refused without one."""
+    if not isinstance(ckpt, dict):
+        raise ValueError(f"not a Fractus checkpoint: a {type(ckpt).__name__}, not a dict")
+    if "model_state" in ckpt and "config" in ckpt:
+        return ckpt
+    state = ckpt.get("model_state") if isinstance(ckpt.get("model_state"), dict) else ckpt
+    if not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"not a Fractus checkpoint: expected keys 'model_state' and 'config' "
+                         f"or a bare state_dict, got {sorted(ckpt)[:8]}")
+    if config is None:
+        raise ValueError("a bare state_dict carries no model config: name the model "
+                         "(the pod's `model:`, or --model PRESET|FILE)")
+    if state is ckpt:
+        return {"model_state": state, "config": config.to_dict()}
+    return {**ckpt, "config": config.to_dict()}
+
+
+def train_head(ckpt: dict) -> int | None:
+    """The next token to train on as the file records it: fractus-pod's
+    train_state.next_token, else v1's config.tokens_processed (its save wrote
+    `start + step_tokens`, the next window's start); None when neither is there."""
+    next_token = (ckpt.get("train_state") or {}).get("next_token")
+    if next_token is None:
+        next_token = (ckpt.get("config") or {}).get("tokens_processed")
+    if isinstance(next_token, bool) or not isinstance(next_token, int):
+        return None
+    return next_token
+
+
 def strip_compiled_prefix(state: dict) -> dict:
     return {k.replace(COMPILED_PREFIX, "", 1) if k.startswith(COMPILED_PREFIX) else k: v
             for k, v in state.items()}
@@ -71,11 +109,11 @@ def _is_carried(name: str) -> bool:
     return name in ("thought_state", "last_lb_loss") or leaf in ("attn_S", "attn_z", "kuramoto_phases")
 
 
-def load_engine(cls, source, map_location="cpu", batch_size: int | None = None):
-    ckpt = read_checkpoint(source, map_location)
-    if "model_state" not in ckpt or "config" not in ckpt:
-        raise ValueError(f"not a Fractus checkpoint: expected keys 'model_state' and 'config', "
-                         f"got {sorted(ckpt)[:8]}")
+def load_engine(cls, source, map_location="cpu", batch_size: int | None = None,
+                config: EngineConfig | None = None):
+    """The model of any checkpoint `as_engine_checkpoint` reads; `config` serves files
+    without one (a bare state_dict)."""
+    ckpt = as_engine_checkpoint(read_checkpoint(source, map_location), config)
     cfg = EngineConfig.from_dict(ckpt["config"])
     model = cls.from_config(cfg)
     state = strip_compiled_prefix(ckpt["model_state"])

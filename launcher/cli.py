@@ -336,6 +336,9 @@ def probe(ctx, gpu, checkpoint, shard, baseline_ar, record_baseline, device, tim
         if "verdict" in report:
             click.echo(f"{report['verdict']}: {report['reason']} "
                        f"(baseline {report['baseline_source']})")
+        for line in (report.get("hint"), report.get("note")):
+            if line:
+                click.echo(line)
     if report.get("verdict") == "Failed":
         sys.exit(1)
 

@@ -111,8 +111,10 @@ def read_baselines(pod_dir: Path) -> dict:
 
 
 def _probe_files(pod_dir: Path, config, gpu: int | None, checkpoint: str | None,
-                 shard: str | None) -> tuple[int | None, int | None, Path, Path]:
-    """(gpu, its stage, checkpoint, shard) to probe; UserError for anything missing."""
+                 shard: str | None) -> tuple[int | None, int | None, Path, Path, int | None]:
+    """(gpu, its stage, checkpoint, shard, head) to probe; UserError for anything missing.
+    The head is the manifest's start token for the checkpoint it names (a v1 file or the
+    merged brain records another train head, or none); None: the one the file records."""
     from launcher.canary import resume_point
     if checkpoint is not None:
         if gpu is not None:
@@ -120,7 +122,7 @@ def _probe_files(pod_dir: Path, config, gpu: int | None, checkpoint: str | None,
         if shard is None:
             raise UserError("--checkpoint needs --shard (the tokens to probe on)")
         return (None, None, _existing(pod_dir, checkpoint, "checkpoint", typed=True),
-                _existing(pod_dir, shard, "shard", typed=True))
+                _existing(pod_dir, shard, "shard", typed=True), None)
     gpu = 0 if gpu is None else gpu
     manifest = read_manifest(pod_dir / config.manifest)
     known = {s.gpu for s in parse_devices(config.devices)} | set(manifest.entries)
@@ -134,7 +136,16 @@ def _probe_files(pod_dir: Path, config, gpu: int | None, checkpoint: str | None,
     shard_path = (_existing(pod_dir, shard, "shard", typed=True) if shard is not None else
                   _existing(pod_dir, entry.get("shard") or config.shard_path(gpu),
                             f"GPU {gpu} shard", typed=False))
-    return gpu, entry.get("stage"), ckpt, shard_path
+    head = start.start_token if start.start_token is not None else entry.get("start_token")
+    return gpu, entry.get("stage"), ckpt, shard_path, head
+
+
+def _no_baseline_hint(gpu: int | None, stage: int | None) -> str:
+    if gpu is not None and stage is not None:
+        return (f"no baseline for GPU {gpu} at stage {stage}, so no verdict: record this "
+                f"probe as the baseline with `fractus-pod probe --gpu {gpu} --record-baseline`"
+                f", or judge against a number with --baseline-ar AR")
+    return "no baseline, so no verdict: judge against a number with --baseline-ar AR"
 
 
 def probe_pod(pod_dir: Path, gpu: int | None = None, checkpoint: str | None = None,
@@ -142,40 +153,52 @@ def probe_pod(pod_dir: Path, gpu: int | None = None, checkpoint: str | None = No
               record_baseline: bool = False, device: str = "cpu",
               timeout_s: float = 900) -> dict:
     """Probe GPU `gpu`'s newest checkpoint on its shard (or `checkpoint` on `shard`) in a
-    child process, and judge it against `baseline_ar`, else the baseline recorded for the
-    GPU's stage. Returns the probe's numbers plus what was probed and the verdict."""
+    child process, and judge it against `baseline_ar` (a bare number: its noise unknown),
+    else the baseline recorded for the GPU's stage (with its windows' spread). Returns the
+    probe's numbers plus what was probed and the verdict, or a hint when there is none."""
     from launcher.probe_check import (
+        Baseline,
         ProbeUnavailable,
         load_probe_tolerance,
         probe_verdict,
         run_probe_process,
     )
     config = load_config(pod_dir)
-    gpu, stage, ckpt_path, shard_path = _probe_files(pod_dir, config, gpu, checkpoint, shard)
+    gpu, stage, ckpt_path, shard_path, head = _probe_files(pod_dir, config, gpu, checkpoint,
+                                                           shard)
     if record_baseline and stage is None:
         raise UserError("--record-baseline needs --gpu of a GPU whose stage the manifest records")
     tolerance = load_probe_tolerance(pod_dir / config.criteria)
     try:
-        result = run_probe_process(ckpt_path, shard_path, device=device, timeout_s=timeout_s,
-                                   cwd=pod_dir)
+        result = run_probe_process(ckpt_path, shard_path, head=head, device=device,
+                                   timeout_s=timeout_s, cwd=pod_dir, model=config.model)
     except ProbeUnavailable as exc:
         raise ProbeFailed(str(exc)) from None
     baselines = read_baselines(pod_dir)
-    source = "--baseline-ar" if baseline_ar is not None else None
-    if baseline_ar is None and stage is not None:
-        recorded = baselines.get(str(stage), {}).get(str(gpu))
-        if recorded:
-            baseline_ar, source = recorded["ar"], f"recorded for stage {stage}"
+    baseline, source = Baseline.of(baseline_ar), "--baseline-ar"
+    if baseline is None and stage is not None:
+        baseline = Baseline.of(baselines.get(str(stage), {}).get(str(gpu)))
+        source = f"recorded for stage {stage}"
     report = {"gpu": gpu, "stage": stage, "checkpoint": str(ckpt_path), "shard": str(shard_path),
-              **result, "baseline_ar": baseline_ar, "baseline_source": source}
-    if baseline_ar is not None:
-        report["verdict"], report["reason"] = probe_verdict(result, baseline_ar, tolerance)
+              **result, "baseline_ar": baseline.ar if baseline else None,
+              "baseline_source": source if baseline else None}
+    if baseline is not None:
+        report["verdict"], report["reason"] = probe_verdict(result, baseline, tolerance)
+    elif not record_baseline:
+        report["hint"] = _no_baseline_hint(gpu, stage)
     if record_baseline:
         baselines.setdefault(str(stage), {})[str(gpu)] = {
-            "ar": result["ar"], "checkpoint": str(ckpt_path),
+            "ar": result["ar"], "ar_rows": result.get("ar_rows"), "ar_acc": result.get("ar_acc"),
+            "vocab_size": result.get("vocab_size"), "checkpoint": str(ckpt_path),
             "next_token": result.get("next_token"), "ts": time.time()}
         path = pod_dir / BASELINES_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps(baselines, indent=2) + "\n")
         report["recorded_baseline"] = True
+        spread = Baseline.of(result).spread()
+        report["note"] = (f"recorded AR {result['ar']:.4f} as the baseline of GPU {gpu} at "
+                          f"stage {stage}" + ("" if spread is None else
+                                              f" (window spread {spread:.4f})")
+                          + f" in {BASELINES_FILE}: the launcher and later probes of this "
+                            f"stage are judged against it")
     return report

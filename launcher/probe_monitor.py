@@ -5,21 +5,25 @@ a GPU is probed (launcher/probe_check.py: `python -m fractus.eval.probe` in a ch
 process, one thread waiting on it), so neither the training workers nor the supervisor's
 poll loop ever wait for a probe. Each poll collects the probes that finished.
 
-The stage's baseline AR on a GPU, first found wins:
-  1. the AR recorded for the stage and GPU in logs/probe_baselines.json
+The stage's baseline on a GPU (its AR and the ARs of the windows it was measured on, whose
+spread is the noise the verdict is calibrated on), first found wins:
+  1. the baseline recorded for the stage and GPU in logs/probe_baselines.json
      (`fractus-pod probe --gpu i --record-baseline`),
-  2. a probe of the checkpoint the GPU resumed from when the stage started,
+  2. a probe of the checkpoint the GPU resumed from when the stage started (at the
+     manifest's start token: a v1 file or the merged brain may record another head, or none),
   3. on a fresh GPU (nothing to resume from), its first probed checkpoint.
 A probe that cannot run is Inconclusive; one whose AR exceeds the baseline by more than the
-`probe:` tolerance is Failed: the GPU fails its stage like any other check (rollback path),
-and the probed checkpoint and every newer one are marked failed so rollback never restores
-them.
+`probe:` tolerance (launcher/probe_check.py) is Failed: the GPU fails its stage like any
+other check (rollback path), and the probed checkpoint and every newer one are marked
+failed so rollback never restores them.
 
 At most one probe per GPU is in flight, and at most `probe.parallel` across the pod (a CPU
 probe of a large model holds its weights in host memory); a GPU's newer checkpoint
 replaces one still waiting to be probed. A checkpoint to probe is hard-linked under
 checkpoints/probe/ when it is queued: the worker's rotation and the index's pruning of
-retained links may delete every other name for it before its probe starts.
+retained links may delete every other name for it before its probe starts. Each hold has a
+name of its own (a counter), so a probe that ends after a rollback restarted the stage
+removes its own link and never the new stage's (issue 10, item 7).
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from launcher.health import (
     Measurement,
 )
 from launcher.probe_check import (
+    Baseline,
     ProbeSchedule,
     ProbeTolerance,
     ProbeUnavailable,
@@ -69,6 +74,7 @@ class ProbeRequest:
     role: str                  # "baseline" (the resume checkpoint) or "check"
     sha256: str | None = None
     step: int | None = None
+    head: int | None = None    # where its windows start (None: the head the file records)
 
 
 @dataclass
@@ -78,15 +84,20 @@ class ProbeOutcome:
     reason: str
     result: dict | None = None
     seconds: float = 0.0
-    baseline_ar: float | None = None
+    baseline: Baseline | None = None
+
+    @property
+    def baseline_ar(self) -> float | None:
+        return self.baseline.ar if self.baseline else None
 
     def event_fields(self) -> dict:
         r = self.request
-        numbers = {k: self.result.get(k) for k in ("ar", "ar_acc", "cold_tf")} \
+        numbers = {k: self.result.get(k) for k in ("ar", "ar_acc", "cold_tf", "ar_rows")} \
             if self.result else {}
         return {"gpu": r.gpu, "role": r.role, "status": self.status, "reason": self.reason,
                 "checkpoint": r.checkpoint, "sha256": r.sha256, "step": r.step,
                 "baseline_ar": self.baseline_ar,
+                "baseline_spread": self.baseline.spread() if self.baseline else None,
                 "seconds": round(self.seconds, 2), **numbers}
 
 
@@ -94,7 +105,7 @@ class ProbeOutcome:
 class _GpuProbes:
     waiting: deque = field(default_factory=deque)
     in_flight: ProbeRequest | None = None
-    baseline_ar: float | None = None
+    baseline: Baseline | None = None
     baseline_source: str | None = None
     seen: int = 0              # new checkpoints since the stage started
     vouched_step: int | None = None   # newest checkpoint step a probe did not fail
@@ -103,26 +114,31 @@ class _GpuProbes:
 
 class ProbeMonitor:
     def __init__(self, pod_dir: Path, schedule: ProbeSchedule, tolerance: ProbeTolerance,
-                 runner=run_probe_process):
+                 runner=run_probe_process, model: str | None = None):
         self.pod_dir, self.schedule, self.tolerance = pod_dir, schedule, tolerance
         self.runner = runner
+        self.model = model          # the pod's model: the config of a bare state_dict
         self.gpus: dict[int, _GpuProbes] = {}
         self.generation = 0
         self._ticket = 0
+        self._holds = 0             # names each hard link of ours apart
         self._done: queue.Queue = queue.Queue()
 
     @classmethod
-    def from_criteria(cls, pod_dir: Path, criteria_path: Path) -> "ProbeMonitor | None":
+    def from_criteria(cls, pod_dir: Path, criteria_path: Path,
+                      model: str | None = None) -> "ProbeMonitor | None":
         """None when the criteria file turns probing off (`probe.every: 0`, the default)."""
         schedule = load_probe_schedule(criteria_path)
         if schedule.every <= 0:
             return None
-        return cls(pod_dir, schedule, load_probe_tolerance(criteria_path))
+        return cls(pod_dir, schedule, load_probe_tolerance(criteria_path), model=model)
 
     # ---- inputs -------------------------------------------------------------------
-    def start_stage(self, stage: int, resume: dict[int, tuple[str | None, str]]) -> None:
+    def start_stage(self, stage: int, resume: dict[int, tuple[str | None, str]],
+                    heads: dict[int, int] | None = None) -> None:
         """A stage (re)starts: `resume` maps each GPU to (checkpoint it resumed from or
-        None, its shard). Probes of the previous stage still running are ignored."""
+        None, its shard), `heads` to the token it resumed at (the manifest's). Probes of
+        the previous stage still running are ignored."""
         from launcher.manual import read_baselines
         self.generation += 1
         recorded = read_baselines(self.pod_dir).get(str(stage), {})
@@ -132,15 +148,16 @@ class ProbeMonitor:
         self.gpus = {}
         for gpu, (checkpoint, shard) in resume.items():
             probes = _GpuProbes()
-            entry = recorded.get(str(gpu))
-            if isinstance(entry, dict) and isinstance(entry.get("ar"), (int, float)):
-                probes.baseline_ar = float(entry["ar"])
+            baseline = Baseline.of(recorded.get(str(gpu)))
+            if baseline is not None:
+                probes.baseline = baseline
                 probes.baseline_source = f"recorded for stage {stage}"
             elif checkpoint is not None:
                 # Held at once: the worker rewrites the file it resumed from at its first save.
                 held = self._hold(gpu, checkpoint, "resume")
                 if held is not None:
-                    self._enqueue(probes, ProbeRequest(gpu, held, shard, BASELINE))
+                    self._enqueue(probes, ProbeRequest(gpu, held, shard, BASELINE,
+                                                       head=(heads or {}).get(gpu)))
             self.gpus[gpu] = probes
 
     def on_checkpoint(self, gpu: int, checkpoint: str, shard: str, sha256: str | None,
@@ -203,7 +220,8 @@ class ProbeMonitor:
         """A hard link to `checkpoint` of our own (relative to the pod), or the path
         itself where links are not possible."""
         source = self.pod_dir / checkpoint
-        name = f"{PROBE_DIR}/gpu{gpu}-{(sha256 or 'x')[:16]}.pt"
+        self._holds += 1
+        name = f"{PROBE_DIR}/gpu{gpu}-{(sha256 or 'x')[:16]}-{self._holds}.pt"
         target = self.pod_dir / name
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.tmp")
@@ -284,7 +302,8 @@ class ProbeMonitor:
             result = error = None
             try:
                 result = self.runner(request.checkpoint, request.shard, cwd=self.pod_dir,
-                                     timeout_s=self.schedule.timeout_s)
+                                     timeout_s=self.schedule.timeout_s, head=request.head,
+                                     rows=self.schedule.rows, model=self.model)
             except ProbeUnavailable as exc:
                 error = str(exc)
             except Exception as exc:          # never let a probe take the launcher down
@@ -299,16 +318,19 @@ class ProbeMonitor:
         usable = error is None and isinstance(ar, (int, float)) and math.isfinite(ar)
         if request.role == BASELINE or (usable and probes.baseline_source is None):
             if usable:
-                probes.baseline_ar = float(ar)
+                probes.baseline = Baseline.of(result)
                 probes.baseline_source = ("resume checkpoint" if request.role == BASELINE
                                           else "first probe of the stage")
+                spread = probes.baseline.spread()
+                noise = "" if spread is None else f", window spread {spread:.4f}"
                 return ProbeOutcome(request, BASELINE, f"baseline AR {ar:.4f} "
-                                    f"({probes.baseline_source})", result, seconds, float(ar))
+                                    f"({probes.baseline_source}{noise})", result, seconds,
+                                    probes.baseline)
             # The resume checkpoint gave no AR: the stage's first check probe sets one.
             _, reason = probe_verdict(result, None, self.tolerance, error=error)
             return ProbeOutcome(request, INCONCLUSIVE, f"baseline: {reason}", result, seconds)
-        status, reason = probe_verdict(result, probes.baseline_ar, self.tolerance, error=error)
-        return ProbeOutcome(request, status, reason, result, seconds, probes.baseline_ar)
+        status, reason = probe_verdict(result, probes.baseline, self.tolerance, error=error)
+        return ProbeOutcome(request, status, reason, result, seconds, probes.baseline)
 
 
 def apply_outcome(outcome: ProbeOutcome, health: GpuHealth, index) -> None:

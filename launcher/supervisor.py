@@ -82,7 +82,8 @@ class Supervisor(PodEnding):
         # ValueError for a malformed hub URL: the CLI reports it before anything starts.
         self.sync = (HubSync(self.pod_dir, plan.config, manifest, index, events)
                      if plan.config.hub else None)
-        self.probes = ProbeMonitor.from_criteria(self.pod_dir, self.pod_dir / plan.config.criteria)
+        self.probes = ProbeMonitor.from_criteria(self.pod_dir, self.pod_dir / plan.config.criteria,
+                                                 model=plan.config.model)
 
     # ---- lifecycle ----------------------------------------------------------------
     def run(self) -> int:
@@ -137,7 +138,8 @@ class Supervisor(PodEnding):
             entries = {g: self.manifest.entries.get(g) or {} for g in self.runs}
             self.probes.start_stage(self.stage, {
                 g: (e.get("checkpoint"), e.get("shard") or self.plan.config.shard_path(g))
-                for g, e in entries.items()})
+                for g, e in entries.items()},
+                heads={g: e["start_token"] for g, e in entries.items() if e.get("checkpoint")})
         self.pod_state = "running"
         self._write_state(force=True)
 

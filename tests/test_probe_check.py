@@ -1,6 +1,7 @@
 """The AR probe's verdict against a stage baseline, and the probe run in another process."""
 
 import math
+import statistics
 
 import pytest
 import torch
@@ -12,15 +13,16 @@ from fractus.data import synth
 from fractus.eval.probe import ProbeConfig, probe_checkpoint
 from launcher.errors import UserError
 from launcher.health import FAILED, INCONCLUSIVE, SUCCESSFUL
-from launcher.probe_check import (ProbeTolerance, ProbeUnavailable, check_probe,
+from launcher.probe_check import (Baseline, ProbeTolerance, ProbeUnavailable, check_probe,
                                   load_probe_tolerance, probe_verdict, run_probe_process)
 
 ABS = ProbeTolerance(band=0.25)
 REL = ProbeTolerance(band=0.25, relativeBand=0.10)
 
 
-def result(ar):
-    return {"ar": ar, "ar_acc": 0.1, "cold_tf": 6.0, "start": 0, "rows": 2, "next_token": 0}
+def result(ar, rows=2, **more):
+    return {"ar": ar, "ar_acc": 0.1, "cold_tf": 6.0, "start": 0, "rows": rows, "next_token": 0,
+            **more}
 
 
 # ---- the verdict -------------------------------------------------------------------------
@@ -42,7 +44,8 @@ def test_ar_against_its_baseline(ar, baseline, tol, status):
 def test_a_failure_names_the_values():
     status, reason = probe_verdict(result(7.5), 5.0, ABS)
     assert status == FAILED
-    assert reason == "AR 7.5000 above baseline 5.0000 by 2.5000 > 0.2500 (band 0.25)"
+    assert reason == ("AR 7.5000 above baseline 5.0000 by 2.5000 > 0.2500 "
+                      "(band 0.25; baseline noise unknown)")
 
 
 def test_result_objects_and_dicts_are_both_accepted():
@@ -82,6 +85,68 @@ def test_tolerance_from_the_criteria_file(tmp_path):
         load_probe_tolerance(tmp_path / "missing.yaml")
 
 
+# ---- the verdict calibrated on measured noise (issue 9) ----------------------------------
+# Four baseline windows of a model whose AR sits near the user's 2240 (docs/TRUSTED_LOSS.md).
+WINDOWS = (2231.4, 2246.9, 2238.2, 2243.8)
+NOISY = Baseline(statistics.mean(WINDOWS), WINDOWS)
+SIGMA = statistics.stdev(WINDOWS) * math.sqrt(1 / 4 + 1 / 4)   # the difference of two means
+
+
+def test_a_rise_inside_the_noise_passes_and_one_well_outside_fails():
+    default = ProbeTolerance()
+    assert default.limit(NOISY, 4)[0] == pytest.approx(3 * SIGMA)
+    for rise in (0.2568, 0.2505):           # the rises that failed stage 1 twice on noise
+        assert probe_verdict(result(NOISY.ar + rise, rows=4), NOISY, default)[0] == SUCCESSFUL
+        # the same rise against the bare number fails on the fixed floor, as it did
+        assert probe_verdict(result(NOISY.ar + rise, rows=4), NOISY.ar, default)[0] == FAILED
+    status, reason = probe_verdict(result(NOISY.ar + 2.9 * SIGMA, rows=4), NOISY, default)
+    assert status == SUCCESSFUL and "k 3 x noise sigma" in reason
+    status, reason = probe_verdict(result(NOISY.ar + 10 * SIGMA, rows=4), NOISY, default)
+    assert status == FAILED and "4 baseline windows" in reason
+    # More check windows, less noise in their mean: the same rise fails sooner.
+    assert default.limit(NOISY, 16)[0] < default.limit(NOISY, 4)[0]
+
+
+def test_a_zero_or_unknown_spread_falls_back_to_the_floor():
+    flat = Baseline(5.0, (5.0, 5.0, 5.0, 5.0))
+    assert ABS.limit(flat, 4) == (0.25, "floor band 0.25 > k 3 x noise sigma 0.0000 from the "
+                                        "spread 0.0000 of 4 baseline windows")
+    assert probe_verdict(result(5.26, rows=4), flat, ABS)[0] == FAILED
+    assert probe_verdict(result(5.24, rows=4), flat, ABS)[0] == SUCCESSFUL
+    assert REL.limit(Baseline(5.0, (5.0,)), 4)[0] == pytest.approx(0.5)   # one window: no spread
+    assert ProbeTolerance(k=0.0).limit(NOISY, 4)[0] == 0.25
+
+
+def test_a_recorded_baseline_and_a_probe_result_carry_their_windows():
+    recorded = {"ar": 5.0, "ar_rows": [4.0, 6.0], "ar_acc": 0.2, "vocab_size": 512,
+                "checkpoint": "c.pt", "ts": 1.0}
+    assert Baseline.of(recorded) == Baseline(5.0, (4.0, 6.0), 0.2, 512)
+    assert Baseline.of(recorded).spread() == pytest.approx(math.sqrt(2))
+    assert Baseline.of(4.5) == Baseline(4.5) and Baseline.of(None) is None
+    assert Baseline.of({"ar": "x"}) is None
+
+
+# ---- the trusted-loss rules a probe can judge: ARacc near 0, AR against ln(V) ---------------
+def test_going_off_manifold_fails_whatever_the_noise():
+    on = Baseline(6.0, (2.0, 10.0, 4.0, 8.0), ar_acc=0.30)      # wide noise, on the manifold
+    off_result = result(11.5, rows=4, ar_acc=0.0, vocab_size=50257)   # ln(50257) = 10.82
+    status, reason = probe_verdict(off_result, on, ProbeTolerance())
+    assert status == FAILED and "went off-manifold" in reason
+    assert "uniform guess ln(V) 10.82" in reason and "ARacc 0.000" in reason
+    # Below the uniform guess, ARacc 0 is not off-manifold: the noise decides.
+    below = result(10.5, rows=4, ar_acc=0.0, vocab_size=50257)
+    assert probe_verdict(below, on, ProbeTolerance())[0] == SUCCESSFUL
+
+
+def test_a_run_already_off_manifold_is_judged_on_its_noise_and_named():
+    users = Baseline(2240.174, WINDOWS, ar_acc=0.0)          # the user's GPU 1: AR 2240, ARacc 0
+    status, reason = probe_verdict(result(2240.43, rows=4, ar_acc=0.0, vocab_size=50257), users)
+    assert status == SUCCESSFUL
+    assert reason.endswith("; AR above the uniform guess ln(V) 10.82; off-manifold (ARacc 0.000)")
+    unknown = probe_verdict(result(2240.43, rows=4, ar_acc=0.0, vocab_size=50257), 2240.174)
+    assert "off-manifold" in unknown[1] and "went off-manifold" not in unknown[1]
+
+
 # ---- the probe in another process ----------------------------------------------------------
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
@@ -98,18 +163,36 @@ def files(tmp_path_factory):
 def test_probe_process_matches_the_in_process_probe_and_is_judged(files):
     ckpt, shard = files
     here = probe_checkpoint(str(ckpt), shard, ProbeConfig(rows=2))
-    good = check_probe(ckpt, shard, baseline_ar=here.ar + 0.1, tolerance=ABS, rows=2)
+    good = check_probe(ckpt, shard, baseline=here.ar + 0.1, tolerance=ABS, rows=2)
     assert good.status == SUCCESSFUL, good.reason
     assert good.result["ar"] == pytest.approx(here.ar, rel=1e-6) and good.result["start"] == 1000
-    worse = check_probe(ckpt, shard, baseline_ar=here.ar - 1.0, tolerance=ABS, rows=2)
+    worse = check_probe(ckpt, shard, baseline=here.ar - 1.0, tolerance=ABS, rows=2)
     assert worse.status == FAILED and "above baseline" in worse.reason
     assert worse.result["ar"] == good.result["ar"]        # deterministic across processes
 
 
 def test_a_probe_that_cannot_run_is_inconclusive(files, tmp_path):
     ckpt, shard = files
-    missing = check_probe(tmp_path / "nope.pt", shard, baseline_ar=5.0)
+    missing = check_probe(tmp_path / "nope.pt", shard, baseline=5.0)
     assert missing.status == INCONCLUSIVE and missing.result is None
     assert "probe exited" in missing.reason and "nope.pt" in missing.reason
     with pytest.raises(ProbeUnavailable, match="timed out"):
         run_probe_process(ckpt, shard, timeout_s=0.05)
+
+
+def test_window_noise_of_a_real_model_passes_and_damaged_weights_fail(files, tmp_path):
+    """One checkpoint probed at two heads: AR moves by window noise alone, far past the old
+    fixed 0.25 nats, and passes; the same model with its output head scaled fails."""
+    ckpt, shard = files
+    loaded = torch.load(ckpt, weights_only=True)
+    at = {head: probe_checkpoint(loaded, shard, head=head) for head in (1000, 10_000)}
+    low, high = sorted(at.values(), key=lambda r: r.ar)
+    assert high.ar - low.ar > 0.25            # what the fixed band failed on
+    baseline = Baseline.of(low)
+    status, reason = probe_verdict(high, baseline, ProbeTolerance())
+    assert status == SUCCESSFUL, reason
+    damaged = {**loaded, "model_state": {
+        k: v * 3 if k.startswith("output_head") else v for k, v in loaded["model_state"].items()}}
+    worse = probe_checkpoint(damaged, shard, head=high.start)
+    status, reason = probe_verdict(worse, baseline, ProbeTolerance())
+    assert status == FAILED and "noise sigma" in reason, reason

@@ -72,6 +72,24 @@ def test_probe_verdict_against_a_baseline(pod):
     (pod / "logs" / "probe_baselines.json").unlink()     # the module's pod, for other tests
 
 
+def test_no_baseline_gives_a_hint_and_recording_one_is_confirmed(pod):
+    """Issue 10 item 21: no verdict without a baseline, but a hint how to get one."""
+    bare = fractus_pod(pod, "probe", "--gpu", "0")
+    assert bare.returncode == 0, bare.stderr
+    assert "AR=" in bare.stdout and "Failed" not in bare.stdout and "Successful" not in bare.stdout
+    assert "no baseline for GPU 0 at stage 1, so no verdict" in bare.stdout
+    assert "fractus-pod probe --gpu 0 --record-baseline" in bare.stdout
+    assert probe_json(pod, "--gpu", "0")["hint"].startswith("no baseline for GPU 0 at stage 1")
+    recorded = fractus_pod(pod, "probe", "--gpu", "0", "--record-baseline")
+    assert recorded.returncode == 0, recorded.stderr
+    ar = json.loads((pod / "logs" / "probe_baselines.json").read_text())["1"]["0"]["ar"]
+    assert f"recorded AR {ar:.4f} as the baseline of GPU 0 at stage 1" in recorded.stdout
+    assert "logs/probe_baselines.json" in recorded.stdout and "no baseline" not in recorded.stdout
+    judged = fractus_pod(pod, "probe", "--gpu", "0")
+    assert "Successful: AR" in judged.stdout and "no baseline" not in judged.stdout
+    (pod / "logs" / "probe_baselines.json").unlink()     # the module's pod, for other tests
+
+
 @pytest.mark.parametrize("args, message", [
     (("--gpu", "9"), "no GPU 9"),
     (("--gpu", "1"), "has no checkpoint"),

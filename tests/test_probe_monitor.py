@@ -30,12 +30,13 @@ class FakeRunner:
     """Returns the AR given for each checkpoint name; blocks while `gate` is clear."""
 
     def __init__(self, ars: dict):
-        self.ars, self.calls, self.gate = ars, [], threading.Event()
+        self.ars, self.calls, self.options, self.gate = ars, [], [], threading.Event()
         self.gate.set()
 
-    def __call__(self, checkpoint, shard, cwd=None, timeout_s=None):
+    def __call__(self, checkpoint, shard, cwd=None, timeout_s=None, **options):
         name = (cwd / checkpoint).read_text()        # what the held link points at
         self.calls.append(name)
+        self.options.append(options)
         self.gate.wait(10)
         ar = self.ars[name]
         if isinstance(ar, Exception):
@@ -116,6 +117,36 @@ def test_a_checkpoint_rotated_away_before_its_probe_starts_is_still_probed(tmp_p
     runner.gate.set()
     assert [o.status for o in drain(monitor)] == [BASELINE, BASELINE]
     assert sorted(runner.calls) == ["a.pt", "b.pt"]
+
+
+def test_a_probe_left_from_before_a_rollback_keeps_the_new_stages_baseline(tmp_path):
+    """Issue 10 item 7: the old stage's baseline probe ends after the rollback restarted the
+    stage; it must remove its own link only, and the new resume checkpoint is probed."""
+    runner = FakeRunner({"before.pt": 5.0, "after.pt": 4.0})
+    runner.gate.clear()
+    monitor = monitor_of(tmp_path, runner)
+    monitor.start_stage(2, {0: ("before.pt", "s0")})
+    monitor.poll()                                   # the stage-2 baseline probe runs
+    monitor.start_stage(1, {0: ("after.pt", "s0")})  # rollback: stage 1 from another file
+    runner.gate.set()
+    outcomes = drain(monitor)
+    assert runner.calls == ["before.pt", "after.pt"]
+    (outcome,) = outcomes                            # the stage-2 probe is ignored
+    assert outcome.status == BASELINE and outcome.baseline_ar == 4.0, outcome.reason
+    assert not list((tmp_path / "checkpoints" / "probe").iterdir())
+
+
+def test_the_resume_probe_starts_at_the_manifest_head_with_the_pods_model(tmp_path):
+    runner = FakeRunner({"v1.pt": 5.0, "a.pt": 5.1})
+    monitor = ProbeMonitor(tmp_path, ProbeSchedule(every=1, rows=8), ProbeTolerance(),
+                           runner=runner, model="v1.json")
+    for name in runner.ars:
+        (tmp_path / name).write_bytes(name.encode())
+    monitor.start_stage(1, {0: ("v1.pt", "s0")}, heads={0: 200_806_400})
+    monitor.on_checkpoint(0, "a.pt", "s0", "sha-a", 5)
+    drain(monitor)
+    assert runner.options == [{"head": 200_806_400, "rows": 8, "model": "v1.json"},
+                              {"head": None, "rows": 8, "model": "v1.json"}]
 
 
 def test_a_probe_that_cannot_run_is_inconclusive_and_holds_the_stage(tmp_path):

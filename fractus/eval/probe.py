@@ -6,8 +6,14 @@ Protocol (shared/spec/MODEL.md, "Trusted loss"), per probe row:
    AR = mean CE of each step's logits against the TRUE next token, ARacc = argmax match rate;
 3. for contrast, the cold teacher-forced CE of a fresh state on a COLD-token chunk.
 Rows are consecutive windows of the shard starting at the GPU's train head (tokens not yet
-trained on), or ending there when the head is too close to the end. Deterministic: no
-sampling, and the model runs in float32 on the CPU unless told otherwise.
+trained on), or ending there when the head is too close to the end. Each row's own AR is
+reported too (`ar_rows`): their spread is the probe's window-to-window noise, on which the
+launcher calibrates its verdict (launcher/probe_check.py). Deterministic: no sampling, and
+the model runs in float32 on the CPU unless told otherwise.
+
+Any checkpoint the worker trains from: fractus-pod's full checkpoints, v1 files (their head
+is config.tokens_processed), the merged brain and bare state_dicts (no head: pass --head;
+no config: pass --model, the pod's model), `_orig_mod.` prefixes or not (fractus/legacy.py).
 
     python -m fractus.eval.probe --checkpoint checkpoints/fractus_1b_gpu0.pt --shard data/shard_phase2_gpu0.npy --json
 """
@@ -22,9 +28,10 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
+from fractus.config import EngineConfig, load_config
 from fractus.continuous_engine import ContinuousThoughtEngine
 from fractus.data import ShardError, TokenShard
-from fractus.legacy import read_checkpoint
+from fractus.legacy import as_engine_checkpoint, read_checkpoint, train_head
 
 
 @dataclass(frozen=True)
@@ -43,7 +50,9 @@ class ProbeResult:
     cold_tf: float     # teacher-forced CE of a cold state on a `cold`-token chunk
     start: int         # first shard position used
     rows: int
-    next_token: int | None
+    next_token: int | None   # the train head the checkpoint records (None: it records none)
+    ar_rows: tuple[float, ...] = ()   # each row's AR (window-to-window noise)
+    vocab_size: int | None = None     # V: uniform guessing scores ln(V)
 
 
 def probe_windows(shard_len: int, head: int, cfg: ProbeConfig) -> tuple[int, int]:
@@ -59,7 +68,7 @@ def probe_windows(shard_len: int, head: int, cfg: ProbeConfig) -> tuple[int, int
 
 @torch.no_grad()
 def run_probe(model: ContinuousThoughtEngine, windows: torch.Tensor, cfg: ProbeConfig) -> dict:
-    """windows (rows, span) int64 true tokens -> {"ar", "ar_acc", "cold_tf"}."""
+    """windows (rows, span) int64 true tokens -> {"ar", "ar_acc", "cold_tf", "ar_rows"}."""
     model.eval()
     model.set_gate_temperature(cfg.gate_temp)
     rows = windows.shape[0]
@@ -78,38 +87,47 @@ def run_probe(model: ContinuousThoughtEngine, windows: torch.Tensor, cfg: ProbeC
     cold_logits = model.tick_chunk(windows[:, :cfg.cold])
     cold = F.cross_entropy(cold_logits.reshape(-1, cold_logits.shape[-1]).float(),
                            windows[:, 1:cfg.cold + 1].reshape(-1))
-    return {"ar": torch.stack(losses).mean().item(), "ar_acc": torch.stack(hits).mean().item(),
-            "cold_tf": cold.item()}
+    per_step = torch.stack(losses)             # (free, rows)
+    return {"ar": per_step.mean().item(), "ar_acc": torch.stack(hits).mean().item(),
+            "cold_tf": cold.item(), "ar_rows": tuple(per_step.mean(dim=0).tolist())}
 
 
 def probe_checkpoint(checkpoint, shard_path, cfg: ProbeConfig = ProbeConfig(),
-                     head: int | None = None, device: str = "cpu") -> ProbeResult:
-    """Probe a checkpoint (path or loaded dict) on a shard, at `head` or its train_state's next_token."""
-    ckpt = read_checkpoint(checkpoint)
-    next_token = (ckpt.get("train_state") or {}).get("next_token")
+                     head: int | None = None, device: str = "cpu",
+                     model_config: EngineConfig | None = None) -> ProbeResult:
+    """Probe a checkpoint (path or loaded dict) on a shard, at `head`, else the train head
+    the checkpoint records. `model_config` builds a file that carries no config."""
+    ckpt = as_engine_checkpoint(read_checkpoint(checkpoint), model_config)
+    next_token = train_head(ckpt)
     head = next_token if head is None else head
     if head is None:
-        raise ValueError("no train head: the checkpoint has no train_state.next_token; pass --head")
+        raise ValueError("no train head: the checkpoint records none (train_state.next_token, "
+                         "or v1's config.tokens_processed); pass --head")
     shard = TokenShard(shard_path)
     start, span = probe_windows(len(shard), int(head), cfg)
     windows = shard.window(start, span * cfg.rows).long().view(cfg.rows, span)
     model = ContinuousThoughtEngine.from_checkpoint(ckpt).to(device)  # run_probe resets the state
     stats = run_probe(model, windows.to(device), cfg)
-    return ProbeResult(start=start, rows=cfg.rows, next_token=next_token, **stats)
+    return ProbeResult(start=start, rows=cfg.rows, next_token=next_token,
+                       vocab_size=model.config.vocab_size, **stats)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fractus.eval.probe", description="AR probe of a checkpoint")
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--shard", required=True)
-    ap.add_argument("--head", type=int, help="train head (default: the checkpoint's next_token)")
+    ap.add_argument("--head", type=int, help="train head (default: the one the checkpoint records)")
+    ap.add_argument("--model", help="preset or .json/.yaml config for a checkpoint that carries "
+                                    "none (a bare state_dict)")
     ap.add_argument("--rows", type=int, default=ProbeConfig.rows)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     try:
-        result = probe_checkpoint(args.checkpoint, args.shard, ProbeConfig(rows=args.rows), args.head, args.device)
+        model_config = load_config(args.model) if args.model else None
+        result = probe_checkpoint(args.checkpoint, args.shard, ProbeConfig(rows=args.rows),
+                                  args.head, args.device, model_config)
     except (ValueError, ShardError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
