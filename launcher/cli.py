@@ -112,6 +112,7 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
     from launcher.prepare import (
         ensure_run_id,
         load_plan,
+        never_resume_failed,
         reconcile,
         record_baselines,
         recover_checkpoints,
@@ -149,6 +150,7 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
         events = EventLog(pod_dir, mirror=EventsToTensorBoard(pod_dir))
         index = CheckpointIndex(pod_dir)
         reconcile(plan, manifest, index, events)
+        never_resume_failed(plan, manifest, index, events)
         recover_checkpoints(plan, manifest, index, events)
         validate(plan, manifest)
         try:

@@ -14,8 +14,10 @@ import time
 
 from fractus.train.disk import disk_full
 from launcher.ckpt_index import FAILED as CK_FAILED
+from launcher.failed_resume import restore_passed
 from launcher.gpu_run import STOPPED
 from launcher.health import FAILED
+from launcher.manifest import write_manifest
 from launcher.progress import progress
 from launcher.workers import kill, terminate
 
@@ -44,6 +46,11 @@ class PodEnding:
         for gpu in failed:
             for record in self.index.pending(gpu):
                 self.index.mark(gpu, record["sha256"], CK_FAILED, "its GPU failed")
+        # The manifest must not name what was just marked failed: the user's own relaunch
+        # reads it too (the next launch checks again: launcher/failed_resume.py).
+        if restore_passed(self.manifest, self.index, self.events, list(self.runs),
+                          refuse=False):
+            write_manifest(self.manifest)
         self.events.emit("pod_failed", stage=self.stage, reason=reason)
         self.pod_state, self.exit_code = "failed", exit_code
 

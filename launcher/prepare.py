@@ -1,9 +1,10 @@
 """Everything `launch` checks and settles before it starts a single worker.
 
 Order: config files -> devices -> the pod lock -> no worker already on a requested GPU ->
-manifest (read, reconcile with checkpoint events a dead launcher missed, recover the exact
-bytes each entry names, validate paths, types and each checkpoint's identity) -> verdict
-baseline. Any problem raises UserError (one line, exit 2) and nothing is started.
+manifest (read, reconcile with checkpoint events a dead launcher missed, never resume from a
+checkpoint marked failed, recover the exact bytes each entry names, validate paths, types and
+each checkpoint's identity) -> verdict baseline. Any problem raises UserError (one line,
+exit 2) and nothing is started.
 """
 
 from __future__ import annotations
@@ -135,6 +136,15 @@ def reconcile(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
             changed = True
             break
     if changed:
+        write_manifest(manifest)
+
+
+def never_resume_failed(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
+                        events: EventLog) -> None:
+    """An entry naming a checkpoint marked failed goes to the newest passed one
+    (launcher/failed_resume.py); a GPU with none left intact refuses the launch."""
+    from launcher.failed_resume import restore_passed
+    if restore_passed(manifest, index, events, [s.gpu for s in plan.slots], refuse=True):
         write_manifest(manifest)
 
 
