@@ -68,15 +68,22 @@ def describe_load_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}"[:300]
 
 
+def is_bare_state_dict(obj) -> bool:
+    """A plain `model.state_dict()` saved alone: names to tensors, nothing else."""
+    return (isinstance(obj, dict) and bool(obj) and "model_state" not in obj
+            and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()))
+
+
 def as_engine_checkpoint(ckpt: dict, config: EngineConfig | None = None) -> dict:
     """`ckpt` as `{"model_state", "config", ...}`; a file without a config (a bare
-    state_dict, or model_state alone) takes `config`, and is refused without one."""
+    state_dict, or model_state alone or with config None) takes `config`, and is refused
+    without one."""
     if not isinstance(ckpt, dict):
         raise ValueError(f"not a Fractus checkpoint: a {type(ckpt).__name__}, not a dict")
-    if "model_state" in ckpt and "config" in ckpt:
+    if "model_state" in ckpt and ckpt.get("config") is not None:
         return ckpt
-    state = ckpt.get("model_state") if isinstance(ckpt.get("model_state"), dict) else ckpt
-    if not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
+    state = ckpt.get("model_state") if "model_state" in ckpt else ckpt
+    if not is_bare_state_dict(state):
         raise ValueError(f"not a Fractus checkpoint: expected keys 'model_state' and 'config' "
                          f"or a bare state_dict, got {sorted(ckpt)[:8]}")
     if config is None:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from fractus.legacy import read_checkpoint
+from fractus.legacy import is_bare_state_dict, read_checkpoint
 
 FORMAT_VERSION = 1
 
@@ -178,12 +178,6 @@ def load_checkpoint(path: str | os.PathLike) -> dict:
         raise ValueError(f"cannot load checkpoint {path}: not a Fractus checkpoint (needs "
                          "model_state and config, or a bare state_dict)")
     return ck
-
-
-def is_bare_state_dict(obj) -> bool:
-    """A plain `model.state_dict()` saved alone: names to tensors, nothing else."""
-    return (isinstance(obj, dict) and bool(obj) and "model_state" not in obj
-            and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()))
 
 
 def is_full(ck: dict) -> bool:
