@@ -16,9 +16,11 @@ so a rise counts only past k * sigma, and never below a floor (band nats, or
 relativeBand x |baseline| when set): the floor is all there is when the spread is zero or
 unknown (a baseline given as a bare number). The trusted-loss rules a probe can judge
 (the user's docs/TRUSTED_LOSS.md): uniform guessing over V tokens scores ln(V); a free run
-with AR above ln(V) and ARacc <= offManifoldAcc is off-manifold. A baseline that was on the
-manifold and a probe that is off it fails whatever the rise; otherwise the state is named
-in the reason.
+with AR above ln(V) and ARacc <= offManifoldAcc is off-manifold. A probe off-manifold
+against a measured baseline (a probe's, not a bare number) that beat the uniform guess
+(AR <= ln(V)) fails whatever the rise; a
+baseline above ln(V) never was on the manifold (whatever a hit or two of ARacc says), so
+there the noise decides; the state is named in every reason.
 
 Verdicts (the health checks' vocabulary):
     Failed        AR above baseline by more than the limit, not finite (NaN/Inf logits),
@@ -218,9 +220,9 @@ def probe_verdict(result, baseline, tolerance: ProbeTolerance = ProbeTolerance()
                               f"({baseline!r}){note}")
     vocab = _field(result, "vocab_size")
     if isinstance(vocab, float) and tolerance.off_manifold(ar, _field(result, "ar_acc"), int(vocab)) \
-            and tolerance.off_manifold(base.ar, base.ar_acc, int(vocab)) is False:
+            and base.ar_acc is not None and base.ar <= uniform_ar(int(vocab)):
         return FAILED, (f"AR {ar:.4f} vs baseline {base.ar:.4f}: the free run went "
-                        f"off-manifold (the baseline was on it){note}")
+                        f"off-manifold (the baseline beat the uniform guess){note}")
     rows = len(_field(result, "ar_rows") or ()) or int(_field(result, "rows") or 1)
     limit, how = tolerance.limit(base, rows)
     rise = ar - base.ar

@@ -128,7 +128,7 @@ def test_a_recorded_baseline_and_a_probe_result_carry_their_windows():
 
 # ---- the trusted-loss rules a probe can judge: ARacc near 0, AR against ln(V) ---------------
 def test_going_off_manifold_fails_whatever_the_noise():
-    on = Baseline(6.0, (2.0, 10.0, 4.0, 8.0), ar_acc=0.30)      # wide noise, on the manifold
+    on = Baseline(6.0, (2.0, 10.0, 4.0, 8.0), ar_acc=0.30)      # wide noise, below ln(V)
     off_result = result(11.5, rows=4, ar_acc=0.0, vocab_size=50257)   # ln(50257) = 10.82
     status, reason = probe_verdict(off_result, on, ProbeTolerance())
     assert status == FAILED and "went off-manifold" in reason
@@ -136,6 +136,17 @@ def test_going_off_manifold_fails_whatever_the_noise():
     # Below the uniform guess, ARacc 0 is not off-manifold: the noise decides.
     below = result(10.5, rows=4, ar_acc=0.0, vocab_size=50257)
     assert probe_verdict(below, on, ProbeTolerance())[0] == SUCCESSFUL
+    # A bare number says nothing of its free run: the floor decides (here, 0.25 nats).
+    assert probe_verdict(off_result, 11.4, ProbeTolerance())[0] == SUCCESSFUL
+
+
+def test_a_baseline_above_the_uniform_guess_never_was_on_the_manifold():
+    """The tiny demo: AR in the hundreds, ARacc one or two hits in 128. A hit fewer in the
+    next probe is not going off-manifold: the noise decides."""
+    two_hits = Baseline(900.0, (850.0, 950.0, 880.0, 920.0), ar_acc=2 / 128)
+    one_hit = result(905.0, rows=4, ar_acc=1 / 128, vocab_size=512)
+    status, reason = probe_verdict(one_hit, two_hits, ProbeTolerance())
+    assert status == SUCCESSFUL and "off-manifold (ARacc 0.008)" in reason, reason
 
 
 def test_a_run_already_off_manifold_is_judged_on_its_noise_and_named():
