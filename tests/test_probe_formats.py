@@ -6,7 +6,8 @@ tokens_processed), the merged brain (launcher/merge.py, no head), a bare state_d
 config: the pod's `model`), and fractus-pod's full checkpoint. Each must probe to the
 numbers of the same weights, in this process, through `python -m fractus.eval.probe`, and
 through `fractus-pod probe --gpu i` on a pod whose manifest is the tracker's
-`{"gpu_i": {"start_token": N}}`.
+`{"gpu_i": {"start_token": N}}`; and the launcher's own stage baseline probe on an adopted
+replica of the user's run.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from fractus.data import synth
 from fractus.eval.probe import ProbeConfig, probe_checkpoint
 from launcher.cli import main as cli_main
 from launcher.merge import merge_checkpoints
+from tests.support.v1_run import START_TOKENS, v1_run
+from tests.test_launcher_e2e import (BATCH, SEQ, TEST_CRITERIA, Launcher, events_of,  # noqa: F401
+                                     launchers)
 
 REPO = Path(__file__).resolve().parents[1]
 # The v1 trainer's TARGET keys at a tiny size; no vocab_size, as in the user's files.
@@ -126,3 +130,28 @@ def test_fractus_pod_probe_on_the_users_files(files, tmp_path, capsys):
         assert cli_main(["--pod-dir", str(pod), "probe", "--gpu", str(gpu), "--json"]) == 0
         report = json.loads(capsys.readouterr().out)
         assert report["start"] == HEAD and close(numbers(report), expected), report
+
+
+def test_the_launchers_stage_baseline_on_an_adopted_v1_run(tmp_path, launchers):
+    """Seen on the user's run: the stage baseline was Inconclusive ("no train head"). The
+    launcher's baseline probe of each GPU's v1 file runs at the manifest's start token."""
+    run = v1_run(tmp_path / "run")
+    originals = {gpu: torch.load(run / f"checkpoints/fractus_1b_gpu{gpu}.pt", weights_only=True)
+                 for gpu in (0, 1)}
+    assert cli_main(["--pod-dir", str(run), "adopt", "--devices", "cpu:2"]) == 0
+    config = yaml.safe_load((run / "fractus-pod.yaml").read_text())
+    config["env"] = {"SEQ": str(SEQ), "BATCH": str(BATCH)}
+    config.update({"save_every": 2, "log_every": 1, "poll_interval_s": 0.2})
+    (run / "fractus-pod.yaml").write_text(yaml.safe_dump(config))
+    (run / "manifests" / "trusted_loss.yaml").write_text(
+        yaml.safe_dump({**TEST_CRITERIA, "probe": {"every": 1, "band": 1e9}}))
+    launcher = Launcher(run, "--stage", "1", "--max-steps", "2")
+    launchers.append(launcher)
+    assert launcher.wait(300) == 0, launcher.output()
+    for gpu in (0, 1):
+        (baseline,) = events_of(run, "probe", gpu=gpu, role="baseline")
+        assert baseline["status"] == "baseline", baseline["reason"]
+        here = probe_checkpoint(originals[gpu], run / f"data/shard_gpu{gpu}.pt",
+                                head=START_TOKENS[gpu])
+        assert baseline["ar"] == pytest.approx(here.ar, rel=1e-5)
+        assert len(baseline["ar_rows"]) == here.rows
