@@ -170,3 +170,21 @@ def test_cuda_snapshot_is_the_state_at_submit_while_the_gpu_trains_on(tmp_path):
     ck = load_checkpoint(tmp_path / "c.pt")
     for name, value in expected.items():
         assert torch.equal(ck["model_state"][name], value), name
+
+
+def test_prepared_buffers_are_the_ones_the_first_save_fills(tmp_path, state):
+    """The worker reserves the snapshot after its first step, off the training thread: the
+    first save copies into those buffers and allocates nothing more."""
+    model, optimizer = state
+    saver = AsyncCheckpointer(tmp_path / "c.pt", 2, CPU, lambda *a: None)
+    saver.prepare(payload(model, optimizer, 1))
+    saver.wait()
+    prepared = {k: b.data_ptr() for k, b in saver.snapshot._buffers.items()}
+    prepared_bytes = saver.snapshot.nbytes
+    assert prepared and prepared_bytes > 0
+    saver.submit(payload(model, optimizer, 1), 1)
+    saver.wait()
+    assert {k: b.data_ptr() for k, b in saver.snapshot._buffers.items()} == prepared
+    assert saver.snapshot.nbytes == prepared_bytes
+    expected = save_checkpoint(payload(model, optimizer, 1), tmp_path / "sync.pt")
+    assert sha256_file(tmp_path / "c.pt") == expected.sha256

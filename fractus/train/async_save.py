@@ -8,7 +8,8 @@ finiteness check, serialisation with the sha256, fsync, rotation, rename. The ca
 that is not on disk yet.
 
 One save is in flight at most: `submit` first waits for the previous one, so the host
-memory is bounded by one snapshot (the buffers are reused from save to save). A failure of
+memory is bounded by one snapshot (the buffers are reused from save to save; `prepare`
+allocates them in the background ahead of the first save). A failure of
 the background write (non-finite weights, disk full) is raised on the training thread by
 the next `check`, `submit` or `wait`.
 
@@ -30,6 +31,9 @@ import numpy
 import torch
 
 from fractus.train.checkpoint import SavedCheckpoint, save_checkpoint
+
+
+PAGE_IN_BYTES = 64 << 20
 
 
 class HostSnapshot:
@@ -61,43 +65,53 @@ class HostSnapshot:
             self._done.record()
         return result
 
+    def reserve(self, payload) -> None:
+        """Allocate and touch the buffers `take(payload)` will fill, reading no tensor data
+        (safe on another thread while training goes on), so that the first save of a run
+        stalls for a copy like every later one instead of also faulting in fresh memory."""
+        self._copy(payload, (), {}, set(), copy_data=False)
+
     def ready(self) -> None:
         """Block until the copies queued by the last `take` have landed (CUDA only)."""
         if self._done is not None:
             self._done.synchronize()
 
-    def _copy(self, value, position: tuple, copied: dict, used: set):
+    def _copy(self, value, position: tuple, copied: dict, used: set, copy_data: bool = True):
         if isinstance(value, torch.Tensor):
-            return self._copy_tensor(value, position, copied, used)
+            return self._copy_tensor(value, position, copied, used, copy_data)
         if isinstance(value, dict):
             # copy.copy keeps the mapping's type and attributes (a state_dict's _metadata),
             # so the pickled layout is the live one's
             out = copy.copy(value)
             for key in out:
-                out[key] = self._copy(value[key], position + (key,), copied, used)
+                out[key] = self._copy(value[key], position + (key,), copied, used, copy_data)
             return out
         if isinstance(value, list):
-            return [self._copy(v, position + (i,), copied, used) for i, v in enumerate(value)]
+            return [self._copy(v, position + (i,), copied, used, copy_data)
+                    for i, v in enumerate(value)]
         if isinstance(value, tuple) and not hasattr(value, "_fields"):
-            return tuple(self._copy(v, position + (i,), copied, used)
+            return tuple(self._copy(v, position + (i,), copied, used, copy_data)
                          for i, v in enumerate(value))
         return value   # numbers, strings, None: immutable, shared as they are
 
-    def _copy_tensor(self, tensor: torch.Tensor, position: tuple, copied: dict,
-                     used: set) -> torch.Tensor:
+    def _copy_tensor(self, tensor: torch.Tensor, position: tuple, copied: dict, used: set,
+                     copy_data: bool) -> torch.Tensor:
         storage = tensor.untyped_storage()
         identity = (str(storage.device), storage.data_ptr())
         host = copied.get(identity)
         if host is None:
             host = self._buffer(position, storage.nbytes())
             used.add(position)
-            source = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
-            if source.device.type == "cpu":
+            if not copy_data:   # page the buffer in now, not during a save; in pieces, so
+                flat = host.numpy()   # the training thread gets the GIL between them
+                for start in range(0, flat.size, PAGE_IN_BYTES):
+                    flat[start:start + PAGE_IN_BYTES] = 0
+            elif storage.device.type == "cpu":
                 # numpy's single-threaded memcpy: torch's parallel copy stalls on the OpenMP
                 # barrier when the cores are busy (20x slower measured on the shared box)
-                numpy.copyto(host.numpy(), source.numpy())
+                numpy.copyto(host.numpy(), _bytes_of(storage).numpy())
             else:   # queued on the training stream; the writer waits for it (ready())
-                host.copy_(source, non_blocking=True)
+                host.copy_(_bytes_of(storage), non_blocking=True)
             copied[identity] = host   # bytes: bitwise, whatever the dtype
         view = torch.empty(0, dtype=tensor.dtype)
         return view.set_(host.untyped_storage(), tensor.storage_offset(), tensor.size(),
@@ -109,6 +123,11 @@ class HostSnapshot:
             buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pin)
             self._buffers[position] = buffer
         return buffer
+
+
+def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
+    """A uint8 tensor over all of `storage`'s bytes (on its device)."""
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
 
 
 @dataclass(frozen=True)
@@ -129,6 +148,20 @@ class AsyncCheckpointer:
         self._on_write = on_write            # per save: a hook on the temp file's bytes (tests)
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
+
+    def prepare(self, payload: dict) -> None:
+        """Reserve the snapshot's buffers for `payload`'s layout in the background; the
+        first `submit` waits for it like for a save in flight (one snapshot of memory)."""
+        self.wait()
+        self._thread = threading.Thread(target=self._reserve, args=(payload,),
+                                        name="checkpoint-buffers", daemon=True)
+        self._thread.start()
+
+    def _reserve(self, payload: dict) -> None:
+        try:
+            self.snapshot.reserve(payload)
+        except BaseException as e:  # e.g. no memory for the buffers: the training thread decides
+            self._failure = e
 
     def submit(self, payload: dict, tag: object = None) -> float:
         """Snapshot `payload` now and write it in the background; returns the stall in

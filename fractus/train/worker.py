@@ -138,14 +138,16 @@ class Worker:
             import psutil
             return psutil.Process().memory_info().rss / 1e9
 
+    def _payload(self) -> dict:
+        return training_payload(self.model, self.optimizer, self.s, next_token=self.next_token,
+                                step=self.step, ema_tf=self.ema_tf, ema_ss=self.ema_ss,
+                                device=self.device, shard=str(self.shard.path))
+
     def _save(self) -> None:
         """Checkpoint this step: snapshot and background write (ASYNC_SAVE=1, the default)
         or a write on this thread. Either way the event follows the durable file."""
         t0 = time.perf_counter()
-        payload = training_payload(self.model, self.optimizer, self.s,
-                                   next_token=self.next_token, step=self.step,
-                                   ema_tf=self.ema_tf, ema_ss=self.ema_ss, device=self.device,
-                                   shard=str(self.shard.path))
+        payload = self._payload()
         numbers = {"next_token": self.next_token, "step": self.step, "ema_tf": self.ema_tf,
                    "ema_ss": self.ema_ss, "lb": self.last_lb}
         if self.saver is not None:
@@ -252,6 +254,9 @@ class Worker:
                 self.last_ss, self.ema_ss = result.ss, ema(self.ema_ss, result.ss)
             self.last_lb = result.lb
             unreported = result
+            if run_steps == 1 and self.saver is not None and s.save_every:
+                # the optimizer state exists now: its buffers are allocated off this thread
+                self.saver.prepare(self._payload())
             if run_steps == 1 or step % s.log_every == 0:
                 now = time.perf_counter()
                 self._report(result, window_tokens / max(now - window_t0, 1e-9))
