@@ -70,9 +70,13 @@ class Baseline:
                    float(acc) if isinstance(acc, (int, float)) else None,
                    int(vocab) if isinstance(vocab, int) else None)
 
+    def windows(self) -> list[float]:
+        """The windows' ARs that are numbers (a NaN window says nothing of the noise)."""
+        return [r for r in self.ar_rows if math.isfinite(r)]
+
     def spread(self) -> float | None:
         """Sample standard deviation of the windows' ARs; None under two windows."""
-        rows = [r for r in self.ar_rows if math.isfinite(r)]
+        rows = self.windows()
         if len(rows) < 2:
             return None
         mean = sum(rows) / len(rows)
@@ -107,9 +111,10 @@ class ProbeTolerance:
         spread = baseline.spread()
         if spread is None:
             return floor, f"{how_floor}; baseline noise unknown"
-        sigma = spread * math.sqrt(1 / len(baseline.ar_rows) + 1 / max(1, check_rows))
+        windows = len(baseline.windows())
+        sigma = spread * math.sqrt(1 / windows + 1 / max(1, check_rows))
         noise = (f"noise sigma {sigma:.4f} from the spread {spread:.4f} of "
-                 f"{len(baseline.ar_rows)} baseline windows")
+                 f"{windows} baseline windows")
         if self.k * sigma >= floor:
             return self.k * sigma, f"k {self.k:g} x {noise}"
         return floor, f"floor {how_floor} > k {self.k:g} x {noise}"
