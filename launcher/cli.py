@@ -153,8 +153,9 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
         never_resume_failed(plan, manifest, index, events)
         recover_checkpoints(plan, manifest, index, events)
         validate(plan, manifest)
+        supervisor = Supervisor(plan, manifest, index, events)
         try:
-            canary_gate(plan, manifest, events, no_canary, stop)
+            supervisor.gate(lambda: canary_gate(plan, manifest, events, no_canary, stop))
         except LaunchStopped as exc:
             events.emit("launch_stopped", stage=current_stage(plan, manifest), reason=str(exc))
             click.echo(f"pod STOPPED: {exc}")
@@ -171,7 +172,6 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
                    f"{len(plan.slots)} worker(s) on {plan.slots[0].device}"
                    + (f", for {plan.max_time:g}s" if plan.max_time else "")
                    + "; `fractus-pod status` to watch, `fractus-pod stop` to stop")
-        supervisor = Supervisor(plan, manifest, index, events)
         supervisor.stop_reason = stop.signal       # a stop that came before supervision
         code = supervisor.run()
         click.echo(f"pod {supervisor.pod_state.upper()} at stage {supervisor.stage}"

@@ -15,31 +15,36 @@ import time
 from fractus.train.disk import disk_full
 from launcher.ckpt_index import FAILED as CK_FAILED
 from launcher.failed_resume import restore_passed
-from launcher.gpu_run import STOPPED
 from launcher.health import FAILED
 from launcher.manifest import write_manifest
 from launcher.progress import progress
-from launcher.workers import kill, terminate
+from launcher.supervise.state import GpuEvent, PodEvent
 
 
 class PodEnding:
-    """Mixed into Supervisor; uses its runs, index, events, probes and plan."""
+    """Mixed into Supervisor; uses its runs, index, events, probes, plan and backend."""
 
     def _stop_workers(self, kill_gpus: set[int]) -> None:
+        exits = {}
         for run in self.runs.values():
             if run.proc is not None and run.slot.gpu in kill_gpus:
-                kill(run.proc)
-        terminate([r.proc for r in self.runs.values() if r.proc is not None],
-                  self.plan.config.stop_grace_s)
+                exits[run.slot.gpu] = self.backend.kill(run.proc)
+        exits.update(self.backend.stop(
+            [r.proc for r in self.runs.values()
+             if r.proc is not None and r.slot.gpu not in kill_gpus],
+            self.plan.config.stop_grace_s))
+        self.backend.pump()                # the last lines a remote worker wrote
         for run in self.runs.values():
             self._drain(run)
             if run.proc is not None:
-                self.events.emit("worker_exit", gpu=run.slot.gpu, code=run.proc.returncode,
-                                 stage=self.stage)
-            run.proc, run.state = None, STOPPED
+                self.events.emit("worker_exit", gpu=run.slot.gpu,
+                                 code=exits[run.slot.gpu].code, stage=self.stage)
+            run.proc = None
+            run.apply(GpuEvent.STOPPED)
 
     def _fail_pod(self, reason: str, exit_code: int) -> None:
-        self.pod_state, self.reason = "failing", reason
+        self._pod(PodEvent.FAIL)
+        self.reason = reason
         failed = {r.slot.gpu for r in self.runs.values()
                   if r.health and r.health.phase() == FAILED}
         self._stop_workers(kill_gpus=failed)
@@ -52,7 +57,8 @@ class PodEnding:
                           refuse=False):
             write_manifest(self.manifest)
         self.events.emit("pod_failed", stage=self.stage, reason=reason)
-        self.pod_state, self.exit_code = "failed", exit_code
+        self._pod(PodEvent.FAILED)
+        self.exit_code = exit_code
 
     def _on_write_error(self, exc: OSError) -> None:
         """One of the launcher's own writes failed. A full disk fails the pod, recorded
@@ -69,25 +75,28 @@ class PodEnding:
         if self.pod_state in ("failing", "failed"):
             return
         reason = f"disk full: {what}; free space on {self.pod_dir}, then launch again"
-        terminate([r.proc for r in self.runs.values() if r.proc is not None],
-                  self.plan.config.stop_grace_s)
+        self.backend.stop([r.proc for r in self.runs.values() if r.proc is not None],
+                          self.plan.config.stop_grace_s)
         if self.reserve is not None:
             self.reserve.release()
         try:
             self._fail_pod(reason, exit_code=1)
         except OSError as exc:         # not even the reserve's space was enough
-            self.pod_state, self.reason, self.exit_code = "failed", reason, 1
+            self._pod(PodEvent.FAILED)           # _fail_pod made it FAILING first
+            self.reason, self.exit_code = reason, 1
             for run in self.runs.values():
-                run.proc, run.state = None, STOPPED
+                run.proc = None
+                run.apply(GpuEvent.STOPPED)
             warn(f"{reason} (not recorded: {exc.strerror})")
         self._write_state(force=True)
 
     def _stop(self, reason: str) -> None:
-        self.pod_state, self.reason = "stopping", reason
+        self._pod(PodEvent.STOP)
+        self.reason = reason
         self._write_state(force=True)
         self._stop_workers(kill_gpus=set())
         self.events.emit("pod_stopped", stage=self.stage, reason=reason)
-        self.pod_state = "stopped"
+        self._pod(PodEvent.STOPPED)
 
     def _judge_final(self) -> None:
         """A clean end (stop, --max-time, --max-steps, end of shard): judge each GPU's last

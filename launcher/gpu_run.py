@@ -1,4 +1,4 @@
-"""One GPU's slot in the supervisor: its worker process, health and restart history."""
+"""One GPU's slot in the supervisor: its worker, health, restart history and state."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 from launcher.health import GpuHealth
 from launcher.podconfig import Slot
+from launcher.supervise.backend import WorkerHandle
+from launcher.supervise.state import GpuEvent, GpuState, transition
 from launcher.workers import MetricsTail
-
-RUNNING, BACKOFF, DONE, STOPPED, GPU_FAILED = "running", "backoff", "done", "stopped", "failed"
 
 
 @dataclass
@@ -17,8 +17,9 @@ class GpuRun:
     slot: Slot
     tail: MetricsTail
     health: GpuHealth | None = None
-    proc: object = None
-    state: str = RUNNING
+    proc: WorkerHandle | None = None     # the running worker, from the backend
+    state: GpuState = GpuState.PENDING
+    node: str | None = None              # where its worker runs or last ran (Ray)
     started_at: float = 0.0
     last_line_at: float | None = None
     restarts: deque = field(default_factory=deque)
@@ -27,3 +28,8 @@ class GpuRun:
     last_metrics: dict | None = None
     last_error: str | None = None
     verified_seen: tuple | None = None
+    announced_wait: bool = False         # its gpu_waiting event is out
+
+    def apply(self, event: GpuEvent) -> GpuState:
+        self.state = transition(self.state, event)
+        return self.state

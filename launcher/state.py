@@ -22,6 +22,7 @@ def pod_state_dict(sup) -> dict:
         gpus[str(gpu)] = {
             "pid": run.proc.pid if run.proc is not None else None,
             "device": run.slot.device,
+            "node": run.node,
             "state": run.state,
             "exit_code": run.exit_code,
             "restarts": len(run.restarts),

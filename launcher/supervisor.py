@@ -33,7 +33,7 @@ from launcher.ckpt_index import PASSED as CK_PASSED
 from launcher.ckpt_index import CheckpointIndex
 from launcher.ending import PodEnding, warn
 from launcher.events import EventLog
-from launcher.gpu_run import BACKOFF, DONE, GPU_FAILED, RUNNING, STOPPED, GpuRun
+from launcher.gpu_run import GpuRun
 from launcher.health import INCONCLUSIVE, SUCCESSFUL, GpuHealth
 from launcher.manifest import (
     RUN_ID_KEY,
@@ -50,25 +50,41 @@ from launcher.recover import RecoveryError, recover_entry
 from launcher.reserve import DiskReserve
 from launcher.stage_switch import record_stage
 from launcher.state import write_pod_state
-from launcher.sync import HubSync
-from launcher.workers import (
-    MetricsTail,
-    WorkerSpec,
-    kill,
-    metrics_path,
-    spawn,
+from launcher.supervise.backend import WorkerBackend, WorkerExit
+from launcher.supervise.state import (
+    ENDED_POD_STATES,
+    FINISHED_GPU_STATES,
+    GpuEvent,
+    GpuState,
+    PodEvent,
+    PodState,
+    exit_event,
+    transition,
 )
+from launcher.sync import HubSync
+from launcher.workers import MetricsTail, WorkerSpec
 
 
 class Supervisor(PodEnding):
+    """`backend` runs the workers (default: LocalBackend, child processes of this launcher);
+    `clock` is the monotonic clock of hang and backoff timing (a fake one in tests)."""
+
     def __init__(self, plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
-                 events: EventLog):
+                 events: EventLog, backend: WorkerBackend | None = None,
+                 clock=time.monotonic):
         self.plan, self.manifest, self.index, self.events = plan, manifest, index, events
         self.pod_dir: Path = plan.pod_dir
         self.stage = plan.stage
-        self.runs = {s.gpu: GpuRun(s, MetricsTail(self.pod_dir / metrics_path(s.gpu)))
+        if backend is None:
+            from launcher.supervise.local import LocalBackend
+            backend = LocalBackend(self.pod_dir, plan.config)
+        self.backend, self.clock = backend, clock
+        # Where each GPU stood at launch: its resume point after a lost node when the hub
+        # holds nothing newer of it.
+        self.launch_entries = {g: dict(e) for g, e in manifest.entries.items()}
+        self.runs = {s.gpu: GpuRun(s, MetricsTail(backend.metrics_file(s.gpu)))
                      for s in plan.slots}
-        self.pod_state = "starting"
+        self.pod_state = PodState.STARTING
         self.exit_code = 0
         self.rolled_back = False
         self.stop_reason: str | None = None
@@ -81,9 +97,27 @@ class Supervisor(PodEnding):
         self.reserve: DiskReserve | None = None     # made by run(): it writes a file
         # ValueError for a malformed hub URL: the CLI reports it before anything starts.
         self.sync = (HubSync(self.pod_dir, plan.config, manifest, index, events)
-                     if plan.config.hub else None)
+                     if plan.config.hub and backend.name == "local" else None)
         self.probes = ProbeMonitor.from_criteria(self.pod_dir, self.pod_dir / plan.config.criteria,
                                                  model=plan.config.model)
+
+    # ---- states ---------------------------------------------------------------------
+    def _pod(self, event: PodEvent) -> None:
+        self.pod_state = transition(self.pod_state, event)
+
+    def gate(self, check) -> None:
+        """Run `check` (the stage canary) in the CANARY state: it passes, or its refusal is
+        raised on with the pod STOPPED (nothing switched, nothing started)."""
+        self._pod(PodEvent.CANARY_STARTED)
+        self._write_state(force=True)
+        try:
+            check()
+        except BaseException as exc:
+            self.reason = str(getattr(exc, "message", exc))
+            self._pod(PodEvent.CANARY_REFUSED)
+            self._write_state(force=True)
+            raise
+        self._pod(PodEvent.CANARY_PASSED)
 
     # ---- lifecycle ----------------------------------------------------------------
     def run(self) -> int:
@@ -98,33 +132,39 @@ class Supervisor(PodEnding):
             self._start_all()
         except OSError as exc:
             self._on_write_error(exc)
-        while self.pod_state not in ("stopped", "done", "failed"):
+        while self.pod_state not in ENDED_POD_STATES:
             try:
-                self._poll()
-                if self.stop_reason and self.pod_state == "running":
-                    self._stop(self.stop_reason)
-                elif deadline is not None and time.monotonic() >= deadline \
-                        and self.pod_state == "running":
-                    self._stop(f"--max-time {self.plan.max_time:g}s reached")
-                else:
+                self.step(deadline)
+                if self.pod_state not in ENDED_POD_STATES:
                     time.sleep(self.plan.config.poll_interval_s)
             except OSError as exc:
                 self._on_write_error(exc)
         self._write_state(force=True)
         self.finishing = True        # from here a second signal cuts the ending short
         try:
-            if self.pod_state in ("stopped", "done"):
+            if self.pod_state in (PodState.STOPPED, PodState.DONE):
                 self._judge_final()
             if self.probes is not None:
                 self.probes.close()
             if self.sync is not None:     # the end of a run is pushed, whatever ended it
                 self.sync.finish(abandoned=lambda: self.cut_short)
+            self.backend.close(abandoned=lambda: self.cut_short)
+            self._note_pushed()
         except OSError as exc:
             if disk_full(exc) is None:
                 raise
             warn(f"the end of the run could not be recorded: {exc}")
         self.reserve.release()
         return self.exit_code
+
+    def step(self, deadline: float | None = None) -> None:
+        """One turn of the loop: monitor every worker, then stop if asked or out of time."""
+        self._poll()
+        if self.stop_reason and self.pod_state == PodState.RUNNING:
+            self._stop(self.stop_reason)
+        elif deadline is not None and self.clock() >= deadline \
+                and self.pod_state == PodState.RUNNING:
+            self._stop(f"--max-time {self.plan.max_time:g}s reached")
 
     def _on_signal(self, signum, frame) -> None:
         if self.finishing:           # a signal while the run ends: cut the ending short
@@ -140,13 +180,13 @@ class Supervisor(PodEnding):
                 g: (e.get("checkpoint"), e.get("shard") or self.plan.config.shard_path(g))
                 for g, e in entries.items()},
                 heads={g: e["start_token"] for g, e in entries.items() if e.get("checkpoint")})
-        self.pod_state = "running"
+        self._pod(PodEvent.STARTED)
         self._write_state(force=True)
 
     def _start_worker(self, run: GpuRun, fresh_health: bool) -> None:
         gpu = run.slot.gpu
         stage = self.plan.stages[self.stage]
-        if not fresh_health and not self._recover(gpu):
+        if not fresh_health and self.backend.files_here and not self._recover(gpu):
             return
         entry = self.manifest.entries.get(gpu)
         resume_ema = entry.get("ema_tf") if entry else None
@@ -156,19 +196,26 @@ class Supervisor(PodEnding):
                                    resume_ema_tf=resume_ema)
         else:
             run.health.start(resume_ema)
-        spec = WorkerSpec(run.slot, stage.settings,
+        spec = self._spec(run)
+        run.tail.read()                      # skip anything older than this start
+        run.proc = self.backend.start(spec)
+        run.apply(GpuEvent.STARTED)
+        run.exit_code, run.node = None, run.proc.node
+        run.started_at, run.last_line_at = self.clock(), None
+        self.events.emit("worker_start", gpu=gpu, pid=run.proc.pid, stage=self.stage,
+                         start_token=spec.start_token, checkpoint=spec.ckpt_in,
+                         fault=spec.fault, **({"node": run.node} if run.node else {}))
+
+    def _spec(self, run: GpuRun) -> WorkerSpec:
+        entry = self.manifest.entries.get(run.slot.gpu)
+        return WorkerSpec(run.slot, self.plan.stages[self.stage].settings,
                           start_token=entry["start_token"] if entry else None,
                           ckpt_in=entry.get("checkpoint") if entry else None,
                           max_steps=self.plan.max_steps,
-                          fault=self.plan.faults.pop(gpu, None), stage=self.stage,
-                          run_id=self.manifest.extra.get(RUN_ID_KEY))
-        run.tail.read()                      # skip anything older than this start
-        run.proc = spawn(self.plan.config, self.pod_dir, spec)
-        run.state, run.exit_code = RUNNING, None
-        run.started_at, run.last_line_at = time.monotonic(), None
-        self.events.emit("worker_start", gpu=gpu, pid=run.proc.pid, stage=self.stage,
-                         start_token=spec.start_token, checkpoint=spec.ckpt_in,
-                         fault=spec.fault)
+                          fault=self.plan.faults.pop(run.slot.gpu, None), stage=self.stage,
+                          run_id=self.manifest.extra.get(RUN_ID_KEY),
+                          ckpt_sha256=entry.get("checkpoint_sha256") if entry else None,
+                          ckpt_revision=entry.get("hub_revision") if entry else None)
 
     def _recover(self, gpu: int) -> bool:
         """Before a restart: the entry's checkpoint must hold its recorded bytes (a worker
@@ -179,33 +226,38 @@ class Supervisor(PodEnding):
                              self.plan.config.hub, self.plan.config.checkpoint_path(gpu)):
                 write_manifest(self.manifest)
         except RecoveryError as exc:
-            self.runs[gpu].state = GPU_FAILED
+            self.runs[gpu].apply(GpuEvent.GAVE_UP)
             self._fail_pod(f"GPU {gpu}: {exc}", exit_code=1)
             return False
         return True
 
     # ---- the poll loop ------------------------------------------------------------
     def _poll(self) -> None:
-        now = time.monotonic()
+        self.backend.pump()
+        now = self.clock()
         for run in self.runs.values():
             self._drain(run)
-            if run.proc is not None and run.proc.poll() is not None:
+            ended = self.backend.poll(run.proc) if run.proc is not None else None
+            if ended is not None:
                 self._drain(run)
-                self._on_exit(run, run.proc.returncode)
-            elif run.state == RUNNING and run.proc is not None:
+                self._on_exit(run, ended)
+            elif run.state == GpuState.RUNNING and run.proc is not None:
                 self._check_hang(run, now)
-            elif run.state == BACKOFF and now >= run.restart_at and self.pod_state == "running":
+            elif run.state == GpuState.BACKOFF and now >= run.restart_at \
+                    and self.pod_state == PodState.RUNNING:
                 self._start_worker(run, fresh_health=False)
+            elif run.state == GpuState.WAITING and self.pod_state == PodState.RUNNING:
+                self._place(run)
         self._collect_probes()
         failed = [r for r in self.runs.values() if r.health and r.health.failed()]
-        if failed and self.pod_state == "running":
+        if failed and self.pod_state == PodState.RUNNING:
             self._rollback(failed, auto=True)
-        elif self.pod_state == "running":
+        elif self.pod_state == PodState.RUNNING:
             self._check_request()
             self._announce_stage_verdict()
-            if all(r.state in (DONE, STOPPED) for r in self.runs.values()) \
+            if all(r.state in FINISHED_GPU_STATES for r in self.runs.values()) \
                     and not (self.probes is not None and self.probes.busy()):
-                self.pod_state = "done"
+                self._pod(PodEvent.ALL_DONE)
                 self.events.emit("pod_done", stage=self.stage)
         if self.sync is not None:
             self.sync.tick()
@@ -220,7 +272,7 @@ class Supervisor(PodEnding):
     def _drain(self, run: GpuRun) -> None:
         for record in run.tail.read():
             if record.get("type") == "metrics":
-                run.last_line_at = time.monotonic()
+                run.last_line_at = self.clock()
                 run.last_metrics = record
                 run.health.feed(record)
                 self._mark_verified(run)
@@ -267,44 +319,46 @@ class Supervisor(PodEnding):
         run.verified_seen = (verified, self.index.size)
         for record in self.index.pending(run.slot.gpu):
             if record.get("step") is not None and record["step"] <= verified:
-                self.index.mark(run.slot.gpu, record["sha256"], CK_PASSED,
-                                f"checks passed through step {verified} at stage {self.stage}")
+                passed = self.index.mark(run.slot.gpu, record["sha256"], CK_PASSED,
+                                         f"checks passed through step {verified} at stage "
+                                         f"{self.stage}")
+                self.backend.on_passed(run.slot.gpu, passed)
 
-    def _on_exit(self, run: GpuRun, code: int) -> None:
-        gpu = run.slot.gpu
+    def _on_exit(self, run: GpuRun, ended: WorkerExit) -> None:
+        gpu, code = run.slot.gpu, ended.code
         run.proc, run.exit_code = None, code
+        if ended.node_lost:
+            self._on_node_lost(run)
+            return
         self.events.emit("worker_exit", gpu=gpu, code=code, stage=self.stage)
-        if self.pod_state != "running":
-            run.state = STOPPED
-        elif code == 0:
-            run.state = DONE
-        elif code == EXIT_DISK_FULL:
-            run.state = GPU_FAILED
+        event = exit_event(code, self.pod_state == PodState.RUNNING)
+        if event is GpuEvent.CRASHED:
+            self._crash(run, f"exit code {code}")
+            return
+        run.apply(event)
+        if event is GpuEvent.DISK_FULL:
             self._disk_full(f"GPU {gpu}'s worker could not write (exit {code}"
                             + (f": {run.last_error}" if run.last_error else "") + ")")
-        elif code == 2:
-            run.state = GPU_FAILED
+        elif event is GpuEvent.REFUSED:
             self._fail_pod(f"GPU {gpu}: the worker refused its settings or files (exit 2); "
                            f"see logs/worker_gpu{gpu}.log", exit_code=2)
-        elif code in (3, 4):
-            run.state = GPU_FAILED
+        elif event is GpuEvent.CHECK_EXIT:
             run.health.exit_code(code)
-        else:
-            self._crash(run, f"exit code {code}")
 
     def _crash(self, run: GpuRun, reason: str) -> None:
         policy = self.plan.criteria.restarts
-        now = time.monotonic()
+        now = self.clock()
         run.restarts.append(now)
         while run.restarts and run.restarts[0] < now - policy.window_s:
             run.restarts.popleft()
         if len(run.restarts) > policy.max_restarts:
-            run.state = GPU_FAILED
+            run.apply(GpuEvent.GAVE_UP)
             run.health.fail("restarts", f"{len(run.restarts)} crashes within "
                                         f"{policy.window_s:g}s (last: {reason})")
             return
         delay = policy.backoff(len(run.restarts))
-        run.state, run.restart_at = BACKOFF, now + delay
+        run.apply(GpuEvent.CRASHED)
+        run.restart_at = now + delay
         self.events.emit("worker_crash", gpu=run.slot.gpu, reason=reason,
                          restart_in_s=delay, restarts=len(run.restarts))
 
@@ -316,10 +370,55 @@ class Supervisor(PodEnding):
             return
         self.events.emit("hang", gpu=run.slot.gpu, pid=run.proc.pid,
                          silent_s=round(now - since, 2), limit_s=limit)
-        kill(run.proc)
+        ended = self.backend.kill(run.proc)
         self._drain(run)
-        run.proc, run.exit_code = None, -9
+        run.proc, run.exit_code = None, ended.code
+        if ended.node_lost:
+            self._on_node_lost(run)
+            return
         self._crash(run, f"hang: no metrics line for {now - since:.0f}s")
+
+    # ---- node loss (a remote backend) -----------------------------------------------
+    def _on_node_lost(self, run: GpuRun) -> None:
+        """The machine under a GPU's worker is gone, with its disk: the GPU resumes from its
+        newest passed checkpoint on the hub (else where it stood at launch), exactly at that
+        checkpoint's tokens, once a node has a free device for it."""
+        gpu = run.slot.gpu
+        run.apply(GpuEvent.NODE_LOST)
+        self.events.emit("node_lost", gpu=gpu, node=run.node, stage=self.stage)
+        for record in self.index.pending(gpu):     # never judged; their disk is gone
+            self.index.mark(gpu, record["sha256"], CK_FAILED, f"lost with node {run.node}")
+        from_token = self.manifest.entries.get(gpu, {}).get("start_token")
+        target = self.backend.hub_copy(gpu)
+        if target is not None:
+            apply_rollback(self.manifest, gpu, target, self.stage)
+            self.manifest.entries[gpu]["hub_revision"] = target["hub_revision"]
+        elif self.launch_entries.get(gpu):
+            self.manifest.entries[gpu] = dict(self.launch_entries[gpu])
+        else:
+            self.manifest.entries.pop(gpu, None)    # nothing kept anywhere: a fresh start
+        entry = self.manifest.entries.get(gpu) or {}
+        if entry.get("checkpoint") and not entry.get("hub_revision"):
+            run.apply(GpuEvent.GAVE_UP)
+            run.health.fail("node_lost", f"node {run.node} was lost and the hub holds no "
+                                         f"checkpoint of GPU {gpu} to resume from")
+            return
+        write_manifest(self.manifest)
+        self.events.emit("resume_point", gpu=gpu, from_token=from_token,
+                         to_token=entry.get("start_token", 0),
+                         checkpoint=entry.get("checkpoint"),
+                         hub_revision=entry.get("hub_revision"), reason="node lost")
+        run.announced_wait = False
+        self._place(run)
+
+    def _place(self, run: GpuRun) -> None:
+        """Start a WAITING GPU once a node has a free device; until then it waits, visibly."""
+        if self.backend.can_place(run.slot):
+            self._start_worker(run, fresh_health=False)
+        elif not run.announced_wait:
+            run.announced_wait = True
+            self.events.emit("gpu_waiting", gpu=run.slot.gpu, stage=self.stage,
+                             reason="no node has a free device; waiting for one to join")
 
     # ---- stage verdicts, rollback, stop -------------------------------------------
     def _announce_stage_verdict(self) -> None:
@@ -346,7 +445,7 @@ class Supervisor(PodEnding):
             self._fail_pod(f"{why} (GPU {failed[0].slot.gpu}: "
                            f"{failed[0].health.verdict().reason})", exit_code=1)
             return
-        self.pod_state = "rolling_back"
+        self._pod(PodEvent.ROLLBACK)
         self._write_state(force=True)
         self._stop_workers(kill_gpus={r.slot.gpu for r in failed})
         for run in failed:

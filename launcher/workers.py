@@ -52,6 +52,10 @@ class WorkerSpec:
     fault: str | None = None           # FRACTUS_FAULT, tests only
     stage: int | None = None           # STAGE: shown in TensorBoard only
     run_id: str | None = None          # RUN_ID: the manifest's run, recorded in checkpoints
+    # The bytes ckpt_in must hold and the hub revision holding them: a remote backend's
+    # node pulls the file when its own disk lacks it.
+    ckpt_sha256: str | None = None
+    ckpt_revision: str | None = None
 
 
 def build_env(config: PodConfig, spec: WorkerSpec, base: dict | None = None) -> dict:

@@ -1,0 +1,147 @@
+"""A WorkerBackend with no processes, for fast tests of the supervision logic.
+
+Each "worker" is a record the test drives: it writes the metrics and checkpoint lines a
+real worker would (into the pod's metrics file, which the supervisor tails as usual),
+exits with a code, hangs by staying silent, or loses its node. SIGTERM makes it checkpoint
+and exit 0, as the real worker does, unless the test told it to ignore signals.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from launcher.supervise.backend import WorkerBackend, WorkerExit, WorkerHandle
+from launcher.workers import WorkerSpec
+
+TOKENS_PER_STEP = 64
+
+
+@dataclass(eq=False)
+class FakeWorker(WorkerHandle):
+    spec: WorkerSpec | None = None
+    step: int = 0
+    next_token: int = 0
+    ended: WorkerExit | None = None
+    signals: list = field(default_factory=list)
+    ignores_sigterm: bool = False
+
+
+class FakeBackend(WorkerBackend):
+    name = "fake"
+
+    def __init__(self, pod_dir: Path, nodes: dict[str, int] | None = None):
+        super().__init__(pod_dir)
+        self.pids = itertools.count(1000)
+        self.started: list[FakeWorker] = []
+        self.passed: list[tuple[int, dict]] = []
+        self.hub: dict[int, dict] = {}
+        self.free = dict(nodes or {"node-a": 8})       # node -> free devices
+        self.closed = False
+
+    # ---- the backend interface -------------------------------------------------------
+    def start(self, spec: WorkerSpec) -> FakeWorker:
+        node = next((n for n, free in sorted(self.free.items()) if free > 0), None)
+        assert node is not None, "started with no free device"
+        self.free[node] -= 1
+        worker = FakeWorker(spec.slot.gpu, next(self.pids), node, spec=spec,
+                            next_token=spec.start_token or 0,
+                            step=(spec.start_token or 0) // TOKENS_PER_STEP)
+        self.started.append(worker)
+        self.line(worker, {"type": "event", "event": "start", "next_token": worker.next_token,
+                           "step": worker.step})
+        return worker
+
+    def poll(self, handle: FakeWorker) -> WorkerExit | None:
+        return handle.ended
+
+    def signal(self, handle: FakeWorker, signum: int) -> None:
+        handle.signals.append(signum)
+
+    def kill(self, handle: FakeWorker) -> WorkerExit:
+        handle.signals.append(signal.SIGKILL)
+        self._end(handle, WorkerExit(-9))
+        return handle.ended
+
+    def stop(self, handles, grace_s):
+        for handle in handles:
+            handle.signals.append(signal.SIGTERM)
+            if handle.ended is None and not handle.ignores_sigterm:
+                self.checkpoint(handle)
+                self._end(handle, WorkerExit(0))
+            elif handle.ended is None:
+                self._end(handle, WorkerExit(-9))      # SIGKILL after the grace
+        return {h.gpu: h.ended for h in handles}
+
+    def can_place(self, slot) -> bool:
+        return any(free > 0 for free in self.free.values())
+
+    def hub_copy(self, gpu: int) -> dict | None:
+        return self.hub.get(gpu)
+
+    def on_passed(self, gpu: int, record: dict) -> None:
+        self.passed.append((gpu, record))
+
+    def close(self, abandoned=lambda: False) -> None:
+        self.closed = True
+
+    # ---- what the test makes a worker do ------------------------------------------------
+    def current(self, gpu: int) -> FakeWorker:
+        return [w for w in self.started if w.gpu == gpu][-1]
+
+    def line(self, worker: FakeWorker, record: dict) -> None:
+        path = self.metrics_file(worker.gpu)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as f:
+            f.write(json.dumps({"gpu": worker.gpu, **record}) + "\n")
+
+    def train(self, gpu: int, steps: int, tf: float = 5.0, lb: float = 2.0) -> None:
+        worker = self.current(gpu)
+        for _ in range(steps):
+            worker.step += 1
+            worker.next_token += TOKENS_PER_STEP
+            self.line(worker, {"type": "metrics", "step": worker.step,
+                               "next_token": worker.next_token, "tf": tf, "ema_tf": tf,
+                               "ss": tf, "ema_ss": tf, "lb": lb, "grad_norm": 1.0})
+
+    def checkpoint(self, worker: FakeWorker | int) -> dict:
+        worker = self.current(worker) if isinstance(worker, int) else worker
+        path = self.pod_dir / "checkpoints" / f"fractus_1b_gpu{worker.gpu}.pt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        payload = f"gpu{worker.gpu} token{worker.next_token}".encode()
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_bytes(payload)
+        os.replace(tmp, path)
+        event = {"type": "event", "event": "checkpoint", "path": str(path),
+                 "sha256": hashlib.sha256(payload).hexdigest(), "bytes": len(payload),
+                 "next_token": worker.next_token, "step": worker.step, "ema_tf": 5.0,
+                 "lb": 2.0}
+        self.line(worker, event)
+        return event
+
+    def event(self, gpu: int, name: str, **fields) -> None:
+        self.line(self.current(gpu), {"type": "event", "event": name, **fields})
+
+    def exit(self, gpu: int, code: int) -> None:
+        self._end(self.current(gpu), WorkerExit(code))
+
+    def lose_node(self, node: str) -> None:
+        """The machine is gone: its devices with it, its workers ended."""
+        self.free.pop(node, None)
+        for worker in self.started:
+            if worker.node == node and worker.ended is None:
+                worker.ended = WorkerExit(None, node_lost=True)
+
+    def add_node(self, node: str, devices: int) -> None:
+        self.free[node] = devices
+
+    def _end(self, worker: FakeWorker, ended: WorkerExit) -> None:
+        if worker.ended is None:
+            worker.ended = ended
+            if worker.node in self.free:
+                self.free[worker.node] += 1

@@ -1,0 +1,326 @@
+"""The supervision state machine driven through a fake backend: no processes, a fake clock.
+
+Every transition of a GPU and of the pod (start, crash and restart, the restart budget,
+hang, NaN, refused settings, rollback, stop, --max-time, the canary gate, node loss with
+its resume from the hub, waiting for a node, done) is exercised through the real
+Supervisor, health checks, checkpoint index, manifest and event log.
+"""
+
+import signal
+
+import pytest
+import yaml
+
+from launcher.ckpt_index import FAILED, PASSED, CheckpointIndex
+from launcher.events import EventLog, read_events
+from launcher.manifest import read_manifest
+from launcher.podconfig import init_pod
+from launcher.prepare import load_plan
+from launcher.state import read_pod_state
+from launcher.supervise.state import (
+    GpuEvent,
+    GpuState,
+    IllegalTransition,
+    PodEvent,
+    PodState,
+    exit_event,
+    transition,
+)
+from launcher.supervisor import Supervisor
+from tests.support.fake_backend import TOKENS_PER_STEP, FakeBackend
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(scope="module")
+def pod_template(tmp_path_factory):
+    pod = tmp_path_factory.mktemp("template") / "pod"
+    init_pod(pod, "tiny-cpu")
+    criteria = pod / "manifests" / "trusted_loss.yaml"
+    doc = yaml.safe_load(criteria.read_text())
+    doc["probe"]["every"] = 0            # no probe processes: this module starts none
+    criteria.write_text(yaml.safe_dump(doc))
+    return pod
+
+
+@pytest.fixture
+def make(tmp_path, pod_template):
+    import shutil
+
+    def build(stage=3, nodes=None, max_time=None):
+        pod = tmp_path / "pod"
+        if not pod.exists():
+            shutil.copytree(pod_template, pod)
+        plan, manifest = load_plan(pod, stage, "cpu:2", None, max_time=max_time)
+        backend, clock = FakeBackend(pod, nodes), Clock()
+        sup = Supervisor(plan, manifest, CheckpointIndex(pod), EventLog(pod), backend=backend,
+                         clock=clock)
+        return sup, backend, clock
+    return build
+
+
+def events(sup, name, **match):
+    return [e for e in read_events(sup.pod_dir) if e["event"] == name
+            and all(e.get(k) == v for k, v in match.items())]
+
+
+def pod_state(sup) -> dict:
+    """logs/pod_state.json as `status` reads it (written now: the loop throttles writes)."""
+    sup._write_state(force=True)
+    return read_pod_state(sup.pod_dir)
+
+
+def passed_checkpoint(sup, backend, gpu) -> dict:
+    """Train GPU `gpu` to a checkpoint at step 50 and on to step 101, where the periodic
+    checks (every 100 steps from the first line) vouch for it."""
+    backend.train(gpu, 50)
+    event = backend.checkpoint(gpu)
+    backend.train(gpu, 51)
+    sup.step()
+    record = sup.index.records[(gpu, event["sha256"])]
+    assert record["verdict"] == PASSED
+    return event
+
+
+def test_the_transition_table_refuses_what_it_does_not_list():
+    assert transition(GpuState.PENDING, GpuEvent.STARTED) is GpuState.RUNNING
+    assert transition(GpuState.RUNNING, GpuEvent.NODE_LOST) is GpuState.WAITING
+    assert transition(PodState.RUNNING, PodEvent.ROLLBACK) is PodState.ROLLING_BACK
+    with pytest.raises(IllegalTransition, match="RUNNING has no transition on GpuEvent.STARTED"):
+        transition(GpuState.RUNNING, GpuEvent.STARTED)
+    with pytest.raises(IllegalTransition):
+        transition(GpuState.DONE, GpuEvent.CRASHED)
+    with pytest.raises(IllegalTransition):
+        transition(PodState.FAILED, PodEvent.STARTED)
+    assert [exit_event(c, True) for c in (0, 1, 2, 3, 4, -9)] == [
+        GpuEvent.FINISHED, GpuEvent.CRASHED, GpuEvent.REFUSED, GpuEvent.CHECK_EXIT,
+        GpuEvent.CHECK_EXIT, GpuEvent.CRASHED]
+    assert exit_event(1, pod_running=False) is GpuEvent.STOPPED
+    assert str(GpuState.WAITING) == "waiting" and f"{PodState.CANARY}" == "canary"
+
+
+def test_start_then_every_worker_done_is_a_done_pod(make):
+    sup, backend, clock = make()
+    sup._start_all()
+    assert sup.pod_state is PodState.RUNNING
+    assert {g: r.state for g, r in sup.runs.items()} == {0: "running", 1: "running"}
+    assert [e["gpu"] for e in events(sup, "worker_start")] == [0, 1]
+    backend.exit(0, 0)
+    sup.step()
+    assert sup.runs[0].state is GpuState.DONE and sup.pod_state is PodState.RUNNING
+    backend.exit(1, 0)
+    sup.step()
+    assert sup.pod_state is PodState.DONE and events(sup, "pod_done")
+    state = pod_state(sup)
+    assert state["gpus"]["0"]["state"] == "done" and state["gpus"]["0"]["node"] == "node-a"
+
+
+def test_a_crash_backs_off_then_restarts_from_the_last_checkpoint(make):
+    sup, backend, clock = make()
+    sup._start_all()
+    backend.train(0, 10)
+    ckpt = backend.checkpoint(0)
+    backend.exit(0, 1)
+    sup.step()
+    run = sup.runs[0]
+    assert run.state is GpuState.BACKOFF and run.exit_code == 1
+    (crash,) = events(sup, "worker_crash", gpu=0)
+    assert crash["restart_in_s"] == 2.0 and crash["reason"] == "exit code 1"
+    clock.now += 1.9
+    sup.step()
+    assert run.state is GpuState.BACKOFF            # not before its backoff
+    clock.now += 0.2
+    sup.step()
+    assert run.state is GpuState.RUNNING
+    assert backend.current(0).spec.start_token == ckpt["next_token"] == 10 * TOKENS_PER_STEP
+    assert len(events(sup, "worker_start", gpu=0)) == 2
+
+
+def test_crashes_past_the_budget_fail_the_gpu_and_at_stage_1_the_pod(make):
+    sup, backend, clock = make(stage=1)
+    sup._start_all()
+    for _ in range(4):                   # max_restarts: 3
+        backend.exit(0, 1)
+        sup.step()
+        clock.now += 120
+        sup.step()
+    assert sup.runs[0].state is GpuState.STOPPED    # failed, then stopped with the pod
+    assert sup.pod_state is PodState.FAILED and sup.exit_code == 1
+    (failed,) = events(sup, "pod_failed")
+    assert "4 crashes within 900s" in failed["reason"]
+    assert backend.current(1).signals == [signal.SIGTERM]   # the healthy GPU saved
+
+
+def test_a_silent_worker_is_killed_as_hung_and_restarted(make):
+    sup, backend, clock = make()
+    sup._start_all()
+    backend.train(0, 5)
+    backend.train(1, 5)
+    sup.step()
+    clock.now += 599
+    backend.train(1, 1)          # GPU 1 keeps talking
+    sup.step()
+    assert sup.runs[0].state is GpuState.RUNNING
+    clock.now += 2
+    sup.step()
+    hung = backend.started[0]
+    assert hung.signals == [signal.SIGKILL] and sup.runs[0].state is GpuState.BACKOFF
+    (hang,) = events(sup, "hang", gpu=0)
+    assert hang["limit_s"] == 600 and hang["pid"] == hung.pid
+    assert sup.runs[1].state is GpuState.RUNNING
+
+
+def test_exit_2_fails_the_pod_with_exit_2(make):
+    sup, backend, clock = make()
+    sup._start_all()
+    backend.exit(1, 2)
+    sup.step()
+    assert sup.pod_state is PodState.FAILED and sup.exit_code == 2
+    assert "refused its settings" in events(sup, "pod_failed")[0]["reason"]
+
+
+def test_nan_rolls_the_gpu_back_to_its_passed_checkpoint_and_the_pod_down_a_stage(make):
+    sup, backend, clock = make(stage=3)
+    sup._start_all()
+    good = passed_checkpoint(sup, backend, 0)
+    backend.train(0, 10)
+    backend.checkpoint(0)                 # pending: never vouched for
+    backend.train(1, 30)
+    backend.event(0, "nan", step=112)
+    sup.step()
+    assert events(sup, "check_failed", gpu=0)
+    (rollback,) = events(sup, "rollback", gpu=0)
+    assert rollback["to_token"] == good["next_token"] and rollback["to_stage"] == 2
+    first_0, first_1 = backend.started[0], backend.started[1]
+    assert first_0.signals == [signal.SIGKILL] and first_1.signals == [signal.SIGTERM]
+    assert sup.stage == 2 and sup.pod_state is PodState.RUNNING and sup.rolled_back
+    manifest = read_manifest(sup.pod_dir / sup.plan.config.manifest)
+    assert manifest.entries[0]["start_token"] == good["next_token"]
+    assert manifest.entries[0]["stage"] == 2
+    assert manifest.entries[1]["start_token"] == 30 * TOKENS_PER_STEP    # kept its progress
+    assert [r["verdict"] for r in sup.index.for_gpu(0)] == [PASSED, FAILED]
+    assert backend.current(0).spec.start_token == good["next_token"]
+    assert backend.current(0).spec.stage == 2 and len(backend.started) == 4
+
+    backend.event(0, "nan", step=200)          # a second failure: no loop
+    sup.step()
+    assert sup.pod_state is PodState.FAILED and sup.exit_code == 1
+    assert "failed after a rollback" in events(sup, "pod_failed")[0]["reason"]
+
+
+def test_exit_3_at_stage_1_fails_the_pod(make):
+    sup, backend, clock = make(stage=1)
+    sup._start_all()
+    backend.exit(0, 3)
+    sup.step()
+    assert sup.pod_state is PodState.FAILED and sup.exit_code == 1
+    assert "NaN" in events(sup, "pod_failed")[0]["reason"]
+
+
+def test_stop_checkpoints_every_worker_and_records_where_each_resumes(make):
+    sup, backend, clock = make()
+    sup._start_all()
+    backend.train(0, 7)
+    backend.train(1, 9)
+    sup.stop_reason = "SIGTERM received"
+    sup.step()
+    assert sup.pod_state is PodState.STOPPED
+    assert all(w.signals == [signal.SIGTERM] for w in backend.started)
+    assert {r.state for r in sup.runs.values()} == {GpuState.STOPPED}
+    manifest = read_manifest(sup.pod_dir / sup.plan.config.manifest)
+    assert manifest.entries[0]["start_token"] == 7 * TOKENS_PER_STEP
+    assert manifest.entries[1]["start_token"] == 9 * TOKENS_PER_STEP
+    assert [e["code"] for e in events(sup, "worker_exit")] == [0, 0]
+
+
+def test_max_time_stops_the_pod(make):
+    sup, backend, clock = make(max_time=60)
+    sup._start_all()
+    deadline = clock.now + sup.plan.max_time
+    sup.step(deadline)
+    assert sup.pod_state is PodState.RUNNING
+    clock.now += 61
+    sup.step(deadline)
+    assert sup.pod_state is PodState.STOPPED
+    assert "--max-time" in events(sup, "pod_stopped")[0]["reason"]
+
+
+def test_the_canary_gate_passes_or_refuses_before_anything_starts(make):
+    sup, backend, clock = make()
+    seen = []
+    sup.gate(lambda: seen.append(read_pod_state(sup.pod_dir)["pod_state"]))
+    assert seen == ["canary"] and sup.pod_state is PodState.STARTING
+
+    sup, backend, clock = make()
+
+    def refuse():
+        raise RuntimeError("canary FAILED: stage 3 does not continue stage 2's curve")
+    with pytest.raises(RuntimeError):
+        sup.gate(refuse)
+    assert sup.pod_state is PodState.STOPPED and not backend.started
+    state = read_pod_state(sup.pod_dir)
+    assert state["pod_state"] == "stopped" and "canary FAILED" in state["reason"]
+
+
+def test_a_lost_node_resumes_its_gpu_on_a_free_node_from_the_hub_copy(make):
+    sup, backend, clock = make(nodes={"node-a": 1, "node-b": 2})
+    sup._start_all()
+    assert [w.node for w in backend.started] == ["node-a", "node-b"]
+    on_hub = passed_checkpoint(sup, backend, 0)
+    gpu0_passed = [r for g, r in backend.passed if g == 0]
+    assert gpu0_passed and gpu0_passed[-1]["sha256"] == on_hub["sha256"]
+    backend.hub[0] = {**gpu0_passed[-1], "path": "checkpoints/fractus_1b_gpu0.pt",
+                      "hub_revision": "rev-1"}
+    backend.train(0, 20)
+    backend.checkpoint(0)                  # pending, on node-a's disk only
+    sup.step()
+    backend.lose_node("node-a")
+    sup.step()
+    run = sup.runs[0]
+    assert run.state is GpuState.RUNNING and run.node == "node-b"
+    (lost,) = events(sup, "node_lost", gpu=0)
+    assert lost["node"] == "node-a"
+    (point,) = events(sup, "resume_point", gpu=0)
+    assert point["to_token"] == on_hub["next_token"] == 50 * TOKENS_PER_STEP
+    assert point["from_token"] == 121 * TOKENS_PER_STEP and point["hub_revision"] == "rev-1"
+    spec = backend.current(0).spec
+    assert (spec.start_token, spec.ckpt_sha256, spec.ckpt_revision) == \
+        (on_hub["next_token"], on_hub["sha256"], "rev-1")
+    assert sup.index.pending(0) == []      # the lost node's unjudged checkpoint
+    manifest = read_manifest(sup.pod_dir / sup.plan.config.manifest)
+    assert manifest.entries[0]["start_token"] == on_hub["next_token"]
+    assert manifest.entries[0]["hub_revision"] == "rev-1"
+    assert sup.runs[1].state is GpuState.RUNNING and len(backend.started) == 3
+
+
+def test_a_lost_node_with_no_free_device_waits_visibly_until_a_node_joins(make):
+    sup, backend, clock = make(nodes={"node-a": 1, "node-b": 1})
+    sup._start_all()
+    backend.lose_node("node-a")
+    sup.step()
+    sup.step()
+    assert sup.runs[0].state is GpuState.WAITING
+    assert len(events(sup, "gpu_waiting", gpu=0)) == 1          # said once
+    assert pod_state(sup)["gpus"]["0"]["state"] == "waiting"
+    # Nothing of GPU 0 was ever kept: it starts over from token 0, not from a lost file.
+    assert events(sup, "resume_point", gpu=0)[0]["to_token"] == 0
+    backend.add_node("node-c", 1)
+    sup.step()
+    assert sup.runs[0].state is GpuState.RUNNING and sup.runs[0].node == "node-c"
+    assert backend.current(0).spec.start_token is None
+
+
+def test_a_lost_node_whose_checkpoint_the_hub_lacks_fails_that_gpu(make):
+    sup, backend, clock = make(stage=1, nodes={"node-a": 1, "node-b": 1})
+    sup.launch_entries[0] = {"start_token": 640, "checkpoint": "checkpoints/x.pt"}
+    sup._start_all()
+    backend.lose_node("node-a")
+    sup.step()
+    assert sup.pod_state is PodState.FAILED
+    assert "hub holds no checkpoint of GPU 0" in events(sup, "pod_failed")[0]["reason"]
