@@ -100,11 +100,15 @@ def _parse_faults(values: tuple[str, ...]) -> dict[int, str]:
               help="With --from-hub: the hub revision to rebuild from (default: the newest).")
 @click.option("--no-canary", is_flag=True,
               help="Switch to a higher --stage without the canary (recorded in the events).")
+@click.option("--ray", "ray_address", default=None, metavar="ADDRESS",
+              help="Run the workers on the Ray cluster at ADDRESS (host:port), one actor per "
+                   "GPU across its nodes (default: the pod config's ray: address, else "
+                   "child processes on this machine).")
 @click.option("--fault", "faults", multiple=True, hidden=True,
               help="Tests only: GPU:KIND@STEP fault injection on that worker's first start.")
 @click.pass_context
 def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, revision,
-           no_canary, faults) -> None:
+           no_canary, ray_address, faults) -> None:
     """Validate everything, then start one worker per GPU and supervise them."""
     from launcher.ckpt_index import CheckpointIndex
     from launcher.events import EventLog
@@ -129,6 +133,8 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
         _rebuild(pod_dir, from_hub, revision)
     plan, manifest = load_plan(pod_dir, stage, devices, gpus, max_time, max_steps,
                                _parse_faults(faults))
+    from launcher.supervise.ray_settings import RaySettings
+    ray_settings = RaySettings.parse(plan.config.ray, ray_address)
     from launcher.canary import load_canary_settings
     from launcher.probe_check import load_probe_tolerance
     load_canary_settings(pod_dir / plan.config.criteria)   # refuse a bad canary: / probe: now
@@ -167,6 +173,8 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
             _daemonize(pod_dir)
             events.mirror = EventsToTensorBoard(pod_dir)
             lock.record_holder()
+        if ray_settings is not None:       # after the fork: a Ray driver does not survive one
+            supervisor.use_backend(_ray_backend(pod_dir, plan, ray_settings, events))
         stage = plan.stages[plan.stage]
         click.echo(f"pod {pod_dir}: stage {plan.stage} ({stage.name}), "
                    f"{len(plan.slots)} worker(s) on {plan.slots[0].device}"
@@ -181,6 +189,19 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
             events.mirror.close()
         lock.release()
     sys.exit(code)
+
+
+def _ray_backend(pod_dir: Path, plan, settings, events):
+    try:
+        from launcher.supervise.ray_backend import RayBackend
+    except ImportError:
+        raise UserError("--ray needs Ray: pip install 'fractus-pod[ray]'") from None
+    try:
+        return RayBackend(pod_dir, plan.config, settings, events)
+    except ConnectionError as exc:
+        raise UserError(f"ray: cannot reach the cluster at {settings.address} "
+                        f"({' '.join(str(exc).split())[:200]}); is `ray start` running "
+                        f"there?") from None
 
 
 def _rebuild(pod_dir: Path, url: str, revision: str | None) -> None:

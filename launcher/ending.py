@@ -18,7 +18,7 @@ from launcher.failed_resume import restore_passed
 from launcher.health import FAILED
 from launcher.manifest import write_manifest
 from launcher.progress import progress
-from launcher.supervise.state import GpuEvent, PodEvent
+from launcher.supervise.state import GpuEvent, PodEvent, PodState
 
 
 class PodEnding:
@@ -72,7 +72,7 @@ class PodEnding:
         make progress. Workers stop (each checkpoints if it still can; saves are atomic,
         so the last checkpoint stays valid), the reserve is freed, and the failure is
         recorded where people look: the pod_failed event and `status`."""
-        if self.pod_state in ("failing", "failed"):
+        if self.pod_state in (PodState.FAILING, PodState.FAILED):
             return
         reason = f"disk full: {what}; free space on {self.pod_dir}, then launch again"
         self.backend.stop([r.proc for r in self.runs.values() if r.proc is not None],

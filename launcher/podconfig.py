@@ -50,6 +50,9 @@ class PodConfig:
     sync: dict = field(default_factory=lambda: {"interval": 3600})
     # `init` writes synthetic shards with these (tiny preset); unused otherwise.
     demo_data: dict | None = None
+    # Run the workers on a Ray cluster (launcher/supervise/ray_backend.py): address,
+    # workdir, resource. None: child processes of the launcher on this machine.
+    ray: dict | None = None
 
     def shard_path(self, gpu: int) -> str:
         return self.shards.format(i=gpu)
@@ -170,7 +173,7 @@ def _check_types(data: dict, source: str) -> None:
     defaults = PodConfig()
     for key, value in data.items():
         default = getattr(defaults, key)
-        if value is None and key in ("hub", "demo_data"):
+        if value is None and key in ("hub", "demo_data", "ray"):
             continue
         expected = type(default) if default is not None else (str if key == "hub" else dict)
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
@@ -197,6 +200,8 @@ def load_config(pod_dir: Path) -> PodConfig:
     config = PodConfig(**data)
     config.env = {str(k): str(v) for k, v in config.env.items()}
     SyncSettings.parse(config.sync, f"{path}: sync")    # fail early on a bad sync policy
+    from launcher.supervise.ray_settings import RaySettings
+    RaySettings.check(config.ray, source=f"{path}: ray")
     parse_devices(config.devices)      # fail early on a malformed devices string
     return config
 

@@ -112,7 +112,7 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8) -> dict:
             next_token = entry.get("start_token", metrics.get("next_token"))
         ckpt = pod_dir / entry["checkpoint"] if entry.get("checkpoint") else None
         ckpt_age = now - ckpt.stat().st_mtime if ckpt is not None and ckpt.exists() else None
-        pid = live.get("pid")
+        pid, node = live.get("pid"), live.get("node")
         verdict, reason = last.get("verdict"), last.get("reason")
         if state is None and verdict in (PENDING, RUNNING):
             # Nothing measures any more: the last run's checks stopped where it stopped.
@@ -120,7 +120,9 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8) -> dict:
         rows.append({
             "gpu": gpu,
             "pid": pid,
-            "alive": _alive(pid),
+            "node": node,
+            # A pid on another machine (a Ray node) cannot be checked from here.
+            "alive": _alive(pid) if node is None else live.get("state") == "running",
             "state": live.get("state", "not running"),
             "stage": entry.get("stage"),
             "next_token": next_token,
@@ -268,12 +270,12 @@ def render(report: dict):
         parts.append(Text(f"manifest also lists {names}, which this pod's devices "
                           f"({report['devices']}) do not run: kept, not shown", style="yellow"))
     table = Table(show_header=True, header_style="bold")
-    for col in ("GPU", "pid", "state", "stage", "next_token", "shard %", "ema_tf", "ema_ss",
+    for col in ("GPU", "pid", "NODE", "state", "stage", "next_token", "shard %", "ema_tf", "ema_ss",
                 "lb", "tok/s", "mem GB", "ckpt age", "hub rev", "verdict", "reason"):
         table.add_column(col, overflow="fold")
     for r in report["gpus"]:
         pid = f"{r['pid']}{'' if r['alive'] else ' (dead)'}" if r["pid"] else "-"
-        table.add_row(str(r["gpu"]), pid, r["state"], _fmt(r["stage"]),
+        table.add_row(str(r["gpu"]), pid, _fmt(r.get("node"))[:12], r["state"], _fmt(r["stage"]),
                       _fmt(r["next_token"], ","), _fmt(r["shard_pct"], ".2f"),
                       _fmt(r["ema_tf"], ".4f"), _fmt(r["ema_ss"], ".4f"), _fmt(r["lb"], ".3f"),
                       _fmt(r["tok_s"], ".0f"), _fmt(r["mem_gb"], ".2f"),

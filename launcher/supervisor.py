@@ -97,9 +97,22 @@ class Supervisor(PodEnding):
         self.reserve: DiskReserve | None = None     # made by run(): it writes a file
         # ValueError for a malformed hub URL: the CLI reports it before anything starts.
         self.sync = (HubSync(self.pod_dir, plan.config, manifest, index, events)
-                     if plan.config.hub and backend.name == "local" else None)
+                     if plan.config.hub else None)
         self.probes = ProbeMonitor.from_criteria(self.pod_dir, self.pod_dir / plan.config.criteria,
                                                  model=plan.config.model)
+
+    def use_backend(self, backend: WorkerBackend) -> None:
+        """Run the workers on `backend` instead (chosen after a --detach fork). A remote
+        backend's nodes push their own checkpoints: the launcher's hub sync stands down."""
+        self.backend = backend
+        self.runs = {g: GpuRun(r.slot, MetricsTail(backend.metrics_file(g)))
+                     for g, r in self.runs.items()}
+        if backend.name != "local":
+            self.sync = None
+            if self.probes is not None:      # a probe reads the checkpoint on this machine
+                self.probes = None
+                self.events.emit("probes_off", reason="AR probes read checkpoints on the "
+                                 "launcher's disk; on a remote backend they stay on the nodes")
 
     # ---- states ---------------------------------------------------------------------
     def _pod(self, event: PodEvent) -> None:
@@ -234,8 +247,11 @@ class Supervisor(PodEnding):
     # ---- the poll loop ------------------------------------------------------------
     def _poll(self) -> None:
         self.backend.pump()
+        self._note_pushed()
         now = self.clock()
         for run in self.runs.values():
+            if run.proc is not None and run.proc.node:
+                run.node = run.proc.node        # known once a remote backend placed it
             self._drain(run)
             ended = self.backend.poll(run.proc) if run.proc is not None else None
             if ended is not None:
@@ -378,6 +394,23 @@ class Supervisor(PodEnding):
             return
         self._crash(run, f"hang: no metrics line for {now - since:.0f}s")
 
+    def _note_pushed(self) -> None:
+        """A node pushed a passed checkpoint: the manifest notes its hub revision where the
+        entry still names those bytes (as launcher/sync.py does for the launcher's pushes)."""
+        noted = []
+        for copy in self.backend.take_pushed():
+            gpu = copy["gpu"]
+            entry = self.manifest.entries.get(gpu)
+            if entry and entry.get("checkpoint_sha256") == copy["sha256"]:
+                entry["hub_revision"] = copy["hub_revision"]
+                noted.append(gpu)
+            self.events.emit("sync_pushed", reason="node", gpu=gpu, node=copy.get("node"),
+                             revision=copy["hub_revision"],
+                             tokens={gpu: int(copy["next_token"])}, files=1,
+                             hub_revision_for=[gpu] if gpu in noted else [])
+        if noted:
+            write_manifest(self.manifest)
+
     # ---- node loss (a remote backend) -----------------------------------------------
     def _on_node_lost(self, run: GpuRun) -> None:
         """The machine under a GPU's worker is gone, with its disk: the GPU resumes from its
@@ -453,7 +486,8 @@ class Supervisor(PodEnding):
             for record in self.index.pending(gpu):
                 self.index.mark(gpu, record["sha256"], CK_FAILED,
                                 f"GPU failed at stage {from_stage} before this was verified")
-            target = self.index.newest_passed(gpu)
+            # On a remote backend the passed file is on a node's disk: its hub copy serves.
+            target = self.index.newest_passed(gpu) or self.backend.hub_copy(gpu)
             if target is None:
                 self._fail_pod(f"GPU {gpu} failed and has no passed checkpoint to restore",
                                exit_code=1)
@@ -463,6 +497,8 @@ class Supervisor(PodEnding):
                              to_token=target["next_token"], checkpoint=target["path"],
                              reason=run.health.verdict().reason, automatic=auto)
             apply_rollback(self.manifest, gpu, target, target_stage)
+            if target.get("hub_revision"):
+                self.manifest.entries[gpu]["hub_revision"] = target["hub_revision"]
         write_manifest(self.manifest)
         self.rolled_back = self.rolled_back or auto
         self.events.emit("stage_change", from_stage=from_stage, to_stage=target_stage,

@@ -82,8 +82,9 @@ class WorkerBackend(ABC):
     def on_passed(self, gpu: int, record: dict) -> None:
         """A checkpoint of `gpu` passed its checks (a remote backend pushes it to the hub)."""
 
+    def take_pushed(self) -> list[dict]:
+        """Checkpoints pushed to the hub since the last call: hub_copy records plus "node"."""
+        return []
+
     def close(self, abandoned=lambda: False) -> None:
         """The run ended: finish what is in flight and release the backend's resources."""
-
-    def worker_exists(self, handle: WorkerHandle) -> bool:
-        return handle is not None

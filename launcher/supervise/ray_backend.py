@@ -1,0 +1,275 @@
+"""`RayBackend`: each GPU's worker runs on a node of a Ray cluster; the launcher is the driver.
+
+One actor per GPU (launcher/supervise/ray_node.py) takes one device of a node (`num_gpus=1`
+for cuda devices; one CPU, or the configured custom resource, on the CPU demo), spread
+over the nodes, and runs the same worker program with the same environment as the local
+backend. Ray only places processes: it joins them into no process group (no torchrun).
+
+Once per poll the launcher collects every actor's new metrics lines in one round trip and
+appends them to logs/metrics_gpu{i}.jsonl in the pod directory, so checks, verdicts,
+rollback and the manifest work exactly as on one machine. A checkpoint that passes is
+pushed to the hub by the node that holds it (`on_passed`); the launcher notes the
+revision (`take_pushed`).
+
+A node lost (Ray reports the GPU's actor dead: `ActorDiedError`) ends the GPU's worker
+with `WorkerExit(node_lost=True)`; the supervisor then resumes the GPU from its newest
+passed checkpoint on the hub (`hub_copy`) on a node with a free device (`can_place`), or
+it waits until a node joins.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from launcher.events import EventLog
+from launcher.podconfig import PodConfig, Slot
+from launcher.supervise.backend import WorkerBackend, WorkerExit, WorkerHandle
+from launcher.supervise.ray_node import NodeWorker
+from launcher.supervise.ray_settings import RaySettings
+from launcher.workers import WorkerSpec, build_env
+
+POLL_WAIT_S = 5.0          # a node slower than this to answer is asked again next poll
+CALL_TIMEOUT_S = 120.0     # kill / a single stop beyond its grace
+PUSH_WAIT_S = 1800.0       # the last pushes of a run, at its end
+
+
+@dataclass(eq=False)
+class RayHandle(WorkerHandle):
+    actor: object = None
+    start_ref: object = None          # the actor's start() until it answers
+    poll_ref: object = None           # the poll in flight (never dropped: it carries lines)
+    ended: WorkerExit | None = None
+
+
+@dataclass
+class _Push:
+    ref: object
+    record: dict
+    node: str | None
+    started: float = field(default_factory=time.time)
+
+
+class RayBackend(WorkerBackend):
+    name = "ray"
+    files_here = False        # checkpoints are on the nodes; a node fetches what it lacks
+
+    def __init__(self, pod_dir: Path, config: PodConfig, settings: RaySettings,
+                 events: EventLog):
+        import ray
+        super().__init__(pod_dir)
+        self.ray, self.config, self.settings, self.events = ray, config, settings, events
+        if not ray.is_initialized():
+            ray.init(address=settings.address, log_to_driver=False, logging_level="WARNING",
+                     configure_logging=False)
+        self.actor_class = ray.remote(NodeWorker)
+        self.handles: dict[int, RayHandle] = {}
+        self.actors: dict[int, object] = {}
+        self.queued: dict[int, dict] = {}       # gpu -> newest passed record to push
+        self.pushes: dict[int, _Push] = {}
+        self.on_hub: dict[int, dict] = {}       # gpu -> newest pushed record + hub_revision
+        self.pushed: list[dict] = []            # not yet taken by the supervisor
+        self.hub_url = _absolute_hub(config.hub, pod_dir)
+
+    # ---- placement ---------------------------------------------------------------------
+    def _resource(self, slot: Slot) -> tuple[str, dict]:
+        if self.settings.resource:
+            return self.settings.resource, {"num_cpus": 0,
+                                            "resources": {self.settings.resource: 1}}
+        if slot.device == "cuda":
+            return "GPU", {"num_gpus": 1, "num_cpus": 0}
+        return "CPU", {"num_cpus": 1}
+
+    def can_place(self, slot: Slot) -> bool:
+        name, _ = self._resource(slot)
+        return self.ray.available_resources().get(name, 0) >= 1
+
+    def start(self, spec: WorkerSpec) -> RayHandle:
+        gpu = spec.slot.gpu
+        actor = self.actors.get(gpu)
+        if actor is None:              # first start, or its node was lost: a new actor
+            _, options = self._resource(spec.slot)
+            actor = self.actor_class.options(
+                scheduling_strategy="SPREAD", max_concurrency=3, max_restarts=0,
+                **options).remote(gpu, self.settings.workdir, str(self.pod_dir.resolve()),
+                                  self.hub_url, list(self.config.worker))
+            self.actors[gpu] = actor
+        checkpoint = ({"path": spec.ckpt_in, "sha256": spec.ckpt_sha256,
+                       "revision": spec.ckpt_revision} if spec.ckpt_in else None)
+        handle = RayHandle(gpu, None, None, actor=actor)
+        handle.start_ref = actor.start.remote(build_env(self.config, spec, base={}),
+                                              checkpoint, spec.slot.device == "cuda")
+        self.handles[gpu] = handle
+        return handle
+
+    # ---- monitoring ----------------------------------------------------------------------
+    def pump(self) -> None:
+        live = [h for h in self.handles.values() if h.ended is None]
+        self._placed([h for h in live if h.start_ref is not None])
+        for handle in live:
+            if handle.start_ref is None and handle.ended is None and handle.poll_ref is None:
+                handle.poll_ref = handle.actor.poll.remote()
+        in_flight = [h.poll_ref for h in live if h.poll_ref is not None]
+        if in_flight:
+            ready, _ = self.ray.wait(in_flight, num_returns=len(in_flight),
+                                     timeout=POLL_WAIT_S)
+            ready = set(ready)
+            for handle in live:
+                if handle.poll_ref is not None and handle.poll_ref in ready:
+                    ref, handle.poll_ref = handle.poll_ref, None
+                    self._take(handle, ref)
+        self._push_queued()
+        self._harvest_pushes(timeout=0)
+
+    def _placed(self, starting: list[RayHandle]) -> None:
+        if not starting:
+            return
+        ready, _ = self.ray.wait([h.start_ref for h in starting], num_returns=len(starting),
+                                 timeout=0)
+        ready = set(ready)
+        for handle in starting:
+            if handle.start_ref not in ready:
+                continue
+            ref, handle.start_ref = handle.start_ref, None
+            try:
+                info = self.ray.get(ref)
+            except self.ray.exceptions.RayActorError:
+                self._lost(handle)
+                continue
+            except self.ray.exceptions.RayTaskError as exc:
+                self.events.emit("worker_start_failed", gpu=handle.gpu,
+                                 error=str(exc.cause if exc.cause else exc)[:500])
+                handle.ended = WorkerExit(1)
+                continue
+            handle.pid, handle.node = info["pid"], info["node"]
+            self.events.emit("worker_placed", gpu=handle.gpu, node=info["node"],
+                             pid=info["pid"], workdir=info["workdir"])
+            if info["pulled"]:
+                self.events.emit("checkpoint_pulled", gpu=handle.gpu, node=info["node"],
+                                 reason="its node lacked the checkpoint it resumes from")
+
+    def _take(self, handle: RayHandle, ref) -> WorkerExit | None:
+        """Apply one answer of the actor, (exit code, lines); a dead actor is a lost node."""
+        try:
+            code, lines = self.ray.get(ref)
+        except self.ray.exceptions.RayActorError:
+            return self._lost(handle)
+        if lines:
+            path = self.metrics_file(handle.gpu)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "ab") as f:
+                f.write(lines)
+        if code is not None:
+            handle.ended = WorkerExit(code)
+        return handle.ended
+
+    def _lost(self, handle: RayHandle) -> WorkerExit:
+        handle.ended = WorkerExit(None, node_lost=True)
+        self.actors.pop(handle.gpu, None)
+        self.queued.pop(handle.gpu, None)
+        return handle.ended
+
+    def poll(self, handle: RayHandle) -> WorkerExit | None:
+        return handle.ended
+
+    def signal(self, handle: RayHandle, signum: int) -> None:
+        if handle.ended is None:
+            handle.actor.signal.remote(signum)
+
+    def _finish(self, handles: list[RayHandle], call) -> dict[int, WorkerExit]:
+        """Collect the polls in flight (their lines), then `call(actor)` on each, which
+        returns (exit code, its last lines)."""
+        for handle in handles:
+            if handle.poll_ref is not None:
+                ref, handle.poll_ref = handle.poll_ref, None
+                self._take(handle, ref)
+        refs = {h.gpu: call(h.actor) for h in handles
+                if h.ended is None and h.start_ref is None}
+        for handle in handles:
+            if handle.start_ref is not None:        # never answered: its node is gone
+                ready, _ = self.ray.wait([handle.start_ref], timeout=CALL_TIMEOUT_S)
+                if ready:
+                    self._placed([handle])
+                else:
+                    self._lost(handle)
+                if handle.ended is None:
+                    refs[handle.gpu] = call(handle.actor)
+        for handle in handles:
+            if handle.gpu in refs:
+                self._take(handle, refs[handle.gpu])
+            if handle.ended is None:
+                handle.ended = WorkerExit(-9)
+        return {h.gpu: h.ended for h in handles}
+
+    def kill(self, handle: RayHandle) -> WorkerExit:
+        return self._finish([handle], lambda actor: actor.kill.remote())[handle.gpu]
+
+    def stop(self, handles: list[RayHandle], grace_s: float) -> dict[int, WorkerExit]:
+        return self._finish(handles, lambda actor: actor.terminate.remote(grace_s))
+
+    # ---- the hub ---------------------------------------------------------------------------
+    def on_passed(self, gpu: int, record: dict) -> None:
+        if self.hub_url and gpu in self.actors:
+            self.queued[gpu] = record        # only the newest one goes up
+
+    def _push_queued(self) -> None:
+        for gpu in [g for g in self.queued if g not in self.pushes]:
+            record = self.queued.pop(gpu)
+            actor = self.actors.get(gpu)
+            if actor is None:
+                continue
+            message = f"fractus-pod node push: gpu{gpu}@{int(record['next_token']):,}"
+            ref = actor.push.remote(record["sha256"], self.config.checkpoint_path(gpu), message)
+            self.pushes[gpu] = _Push(ref, record, self.handles[gpu].node)
+
+    def _harvest_pushes(self, timeout: float) -> None:
+        if not self.pushes:
+            return
+        refs = [p.ref for p in self.pushes.values()]
+        ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        for gpu, push in list(self.pushes.items()):
+            if push.ref not in ready:
+                continue
+            del self.pushes[gpu]
+            try:
+                revision = self.ray.get(push.ref)
+            except Exception as exc:         # the node, the hub: retried with the next pass
+                from launcher.sync import describe_error
+                cause = getattr(exc, "cause", None) or exc
+                self.events.emit("sync_failed", reason="node push", gpu=gpu, node=push.node,
+                                 error=describe_error(cause),
+                                 seconds=round(time.time() - push.started, 2),
+                                 retry="with the GPU's next passed checkpoint")
+                continue
+            copy = {**push.record, "path": self.config.checkpoint_path(gpu),
+                    "hub_revision": revision, "node": push.node}
+            self.on_hub[gpu] = copy
+            self.pushed.append(copy)
+
+    def take_pushed(self) -> list[dict]:
+        pushed, self.pushed = self.pushed, []
+        return pushed
+
+    def hub_copy(self, gpu: int) -> dict | None:
+        return self.on_hub.get(gpu)
+
+    def close(self, abandoned=lambda: False) -> None:
+        """The last passed checkpoints go up (a second signal abandons them), then the
+        actors go and the driver disconnects."""
+        deadline = time.monotonic() + PUSH_WAIT_S
+        self._push_queued()
+        while self.pushes and not abandoned() and time.monotonic() < deadline:
+            self._harvest_pushes(timeout=0.5)
+            self._push_queued()
+        for actor in self.actors.values():
+            self.ray.kill(actor)
+        self.actors.clear()
+        self.ray.shutdown()
+
+
+def _absolute_hub(url: str | None, pod_dir: Path) -> str | None:
+    """The hub as every node must name it: a relative file:// store is the head's."""
+    if url and url.startswith("file://") and not Path(url[len("file://"):]).is_absolute():
+        return f"file://{(pod_dir / url[len('file://'):]).resolve()}"
+    return url

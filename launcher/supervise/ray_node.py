@@ -1,0 +1,164 @@
+"""The part of the Ray backend that runs ON a node: one actor per GPU (`NodeWorker`).
+
+The actor starts the same worker program as the local backend (launcher/child.py: `python
+-P`, a scrubbed environment, SIGTERM when its parent, the actor, dies) in the node's own
+directory, with the same worker settings; then, asked by the launcher once per poll, it
+hands over the complete metrics lines the worker appended (the launcher writes them into
+the pod directory on the head, where the supervisor reads them as on one machine).
+
+Checkpoints stay on the node's disk: each checkpoint event is hard-linked at once
+(launcher.ckpt_index, as on the head) so the worker's rotation cannot delete it before the
+launcher judges it; a checkpoint that passed is pushed from here to the hub, which is what
+carries weights between machines. A GPU placed on a node that lacks its checkpoint pulls
+it from the hub revision the launcher names (sha256-verified) before the worker starts.
+
+Imported on the nodes by Ray; imports nothing of Ray at module level.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+from launcher import child
+from launcher.ckpt_index import FAILED, PASSED, CheckpointIndex, sha256_file
+from launcher.manifest import relative_to_pod
+from launcher.workers import kill, terminate, worker_log_path
+
+# Settings resolved against the node's directory, else the head's pod directory (the same
+# machine or a shared filesystem): shards and a model file are the user's to place.
+NODE_LOCAL_INPUTS = ("SHARD", "MODEL")
+
+
+class NodeWorker:
+    def __init__(self, gpu: int, workdir: str, pod_dir: str, hub_url: str | None,
+                 command: list[str]):
+        import ray
+        self.node = ray.get_runtime_context().get_node_id()[:12]
+        self.gpu, self.hub_url, self.command = gpu, hub_url, command
+        self.pod_dir = Path(pod_dir)
+        self.workdir = Path(workdir.format(node=self.node, pod=pod_dir))
+        (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
+        self.index = CheckpointIndex(self.workdir)   # this node's retained checkpoints
+        self.proc: subprocess.Popen | None = None
+        self.metrics: Path | None = None
+        self.offset, self.partial = 0, b""
+        self.lock = threading.Lock()      # poll and push run on two actor threads
+
+    # ---- the worker --------------------------------------------------------------------
+    def start(self, settings: dict[str, str], checkpoint: dict | None, cuda: bool) -> dict:
+        """Start the worker with `settings` (the launcher's worker environment); first pull
+        `checkpoint` ({"path", "sha256", "revision"}) from the hub if this disk lacks it."""
+        import ray
+        pulled = self._ensure_checkpoint(checkpoint) if checkpoint else False
+        env = {name: value for name, value in os.environ.items() if name not in settings}
+        env.update(settings)
+        for name in NODE_LOCAL_INPUTS:
+            value = env.get(name)
+            if value and not (self.workdir / value).exists() and (self.pod_dir / value).exists():
+                env[name] = str(self.pod_dir / value)
+        if cuda:       # the device Ray gave this actor, not the GPU's index on the head
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(int(i)) for i in ray.get_gpu_ids())
+        with self.lock:
+            self.metrics = self.workdir / settings["METRICS"]
+            self.offset = self.metrics.stat().st_size if self.metrics.exists() else 0
+            self.partial = b""
+            log_path = self.workdir / worker_log_path(self.gpu)
+            with open(log_path, "ab") as log:
+                self.proc = child.spawn(self.command, cwd=self.workdir, env=env, stdout=log,
+                                        stderr=subprocess.STDOUT, death_signal=signal.SIGTERM)
+        return {"pid": self.proc.pid, "node": self.node, "workdir": str(self.workdir),
+                "pulled": pulled}
+
+    def poll(self) -> tuple[int | None, bytes]:
+        """(exit code or None, the complete metrics lines written since the last poll)."""
+        with self.lock:
+            code = self.proc.poll() if self.proc is not None else None
+            return code, self._new_lines()     # after the exit code: nothing is left behind
+
+    def signal(self, signum: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signum)
+
+    def kill(self) -> tuple[int | None, bytes]:
+        with self.lock:
+            if self.proc is not None:
+                kill(self.proc)
+            return (self.proc.returncode if self.proc else None), self._new_lines()
+
+    def terminate(self, grace_s: float) -> tuple[int | None, bytes]:
+        """SIGTERM (the worker checkpoints), SIGKILL after grace_s."""
+        if self.proc is not None:
+            terminate([self.proc], grace_s)
+        with self.lock:
+            return (self.proc.returncode if self.proc else None), self._new_lines()
+
+    def _new_lines(self) -> bytes:
+        if self.metrics is None or not self.metrics.exists():
+            return b""
+        with open(self.metrics, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        self.offset += len(data)
+        data = self.partial + data
+        cut = data.rfind(b"\n") + 1          # an unfinished last line waits for its newline
+        self.partial, complete = data[cut:], data[:cut]
+        out = []
+        for line in complete.splitlines(keepends=True):
+            out.append(self._seen(line))
+        return b"".join(out)
+
+    def _seen(self, line: bytes) -> bytes:
+        """Retain a checkpoint the moment its event is read; the head gets the event
+        without its size, so that a file of the same name on the head's disk is only
+        ever trusted by its sha256."""
+        if b'"checkpoint"' not in line:
+            return line
+        try:
+            event = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return line
+        if event.get("event") != "checkpoint" or "sha256" not in event:
+            return line
+        rel = relative_to_pod(event["path"], self.workdir)
+        self.index.add(self.gpu, event, int(event.get("stage") or 0), rel)
+        event.pop("bytes", None)
+        event["path"], event["node"] = rel, self.node
+        return (json.dumps(event) + "\n").encode()
+
+    # ---- the hub -------------------------------------------------------------------------
+    def push(self, sha256: str, hub_path: str, message: str) -> str:
+        """Push this node's retained checkpoint `sha256` to `hub_path` (checked against its
+        sha256 in the one read the push makes); older unpushed links are let go."""
+        from launcher.hub import open_store
+        record = self.index.records[(self.gpu, sha256)]
+        local = self.workdir / (record.get("retained") or record["path"])
+        revision = open_store(self.hub_url, self.workdir).push(
+            {hub_path: local}, message, expected={hub_path: sha256})
+        with self.lock:
+            for older in self.index.pending(self.gpu):
+                if older["next_token"] < record["next_token"]:
+                    self.index.mark(self.gpu, older["sha256"], FAILED,
+                                    "superseded: a newer checkpoint passed on the launcher")
+            self.index.mark(self.gpu, sha256, PASSED, f"pushed as {revision}")
+        return revision
+
+    def _ensure_checkpoint(self, checkpoint: dict) -> bool:
+        """The checkpoint's bytes at its path on this disk: kept if already there, else
+        pulled from its hub revision (verified). True when pulled."""
+        target = self.workdir / checkpoint["path"]
+        if target.is_file() and sha256_file(target) == checkpoint.get("sha256"):
+            return False
+        if not (self.hub_url and checkpoint.get("revision")):
+            if target.is_file():
+                return False      # the launcher's own file, no hub copy to compare
+            raise FileNotFoundError(f"{checkpoint['path']} is not on node {self.node} and "
+                                    f"no hub revision holds it")
+        from launcher.hub import open_store
+        open_store(self.hub_url, self.workdir).pull([checkpoint["path"]],
+                                                    revision=checkpoint["revision"])
+        return True
