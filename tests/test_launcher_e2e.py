@@ -90,8 +90,8 @@ class Launcher:
 
 
 def kill_workers(pod: Path) -> None:
-    for e in read_events(pod):
-        if e.get("event") == "worker_start":
+    for e in read_events(pod):     # worker_placed: a worker on a Ray node of this machine
+        if e.get("event") in ("worker_start", "worker_placed") and e.get("pid"):
             try:
                 p = psutil.Process(e["pid"])
                 if "fractus.train.worker" in " ".join(p.cmdline()):

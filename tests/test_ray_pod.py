@@ -25,52 +25,20 @@ import pytest
 import torch
 
 from launcher.ckpt_index import sha256_file
+from tests.support.ray_cluster import (RAY_PROCESS_WORDS, RESOURCE, add_node, local_cluster,
+                                       node_of)
 from tests.test_launcher_e2e import (REPO, TOKENS_PER_STEP, Launcher, events_of, launchers,
                                      make_pod, wait_for, worker_records)
 
 __all__ = ["launchers"]
 
-RAY_PROCESS_WORDS = ("raylet", "gcs_server", "ray::", "default_worker.py", "dashboard_agent",
-                     "runtime_env_agent", "log_monitor.py", "monitor.py --logs-dir")
-LOOPBACK = "127.0.0.1"
 STARTUP_S = 600          # a loaded 2-core machine: Ray and torch imports are slow
-
-
-def ray_processes() -> list[str]:
-    found = []
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        text = " ".join(proc.info["cmdline"] or [])
-        if any(word in text for word in RAY_PROCESS_WORDS) and "pytest" not in text:
-            found.append(f"{proc.info['pid']}: {text[:120]}")
-    return found
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    # Ray's default on Linux is the machine's interface address; loopback keeps every
-    # listener on this machine (read when ray is first imported).
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    from ray.cluster_utils import Cluster
-    assert not ray_processes(), "Ray processes from elsewhere are running"
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "node_ip_address": LOOPBACK, "include_dashboard": False})
-    try:
-        for _ in range(2):
-            cluster.add_node(num_cpus=1, resources={"fractus_gpu": 2},
-                             node_ip_address=LOOPBACK)
+    with local_cluster(nodes=2, devices_per_node=2) as cluster:
         yield cluster
-    finally:
-        cluster.shutdown()
-        os.environ.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
-        deadline = time.monotonic() + 60
-        while ray_processes() and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert not ray_processes(), f"Ray left processes behind: {ray_processes()}"
-
-
-def node_of(cluster, short_id: str):
-    (node,) = [n for n in cluster.worker_nodes if n.node_id.startswith(short_id)]
-    return node
 
 
 def after(events: list[dict], ts: float) -> list[dict]:
@@ -79,17 +47,6 @@ def after(events: list[dict], ts: float) -> list[dict]:
 
 def load(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def kill_placed_workers(pod: Path) -> None:
-    for e in events_of(pod, "worker_placed"):
-        try:
-            proc = psutil.Process(e["pid"])
-            if "fractus.train.worker" in " ".join(proc.cmdline()):
-                proc.kill()
-                proc.wait(10)
-        except psutil.Error:
-            pass
 
 
 def is_loopback(ip: str) -> bool:
@@ -106,13 +63,10 @@ def listeners_off_loopback(pids: set[int]) -> list:
 def test_a_pod_across_two_nodes_survives_losing_them(tmp_path, cluster, launchers):
     pod = make_pod(tmp_path, ray={"address": cluster.address,
                                   "workdir": str(tmp_path / "disk-{node}"),
-                                  "resource": "fractus_gpu"})
+                                  "resource": RESOURCE})
     launcher = Launcher(pod, "--stage", "1")
-    launchers.append(launcher)
-    try:
-        run_scenario(pod, cluster, launcher)
-    finally:
-        kill_placed_workers(pod)
+    launchers.append(launcher)        # its teardown kills every worker it placed
+    run_scenario(pod, cluster, launcher)
 
 
 def status_rows(pod: Path) -> list[dict]:
@@ -180,7 +134,7 @@ def run_scenario(pod: Path, cluster, launcher: Launcher) -> None:
              "both GPUs waiting for a node")
     wait_for(lambda: [r["state"] for r in status_rows(pod)] == ["waiting", "waiting"], 60,
              "`status` showing both GPUs waiting")
-    cluster.add_node(num_cpus=1, resources={"fractus_gpu": 2}, node_ip_address=LOOPBACK)
+    add_node(cluster, 2)
     rejoined = wait_for(lambda: len(after(events_of(pod, "worker_placed"), gone)) == 2
                         and after(events_of(pod, "worker_placed"), gone), 300,
                         "both GPUs on the joined node")

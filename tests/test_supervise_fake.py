@@ -98,9 +98,9 @@ def test_the_transition_table_refuses_what_it_does_not_list():
         transition(GpuState.DONE, GpuEvent.CRASHED)
     with pytest.raises(IllegalTransition):
         transition(PodState.FAILED, PodEvent.STARTED)
-    assert [exit_event(c, True) for c in (0, 1, 2, 3, 4, -9)] == [
+    assert [exit_event(c, True) for c in (0, 1, 2, 3, 4, 5, -9)] == [
         GpuEvent.FINISHED, GpuEvent.CRASHED, GpuEvent.REFUSED, GpuEvent.CHECK_EXIT,
-        GpuEvent.CHECK_EXIT, GpuEvent.CRASHED]
+        GpuEvent.CHECK_EXIT, GpuEvent.DISK_FULL, GpuEvent.CRASHED]
     assert exit_event(1, pod_running=False) is GpuEvent.STOPPED
     assert str(GpuState.WAITING) == "waiting" and f"{PodState.CANARY}" == "canary"
 
@@ -176,13 +176,19 @@ def test_a_silent_worker_is_killed_as_hung_and_restarted(make):
     assert sup.runs[1].state is GpuState.RUNNING
 
 
-def test_exit_2_fails_the_pod_with_exit_2(make):
-    sup, backend, clock = make()
+@pytest.mark.parametrize("stage, code, pod_exit, words", [
+    (3, 2, 2, "refused its settings"),        # bad settings: restarting cannot fix it
+    (1, 3, 1, "NaN"),                         # a NaN exit at stage 1: nothing to roll back to
+    (3, 5, 1, "disk full"),
+])
+def test_exits_that_fail_the_pod(make, stage, code, pod_exit, words):
+    sup, backend, clock = make(stage=stage)
     sup._start_all()
-    backend.exit(1, 2)
+    backend.exit(1, code)
     sup.step()
-    assert sup.pod_state is PodState.FAILED and sup.exit_code == 2
-    assert "refused its settings" in events(sup, "pod_failed")[0]["reason"]
+    assert sup.runs[1].state is GpuState.STOPPED and sup.pod_state is PodState.FAILED
+    assert sup.exit_code == pod_exit
+    assert words in events(sup, "pod_failed")[0]["reason"]
 
 
 def test_nan_rolls_the_gpu_back_to_its_passed_checkpoint_and_the_pod_down_a_stage(make):
@@ -212,15 +218,6 @@ def test_nan_rolls_the_gpu_back_to_its_passed_checkpoint_and_the_pod_down_a_stag
     sup.step()
     assert sup.pod_state is PodState.FAILED and sup.exit_code == 1
     assert "failed after a rollback" in events(sup, "pod_failed")[0]["reason"]
-
-
-def test_exit_3_at_stage_1_fails_the_pod(make):
-    sup, backend, clock = make(stage=1)
-    sup._start_all()
-    backend.exit(0, 3)
-    sup.step()
-    assert sup.pod_state is PodState.FAILED and sup.exit_code == 1
-    assert "NaN" in events(sup, "pod_failed")[0]["reason"]
 
 
 def test_stop_checkpoints_every_worker_and_records_where_each_resumes(make):
@@ -324,3 +321,23 @@ def test_a_lost_node_whose_checkpoint_the_hub_lacks_fails_that_gpu(make):
     sup.step()
     assert sup.pod_state is PodState.FAILED
     assert "hub holds no checkpoint of GPU 0" in events(sup, "pod_failed")[0]["reason"]
+
+
+@pytest.mark.parametrize("ray, words", [
+    ({"address": "127.0.0.1:6379", "workdir": "/data/pod"}, "ray.workdir must contain {node}"),
+    ({"adress": "127.0.0.1:6379"}, "unknown key(s) ['adress']"),
+    ({"workdir": "/data/{node}"}, "give the cluster's address"),
+])
+def test_a_bad_ray_section_is_refused_in_one_line_before_anything_starts(
+        tmp_path, pod_template, capsys, ray, words):
+    import shutil
+
+    from launcher.cli import main as cli_main
+    pod = tmp_path / "pod"
+    shutil.copytree(pod_template, pod)
+    config = yaml.safe_load((pod / "fractus-pod.yaml").read_text())
+    (pod / "fractus-pod.yaml").write_text(yaml.safe_dump({**config, "ray": ray}))
+    assert cli_main(["--pod-dir", str(pod), "launch", "--stage", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err, err
+    assert not (pod / "logs" / "events.jsonl").exists()

@@ -1,0 +1,63 @@
+"""A real multi-node Ray cluster on this machine, bound to loopback (tests and benchmarks).
+
+`ray.cluster_utils.Cluster`: a head with no worker devices, and nodes of `num_cpus=1` with
+a custom resource "fractus_gpu" standing in for GPUs. Ray's default address on Linux is
+the machine's interface; RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (read when Ray is imported,
+and inherited by the launcher the test starts) makes loopback the default, and every node
+is given 127.0.0.1 explicitly.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import contextmanager
+
+import psutil
+
+LOOPBACK = "127.0.0.1"
+RESOURCE = "fractus_gpu"
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+RAY_PROCESS_WORDS = ("raylet", "gcs_server", "ray::", "default_worker.py", "dashboard_agent",
+                     "runtime_env_agent", "log_monitor.py", "monitor.py --logs-dir")
+
+
+def ray_processes() -> list[str]:
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        text = " ".join(proc.info["cmdline"] or [])
+        if any(word in text for word in RAY_PROCESS_WORDS) and "pytest" not in text:
+            found.append(f"{proc.info['pid']}: {text[:120]}")
+    return found
+
+
+def add_node(cluster, devices: int):
+    return cluster.add_node(num_cpus=1, resources={RESOURCE: devices}, node_ip_address=LOOPBACK)
+
+
+@contextmanager
+def local_cluster(nodes: int, devices_per_node: int):
+    """Yields the started Cluster; stops it after and waits until no Ray process is left
+    (AssertionError otherwise)."""
+    os.environ[LOOPBACK_ENV] = "0"
+    from ray.cluster_utils import Cluster
+    assert not ray_processes(), f"Ray processes from elsewhere are running: {ray_processes()}"
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "node_ip_address": LOOPBACK, "include_dashboard": False})
+    try:
+        for _ in range(nodes):
+            add_node(cluster, devices_per_node)
+        yield cluster
+    finally:
+        cluster.shutdown()
+        os.environ.pop(LOOPBACK_ENV, None)
+        deadline = time.monotonic() + 60
+        while ray_processes() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not ray_processes(), f"Ray left processes behind: {ray_processes()}"
+
+
+def node_of(cluster, short_id: str):
+    """The cluster's node whose id starts with `short_id` (the launcher's events)."""
+    (node,) = [n for n in cluster.worker_nodes if n.node_id.startswith(short_id)]
+    return node
