@@ -33,7 +33,7 @@ class PodEnding:
             [r.proc for r in self.runs.values()
              if r.proc is not None and r.slot.gpu not in kill_gpus],
             self.plan.config.stop_grace_s))
-        self.backend.pump()                # the last lines a remote worker wrote
+        self.backend.pump(force=True)      # the last lines a remote worker wrote
         for run in self.runs.values():
             self._drain(run)
             if run.proc is not None:

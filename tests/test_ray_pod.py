@@ -11,6 +11,8 @@ Ray process and no worker is left.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import ipaddress
 import json
 import os
@@ -24,7 +26,6 @@ import psutil
 import pytest
 import torch
 
-from launcher.ckpt_index import sha256_file
 from tests.support.ray_cluster import (RAY_PROCESS_WORDS, RESOURCE, add_node, local_cluster,
                                        node_of)
 from tests.test_launcher_e2e import (REPO, TOKENS_PER_STEP, Launcher, events_of, launchers,
@@ -45,8 +46,8 @@ def after(events: list[dict], ts: float) -> list[dict]:
     return [e for e in events if e["ts"] > ts]
 
 
-def load(path: Path) -> dict:
-    return torch.load(path, map_location="cpu", weights_only=True)
+def load(source) -> dict:
+    return torch.load(source, map_location="cpu", weights_only=True)
 
 
 def is_loopback(ip: str) -> bool:
@@ -112,12 +113,14 @@ def run_scenario(pod: Path, cluster, launcher: Launcher) -> None:
     store = open_store("file://hub", pod)
     hub_file = store.files(point["hub_revision"])["checkpoints/fractus_1b_gpu0.pt"]
     node_dir = Path(moved["workdir"]) / "checkpoints"
-    copies = [p for p in node_dir.glob("fractus_1b_gpu0.pt*") if sha256_file(p) == hub_file.sha256]
+    # Read once: the worker keeps rotating these names while the test looks.
+    copies = [data for data in (p.read_bytes() for p in node_dir.glob("fractus_1b_gpu0.pt*"))
+              if hashlib.sha256(data).hexdigest() == hub_file.sha256]
     assert copies, "the resumed node has no copy of the hub's checkpoint"
     scratch = pod.parent / "hub-copy"
     hub_copy = open_store("file://" + str(pod / "hub"), scratch).pull(
         ["checkpoints/fractus_1b_gpu0.pt"], revision=point["hub_revision"])
-    theirs, ours = load(next(iter(hub_copy.values()))), load(copies[0])
+    theirs, ours = load(next(iter(hub_copy.values()))), load(io.BytesIO(copies[0]))
     assert ours["train_state"]["next_token"] == theirs["train_state"]["next_token"] \
         == point["to_token"]
     assert theirs["model_state"].keys() == ours["model_state"].keys()

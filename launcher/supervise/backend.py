@@ -66,9 +66,9 @@ class WorkerBackend(ABC):
         """Where the supervisor reads the GPU's metrics lines on this machine."""
         return self.pod_dir / metrics_path(gpu)
 
-    def pump(self) -> None:
+    def pump(self, force: bool = False) -> None:
         """Called once per poll before the metrics are read (a remote backend copies new
-        metrics lines to the launcher's machine here)."""
+        metrics lines to the launcher's machine here, at its own cadence unless `force`)."""
 
     def can_place(self, slot: Slot) -> bool:
         """Whether a device is free for a GPU that lost its node."""

@@ -31,6 +31,10 @@ from launcher.supervise.ray_settings import RaySettings
 from launcher.workers import WorkerSpec, build_env
 
 POLL_WAIT_S = 5.0          # a node slower than this to answer is asked again next poll
+# At most one round trip to the nodes every 2 s, whatever the pod's poll_interval_s: each
+# call costs the driver CPU, and 2 s of metrics latency changes no decision (hang limits
+# are minutes).
+ROUND_TRIP_S = 2.0
 CALL_TIMEOUT_S = 120.0     # kill / a single stop beyond its grace
 PUSH_WAIT_S = 1800.0       # the last pushes of a run, at its end
 
@@ -71,6 +75,7 @@ class RayBackend(WorkerBackend):
         self.on_hub: dict[int, dict] = {}       # gpu -> newest pushed record + hub_revision
         self.pushed: list[dict] = []            # not yet taken by the supervisor
         self.hub_url = _absolute_hub(config.hub, pod_dir)
+        self.last_round_trip = float("-inf")
 
     # ---- placement ---------------------------------------------------------------------
     def _resource(self, slot: Slot) -> tuple[str, dict]:
@@ -104,7 +109,10 @@ class RayBackend(WorkerBackend):
         return handle
 
     # ---- monitoring ----------------------------------------------------------------------
-    def pump(self) -> None:
+    def pump(self, force: bool = False) -> None:
+        if not force and time.monotonic() - self.last_round_trip < ROUND_TRIP_S:
+            return
+        self.last_round_trip = time.monotonic()
         live = [h for h in self.handles.values() if h.ended is None]
         self._placed([h for h in live if h.start_ref is not None])
         for handle in live:
@@ -115,10 +123,14 @@ class RayBackend(WorkerBackend):
             ready, _ = self.ray.wait(in_flight, num_returns=len(in_flight),
                                      timeout=POLL_WAIT_S)
             ready = set(ready)
-            for handle in live:
-                if handle.poll_ref is not None and handle.poll_ref in ready:
-                    ref, handle.poll_ref = handle.poll_ref, None
-                    self._take(handle, ref)
+            answered = [h for h in live if h.poll_ref is not None and h.poll_ref in ready]
+            try:             # one fetch for all answers: the common case, no actor died
+                answers = self.ray.get([h.poll_ref for h in answered])
+            except self.ray.exceptions.RayActorError:
+                answers = [None] * len(answered)        # fetched one by one below
+            for handle, answer in zip(answered, answers):
+                ref, handle.poll_ref = handle.poll_ref, None
+                self._take(handle, ref, answer)
         self._push_queued()
         self._harvest_pushes(timeout=0)
 
@@ -149,10 +161,10 @@ class RayBackend(WorkerBackend):
                 self.events.emit("checkpoint_pulled", gpu=handle.gpu, node=info["node"],
                                  reason="its node lacked the checkpoint it resumes from")
 
-    def _take(self, handle: RayHandle, ref) -> WorkerExit | None:
+    def _take(self, handle: RayHandle, ref, answer: tuple | None = None) -> WorkerExit | None:
         """Apply one answer of the actor, (exit code, lines); a dead actor is a lost node."""
         try:
-            code, lines = self.ray.get(ref)
+            code, lines = answer if answer is not None else self.ray.get(ref)
         except self.ray.exceptions.RayActorError:
             return self._lost(handle)
         if lines:
