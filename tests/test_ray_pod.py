@@ -26,8 +26,8 @@ import psutil
 import pytest
 import torch
 
-from tests.support.ray_cluster import (RAY_PROCESS_WORDS, RESOURCE, add_node, local_cluster,
-                                       node_of)
+from tests.support.ray_cluster import (RESOURCE, add_node, local_cluster, node_of,
+                                       ray_process_table)
 from tests.test_launcher_e2e import (REPO, TOKENS_PER_STEP, Launcher, events_of, launchers,
                                      make_pod, wait_for, worker_records)
 
@@ -64,7 +64,8 @@ def listeners_off_loopback(pids: set[int]) -> list:
 def test_a_pod_across_two_nodes_survives_losing_them(tmp_path, cluster, launchers):
     pod = make_pod(tmp_path, ray={"address": cluster.address,
                                   "workdir": str(tmp_path / "disk-{node}"),
-                                  "resource": RESOURCE})
+                                  "resource": RESOURCE},
+                   save_keep=1000)     # the resumed node's pulled file is never rotated away
     launcher = Launcher(pod, "--stage", "1")
     launchers.append(launcher)        # its teardown kills every worker it placed
     run_scenario(pod, cluster, launcher)
@@ -83,9 +84,7 @@ def run_scenario(pod: Path, cluster, launcher: Launcher) -> None:
                       and events_of(pod, "worker_placed"), STARTUP_S, "both workers placed")
     first_node = {e["gpu"]: e["node"] for e in placed}
     assert len(set(first_node.values())) == 2, first_node
-    ray_pids = {p.pid for p in psutil.process_iter() if p.pid != os.getpid()
-                and any(w in " ".join(p.cmdline()) for w in RAY_PROCESS_WORDS)}
-    assert not listeners_off_loopback(ray_pids)
+    assert not listeners_off_loopback(set(ray_process_table()))
 
     # Metrics cross through Ray into the head's pod directory; a node pushes its passed
     # checkpoint to the hub itself.

@@ -22,13 +22,18 @@ RAY_PROCESS_WORDS = ("raylet", "gcs_server", "ray::", "default_worker.py", "dash
                      "runtime_env_agent", "log_monitor.py", "monitor.py --logs-dir")
 
 
-def ray_processes() -> list[str]:
-    found = []
-    for proc in psutil.process_iter(["pid", "cmdline"]):
+def ray_process_table() -> dict[int, str]:
+    """pid -> command line of every Ray process on this machine."""
+    found = {}
+    for proc in psutil.process_iter(["pid", "cmdline"]):   # info: no error on a zombie
         text = " ".join(proc.info["cmdline"] or [])
         if any(word in text for word in RAY_PROCESS_WORDS) and "pytest" not in text:
-            found.append(f"{proc.info['pid']}: {text[:120]}")
+            found[proc.info["pid"]] = text
     return found
+
+
+def ray_processes() -> list[str]:
+    return [f"{pid}: {text[:120]}" for pid, text in ray_process_table().items()]
 
 
 def add_node(cluster, devices: int):
