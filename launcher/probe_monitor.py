@@ -168,6 +168,9 @@ class ProbeMonitor:
         if probes.seen % self.schedule.every:
             return False
         # A newer checkpoint replaces one still waiting (the baseline request stays first).
+        # The GPU keeps its place in line: were it sent to the back, a GPU whose checkpoints
+        # come faster than a probe takes would never be probed (and none of them pass).
+        place = probes.waiting_since if probes.waiting else None
         for stale in [r for r in probes.waiting if r.role != BASELINE]:
             probes.waiting.remove(stale)
             self._unlink(stale)
@@ -175,6 +178,8 @@ class ProbeMonitor:
         if held is None:
             return False        # the file is gone already: nothing to probe
         self._enqueue(probes, ProbeRequest(gpu, held, shard, "check", sha256, step))
+        if place is not None:
+            probes.waiting_since = place
         return True
 
     def probe_final(self, gpu: int, checkpoint: str, shard: str, sha256: str | None,

@@ -105,6 +105,24 @@ def test_one_probe_per_gpu_a_newer_checkpoint_replaces_a_waiting_one(tmp_path):
     assert not list((tmp_path / "checkpoints" / "probe").iterdir())   # links dropped when done
 
 
+def test_a_gpu_whose_waiting_checkpoint_is_replaced_keeps_its_place_in_line(tmp_path):
+    # Seen in the README demo: with parallel 1 and checkpoints faster than a probe, every
+    # newer checkpoint of GPU 1 sent it to the back of the line; GPU 1 was never probed, none
+    # of its checkpoints passed, and a later check failure found nothing to restore.
+    runner = FakeRunner({name: 1.0 for name in ("0a.pt", "0b.pt", "1a.pt", "1b.pt")})
+    runner.gate.clear()
+    monitor = monitor_of(tmp_path, runner, parallel=1)
+    monitor.start_stage(1, {0: (None, "s0"), 1: (None, "s1")})
+    monitor.on_checkpoint(0, "0a.pt", "s0", "a", 1)
+    monitor.poll()                                   # GPU 0's probe runs (gate closed)
+    monitor.on_checkpoint(1, "1a.pt", "s1", "b", 1)  # GPU 1 starts waiting...
+    monitor.on_checkpoint(0, "0b.pt", "s0", "c", 2)  # ...before GPU 0 does
+    monitor.on_checkpoint(1, "1b.pt", "s1", "d", 2)  # replaces 1a: still GPU 1's turn next
+    runner.gate.set()
+    drain(monitor)
+    assert runner.calls == ["0a.pt", "1b.pt", "0b.pt"]
+
+
 def test_a_checkpoint_rotated_away_before_its_probe_starts_is_still_probed(tmp_path):
     runner = FakeRunner({"a.pt": 3.0, "b.pt": 3.1})
     runner.gate.clear()
