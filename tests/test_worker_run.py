@@ -1,12 +1,16 @@
 """The worker end to end: output contract, end of shard, faults, bad input, memory, compile."""
 
+import json
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
 
 from fractus.train.checkpoint import sha256_file
-from tests.support.worker_utils import (events, load_ckpt, metrics_lines, read_jsonl,
-                                        run_worker, worker_env, write_synth_shard)
+from tests.support.worker_utils import (REPO_ROOT, events, load_ckpt, metrics_lines, read_jsonl,
+                                        run_worker, worker_command, worker_env, write_synth_shard)
 
 
 @pytest.fixture
@@ -122,6 +126,20 @@ def test_memory_does_not_grow_with_the_shard(tmp_path):
     assert proc.returncode == 0, proc.stderr
     peak_gb = max(m["mem_gb"] for m in metrics_lines(read_jsonl(env["METRICS"])))
     assert peak_gb < 0.8, peak_gb  # v1 (whole shard to int64) would hold 4 GB
+
+
+def test_memory_is_the_workers_own_not_its_forking_parents(tmp_path, shard):
+    """Seen in the full suite: a worker forked by a 0.9 GB test runner reported 0.94 GB, since
+    Linux carries getrusage's peak over fork and exec. The parent here holds ~1.5 GB."""
+    env = worker_env(tmp_path, SHARD=shard, MAX_STEPS=2)
+    parent = ("import subprocess, sys, json; ballast = b'x' * 1_500_000_000; "
+              "cmd, env = json.loads(sys.argv[1]); "
+              "sys.exit(subprocess.run(cmd, env=env, preexec_fn=lambda: None).returncode)")
+    proc = subprocess.run([sys.executable, "-c", parent, json.dumps([worker_command(), env])],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    peak_gb = max(m["mem_gb"] for m in metrics_lines(read_jsonl(env["METRICS"])))
+    assert 0 < peak_gb < 0.8, peak_gb
 
 
 def test_a_run_ending_between_log_steps_still_logs_its_last_step(tmp_path, shard):

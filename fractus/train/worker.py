@@ -131,12 +131,18 @@ class Worker:
     def _mem_gb(self) -> float:
         if self.device.type == "cuda":
             return torch.cuda.max_memory_allocated(self.device) / 1e9
-        try:  # peak resident set size, the CPU analogue of v1's max_memory_allocated
-            import resource
-            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # KiB on Linux
-        except ImportError:
-            import psutil
-            return psutil.Process().memory_info().rss / 1e9
+        # Peak resident set size, the CPU analogue of v1's max_memory_allocated. VmHWM, not
+        # getrusage's ru_maxrss: Linux carries ru_maxrss over fork and exec, so a worker forked
+        # by a large parent (the launcher, a test runner) would report the parent's peak.
+        try:
+            with open("/proc/self/status") as status:
+                for line in status:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) * 1024 / 1e9   # kB
+        except OSError:
+            pass
+        import psutil
+        return psutil.Process().memory_info().rss / 1e9
 
     def _payload(self) -> dict:
         return training_payload(self.model, self.optimizer, self.s, next_token=self.next_token,
