@@ -162,7 +162,7 @@ def bench_hub(size_mb: int, work: Path, rounds: int) -> None:
 _MERGE_CHILD = """
 import sys, threading, time
 import psutil, torch
-from launcher.merge import merge_checkpoints
+from launcher.hub.merge import merge_checkpoints
 proc = psutil.Process()
 before = proc.memory_info().rss
 peak, done = before, threading.Event()

@@ -34,8 +34,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from launcher.cli import main as cli_main  # noqa: E402
-from launcher.events import read_events  # noqa: E402
-from launcher.workers import read_records  # noqa: E402
+from launcher.pod.events import read_events  # noqa: E402
+from launcher.supervise.workers import read_records  # noqa: E402
 
 STAND_IN = r'''
 import json, os, signal, sys, time

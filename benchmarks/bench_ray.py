@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_launcher import REPO, STAND_IN, launch, make_pod, stop  # noqa: E402
 
 sys.path.insert(0, str(REPO))
-from launcher.events import read_events  # noqa: E402
-from launcher.workers import read_records  # noqa: E402
+from launcher.pod.events import read_events  # noqa: E402
+from launcher.supervise.workers import read_records  # noqa: E402
 from tests.support.ray_cluster import RESOURCE, local_cluster, node_of  # noqa: E402
 
 

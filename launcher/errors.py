@@ -7,5 +7,12 @@ class UserError(Exception):
     exit_code = 2
 
 
+class Refused(Exception):
+    """A judgement, not a mistake: the pod refuses to go on (e.g. the stage canary refused
+    the switch). Exit code 1, one line, nothing switched."""
+
+    exit_code = 1
+
+
 class PodBusy(UserError):
     """Another launcher holds the pod, or a worker already runs on a requested GPU."""

@@ -20,7 +20,7 @@ from fractus.continuous_engine import ContinuousThoughtEngine
 from fractus.data import batch_from_window
 from fractus.legacy import load_engine, strip_compiled_prefix
 from fractus.nn import attention
-from launcher.adoption import read_adoption
+from launcher.pod.adoption import read_adoption
 from launcher.cli import main as cli_main
 from tests.support.v1_run import (START_TOKENS, TARGET, V1_VOCAB, v1_run, write_pt_shard,
                                   write_v1_checkpoint)
@@ -167,8 +167,8 @@ def test_unknown_gpu_is_refused_unless_told_where_it_starts(tmp_path, capsys):
                                 "shard": "data/shard_gpu2.pt"}
     assert tracker["gpu_0"] == {"start_token": START_TOKENS[0]}   # the user's entries as they were
     # launch accepts the merged brain (its config names GPU 0) as GPU 2's start at token 0
-    from launcher.ckpt_trust import check_entry
-    from launcher.manifest import read_manifest
+    from launcher.pod.ckpt_trust import check_entry
+    from launcher.pod.manifest import read_manifest
     manifest = read_manifest(run / "checkpoints/RESUME_MANIFEST_8GPU.json")
     check_entry(manifest, run, 2, lambda gpu: f"data/shard_gpu{gpu}.pt")
 

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.canary import SCRATCH_DIR, CanarySettings, load_canary_settings, run_canary
-from launcher.canary_compare import Tolerance, compare_approximate, compare_exact
-from launcher.criteria import Criteria
+from launcher.checks.canary import SCRATCH_DIR, CanarySettings, load_canary_settings, run_canary
+from launcher.checks.canary_compare import Tolerance, compare_approximate, compare_exact
+from launcher.checks.criteria import Criteria
 from launcher.errors import UserError
-from launcher.manifest import read_manifest
-from launcher.podconfig import load_config
-from launcher.workers import read_records
+from launcher.pod.manifest import read_manifest
+from launcher.config.podconfig import load_config
+from launcher.supervise.workers import read_records
 
 from tests.support.pods import stage1_pod
 
@@ -74,9 +74,9 @@ def check_untouched(pod: Path, before: dict, result) -> None:
 
 # ---- real processes ----------------------------------------------------------------------
 def test_canary_passes_stage_1_to_2_sequentially(pod, monkeypatch, capsys):
-    import launcher.progress
-    monkeypatch.setattr(launcher.progress, "PLAIN_FIRST_S", 0.0)   # every progress line
-    monkeypatch.setattr(launcher.progress, "PLAIN_EVERY_S", 0.0)
+    import launcher.pod.progress
+    monkeypatch.setattr(launcher.pod.progress, "PLAIN_FIRST_S", 0.0)   # every progress line
+    monkeypatch.setattr(launcher.pod.progress, "PLAIN_EVERY_S", 0.0)
     before = snapshot(pod)
     entry = read_manifest(pod / load_config(pod).manifest).entries[0]
     result = run_canary(pod, gpu=0, from_stage=1, to_stage=2, steps=STEPS, device="cpu")

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from launcher.ckpt_index import sha256_file
+from launcher.pod.ckpt_index import sha256_file
 from launcher.cli import main as cli_main
-from launcher.events import read_events
+from launcher.pod.events import read_events
 from tests.support.pods import stage1_pod
 from tests.support.worker_utils import REPO_ROOT, run_worker, worker_env
 
@@ -93,7 +93,7 @@ def test_checkpoint_outside_the_pod_is_refused_and_never_linked(pod, tmp_path, c
 
 
 def test_absolute_path_inside_the_pod_is_accepted(pod):
-    from launcher.prepare import load_plan, validate
+    from launcher.supervise.prepare import load_plan, validate
     set_entry(pod, checkpoint=str((pod / CKPT).resolve()))
     plan, manifest = load_plan(pod, 1, None, "0")
     validate(plan, manifest)
@@ -133,7 +133,7 @@ def _legacy_weights_only(ck: dict) -> None:
 
 @pytest.mark.parametrize("edit", [_strip_identity, _legacy_weights_only])
 def test_v1_checkpoints_without_identity_are_accepted(pod, edit):
-    from launcher.prepare import load_plan, validate
+    from launcher.supervise.prepare import load_plan, validate
     data = manifest_of(pod)
     data["run_id"] = "this-run"
     (pod / MANIFEST).write_text(json.dumps(data))

@@ -109,10 +109,10 @@ def test_launcher_own_writes_on_a_full_disk_fail_the_pod_without_a_crash(tmp_pat
     """The launcher's logs/ on a full disk: its pod_state.json write is skipped, not a
     crash, and a failed event write fails the pod with the reason recorded, in the space
     its reserve frees."""
-    from launcher.events import EventLog, read_events
-    from launcher.podconfig import init_pod
-    from launcher.reserve import DiskReserve
-    from launcher.state import read_pod_state
+    from launcher.pod.events import EventLog, read_events
+    from launcher.config.podconfig import init_pod
+    from launcher.pod.reserve import DiskReserve
+    from launcher.pod.live_state import read_pod_state
     from tests.test_launcher_state import _supervisor
     pod = tmp_path / "pod"
     init_pod(pod, "tiny-cpu")

@@ -12,9 +12,9 @@ import json
 
 import yaml
 
-from launcher.ckpt_index import FAILED, PASSED, CheckpointIndex, sha256_file
+from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex, sha256_file
 from launcher.cli import main as cli_main
-from launcher.manifest import read_manifest
+from launcher.pod.manifest import read_manifest
 from tests.test_launcher_e2e import (TEST_CRITERIA, Launcher, events_of, launchers,  # noqa: F401
                                      make_pod)
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fractus.data import synth
-from launcher.ckpt_index import CheckpointIndex
+from launcher.pod.ckpt_index import CheckpointIndex
 from launcher.cli import main as cli_main
 from tests.support.hub_server import test_hub  # noqa: F401  (pytest fixture)
 from tests.test_hub_sync import CKPT, FAST_PASS

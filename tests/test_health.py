@@ -5,9 +5,9 @@ import math
 
 import pytest
 
-from launcher.criteria import Criteria, load_criteria, parse_criteria
+from launcher.checks.criteria import Criteria, load_criteria, parse_criteria
 from launcher.errors import UserError
-from launcher.health import (FAILED, INCONCLUSIVE, RUNNING, SUCCESSFUL, GpuHealth, analyze)
+from launcher.checks.health import (FAILED, INCONCLUSIVE, RUNNING, SUCCESSFUL, GpuHealth, analyze)
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""One writer per hub run (issue 10, item 17): the lease in the hub (launcher/lease.py).
+"""One writer per hub run (issue 10, item 17): the lease in the hub (launcher/hub/lease.py).
 
 A pod rebuilt with `launch --from-hub` takes the run's lease over; the pod it came from is
 refused at its next push ("run taken over by pod X at T"), stops pushing, and says so in
@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from launcher.cli import main as cli_main
-from launcher.from_hub import rebuild_from_hub
+from launcher.hub.from_hub import rebuild_from_hub
 from launcher.hub import open_store
-from launcher.lease import HELD_FILE, LEASE_PATH, RunTakenOver, hub_lease, push_as_writer, take_over
+from launcher.hub.lease import HELD_FILE, LEASE_PATH, RunTakenOver, hub_lease, push_as_writer, take_over
 from tests.support.hub_server import test_hub  # noqa: F401  (pytest fixture)
 from tests.test_hub_paths import add_passed
 from tests.test_hub_sync import FAST_PASS

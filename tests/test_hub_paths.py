@@ -14,10 +14,10 @@ from pathlib import Path
 
 import yaml
 
-from launcher.ckpt_index import PASSED, CheckpointIndex, sha256_file
+from launcher.pod.ckpt_index import PASSED, CheckpointIndex, sha256_file
 from launcher.cli import main as cli_main
-from launcher.manifest import read_manifest, write_manifest
-from launcher.podconfig import load_config
+from launcher.pod.manifest import read_manifest, write_manifest
+from launcher.config.podconfig import load_config
 from tests.test_hub_sync import CKPT, MANIFEST, _checkpoint, pod  # noqa: F401 (fixture)
 from tests.test_launcher_e2e import events_of
 

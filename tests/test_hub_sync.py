@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from launcher.ckpt_index import FAILED, PASSED, CheckpointIndex, sha256_file
+from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex, sha256_file
 from launcher.cli import main as cli_main
 from launcher.hub import IntegrityError, open_store
-from launcher.manifest import apply_checkpoint, read_manifest, write_manifest
-from launcher.podconfig import load_config
-from launcher.sync import MERGED_PATH, record_revision, scrub, send, take_snapshot
+from launcher.pod.manifest import apply_checkpoint, read_manifest, write_manifest
+from launcher.config.podconfig import load_config
+from launcher.hub.sync import MERGED_PATH, record_revision, scrub, send, take_snapshot
 from tests.test_launcher_e2e import (TEST_CRITERIA, TOKENS_PER_STEP, Launcher,  # noqa: F401
                                      events_of, launchers, make_pod, manifest_json,
                                      worker_records)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import shutil
 
 from launcher.cli import main as cli_main
-from launcher.events import read_events
-from launcher.podconfig import load_config
+from launcher.pod.events import read_events
+from launcher.config.podconfig import load_config
 from tests.test_launcher_state import _pod_with_history
 
 
@@ -23,10 +23,10 @@ def test_vanished_file_store_is_an_error_not_recreated(tmp_path, capsys):
     assert "empty or gone" in err and not (pod / "hub").exists()
 
     # A launcher starting on this pod says so at once: an event, and `status`.
-    from launcher.ckpt_index import CheckpointIndex
-    from launcher.events import EventLog
-    from launcher.manifest import read_manifest
-    from launcher.sync import HubSync
+    from launcher.pod.ckpt_index import CheckpointIndex
+    from launcher.pod.events import EventLog
+    from launcher.pod.manifest import read_manifest
+    from launcher.hub.sync import HubSync
     config = load_config(pod)
     HubSync(pod, config, read_manifest(pod / config.manifest), CheckpointIndex(pod),
             EventLog(pod))

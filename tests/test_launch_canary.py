@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.criteria import load_criteria
+from launcher.checks.criteria import load_criteria
 from launcher.errors import UserError
-from launcher.podconfig import Slot, load_config
-from launcher.workers import WorkerSpec, build_env
+from launcher.config.podconfig import Slot, load_config
+from launcher.supervise.workers import WorkerSpec, build_env
 from tests.test_canary import WRONG_KERNEL
 from tests.test_launcher_e2e import (REPO, TEST_CRITERIA, TOKENS_PER_STEP, events_of, make_pod,
                                      manifest_json)
@@ -151,8 +151,8 @@ def test_criteria_accept_canary_and_probe_sections_but_not_typos(tmp_path):
     with pytest.raises(UserError, match="canery"):
         load_criteria(path)
     shipped = REPO / "manifests" / "trusted_loss.yaml"
-    from launcher.canary import load_canary_settings
-    from launcher.probe_check import load_probe_tolerance
+    from launcher.checks.canary import load_canary_settings
+    from launcher.checks.probe_check import load_probe_tolerance
     load_criteria(shipped)
     settings, _ = load_canary_settings(shipped)
     assert (settings.steps, settings.exact["cpu"].rtol, settings.exact["cuda"].rtol) == \

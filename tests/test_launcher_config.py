@@ -4,9 +4,9 @@ import pytest
 import yaml
 
 from launcher.errors import UserError
-from launcher.podconfig import PRESETS, Slot, init_pod, load_config, parse_devices
-from launcher.stages import get_stage, load_stages, parse_stages
-from launcher.workers import WorkerSpec, build_env
+from launcher.config.podconfig import PRESETS, Slot, init_pod, load_config, parse_devices
+from launcher.config.stages import get_stage, load_stages, parse_stages
+from launcher.supervise.workers import WorkerSpec, build_env
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,8 +27,8 @@ def test_init_tiny_cpu_writes_a_loadable_self_contained_pod(tmp_path):
 
 
 def test_the_tiny_preset_gets_a_probe_band_for_its_model_and_keeps_the_comments(tmp_path):
-    from launcher.probe_check import load_probe_tolerance
-    from launcher.podconfig import DEFAULT_MANIFESTS, edit_yaml_values
+    from launcher.checks.probe_check import load_probe_tolerance
+    from launcher.config.podconfig import DEFAULT_MANIFESTS, edit_yaml_values
     tiny, big = tmp_path / "tiny", tmp_path / "big"
     init_pod(tiny, "tiny-cpu")
     init_pod(big, "1b-8gpu")

@@ -19,10 +19,10 @@ import psutil
 import pytest
 import yaml
 
-from launcher.ckpt_index import sha256_file
+from launcher.pod.ckpt_index import sha256_file
 from launcher.cli import main as cli_main
-from launcher.events import read_events
-from launcher.workers import read_records
+from launcher.pod.events import read_events
+from launcher.supervise.workers import read_records
 
 REPO = Path(__file__).resolve().parents[1]
 BATCH, SEQ = 2, 16

@@ -9,12 +9,12 @@ import time
 
 import pytest
 
-from launcher.ckpt_index import FAILED, PASSED, PENDING, CheckpointIndex, sha256_file
+from launcher.pod.ckpt_index import FAILED, PASSED, PENDING, CheckpointIndex, sha256_file
 from launcher.cli import main as cli_main
 from launcher.errors import PodBusy
-from launcher.events import EventLog, read_events
-from launcher.lock import PodLock, read_holder
-from launcher.podconfig import init_pod
+from launcher.pod.events import EventLog, read_events
+from launcher.pod.lock import PodLock, read_holder
+from launcher.config.podconfig import init_pod
 
 
 def fake_checkpoint(pod, gpu, payload: bytes, next_token: int, step: int) -> dict:
@@ -61,7 +61,7 @@ def test_index_refuses_a_retained_file_whose_bytes_changed(tmp_path):
 def test_lock_is_exclusive_and_released_when_the_holder_dies(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c",
                                "import sys, time; from pathlib import Path;"
-                               "from launcher.lock import PodLock;"
+                               "from launcher.pod.lock import PodLock;"
                                "PodLock(Path(sys.argv[1])).acquire(); print('held', flush=True);"
                                "time.sleep(60)", str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
@@ -189,7 +189,7 @@ def test_sync_push_sends_only_passed_checkpoints_and_launch_restores_from_hub(tm
     pulled["gpu_0"]["hub_revision"] = revision
     (other / "checkpoints" / "RESUME_MANIFEST_8GPU.json").write_text(json.dumps(pulled))
     (other / "checkpoints" / "fractus_1b_gpu0.pt").unlink()
-    from launcher.prepare import load_plan, recover_checkpoints
+    from launcher.supervise.prepare import load_plan, recover_checkpoints
     plan, manifest = load_plan(other, 1, "cpu:1", None)
 
     def restore_from_hub(plan, manifest, events):
@@ -205,8 +205,8 @@ def test_sync_push_sends_only_passed_checkpoints_and_launch_restores_from_hub(tm
     assert (other / "checkpoints" / "fractus_1b_gpu0.pt").read_bytes() == b"good"
     assert len([e for e in read_events(other) if e["event"] == "checkpoint_pulled"]) == 2
     # The hashing shows its progress (every line here; by default only past 5 s).
-    import launcher.progress
-    monkeypatch.setattr(launcher.progress, "PLAIN_FIRST_S", 0.0)
+    import launcher.pod.progress
+    monkeypatch.setattr(launcher.pod.progress, "PLAIN_FIRST_S", 0.0)
     capsys.readouterr()
     restore_from_hub(plan, manifest, EventLog(other))
     out = capsys.readouterr().out
@@ -214,8 +214,8 @@ def test_sync_push_sends_only_passed_checkpoints_and_launch_restores_from_hub(tm
 
 
 def _supervisor(pod, stage):
-    from launcher.prepare import load_plan
-    from launcher.supervisor import Supervisor
+    from launcher.supervise.prepare import load_plan
+    from launcher.supervise.supervisor import Supervisor
     plan, manifest = load_plan(pod, stage, "cpu:2", None)
     return Supervisor(plan, manifest, CheckpointIndex(pod), EventLog(pod))
 
@@ -230,8 +230,8 @@ def test_rollback_never_goes_below_stage_1_and_never_loops(tmp_path, stage, roll
     sup = _supervisor(pod, stage)
     sup.rolled_back = rolled_back
     run = sup.runs[1]
-    from launcher.criteria import load_criteria
-    from launcher.health import GpuHealth
+    from launcher.checks.criteria import load_criteria
+    from launcher.checks.health import GpuHealth
     run.health = GpuHealth(load_criteria(pod / "manifests" / "trusted_loss.yaml"), 10)
     run.health.fail("finite", "nan event at step 7")
     sup._rollback([run], auto=True)

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from launcher.manifest import (BackwardsError, ManifestError, apply_checkpoint, apply_rollback,
+from launcher.pod.manifest import (BackwardsError, ManifestError, apply_checkpoint, apply_rollback,
                                read_manifest, write_manifest)
 
 

@@ -1,11 +1,11 @@
-"""launcher.merge: mean of floating tensors, integer buffers from GPU 0, carried state dropped."""
+"""launcher.hub.merge: mean of floating tensors, integer buffers from GPU 0, carried state dropped."""
 
 from pathlib import Path
 
 import pytest
 import torch
 
-from launcher.merge import is_carried_state, merge_checkpoints
+from launcher.hub.merge import is_carried_state, merge_checkpoints
 
 
 def _legacy_checkpoint(legacy_fixture_dir: Path) -> dict:

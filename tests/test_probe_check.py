@@ -12,8 +12,8 @@ from fractus.continuous_engine import ContinuousThoughtEngine
 from fractus.data import synth
 from fractus.eval.probe import ProbeConfig, probe_checkpoint
 from launcher.errors import UserError
-from launcher.health import FAILED, INCONCLUSIVE, SUCCESSFUL
-from launcher.probe_check import (Baseline, ProbeTolerance, ProbeUnavailable, check_probe,
+from launcher.checks.health import FAILED, INCONCLUSIVE, SUCCESSFUL
+from launcher.checks.probe_check import (Baseline, ProbeTolerance, ProbeUnavailable, check_probe,
                                   load_probe_tolerance, probe_verdict, run_probe_process)
 
 ABS = ProbeTolerance(band=0.25)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from fractus.eval.probe import probe_checkpoint
-from launcher.manifest import read_manifest
-from launcher.podconfig import load_config
+from launcher.pod.manifest import read_manifest
+from launcher.config.podconfig import load_config
 
 from tests.support.pods import stage1_pod
 

@@ -2,7 +2,7 @@
 
 One model's weights saved the ways the user's run holds them: a v1 file (`_orig_mod.`
 prefixes, the v1 TARGET keys and no vocab_size, 50257 implied, the head in
-tokens_processed), the merged brain (launcher/merge.py, no head), a bare state_dict (no
+tokens_processed), the merged brain (launcher/hub/merge.py, no head), a bare state_dict (no
 config: the pod's `model`), and fractus-pod's full checkpoint. Each must probe to the
 numbers of the same weights, in this process, through `python -m fractus.eval.probe`, and
 through `fractus-pod probe --gpu i` on a pod whose manifest is the tracker's
@@ -26,7 +26,7 @@ from fractus.continuous_engine import ContinuousThoughtEngine
 from fractus.data import synth
 from fractus.eval.probe import ProbeConfig, probe_checkpoint
 from launcher.cli import main as cli_main
-from launcher.merge import merge_checkpoints
+from launcher.hub.merge import merge_checkpoints
 from tests.support.v1_run import START_TOKENS, v1_run
 from tests.test_launcher_e2e import (BATCH, SEQ, TEST_CRITERIA, Launcher, events_of,  # noqa: F401
                                      launchers)

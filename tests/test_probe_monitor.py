@@ -1,4 +1,4 @@
-"""The AR probe as a supervisor health check (issue 6): launcher/probe_monitor.py.
+"""The AR probe as a supervisor health check (issue 6): launcher/checks/probe_monitor.py.
 
 Unit tests drive the monitor with a stand-in runner (threads, no model); the end-to-end
 tests launch the real supervisor on a tiny CPU pod whose probes are real child processes.
@@ -15,13 +15,13 @@ import time
 import pytest
 import yaml
 
-from launcher.ckpt_index import CheckpointIndex
-from launcher.criteria import parse_criteria
+from launcher.pod.ckpt_index import CheckpointIndex
+from launcher.checks.criteria import parse_criteria
 from launcher.errors import UserError
-from launcher.health import FAILED, INCONCLUSIVE, SUCCESSFUL, GpuHealth
-from launcher.probe_check import (ProbeSchedule, ProbeTolerance, ProbeUnavailable,
+from launcher.checks.health import FAILED, INCONCLUSIVE, SUCCESSFUL, GpuHealth
+from launcher.checks.probe_check import (ProbeSchedule, ProbeTolerance, ProbeUnavailable,
                                   load_probe_schedule, load_probe_tolerance)
-from launcher.probe_monitor import BASELINE, ProbeMonitor, apply_outcome
+from launcher.checks.probe_monitor import BASELINE, ProbeMonitor, apply_outcome
 from tests.test_launcher_e2e import (TEST_CRITERIA, Launcher, events_of, launchers,  # noqa: F401
                                      make_pod, wait_for)
 

@@ -1,4 +1,4 @@
-"""Progress of long operations (launcher/progress.py) on stdout without a terminal: a quick
+"""Progress of long operations (launcher/pod/progress.py) on stdout without a terminal: a quick
 operation prints nothing, a slow one prints its lines; off the main thread nothing. And the
 real sites: merge and hub pull (the canary's: tests/test_canary.py)."""
 
@@ -9,16 +9,16 @@ import threading
 import pytest
 import torch
 
-import launcher.progress
+import launcher.pod.progress
 from launcher.cli import main as cli_main
 from launcher.hub import open_store
-from launcher.progress import progress
+from launcher.pod.progress import progress
 
 
 @pytest.fixture
 def every_line(monkeypatch):
-    monkeypatch.setattr(launcher.progress, "PLAIN_FIRST_S", 0.0)
-    monkeypatch.setattr(launcher.progress, "PLAIN_EVERY_S", 0.0)
+    monkeypatch.setattr(launcher.pod.progress, "PLAIN_FIRST_S", 0.0)
+    monkeypatch.setattr(launcher.pod.progress, "PLAIN_EVERY_S", 0.0)
 
 
 def test_quick_operation_prints_nothing(capsys):
@@ -55,7 +55,7 @@ def test_merge_shows_each_checkpoint(tmp_path, capsys, every_line):
     pod = tmp_path / "pod"
     assert cli_main(["--pod-dir", str(pod), "init", "--no-data"]) == 0
     (pod / "checkpoints").mkdir(exist_ok=True)
-    from launcher.manifest import read_manifest, write_manifest
+    from launcher.pod.manifest import read_manifest, write_manifest
     manifest = read_manifest(pod / "checkpoints" / "RESUME_MANIFEST_8GPU.json")
     for gpu in (0, 1):
         _checkpoint(pod / "checkpoints" / f"fractus_1b_gpu{gpu}.pt", float(gpu))

@@ -11,12 +11,12 @@ import signal
 import pytest
 import yaml
 
-from launcher.ckpt_index import FAILED, PASSED, CheckpointIndex
-from launcher.events import EventLog, read_events
-from launcher.manifest import read_manifest
-from launcher.podconfig import init_pod
-from launcher.prepare import load_plan
-from launcher.state import read_pod_state
+from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex
+from launcher.pod.events import EventLog, read_events
+from launcher.pod.manifest import read_manifest
+from launcher.config.podconfig import init_pod
+from launcher.supervise.prepare import load_plan
+from launcher.pod.live_state import read_pod_state
 from launcher.supervise.state import (
     GpuEvent,
     GpuState,
@@ -26,7 +26,7 @@ from launcher.supervise.state import (
     exit_event,
     transition,
 )
-from launcher.supervisor import Supervisor
+from launcher.supervise.supervisor import Supervisor
 from tests.support.fake_backend import TOKENS_PER_STEP, FakeBackend
 
 

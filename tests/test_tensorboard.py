@@ -9,8 +9,8 @@ import json
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from launcher.events import EventLog
-from launcher.tensorboard_events import TENSORBOARD_RUN, EventsToTensorBoard
+from launcher.pod.events import EventLog
+from launcher.supervise.tensorboard_events import TENSORBOARD_RUN, EventsToTensorBoard
 from tests.support.worker_utils import read_jsonl, run_worker, worker_env, write_synth_shard
 
 

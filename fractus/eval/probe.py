@@ -8,7 +8,7 @@ Protocol (shared/spec/MODEL.md, "Trusted loss"), per probe row:
 Rows are consecutive windows of the shard starting at the GPU's train head (tokens not yet
 trained on), or ending there when the head is too close to the end. Each row's own AR is
 reported too (`ar_rows`): their spread is the probe's window-to-window noise, on which the
-launcher calibrates its verdict (launcher/probe_check.py). Deterministic: no sampling, and
+launcher calibrates its verdict (launcher/checks/probe_check.py). Deterministic: no sampling, and
 the model runs in float32 on the CPU unless told otherwise.
 
 Any checkpoint the worker trains from: fractus-pod's full checkpoints, v1 files (their head

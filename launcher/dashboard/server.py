@@ -10,7 +10,7 @@ GET /api/data?points=N&version=V
                  per poll.
 
 It only reads the pod's files, with or without a running launcher, and every answer goes
-through the same token scrub as `status` (launcher.sync.scrub).
+through the same token scrub as `status` (launcher.hub.sync.scrub).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from urllib.parse import parse_qs, urlparse
 
 from launcher.dashboard.series import PodSeries, metrics_files
 from launcher.dashboard.timeline import MARKER_COLORS, read_timeline
-from launcher.events import EVENTS_FILE
+from launcher.pod.events import EVENTS_FILE
 
 STATIC_DIR = Path(__file__).with_name("static")
 STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
@@ -61,7 +61,7 @@ class DashboardData:
         return format(hash(tuple(parts)) & (2**63 - 1), "x")
 
     def payload(self, points: int) -> dict:
-        from launcher.status import collect
+        from launcher.cli.status import collect
         with self._lock:
             version = self.version()
             self.series.refresh()
@@ -85,7 +85,7 @@ def _floats(values) -> list:
 
 
 def _scrubbed_json(obj) -> bytes:
-    from launcher.sync import scrub
+    from launcher.hub.sync import scrub
     return scrub(json.dumps(obj, default=str, allow_nan=False)).encode()
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.events import read_events
+from launcher.pod.events import read_events
 
 # event -> marker kind (the page and the plot colour by kind)
 MARKER_KINDS = {

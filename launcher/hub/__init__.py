@@ -29,7 +29,7 @@ line, never contains the token, and exit 2 for user mistakes. PushConflict means
 writer changed the same paths: stop and report, do not force. IntegrityError means bytes did
 not match their recorded sha256: they were not installed.
 
-The merge of GPU checkpoints lives in `launcher.merge.merge_checkpoints`.
+The merge of GPU checkpoints lives in `launcher.hub.merge.merge_checkpoints`.
 """
 
 from .integrity import INDEX_PATH, FileEntry, HubError, IntegrityError, PushConflict

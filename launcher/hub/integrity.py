@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import BinaryIO, Mapping
 
+from launcher.pod.paths import HUB_SCRATCH_DIR as SCRATCH_DIR  # noqa: F401 (re-exported)
+
 INDEX_PATH = "hub_index.json"
 INDEX_FORMAT = "fractus-hub-index/1"
 # Scratch space of the store inside the pod (staging of downloads); never pushed.
-SCRATCH_DIR = ".fractus_hub"
 
 CHUNK = 8 << 20  # 8 MiB reads: large enough that hashing, not syscalls, sets the pace
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")

@@ -17,7 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from launcher.progress import progress
+from launcher.pod.progress import progress
 
 from .integrity import (
     INDEX_PATH,

@@ -13,8 +13,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.podconfig import Slot
-from launcher.workers import WorkerSpec, metrics_path
+from launcher.config.podconfig import Slot
+from launcher.supervise.workers import WorkerSpec, metrics_path
 
 
 @dataclass

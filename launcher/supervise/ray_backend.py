@@ -23,12 +23,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher.events import EventLog
-from launcher.podconfig import PodConfig, Slot
+from launcher.pod.events import EventLog
+from launcher.config.podconfig import PodConfig, Slot
 from launcher.supervise.backend import WorkerBackend, WorkerExit, WorkerHandle
 from launcher.supervise.ray_node import NodeWorker
 from launcher.supervise.ray_settings import RaySettings
-from launcher.workers import WorkerSpec, build_env
+from launcher.supervise.workers import WorkerSpec, build_env
 
 POLL_WAIT_S = 5.0          # a node slower than this to answer is asked again next poll
 # At most one round trip to the nodes every 2 s, whatever the pod's poll_interval_s: each
@@ -247,7 +247,7 @@ class RayBackend(WorkerBackend):
             try:
                 revision = self.ray.get(push.ref)
             except Exception as exc:         # the node, the hub: retried with the next pass
-                from launcher.sync import describe_error
+                from launcher.hub.sync import describe_error
                 cause = getattr(exc, "cause", None) or exc
                 self.events.emit("sync_failed", reason="node push", gpu=gpu, node=push.node,
                                  error=describe_error(cause),

@@ -1,13 +1,13 @@
 """The part of the Ray backend that runs ON a node: one actor per GPU (`NodeWorker`).
 
-The actor starts the same worker program as the local backend (launcher/child.py: `python
+The actor starts the same worker program as the local backend (launcher/supervise/child.py: `python
 -P`, a scrubbed environment, SIGTERM when its parent, the actor, dies) in the node's own
 directory, with the same worker settings; then, asked by the launcher once per poll, it
 hands over the complete metrics lines the worker appended (the launcher writes them into
 the pod directory on the head, where the supervisor reads them as on one machine).
 
 Checkpoints stay on the node's disk: each checkpoint event is hard-linked at once
-(launcher.ckpt_index, as on the head) so the worker's rotation cannot delete it before the
+(launcher.pod.ckpt_index, as on the head) so the worker's rotation cannot delete it before the
 launcher judges it; a checkpoint that passed is pushed from here to the hub, which is what
 carries weights between machines. A GPU placed on a node that lacks its checkpoint pulls
 it from the hub revision the launcher names (sha256-verified) before the worker starts.
@@ -24,10 +24,10 @@ import subprocess
 import threading
 from pathlib import Path
 
-from launcher import child
-from launcher.ckpt_index import FAILED, PASSED, CheckpointIndex, sha256_file
-from launcher.manifest import relative_to_pod
-from launcher.workers import kill, terminate, worker_log_path
+from launcher.supervise import child
+from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex, sha256_file
+from launcher.pod.manifest import relative_to_pod
+from launcher.supervise.workers import kill, terminate, worker_log_path
 
 # Settings resolved against the node's directory, else the head's pod directory (the same
 # machine or a shared filesystem): shards and a model file are the user's to place.

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.supervise.backend import WorkerBackend, WorkerExit, WorkerHandle
-from launcher.workers import WorkerSpec
+from launcher.supervise.workers import WorkerSpec
 
 TOKENS_PER_STEP = 64
 

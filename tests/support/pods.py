@@ -10,10 +10,10 @@ import subprocess
 from pathlib import Path
 
 from fractus.data import synth
-from launcher.manifest import apply_checkpoint, read_manifest, write_manifest
-from launcher.podconfig import Slot, init_pod, load_config
-from launcher.stages import load_stages
-from launcher.workers import WorkerSpec, build_env, metrics_path, read_records, worker_command
+from launcher.pod.manifest import apply_checkpoint, read_manifest, write_manifest
+from launcher.config.podconfig import Slot, init_pod, load_config
+from launcher.config.stages import load_stages
+from launcher.supervise.workers import WorkerSpec, build_env, metrics_path, read_records, worker_command
 
 
 def stage1_pod(pod: Path, steps: int = 3) -> Path:

@@ -1,0 +1,1 @@
+"""judging a run: health checks, criteria, canary, AR probe."""

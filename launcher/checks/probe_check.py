@@ -1,0 +1,304 @@
+"""The AR probe as a health check (issue 6): its verdict against the stage's baseline AR.
+
+The probe itself is fractus/eval/probe.py. Here: the tolerance (the `probe:` section of
+trusted_loss.yaml, with defaults), the verdict, and a runner that probes in another
+process, so training never waits for it and a probe that crashes, hangs or cannot read
+its files makes the check Inconclusive instead of taking the launcher down.
+
+    result = run_probe_process("checkpoints/fractus_1b_gpu0.pt", "data/shard_phase2_gpu0.npy")
+    status, reason = probe_verdict(result, Baseline.of(baseline_result), load_probe_tolerance(path))
+
+The allowed rise is calibrated on measured noise (issue 9): the baseline was probed on R_b
+windows (rows) whose ARs spread with sample standard deviation s; a probe on R_c other
+windows differs from it by window noise alone with standard error
+    sigma = s * sqrt(1/R_b + 1/R_c)
+so a rise counts only past k * sigma, and never below a floor (band nats, or
+relativeBand x |baseline| when set): the floor is all there is when the spread is zero or
+unknown (a baseline given as a bare number). The trusted-loss rules a probe can judge
+(the user's docs/TRUSTED_LOSS.md): uniform guessing over V tokens scores ln(V); a free run
+with AR above ln(V) and ARacc <= offManifoldAcc is off-manifold. A probe off-manifold
+against a measured baseline (a probe's, not a bare number) that beat the uniform guess
+(AR <= ln(V)) fails whatever the rise; a
+baseline above ln(V) never was on the manifold (whatever a hit or two of ARacc says), so
+there the noise decides; the state is named in every reason.
+
+Verdicts (the health checks' vocabulary):
+    Failed        AR above baseline by more than the limit, not finite (NaN/Inf logits),
+                  or the free run went off-manifold from a baseline on it
+    Inconclusive  the probe could not run, or there is no finite baseline to compare with
+    Successful    AR within the limit of the baseline
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.supervise import child
+from launcher.errors import UserError
+from launcher.checks.health import FAILED, INCONCLUSIVE, SUCCESSFUL
+from launcher.config.yamlfile import read_yaml
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The AR a stage's probes are judged against, with what it was measured on."""
+    ar: float
+    ar_rows: tuple[float, ...] = ()    # the AR of each baseline window: the noise
+    ar_acc: float | None = None
+    vocab_size: int | None = None
+
+    @classmethod
+    def of(cls, value) -> "Baseline | None":
+        """From a number (no noise known), a probe result or a recorded baseline (dicts
+        with "ar" and maybe "ar_rows", "ar_acc", "vocab_size"), a ProbeResult, or None."""
+        if value is None or isinstance(value, Baseline):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return cls(float(value))
+        get = value.get if isinstance(value, dict) else lambda k: getattr(value, k, None)
+        ar = get("ar")
+        if isinstance(ar, bool) or not isinstance(ar, (int, float)):
+            return None
+        rows = get("ar_rows") or ()
+        acc, vocab = get("ar_acc"), get("vocab_size")
+        return cls(float(ar), tuple(float(r) for r in rows),
+                   float(acc) if isinstance(acc, (int, float)) else None,
+                   int(vocab) if isinstance(vocab, int) else None)
+
+    def windows(self) -> list[float]:
+        """The windows' ARs that are numbers (a NaN window says nothing of the noise)."""
+        return [r for r in self.ar_rows if math.isfinite(r)]
+
+    def spread(self) -> float | None:
+        """Sample standard deviation of the windows' ARs; None under two windows."""
+        rows = self.windows()
+        if len(rows) < 2:
+            return None
+        mean = sum(rows) / len(rows)
+        return math.sqrt(sum((r - mean) ** 2 for r in rows) / (len(rows) - 1))
+
+
+def uniform_ar(vocab_size: int) -> float:
+    """CE of a uniform guess over the vocabulary: ln(V) (10.82 for GPT-2's 50257)."""
+    return math.log(vocab_size)
+
+
+@dataclass(frozen=True)
+class ProbeTolerance:
+    """A rise of AR counts past k standard errors of the window noise (module docstring),
+    never below the floor: `band` nats, or `relativeBand` x |baseline| when set (which then
+    wins, as in the lb_band check). Off-manifold: ARacc <= offManifoldAcc with AR > ln(V)."""
+    band: float = 0.25
+    relativeBand: float | None = None
+    k: float = 3.0
+    offManifoldAcc: float = 0.01
+
+    def floor(self, baseline_ar: float) -> float:
+        if self.relativeBand is not None:
+            return self.relativeBand * abs(baseline_ar)
+        return self.band
+
+    def limit(self, baseline: Baseline, check_rows: int) -> tuple[float, str]:
+        """(the largest rise that passes, how it was set) for a probe of `check_rows` windows."""
+        floor = self.floor(baseline.ar)
+        how_floor = (f"relativeBand {self.relativeBand:g}" if self.relativeBand is not None
+                     else f"band {self.band:g}")
+        spread = baseline.spread()
+        if spread is None:
+            return floor, f"{how_floor}; baseline noise unknown"
+        windows = len(baseline.windows())
+        sigma = spread * math.sqrt(1 / windows + 1 / max(1, check_rows))
+        noise = (f"noise sigma {sigma:.4f} from the spread {spread:.4f} of "
+                 f"{windows} baseline windows")
+        if self.k * sigma >= floor:
+            return self.k * sigma, f"k {self.k:g} x {noise}"
+        return floor, f"floor {how_floor} > k {self.k:g} x {noise}"
+
+    def off_manifold(self, ar: float, ar_acc: float | None, vocab_size: int | None) -> bool | None:
+        """None when the probe does not say (no ARacc or no vocabulary size)."""
+        if ar_acc is None or vocab_size is None:
+            return None
+        return ar_acc <= self.offManifoldAcc and ar > uniform_ar(vocab_size)
+
+
+@dataclass(frozen=True)
+class ProbeSchedule:
+    """When the supervisor probes (launcher/checks/probe_monitor.py): every `every`-th new
+    checkpoint of each GPU (0 = never), at most `parallel` probe processes at once across
+    the pod, each killed after `timeout_s` (the check is then Inconclusive), each on
+    `rows` windows (None: the probe's default; more windows measure the noise better)."""
+    every: int = 0
+    parallel: int = 1
+    timeout_s: float = 900.0
+    rows: int | None = None
+
+
+_TOLERANCE_KEYS = {"band", "relativeBand", "k", "offManifoldAcc"}
+_SCHEDULE_KEYS = {"every": int, "parallel": int, "timeout_s": float, "rows": int}
+
+
+def _probe_section(criteria_path: str | Path) -> tuple[Path, dict]:
+    path = Path(criteria_path)
+    data = read_yaml(path, "criteria file") or {}
+    section = (data.get("probe") if isinstance(data, dict) else None) or {}
+    if not isinstance(section, dict) or set(section) - _TOLERANCE_KEYS - set(_SCHEDULE_KEYS):
+        raise UserError(f"{path}: probe: expected keys from "
+                        f"{sorted(_TOLERANCE_KEYS | set(_SCHEDULE_KEYS))}, got {section!r}")
+    return path, section
+
+
+def _schedule_values(path: Path, section: dict) -> dict:
+    values = {}
+    for key, kind in _SCHEDULE_KEYS.items():
+        if key not in section:
+            continue
+        value = section[key]
+        least = 0 if key == "every" else 1
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= least \
+                or (kind is int and value != int(value)):
+            raise UserError(f"{path}: probe.{key}: expected "
+                            f"{'an integer' if kind is int else 'a number'} >= {least}, "
+                            f"got {value!r}")
+        values[key] = kind(value)
+    return values
+
+
+def load_probe_tolerance(criteria_path: str | Path) -> ProbeTolerance:
+    """The `probe:` section of trusted_loss.yaml; defaults for what is missing. The
+    schedule keys are checked too, so one call refuses any mistake in the section."""
+    path, section = _probe_section(criteria_path)
+    _schedule_values(path, section)
+    values = {}
+    for key, value in section.items():
+        if key not in _TOLERANCE_KEYS or (value is None and key == "relativeBand"):
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise UserError(f"{path}: probe.{key}: expected a number >= 0, got {value!r}")
+        values[key] = float(value)
+    return ProbeTolerance(**values)
+
+
+def load_probe_schedule(criteria_path: str | Path) -> ProbeSchedule:
+    """The schedule keys of the `probe:` section (every, parallel, timeout_s)."""
+    path, section = _probe_section(criteria_path)
+    return ProbeSchedule(**_schedule_values(path, section))
+
+
+def _field(result, key: str):
+    """A number from a ProbeResult or its dict (--json output); None when absent."""
+    value = result.get(key) if isinstance(result, dict) else getattr(result, key, None)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else value
+
+
+def manifold_note(result, tolerance: ProbeTolerance) -> str:
+    """Where the free run stands against the uniform guess: '' when the probe does not say."""
+    vocab, ar, acc = _field(result, "vocab_size"), _field(result, "ar"), _field(result, "ar_acc")
+    if not isinstance(vocab, float) or not isinstance(ar, float) or not math.isfinite(ar):
+        return ""
+    level = uniform_ar(int(vocab))
+    side = "above" if ar > level else "at or below"
+    off = tolerance.off_manifold(ar, acc, int(vocab))
+    state = f"; off-manifold (ARacc {acc:.3f})" if off else ""
+    return f"; AR {side} the uniform guess ln(V) {level:.2f}{state}"
+
+
+def probe_verdict(result, baseline, tolerance: ProbeTolerance = ProbeTolerance(),
+                  error: str | None = None) -> tuple[str, str]:
+    """(status, reason) for one probe `result` (ProbeResult, its dict, or None when the
+    probe could not run; `error` then says why) against the stage's `baseline` (a
+    Baseline, or anything Baseline.of reads: a bare number carries no noise)."""
+    if result is None or error is not None:
+        return INCONCLUSIVE, f"probe could not run: {error or 'no result'}"
+    ar = _field(result, "ar")
+    if not isinstance(ar, float) or not math.isfinite(ar):
+        return FAILED, f"AR is not finite ({ar!r}): the model's free-run logits are NaN/Inf"
+    note = manifold_note(result, tolerance)
+    base = baseline if isinstance(baseline, Baseline) else Baseline.of(baseline)
+    if base is None or not math.isfinite(base.ar):
+        return INCONCLUSIVE, (f"AR {ar:.4f}, but no finite baseline AR to compare with "
+                              f"({baseline!r}){note}")
+    vocab = _field(result, "vocab_size")
+    if isinstance(vocab, float) and tolerance.off_manifold(ar, _field(result, "ar_acc"), int(vocab)) \
+            and base.ar_acc is not None and base.ar <= uniform_ar(int(vocab)):
+        return FAILED, (f"AR {ar:.4f} vs baseline {base.ar:.4f}: the free run went "
+                        f"off-manifold (the baseline beat the uniform guess){note}")
+    rows = len(_field(result, "ar_rows") or ()) or int(_field(result, "rows") or 1)
+    limit, how = tolerance.limit(base, rows)
+    rise = ar - base.ar
+    if rise > limit:
+        return FAILED, (f"AR {ar:.4f} above baseline {base.ar:.4f} by {rise:.4f} > "
+                        f"{limit:.4f} ({how}){note}")
+    return SUCCESSFUL, (f"AR {ar:.4f} vs baseline {base.ar:.4f} ({rise:+.4f}, "
+                        f"limit {limit:.4f}, {how}){note}")
+
+
+class ProbeUnavailable(RuntimeError):
+    """The probe process could not produce a result (the check is Inconclusive)."""
+
+
+def run_probe_process(checkpoint: str | Path, shard: str | Path, head: int | None = None,
+                      rows: int | None = None, device: str = "cpu", timeout_s: float = 900,
+                      cwd: str | Path | None = None, threads: int = 1,
+                      model: str | None = None) -> dict:
+    """`python -m fractus.eval.probe --json` in a child process -> its result dict
+    (ar, ar_acc, cold_tf, start, rows, next_token, ar_rows, vocab_size). `head`: where
+    the windows start when the checkpoint records no train head (the merged brain) or
+    another one; `model`: the config of a checkpoint that carries none (a bare
+    state_dict; a preset or a file relative to `cwd`). Raises ProbeUnavailable."""
+    command = ["python", "-m", "fractus.eval.probe", "--checkpoint", str(checkpoint),
+               "--shard", str(shard), "--device", device, "--json"]
+    if head is not None:
+        command += ["--head", str(head)]
+    if rows is not None:
+        command += ["--rows", str(rows)]
+    if model is not None:
+        command += ["--model", model]
+    env = dict(os.environ)
+    if device == "cpu":   # never fight the training workers for every core
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+                   CUDA_VISIBLE_DEVICES="")
+    try:
+        done = child.run(command, cwd=cwd, env=env, timeout_s=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise ProbeUnavailable(f"probe timed out after {timeout_s:g} s") from None
+    if done.returncode != 0:
+        lines = [s for s in done.stderr.splitlines() if s.strip()]
+        raise ProbeUnavailable(f"probe exited {done.returncode}: "
+                               f"{lines[-1][:300] if lines else 'no output'}")
+    for line in reversed(done.stdout.splitlines()):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and "ar" in record:
+            return record
+    raise ProbeUnavailable("probe printed no JSON result")
+
+
+@dataclass(frozen=True)
+class ProbeCheck:
+    status: str
+    reason: str
+    result: dict | None
+
+    def to_dict(self) -> dict:
+        return {"status": self.status, "reason": self.reason, "result": self.result}
+
+
+def check_probe(checkpoint: str | Path, shard: str | Path, baseline,
+                tolerance: ProbeTolerance = ProbeTolerance(), **probe_kwargs) -> ProbeCheck:
+    """Probe in another process and judge it against `baseline` (see probe_verdict);
+    never raises for a probe that cannot run."""
+    try:
+        result = run_probe_process(checkpoint, shard, **probe_kwargs)
+    except ProbeUnavailable as exc:
+        status, reason = probe_verdict(None, baseline, tolerance, error=str(exc))
+        return ProbeCheck(status, reason, None)
+    status, reason = probe_verdict(result, baseline, tolerance)
+    return ProbeCheck(status, reason, result)

@@ -1,0 +1,364 @@
+"""The AR probe as one of the supervisor's health checks (issue 6).
+
+The supervisor hands every new checkpoint to a ProbeMonitor; every `probe.every`-th one of
+a GPU is probed (launcher/checks/probe_check.py: `python -m fractus.eval.probe` in a child
+process, one thread waiting on it), so neither the training workers nor the supervisor's
+poll loop ever wait for a probe. Each poll collects the probes that finished.
+
+The stage's baseline on a GPU (its AR and the ARs of the windows it was measured on, whose
+spread is the noise the verdict is calibrated on), first found wins:
+  1. the baseline recorded for the stage and GPU in logs/probe_baselines.json
+     (`fractus-pod probe --gpu i --record-baseline`),
+  2. a probe of the checkpoint the GPU resumed from when the stage started (at the
+     manifest's start token: a v1 file or the merged brain may record another head, or none),
+  3. on a fresh GPU (nothing to resume from), its first probed checkpoint.
+A probe that cannot run is Inconclusive; one whose AR exceeds the baseline by more than the
+`probe:` tolerance (launcher/checks/probe_check.py) is Failed: the GPU fails its stage like any
+other check (rollback path), and the probed checkpoint and every newer one are marked
+failed so rollback never restores them.
+
+At most one probe per GPU is in flight, and at most `probe.parallel` across the pod (a CPU
+probe of a large model holds its weights in host memory); a GPU's newer checkpoint
+replaces one still waiting to be probed. A checkpoint to probe is hard-linked under
+checkpoints/probe/ when it is queued: the worker's rotation and the index's pruning of
+retained links may delete every other name for it before its probe starts. Each hold has a
+name of its own (a counter), so a probe that ends after a rollback restarted the stage
+removes its own link and never the new stage's (issue 10, item 7).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from launcher.pod.paths import PROBE_DIR  # noqa: F401 (re-exported)
+from launcher.pod.ckpt_index import FAILED as CK_FAILED
+from launcher.checks.criteria import CheckSpec
+from launcher.checks.health import (
+    FAILED,
+    INCONCLUSIVE,
+    SUCCESSFUL,
+    CheckState,
+    GpuHealth,
+    Measurement,
+)
+from launcher.checks.probe_check import (
+    Baseline,
+    ProbeSchedule,
+    ProbeTolerance,
+    ProbeUnavailable,
+    load_probe_schedule,
+    load_probe_tolerance,
+    probe_verdict,
+    run_probe_process,
+)
+
+BASELINE = "baseline"          # an outcome that set the baseline (no verdict)
+CHECK_NAME = "probe"           # its name among the GPU's health checks
+PROBE_MODULE = "fractus.eval.probe"
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    gpu: int
+    checkpoint: str            # relative to the pod directory
+    shard: str
+    role: str                  # "baseline" (the resume checkpoint) or "check"
+    sha256: str | None = None
+    step: int | None = None
+    head: int | None = None    # where its windows start (None: the head the file records)
+
+
+@dataclass
+class ProbeOutcome:
+    request: ProbeRequest
+    status: str                # SUCCESSFUL / FAILED / INCONCLUSIVE, or BASELINE
+    reason: str
+    result: dict | None = None
+    seconds: float = 0.0
+    baseline: Baseline | None = None
+
+    @property
+    def baseline_ar(self) -> float | None:
+        return self.baseline.ar if self.baseline else None
+
+    def event_fields(self) -> dict:
+        r = self.request
+        numbers = {k: self.result.get(k) for k in ("ar", "ar_acc", "cold_tf", "ar_rows")} \
+            if self.result else {}
+        return {"gpu": r.gpu, "role": r.role, "status": self.status, "reason": self.reason,
+                "checkpoint": r.checkpoint, "sha256": r.sha256, "step": r.step,
+                "baseline_ar": self.baseline_ar,
+                "baseline_spread": self.baseline.spread() if self.baseline else None,
+                "seconds": round(self.seconds, 2), **numbers}
+
+
+@dataclass
+class _GpuProbes:
+    waiting: deque = field(default_factory=deque)
+    in_flight: ProbeRequest | None = None
+    baseline: Baseline | None = None
+    baseline_source: str | None = None
+    seen: int = 0              # new checkpoints since the stage started
+    vouched_step: int | None = None   # newest checkpoint step a probe did not fail
+    waiting_since: int = 0     # when its queue last became non-empty (fair turns)
+
+
+class ProbeMonitor:
+    def __init__(self, pod_dir: Path, schedule: ProbeSchedule, tolerance: ProbeTolerance,
+                 runner=run_probe_process, model: str | None = None):
+        self.pod_dir, self.schedule, self.tolerance = pod_dir, schedule, tolerance
+        self.runner = runner
+        self.model = model          # the pod's model: the config of a bare state_dict
+        self.gpus: dict[int, _GpuProbes] = {}
+        self.generation = 0
+        self._ticket = 0
+        self._holds = 0             # names each hard link of ours apart
+        self._done: queue.Queue = queue.Queue()
+
+    @classmethod
+    def from_criteria(cls, pod_dir: Path, criteria_path: Path,
+                      model: str | None = None) -> "ProbeMonitor | None":
+        """None when the criteria file turns probing off (`probe.every: 0`, the default)."""
+        schedule = load_probe_schedule(criteria_path)
+        if schedule.every <= 0:
+            return None
+        return cls(pod_dir, schedule, load_probe_tolerance(criteria_path), model=model)
+
+    # ---- inputs -------------------------------------------------------------------
+    def start_stage(self, stage: int, resume: dict[int, tuple[str | None, str]],
+                    heads: dict[int, int] | None = None) -> None:
+        """A stage (re)starts: `resume` maps each GPU to (checkpoint it resumed from or
+        None, its shard), `heads` to the token it resumed at (the manifest's). Probes of
+        the previous stage still running are ignored."""
+        from launcher.supervise.manual import read_baselines
+        self.generation += 1
+        recorded = read_baselines(self.pod_dir).get(str(stage), {})
+        for probes in self.gpus.values():
+            for request in probes.waiting:
+                self._unlink(request)
+        self.gpus = {}
+        for gpu, (checkpoint, shard) in resume.items():
+            probes = _GpuProbes()
+            baseline = Baseline.of(recorded.get(str(gpu)))
+            if baseline is not None:
+                probes.baseline = baseline
+                probes.baseline_source = f"recorded for stage {stage}"
+            elif checkpoint is not None:
+                # Held at once: the worker rewrites the file it resumed from at its first save.
+                held = self._hold(gpu, checkpoint, "resume")
+                if held is not None:
+                    self._enqueue(probes, ProbeRequest(gpu, held, shard, BASELINE,
+                                                       head=(heads or {}).get(gpu)))
+            self.gpus[gpu] = probes
+
+    def on_checkpoint(self, gpu: int, checkpoint: str, shard: str, sha256: str | None,
+                      step: int | None) -> bool:
+        """A new checkpoint of `gpu`; True when it will be probed."""
+        probes = self.gpus.setdefault(gpu, _GpuProbes())
+        probes.seen += 1
+        if probes.seen % self.schedule.every:
+            return False
+        # A newer checkpoint replaces one still waiting (the baseline request stays first).
+        # The GPU keeps its place in line: were it sent to the back, a GPU whose checkpoints
+        # come faster than a probe takes would never be probed (and none of them pass).
+        place = probes.waiting_since if probes.waiting else None
+        for stale in [r for r in probes.waiting if r.role != BASELINE]:
+            probes.waiting.remove(stale)
+            self._unlink(stale)
+        held = self._hold(gpu, checkpoint, sha256)
+        if held is None:
+            return False        # the file is gone already: nothing to probe
+        self._enqueue(probes, ProbeRequest(gpu, held, shard, "check", sha256, step))
+        if place is not None:
+            probes.waiting_since = place
+        return True
+
+    def probe_final(self, gpu: int, checkpoint: str, shard: str, sha256: str | None,
+                    step: int | None) -> bool:
+        """A clean end of the run: probe the GPU's last checkpoint whatever `every` says,
+        so it can pass and go up with the final push. True when a probe is now due."""
+        probes = self.gpus.get(gpu)
+        if probes is None or step is None or (probes.vouched_step or -1) >= step:
+            return False
+        if any(r.sha256 == sha256 for r in [probes.in_flight, *probes.waiting] if r):
+            return True         # already queued or running
+        held = self._hold(gpu, checkpoint, sha256)
+        if held is None:
+            return False
+        self._enqueue(probes, ProbeRequest(gpu, held, shard, "check", sha256, step))
+        return True
+
+    def probing(self, gpus) -> int:
+        """How many of `gpus` still have a probe running or waiting."""
+        return sum(1 for gpu in gpus if (p := self.gpus.get(gpu)) and (p.in_flight or p.waiting))
+
+    def widen_for_finish(self, probes_due: int, checkpoint_bytes: int) -> int:
+        """The workers have stopped: the final probes may use the host. As many at once as
+        are due, bounded by free memory (a CPU probe holds about 2.5x its checkpoint: the
+        loaded file and the model built from it), each with an equal share of the cores.
+        Returns how many run at once."""
+        import psutil
+        by_memory = int(psutil.virtual_memory().available // max(1, int(2.5 * checkpoint_bytes)))
+        parallel = max(1, min(probes_due, by_memory))
+        threads = max(1, (os.cpu_count() or 1) // parallel)
+        self.schedule = dataclasses.replace(self.schedule, parallel=parallel)
+        if threads > 1:
+            self.runner = functools.partial(self.runner, threads=threads)
+        return parallel
+
+    def _enqueue(self, probes: _GpuProbes, request: ProbeRequest) -> None:
+        if not probes.waiting:
+            self._ticket += 1
+            probes.waiting_since = self._ticket
+        probes.waiting.append(request)
+
+    def _hold(self, gpu: int, checkpoint: str, sha256: str | None) -> str | None:
+        """A hard link to `checkpoint` of our own (relative to the pod), or the path
+        itself where links are not possible."""
+        source = self.pod_dir / checkpoint
+        self._holds += 1
+        name = f"{PROBE_DIR}/gpu{gpu}-{(sha256 or 'x')[:16]}-{self._holds}.pt"
+        target = self.pod_dir / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp")
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(source, tmp)
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return checkpoint
+        os.replace(tmp, target)
+        return name
+
+    def _unlink(self, request: ProbeRequest) -> None:
+        if request.checkpoint.startswith(PROBE_DIR + "/"):
+            (self.pod_dir / request.checkpoint).unlink(missing_ok=True)
+
+    # ---- the poll ---------------------------------------------------------------------
+    def poll(self) -> list[ProbeOutcome]:
+        """Judge the probes that finished since the last poll, then start waiting ones."""
+        outcomes = []
+        while True:
+            try:
+                generation, request, result, error, seconds = self._done.get_nowait()
+            except queue.Empty:
+                break
+            if generation != self.generation or request.gpu not in self.gpus:
+                self._unlink(request)
+                continue            # a probe of a stage the pod has left
+            probes = self.gpus[request.gpu]
+            probes.in_flight = None
+            self._unlink(request)
+            outcome = self._judge(probes, request, result, error, seconds)
+            if request.role != BASELINE and outcome.status != FAILED and request.step is not None:
+                probes.vouched_step = max(probes.vouched_step or 0, request.step)
+            outcomes.append(outcome)
+        running = sum(p.in_flight is not None for p in self.gpus.values())
+        ready = sorted((p for p in self.gpus.values() if p.in_flight is None and p.waiting),
+                       key=lambda p: p.waiting_since)      # the longest-waiting GPU first
+        for probes in ready[:max(0, self.schedule.parallel - running)]:
+            self._start(probes, probes.waiting.popleft())
+            if probes.waiting:
+                self._ticket += 1
+                probes.waiting_since = self._ticket
+        return outcomes
+
+    def vouched_step(self, gpu: int) -> int | None:
+        """Checkpoints up to this step may pass: the newest probed one of the stage did not
+        fail (Successful, Inconclusive, or the stage's first probe, which is the baseline).
+        Without this gate a checkpoint would pass on the metrics alone while its probe is
+        still running, and rollback could restore the very state a probe then fails."""
+        probes = self.gpus.get(gpu)
+        return probes.vouched_step if probes else None
+
+    def busy(self) -> bool:
+        return any(p.in_flight is not None or p.waiting for p in self.gpus.values())
+
+    def close(self) -> None:
+        """Stop: ignore running probes and end their processes (our own children only)."""
+        self.generation += 1
+        self.gpus = {}
+        import psutil
+        for child in psutil.Process().children(recursive=False):
+            try:
+                if PROBE_MODULE in " ".join(child.cmdline()):
+                    child.kill()
+            except psutil.Error:
+                pass
+        for link in (self.pod_dir / PROBE_DIR).glob("gpu*.pt"):
+            link.unlink(missing_ok=True)
+
+    def _start(self, probes: _GpuProbes, request: ProbeRequest) -> None:
+        probes.in_flight = request
+        generation = self.generation
+
+        def work():
+            began = time.monotonic()
+            result = error = None
+            try:
+                result = self.runner(request.checkpoint, request.shard, cwd=self.pod_dir,
+                                     timeout_s=self.schedule.timeout_s, head=request.head,
+                                     rows=self.schedule.rows, model=self.model)
+            except ProbeUnavailable as exc:
+                error = str(exc)
+            except Exception as exc:          # never let a probe take the launcher down
+                error = f"{type(exc).__name__}: {exc}"
+            self._done.put((generation, request, result, error, time.monotonic() - began))
+
+        threading.Thread(target=work, name=f"probe-gpu{request.gpu}", daemon=True).start()
+
+    def _judge(self, probes: _GpuProbes, request: ProbeRequest, result, error,
+               seconds: float) -> ProbeOutcome:
+        ar = result.get("ar") if result else None
+        usable = error is None and isinstance(ar, (int, float)) and math.isfinite(ar)
+        if request.role == BASELINE or (usable and probes.baseline_source is None):
+            if usable:
+                probes.baseline = Baseline.of(result)
+                probes.baseline_source = ("resume checkpoint" if request.role == BASELINE
+                                          else "first probe of the stage")
+                spread = probes.baseline.spread()
+                noise = "" if spread is None else f", window spread {spread:.4f}"
+                return ProbeOutcome(request, BASELINE, f"baseline AR {ar:.4f} "
+                                    f"({probes.baseline_source}{noise})", result, seconds,
+                                    probes.baseline)
+            # The resume checkpoint gave no AR: the stage's first check probe sets one.
+            _, reason = probe_verdict(result, None, self.tolerance, error=error)
+            return ProbeOutcome(request, INCONCLUSIVE, f"baseline: {reason}", result, seconds)
+        status, reason = probe_verdict(result, probes.baseline, self.tolerance, error=error)
+        return ProbeOutcome(request, status, reason, result, seconds, probes.baseline)
+
+
+def apply_outcome(outcome: ProbeOutcome, health: GpuHealth, index) -> None:
+    """A probe's verdict joins the GPU's health checks. Failed: the GPU fails its stage
+    and the probed checkpoint and every newer one of that GPU are marked failed.
+    Inconclusive/Successful: a measurement of the `probe` check, so a stage whose probes
+    never ran is held Inconclusive instead of passing."""
+    if outcome.status == BASELINE:
+        return
+    reason = f"{outcome.reason} ({outcome.request.checkpoint})"
+    if outcome.status == FAILED:
+        health.fail(CHECK_NAME, reason)
+        _fail_from(outcome.request, index, reason)
+        return
+    check = health.checks.setdefault(CHECK_NAME, CheckState(CHECK_NAME, CheckSpec()))
+    check.record(Measurement(True if outcome.status == SUCCESSFUL else None, reason))
+
+
+def _fail_from(request: ProbeRequest, index, reason: str) -> None:
+    rows = index.for_gpu(request.gpu)
+    probed = next((r for r in rows if r["sha256"] == request.sha256), None)
+    if probed is None:
+        return
+    for record in rows:
+        if record["next_token"] >= probed["next_token"] and record["verdict"] != CK_FAILED:
+            index.mark(request.gpu, record["sha256"], CK_FAILED, f"AR probe failed: {reason}")

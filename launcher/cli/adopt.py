@@ -1,0 +1,36 @@
+"""`fractus-pod adopt`: take over a reference-trainer run directory (launcher/pod/adopt.py)."""
+
+from __future__ import annotations
+
+import click
+
+from launcher.cli.hub import pod_dir_of, pod_dir_option
+
+
+@click.command()
+@pod_dir_option
+@click.option("--devices", default=None,
+              help="GPUs to adopt, e.g. cuda:0-7 or cpu:2 (default: every GPU the manifests "
+                   "list, on CUDA).")
+@click.option("--model", default=None, metavar="PRESET|FILE",
+              help="The model config (default: the checkpoints'; a bare state_dict: 1b).")
+@click.option("--init-new-from", "init_new_from", default=None, metavar="PATH",
+              help="Checkpoint a GPU no manifest lists starts from, at token 0 of its shard "
+                   "(e.g. checkpoints/FRACTUS_1B_STAGE2_MERGED.pt).")
+@click.option("--manifest", default=None, metavar="PATH",
+              help="Adopt this manifest only (default: every RESUME_MANIFEST* the run has).")
+@click.pass_context
+def adopt(ctx, devices, model, init_new_from, manifest) -> None:
+    """Take over this run directory unchanged: find its manifests, checkpoints and shards,
+    hash them, write fractus-pod.yaml naming them, keep the originals as the adoption
+    baseline. Exit 2, one line per problem and nothing written, if a GPU cannot resume."""
+    from launcher.pod.adopt import adopt as adopt_run
+    from launcher.pod.adopt import table
+    pod_dir = pod_dir_of(ctx)
+    adoption = adopt_run(pod_dir, devices, model, init_new_from, manifest)
+    for line in table(adoption):
+        click.echo(line)
+    click.echo(f"adopted {len(adoption.gpus)} GPU(s): fractus-pod.yaml names these files; "
+               f"manifest {adoption.manifest.path.relative_to(pod_dir)}; originals kept "
+               f"under checkpoints/adopted/")
+    click.echo(f"next: fractus-pod --pod-dir {pod_dir} launch --stage 1")

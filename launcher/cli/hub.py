@@ -1,0 +1,140 @@
+"""`fractus-pod sync push|pull|history` and `fractus-pod merge`: thin wrappers, the work
+lives in launcher.hub, launcher.hub.sync(_push), launcher.hub.pull and launcher.hub.merge. Registered on
+the `fractus-pod` group by launcher/cli/main.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from launcher.errors import UserError
+
+
+POD_DIR_HELP = "Pod working directory (default: $FRACTUS_POD_DIR or the current directory)."
+
+
+def pod_dir_of(ctx: click.Context) -> Path:
+    """The --pod-dir of the `fractus-pod` group (launcher/cli/main.py), absolute."""
+    return Path(ctx.obj["pod_dir"]).resolve()
+
+
+def pod_dir_option(command):
+    """`--pod-dir` after the subcommand too (`fractus-pod status --pod-dir X`): people type
+    it where they type every other option. Given there, it overrides the group's."""
+    def remember(ctx: click.Context, _param, value: str | None) -> None:
+        if value is not None:
+            ctx.obj["pod_dir"] = value
+    return click.option("--pod-dir", default=None, expose_value=False, callback=remember,
+                        help=POD_DIR_HELP)(command)
+
+
+@click.group()
+@pod_dir_option
+def sync() -> None:
+    """Push to / pull from the pod's hub store (the `hub:` of fractus-pod.yaml)."""
+
+
+def _hub_errors(fn):
+    """Hub failures are one line: a bad URL or path is a user error (exit 2), a network or
+    integrity failure exit 1. The hub's messages never contain the token."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from launcher.hub import HubError
+        try:
+            return fn(*args, **kwargs)
+        except HubError as exc:
+            raise click.ClickException(str(exc)) from None
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+    return wrapper
+
+
+def _store(pod_dir: Path):
+    from launcher.config.podconfig import load_config
+    config = load_config(pod_dir)
+    if not config.hub:
+        raise UserError("no hub configured: set `hub:` in fractus-pod.yaml "
+                        "(file://DIR or hf://owner/repo)")
+    from launcher.hub import open_store
+    return open_store(config.hub, pod_dir)
+
+
+@sync.command("history")
+@pod_dir_option
+@click.pass_context
+@_hub_errors
+def sync_history(ctx) -> None:
+    """Revisions of the hub store, newest first."""
+    store = _store(pod_dir_of(ctx))
+    entries = store.history()
+    if not entries:
+        click.echo(f"no revisions in {store.url} yet (`fractus-pod sync push`, or a running "
+                   f"launcher pushes every sync interval)")
+    for entry in entries:
+        click.echo(f"{entry.revision[:12]}  {entry.timestamp.isoformat(timespec='seconds')}  "
+                   f"{entry.message}")
+
+
+@sync.command("push")
+@pod_dir_option
+@click.option("--message", "-m", default="fractus-pod sync push")
+@click.pass_context
+@_hub_errors
+def sync_push(ctx, message: str) -> None:
+    """Push every GPU's newest passed checkpoint and the manifest as one revision."""
+    from launcher.config.podconfig import load_config
+    from launcher.hub.sync_push import push_now
+    pod_dir = pod_dir_of(ctx)
+    _store(pod_dir)                        # refuses a pod without a hub
+    revision, noted, skipped = push_now(pod_dir, load_config(pod_dir), message)
+    click.echo(f"skipped: revision {revision} already holds these checkpoints" if skipped
+               else f"pushed revision {revision}")
+    click.echo(f"manifest: hub_revision recorded for GPU(s) {noted}" if noted else
+               "manifest: hub_revision unchanged (a running launcher records it, or the "
+               "manifest names newer checkpoints than the ones that passed)")
+
+
+@sync.command("pull")
+@pod_dir_option
+@click.option("--revision", default=None, help="Revision to pull (default: the newest).")
+@click.option("--from", "from_url", default=None, metavar="URL",
+              help="The hub to pull from (hf://owner/repo or file://DIR); default: the pod's "
+                   "`hub:`. Into a new folder, this is all it needs.")
+@click.option("--force", is_flag=True,
+              help="Replace the manifest or a checkpoint it names with other bytes.")
+@click.argument("paths", nargs=-1)
+@click.pass_context
+@_hub_errors
+def sync_pull(ctx, revision, from_url, force, paths) -> None:
+    """Pull files (default: all) from the hub store, verified by sha256."""
+    from launcher.hub.pull import pull_into_pod
+    url, rev, pulled = pull_into_pod(pod_dir_of(ctx), from_url, revision, list(paths), force)
+    for rel in sorted(pulled):
+        click.echo(f"pulled {rel}")
+    click.echo(f"from {url} at revision {rev[:12]}")
+
+
+@click.command()
+@pod_dir_option
+@click.option("--out", default="checkpoints/FRACTUS_1B_8GPU_MERGED.pt", show_default=True)
+@click.pass_context
+def merge(ctx, out: str) -> None:
+    """Mean of the floating tensors of every GPU's checkpoint (streamed)."""
+    from launcher.pod.manifest import read_manifest
+    from launcher.hub.merge import merge_checkpoints
+    from launcher.config.podconfig import load_config
+    pod_dir = pod_dir_of(ctx)
+    config = load_config(pod_dir)
+    manifest = read_manifest(pod_dir / config.manifest)
+    paths = [pod_dir / e["checkpoint"] for _, e in sorted(manifest.entries.items())
+             if e.get("checkpoint")]
+    if not paths:
+        raise UserError("the manifest names no checkpoint to merge")
+    try:
+        merge_checkpoints(paths, pod_dir / out)
+    except (ValueError, FileNotFoundError) as exc:
+        raise UserError(f"merge: {exc}") from None
+    click.echo(f"merged {len(paths)} checkpoints -> {out}")

@@ -1,0 +1,323 @@
+"""`fractus-pod status`: the pod as its files describe it (works with or without a launcher).
+
+Sources: logs/pod_state.json (the launcher's view: pids, verdicts), the manifest (resume
+points, hub revisions), each worker's METRICS file (latest numbers), logs/events.jsonl,
+logs/sync_state.json (the hub sync: last pushed revision and time, last error),
+logs/canary.json (the last stage canary's verdict, written by `launch`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import psutil
+
+from launcher.pod.paths import CANARY_FILE  # noqa: F401 (re-exported)
+from launcher.pod.ckpt_index import CheckpointIndex
+from launcher.pod.events import read_events
+from launcher.checks.health import PENDING, RUNNING
+from launcher.pod.lock import read_holder
+from launcher.pod.manifest import ManifestError, atomic_write_text, read_manifest, recorded_stage
+from launcher.config.podconfig import PodConfig, parse_devices
+from launcher.pod.live_state import read_pod_state
+from launcher.supervise.workers import metrics_path
+
+TAIL_BYTES = 64 * 1024
+
+
+def write_canary_state(pod_dir: Path, record: dict) -> None:
+    """The last canary's verdict (a CanaryResult dict, or a skip), for `status`."""
+    path = pod_dir / CANARY_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps({"ts": time.time(), **record}, default=str) + "\n")
+
+
+def read_canary_state(pod_dir: Path) -> dict | None:
+    try:
+        record = json.loads((pod_dir / CANARY_FILE).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def last_metrics(path: Path) -> dict | None:
+    """The newest metrics record of a METRICS file, reading only its tail."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - TAIL_BYTES))
+            lines = f.read().split(b"\n")
+    except FileNotFoundError:
+        return None
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
+        if isinstance(record, dict) and record.get("type") == "metrics":
+            return record
+    return None
+
+
+def _shard_len(pod_dir: Path, rel: str) -> int | None:
+    from launcher.supervise.prepare import shard_length
+    try:
+        return shard_length(pod_dir / rel)
+    except (ManifestError, FileNotFoundError, OSError):
+        return None
+
+
+def _alive(pid) -> bool:
+    try:
+        return pid is not None and psutil.Process(int(pid)).status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, ValueError):
+        return False
+
+
+def collect(pod_dir: Path, config: PodConfig, n_events: int = 8) -> dict:
+    now = time.time()
+    holder = read_holder(pod_dir)
+    state = read_pod_state(pod_dir) if holder is not None else None
+    last_state = state or read_pod_state(pod_dir) or {}
+    try:
+        manifest = read_manifest(pod_dir / config.manifest)
+        entries, manifest_error = manifest.entries, None
+    except ManifestError as exc:
+        entries, manifest_error = {}, str(exc)
+    try:   # the GPUs this pod runs; a manifest entry for another index is no GPU of it
+        gpus = sorted({s.gpu for s in parse_devices(config.devices)})
+    except Exception:
+        gpus = sorted(entries)
+    unrun = sorted(set(entries) - set(gpus))
+    index = CheckpointIndex(pod_dir)
+    gpu_states = (state or {}).get("gpus", {})
+    last_gpu_states = last_state.get("gpus", {})     # verdicts survive the launcher
+    rows = []
+    for gpu in gpus:
+        entry = entries.get(gpu, {})
+        live = gpu_states.get(str(gpu), {})
+        last = last_gpu_states.get(str(gpu), {})
+        metrics = last_metrics(pod_dir / metrics_path(gpu)) or {}
+        if state and metrics.get("ts", 0) < state.get("started_at", 0):
+            metrics = {}          # a line from before this launch: not this run's numbers
+        shard = entry.get("shard") or config.shard_path(gpu)
+        length = _shard_len(pod_dir, shard)
+        # Running: the worker's newest line is the truth; stopped: the manifest is (the
+        # final checkpoint comes after the last metrics line, a rollback before it).
+        next_token = (metrics.get("next_token") if state and metrics else None)
+        if next_token is None:
+            next_token = entry.get("start_token", metrics.get("next_token"))
+        ckpt = pod_dir / entry["checkpoint"] if entry.get("checkpoint") else None
+        ckpt_age = now - ckpt.stat().st_mtime if ckpt is not None and ckpt.exists() else None
+        pid, node = live.get("pid"), live.get("node")
+        verdict, reason = last.get("verdict"), last.get("reason")
+        if state is None and verdict in (PENDING, RUNNING):
+            # Nothing measures any more: the last run's checks stopped where it stopped.
+            verdict, reason = "Incomplete", f"the last run stopped at {reason}"
+        rows.append({
+            "gpu": gpu,
+            "pid": pid,
+            "node": node,
+            # A pid on another machine (a Ray node) cannot be checked from here.
+            "alive": _alive(pid) if node is None else live.get("state") == "running",
+            "state": live.get("state", "not running"),
+            "stage": entry.get("stage"),
+            "next_token": next_token,
+            "start_token": entry.get("start_token"),
+            "shard_tokens": length,
+            "shard_pct": (100.0 * next_token / length) if length and next_token is not None
+            else None,
+            "ema_tf": metrics.get("ema_tf", entry.get("ema_tf")),
+            "ema_ss": metrics.get("ema_ss"),
+            "lb": metrics.get("lb", entry.get("lb")),
+            "tok_s": metrics.get("tok_s"),
+            "mem_gb": metrics.get("mem_gb"),
+            "metrics_age_s": now - metrics["ts"] if metrics.get("ts") else None,
+            "checkpoint": entry.get("checkpoint"),
+            "checkpoint_age_s": ckpt_age,
+            "checkpoint_problem": _checkpoint_problem(pod_dir, gpu, entry, index),
+            "hub_revision": entry.get("hub_revision"),
+            "verdict": verdict,
+            "reason": reason,
+            "restarts": last.get("restarts", 0),
+            "last_error": last.get("last_error"),
+            "verdict_from_last_run": state is None and bool(last),
+        })
+    pod_state = (state or {}).get("pod_state") if holder is not None else None
+    if pod_state is None:
+        pod_state = {"failed": "FAILED"}.get(last_state.get("pod_state"), "not running")
+    return {
+        "pod_dir": str(pod_dir),
+        "launcher_pid": (holder or {}).get("pid") if holder is not None else None,
+        "pod_state": pod_state.upper() if pod_state != "not running" else pod_state,
+        "stage": last_state.get("stage") if state else recorded_stage(entries),
+        "stage_name": last_state.get("stage_name") if state else None,
+        "reason": last_state.get("reason"),
+        "uptime_s": now - state["started_at"] if state and state.get("started_at") else None,
+        "manifest_error": manifest_error,
+        "manifest_unrun_gpus": unrun,
+        "devices": config.devices,
+        "gpus": rows,
+        "events": read_events(pod_dir, last=n_events),
+        "sync": _sync_report(pod_dir, config, now),
+        "canary": _canary_report(pod_dir),
+    }
+
+
+def _checkpoint_problem(pod_dir: Path, gpu: int, entry: dict,
+                        index: CheckpointIndex) -> str | None:
+    """Why the checkpoint the manifest names is not the one it records (None: it is). A file
+    replaced behind the manifest's back (a `sync pull --force`, a copy) would otherwise only
+    show when a launch resumes from it."""
+    rel, recorded = entry.get("checkpoint"), entry.get("checkpoint_sha256")
+    if not rel:
+        return None
+    path = pod_dir / rel
+    if not path.is_file():
+        return f"{rel} is missing"
+    if not recorded:
+        return None
+    try:
+        actual = index.file_sha256(gpu, path, recorded)
+    except OSError as exc:
+        return f"{rel} cannot be read: {exc.strerror or exc}"
+    if actual == recorded or any(r["sha256"] == actual for r in index.pending(gpu)):
+        return None     # (or a newer checkpoint the running launcher is recording)
+    return (f"{rel} does not hold the bytes the manifest records (sha256 {actual[:12]}..., "
+            f"manifest {recorded[:12]}...): it was replaced after the launcher recorded it")
+
+
+def _canary_report(pod_dir: Path) -> dict | None:
+    """The last canary without its per-step rows (those stay in logs/events.jsonl)."""
+    record = read_canary_state(pod_dir)
+    if record is None:
+        return None
+    return {k: record.get(k) for k in ("ts", "status", "passed", "from_stage", "to_stage",
+                                       "gpu", "device", "exact", "reason", "seconds")}
+
+
+def _sync_report(pod_dir: Path, config: PodConfig, now: float) -> dict | None:
+    """The hub sync as the launcher (or `sync push`) last recorded it; errors re-scrubbed."""
+    from launcher.hub.sync import read_sync_state, scrub
+    if not config.hub:
+        return None
+    state = read_sync_state(pod_dir)
+    error = state.get("last_error")
+
+    def age(key):
+        return now - state[key] if isinstance(state.get(key), (int, float)) else None
+    return {"hub": config.hub,
+            "interval_s": config.sync_settings().interval_s,
+            "last_revision": state.get("last_revision"),
+            "last_success_at": state.get("last_success_at"),
+            "last_success_age_s": age("last_success_at"),
+            "last_pushed_tokens": state.get("last_pushed_tokens"),
+            "in_flight": bool(state.get("in_flight")),
+            "last_result": state.get("last_result"),
+            "last_error": scrub(error) if error else None,
+            "last_error_at": state.get("last_error_at"),
+            "last_error_age_s": age("last_error_at"),
+            "taken_over": state.get("taken_over")}
+
+
+def _held(tokens: dict | None) -> str:
+    """What the last push holds, per GPU: a GPU whose newest checkpoint is not verified yet
+    shows no hub rev in its row, and this says how far its hub copy goes."""
+    if not tokens:
+        return ""
+    return ", holding " + " ".join(f"gpu{g}@{int(t):,}" for g, t in
+                                   sorted(tokens.items(), key=lambda kv: int(kv[0])))
+
+
+def _fmt(value, spec: str = "", none: str = "-") -> str:
+    if value is None:
+        return none
+    return format(value, spec) if spec else str(value)
+
+
+def _age(seconds) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
+
+
+def render(report: dict):
+    """A rich renderable: pod header, per-GPU table, recent events."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    head = (f"pod {report['pod_dir']}: {report['pod_state']}"
+            f"  stage {_fmt(report['stage'])}"
+            + (f" ({report['stage_name']})" if report.get("stage_name") else "")
+            + (f"  uptime {_age(report['uptime_s'])}" if report.get("uptime_s") else "")
+            + (f"  launcher pid {report['launcher_pid']}" if report.get("launcher_pid") else ""))
+    parts = [Text(head, style="bold")]
+    if report.get("reason"):
+        parts.append(Text(f"reason: {report['reason']}"))
+    if report.get("manifest_error"):
+        parts.append(Text(f"manifest: {report['manifest_error']}", style="red"))
+    if report.get("manifest_unrun_gpus"):
+        names = ", ".join(f"gpu_{g}" for g in report["manifest_unrun_gpus"])
+        parts.append(Text(f"manifest also lists {names}, which this pod's devices "
+                          f"({report['devices']}) do not run: kept, not shown", style="yellow"))
+    table = Table(show_header=True, header_style="bold")
+    for col in ("GPU", "pid", "NODE", "state", "stage", "next_token", "shard %", "ema_tf", "ema_ss",
+                "lb", "tok/s", "mem GB", "ckpt age", "hub rev", "verdict", "reason"):
+        table.add_column(col, overflow="fold")
+    for r in report["gpus"]:
+        pid = f"{r['pid']}{'' if r['alive'] else ' (dead)'}" if r["pid"] else "-"
+        table.add_row(str(r["gpu"]), pid, _fmt(r.get("node"))[:12], r["state"], _fmt(r["stage"]),
+                      _fmt(r["next_token"], ","), _fmt(r["shard_pct"], ".2f"),
+                      _fmt(r["ema_tf"], ".4f"), _fmt(r["ema_ss"], ".4f"), _fmt(r["lb"], ".3f"),
+                      _fmt(r["tok_s"], ".0f"), _fmt(r["mem_gb"], ".2f"),
+                      _age(r["checkpoint_age_s"]), _fmt(r["hub_revision"])[:12],
+                      _fmt(r["verdict"]) + (" (last run)" if r["verdict_from_last_run"] else ""),
+                      _fmt(r["reason"]))
+    parts.append(table)
+    for r in report["gpus"]:
+        if r.get("last_error"):
+            parts.append(Text(f"GPU {r['gpu']} last error: {r['last_error']}", style="red"))
+        if r.get("checkpoint_problem"):
+            parts.append(Text(f"GPU {r['gpu']} checkpoint: {r['checkpoint_problem']}",
+                              style="red"))
+    sync = report.get("sync")
+    if sync:
+        line = (f"hub {sync['hub']} (every {_age(sync['interval_s'])}): last push "
+                + (f"{sync['last_revision'][:12]} at "
+                   f"{time.strftime('%H:%M:%S', time.localtime(sync['last_success_at'] or 0))} "
+                   f"({_age(sync['last_success_age_s'])} ago)"
+                   if sync.get("last_revision") else "none yet")
+                + _held(sync.get("last_pushed_tokens"))
+                + (" ; pushing now" if sync.get("in_flight") else ""))
+        parts.append(Text(line))
+        if sync.get("taken_over"):
+            parts.append(Text(f"hub: {sync['taken_over']}", style="red"))
+        elif sync.get("last_error"):
+            parts.append(Text(f"hub last error ({_age(sync['last_error_age_s'])} ago"
+                              + (", since succeeded" if sync.get("last_result") == "ok" else "")
+                              + f"): {sync['last_error']}",
+                              style="yellow" if sync.get("last_result") == "ok" else "red"))
+    canary = report.get("canary")
+    if canary:
+        when = time.strftime("%H:%M:%S", time.localtime(canary.get("ts") or 0))
+        style = {"Successful": "green", "Failed": "red", "Inconclusive": "yellow"}.get(
+            canary.get("status"), None)
+        parts.append(Text(f"last canary ({when}, stage {_fmt(canary.get('from_stage'))} -> "
+                          f"{_fmt(canary.get('to_stage'))}, GPU {_fmt(canary.get('gpu'))}): "
+                          f"{canary.get('status')}: {canary.get('reason')}", style=style))
+    if report["events"]:
+        parts.append(Text("recent events:", style="bold"))
+        for e in report["events"]:
+            when = time.strftime("%H:%M:%S", time.localtime(e.get("ts", 0)))
+            rest = {k: v for k, v in e.items() if k not in ("ts", "event")}
+            parts.append(Text(f"  {when} {e.get('event')} {json.dumps(rest, default=str)[:160]}"))
+    return Group(*parts)

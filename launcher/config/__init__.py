@@ -1,0 +1,1 @@
+"""the files a person writes: fractus-pod.yaml, stages, YAML reading."""

@@ -1,0 +1,110 @@
+"""`fractus-pod launch --from-hub URL [--revision R]`: rebuild a pod from the hub alone.
+
+The user's lesson: a rented host can vanish, so a new pod must be able to start from what
+the hub holds. One pinned revision gives the pod config, the stage and criteria files, the
+manifest and the checkpoints it names; the launch then resumes every GPU at the manifest's
+tokens exactly as if the old pod had been stopped there.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from launcher.pod.manifest import atomic_write_text, write_manifest
+from launcher.config.podconfig import CONFIG_NAME, PodConfig, parse_devices
+
+
+def absolute_hub_url(url: str, base: Path) -> str:
+    """A relative file:// URL given on the command line means relative to `base` (the
+    current directory), not to the new pod."""
+    if url.startswith("file://") and url[len("file://"):] and \
+            not Path(url[len("file://"):]).expanduser().is_absolute():
+        return f"file://{(base / url[len('file://'):]).resolve()}"
+    return url
+
+
+def rebuild_from_hub(pod_dir: Path, url: str,
+                     revision: str | None) -> tuple[str, PodConfig, dict]:
+    """Fill an EMPTY pod directory from one pinned hub revision: config, stage/criteria
+    files, manifest and the checkpoints it names (each verified by sha256 against the hub
+    index AND the manifest). Shards come from the config's own path; the tiny preset's
+    synthetic shards are regenerated from their seed. The new pod then takes over the run's
+    hub lease (launcher/hub/lease.py): the pod it was rebuilt from stops pushing to the run.
+    Returns (revision, config, the lease taken)."""
+    from launcher.errors import UserError
+    if pod_dir.exists() and (not pod_dir.is_dir() or any(pod_dir.iterdir())):
+        raise UserError(f"--from-hub rebuilds a pod in an EMPTY directory; {pod_dir} is not "
+                        f"empty (use a new --pod-dir, or plain `launch` to resume this pod)")
+    url = absolute_hub_url(url, Path.cwd())
+    created = not pod_dir.exists()
+    pod_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        rev, config = _rebuild(pod_dir, url, revision)
+        from launcher.hub import open_store
+        from launcher.hub.lease import take_over
+        return rev, config, take_over(open_store(url, pod_dir), pod_dir)
+    except BaseException:
+        # Leave the directory as empty as it was, so the same command can simply be rerun.
+        for child in list(pod_dir.iterdir()):
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+        if created:
+            pod_dir.rmdir()
+        raise
+
+
+def keep_hub(pod_dir: Path, url: str, note: str) -> None:
+    """A config pulled from a store keeps pointing at that store: its `hub:` may be relative
+    to the pod that pushed it (file://hub), which means nothing here."""
+    import yaml
+    path = pod_dir / CONFIG_NAME
+    data = yaml.safe_load(path.read_text()) or {}
+    if isinstance(data, dict) and data.get("hub") != url:
+        data["hub"] = url
+        atomic_write_text(path, f"# {note}\n" + yaml.safe_dump(data, sort_keys=False))
+
+
+def _rebuild(pod_dir: Path, url: str, revision: str | None) -> tuple[str, PodConfig]:
+    from launcher.errors import UserError
+    from launcher.hub import IntegrityError, open_store
+    from launcher.pod.manifest import read_manifest
+    from launcher.config.podconfig import load_config, write_demo_shards
+    store = open_store(url, pod_dir)
+    rev = store.resolve(revision)
+    tracked = store.files(rev)
+    if CONFIG_NAME not in tracked:
+        raise UserError(f"revision {rev[:12]} of {url} holds no {CONFIG_NAME}: not a pod "
+                        f"pushed by fractus-pod")
+    store.pull([CONFIG_NAME], rev)
+    keep_hub(pod_dir, url, f"rebuilt from {url} at revision {rev}")
+    config = load_config(pod_dir)
+    store.pull([p for p in (config.manifest, config.stages, config.criteria, config.model)
+                if p in tracked], rev)
+    manifest = read_manifest(pod_dir / config.manifest)
+    if not manifest.exists:
+        raise UserError(f"revision {rev[:12]} of {url} holds no manifest {config.manifest}")
+    wanted = []
+    for gpu, entry in sorted(manifest.entries.items()):
+        rel = entry.get("checkpoint")
+        if not rel:
+            continue
+        held = tracked.get(rel)
+        if held is None or held.sha256 != entry.get("checkpoint_sha256"):
+            raise IntegrityError(f"revision {rev[:12]}: gpu_{gpu}'s manifest names {rel} "
+                                 f"with other bytes than the revision holds; refused")
+        wanted.append(rel)
+    store.pull(wanted, rev)
+    for entry in manifest.entries.values():
+        if entry.get("checkpoint"):
+            entry["hub_revision"] = rev
+    write_manifest(manifest)
+    for sub in ("checkpoints", "data", "logs"):
+        (pod_dir / sub).mkdir(exist_ok=True)
+    missing = [g for g in {s.gpu for s in parse_devices(config.devices)} | set(manifest.entries)
+               if not (pod_dir / config.shard_path(g)).is_file()]
+    if missing and config.demo_data:
+        write_demo_shards(pod_dir, config)
+    return rev, config

@@ -1,0 +1,126 @@
+"""One writer per hub run: a lease recorded in the hub itself.
+
+A pod rebuilt with `launch --from-hub` and the pod it was rebuilt from would otherwise both
+push to the same run, and its history would mix two pods. The hub holds `LEASE_PATH`: the
+id of the pod that writes the run, the lease's epoch and when it was taken. Every push
+carries that file, built on the head it was read from (`parent_commit` on hf://, the same
+check on file://), so a takeover that lands in between makes the push conflict instead of
+both pods winning. `--from-hub` takes the lease over (epoch + 1); the old pod's next push is
+refused with "run taken over by pod X at T" (RunTakenOver) and its launcher stops pushing.
+
+A pod's id lives in the pod (`HELD_FILE`), never on the hub's copy of the config: a pod
+rebuilt from the hub is a new pod.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import uuid
+from pathlib import Path
+from typing import Mapping
+
+from launcher.pod.paths import HELD_FILE  # noqa: F401 (re-exported)
+from launcher.hub import HubError, PushConflict
+from launcher.pod.manifest import atomic_write_text
+
+LEASE_PATH = "fractus-pod.lease.json"    # in the hub: which pod writes this run
+
+
+class RunTakenOver(HubError):
+    """Another pod holds the run's lease: this pod must not push to it any more."""
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def pod_id(pod_dir: Path) -> str:
+    """This pod's id (host name and a random part), created on first use."""
+    held = _read_json(pod_dir / HELD_FILE)
+    if isinstance(held.get("pod_id"), str) and held["pod_id"]:
+        return held["pod_id"]
+    new = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+    (pod_dir / HELD_FILE).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(pod_dir / HELD_FILE, json.dumps({"pod_id": new}) + "\n")
+    return new
+
+
+def hub_lease(store, revision: str | None) -> dict | None:
+    """The lease a revision records (None: an empty hub, or a run pushed before leases)."""
+    if revision is None:
+        return None
+    raw = store.read_bytes(LEASE_PATH, revision)
+    if raw is None:
+        return None
+    try:
+        lease = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise HubError(f"{store.url}: {LEASE_PATH} at {revision[:12]} is not JSON") from None
+    if not isinstance(lease, dict) or not isinstance(lease.get("pod_id"), str):
+        raise HubError(f"{store.url}: {LEASE_PATH} at {revision[:12]} names no pod")
+    return lease
+
+
+def taken_over_message(lease: dict) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(lease.get("taken_at", 0))))
+    return (f"run taken over by pod {lease['pod_id']} at {when} (lease epoch "
+            f"{lease.get('epoch')}): this pod no longer pushes to the hub")
+
+
+def _stage(lease: dict, stage_dir: Path) -> Path:
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    path = stage_dir / "lease.json"
+    atomic_write_text(path, json.dumps(lease, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def _claim(store, me: str, stage_dir: Path) -> tuple[str | None, Path]:
+    """Before a push: (the head it must build on, the lease file to commit with it)."""
+    head = store.head()
+    lease = hub_lease(store, head)
+    if lease is not None and lease["pod_id"] != me:
+        raise RunTakenOver(taken_over_message(lease))
+    if lease is None:           # the run's first writer under leases
+        lease = {"pod_id": me, "epoch": 1, "taken_at": time.time()}
+    return head, _stage(lease, stage_dir)
+
+
+def push_as_writer(store, files: Mapping[str, Path], message: str,
+                   expected: Mapping[str, str] | None, stage_dir: Path) -> str:
+    """`store.push` of `files` as the run's one writer: RunTakenOver when another pod holds
+    the lease, before anything is sent, or when a takeover is what made the push conflict."""
+    me = pod_id(store.pod_dir)
+    base, lease_file = _claim(store, me, stage_dir)
+    try:
+        return store.push({**files, LEASE_PATH: lease_file}, message, base=base,
+                          expected=expected)
+    except PushConflict:
+        _claim(store, me, stage_dir)       # raises RunTakenOver if the lease moved
+        raise
+
+
+def take_over(store, pod_dir: Path) -> dict:
+    """`launch --from-hub`: this pod becomes the run's writer (the lease's epoch + 1), built
+    on the head it read, so two pods taking over at once cannot both win."""
+    me = pod_id(pod_dir)
+    head = store.head()
+    previous = hub_lease(store, head)
+    lease = {"pod_id": me, "epoch": int((previous or {}).get("epoch", 0)) + 1,
+             "taken_at": time.time(), "previous_pod": (previous or {}).get("pod_id")}
+    stage_dir = pod_dir / "logs" / f".lease-{uuid.uuid4().hex[:8]}"
+    try:
+        store.push({LEASE_PATH: _stage(lease, stage_dir)},
+                   f"fractus-pod: pod {me} takes over the run (lease epoch {lease['epoch']})",
+                   base=head)
+    finally:
+        for child in stage_dir.glob("*"):
+            child.unlink()
+        stage_dir.rmdir()
+    atomic_write_text(pod_dir / HELD_FILE, json.dumps({"pod_id": me, **lease}) + "\n")
+    return lease

@@ -1,0 +1,156 @@
+"""Mean-merge of the GPUs' checkpoints into one "brain", streamed to keep memory flat.
+
+`merge_checkpoints(paths, out_path)` writes a legacy-format checkpoint
+`{"model_state": ..., "config": ...}` where
+- every floating tensor is the mean of that tensor over all checkpoints,
+- integer/bool tensors are taken from the first checkpoint (GPU 0),
+- carried-state buffers (`thought_state`, `*.attn_S`, `*.attn_z`, `*.kuramoto_phases`,
+  `last_lb_loss`) are dropped: they describe one process's stream, not the model, and their
+  batch dimension differs between GPUs,
+- `config` is the first checkpoint's.
+
+Memory: checkpoints are opened one after another with `torch.load(..., weights_only=True,
+mmap=True)`, so a checkpoint's tensors are paged in from disk as they are read and released
+when it is closed. The process holds the running sums (one checkpoint's worth, in float32 or
+wider) plus the one checkpoint being read: about two checkpoints, whatever the number of GPUs.
+Tensors that share storage in the first checkpoint (the tied `observe.weight` /
+`output_head.weight`) stay shared in the output. The file is written atomically.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from fractus.legacy import read_checkpoint
+from launcher.pod.progress import progress
+
+CARRIED_STATE_SUFFIXES = ("attn_S", "attn_z", "kuramoto_phases")
+CARRIED_STATE_NAMES = ("thought_state", "last_lb_loss")
+
+
+def is_carried_state(key: str) -> bool:
+    """True for buffers that hold one process's running state (keys may carry `_orig_mod.`)."""
+    last = key.rsplit(".", 1)[-1]
+    if last in CARRIED_STATE_NAMES:
+        return True
+    return "." in key and last in CARRIED_STATE_SUFFIXES
+
+
+@dataclass(frozen=True)
+class MergeReport:
+    out_path: Path
+    n_checkpoints: int
+    averaged: int  # floating tensors averaged
+    copied: int  # integer/bool tensors taken from the first checkpoint
+    dropped: tuple[str, ...]  # carried-state keys left out
+
+
+def _load(path: Path) -> tuple[dict, dict]:
+    ckpt = read_checkpoint(path, mmap=True)     # CheckpointLoadError: one line, a ValueError
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("model_state"), dict):
+        raise ValueError(f"{path} is not a legacy checkpoint with a 'model_state' dict")
+    return ckpt["model_state"], ckpt.get("config", {})
+
+
+def _storage_key(t: torch.Tensor) -> tuple:
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+
+
+def _accumulator(t: torch.Tensor) -> torch.Tensor:
+    """A fresh float32 (or float64) copy of `t` to sum into."""
+    wide = torch.float64 if t.dtype == torch.float64 else torch.float32
+    return t.to(dtype=wide, copy=True)
+
+
+def merge_checkpoints(paths: Sequence[str | Path], out_path: str | Path) -> MergeReport:
+    """Average the floating tensors of `paths[i]["model_state"]` into `out_path` (see module doc)."""
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise ValueError("merge needs at least one checkpoint")
+    with progress(f"merging {len(paths)} checkpoints", len(paths), "checkpoints") as task:
+        return _merge(paths, Path(out_path), task)
+
+
+def _merge(paths: list[Path], out_path: Path, task) -> MergeReport:
+    task.update(description=f"merging: reading {paths[0].name}")
+    first_state, config = _load(paths[0])
+    task.update(advance=1)
+    dropped = tuple(k for k in first_state if is_carried_state(k))
+    sums: dict[str, torch.Tensor] = {}  # floating keys -> running sum
+    merged: dict[str, torch.Tensor] = {}  # every kept key, in the first checkpoint's order
+    aliases: dict[str, str] = {}  # key -> earlier key sharing its storage (tied weights)
+    spec: dict[str, tuple] = {}  # key -> (shape, dtype) every checkpoint must match
+    seen_storage: dict[tuple, str] = {}
+    for key, t in first_state.items():
+        if key in dropped:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{paths[0]}: model_state[{key!r}] is not a tensor")
+        spec[key] = (tuple(t.shape), t.dtype)
+        skey = _storage_key(t)
+        if skey in seen_storage:
+            aliases[key] = seen_storage[skey]
+            continue
+        seen_storage[skey] = key
+        if t.is_floating_point():
+            sums[key] = _accumulator(t)
+        else:
+            merged[key] = t.clone()  # own the bytes: the mmap is released below
+    del first_state
+
+    for path in paths[1:]:
+        task.update(description=f"merging: adding {path.name}")
+        state, _ = _load(path)
+        kept = {k for k in state if not is_carried_state(k)}
+        if kept != set(spec):
+            extra, missing = sorted(kept - set(spec)), sorted(set(spec) - kept)
+            raise ValueError(f"{path} does not match {paths[0]}: extra keys {extra[:5]}, missing {missing[:5]}")
+        for key, acc in sums.items():
+            t = state[key]
+            if (tuple(t.shape), t.dtype) != spec[key]:
+                raise ValueError(
+                    f"{path}: {key} is {tuple(t.shape)} {t.dtype}, expected {spec[key][0]} {spec[key][1]}"
+                )
+            acc.add_(t)  # pages this tensor in, adds, and never touches it again
+        del state
+        task.update(advance=1)
+
+    task.update(description=f"merging: writing {out_path.name}")
+    n = len(paths)
+    for key, acc in sums.items():
+        acc.div_(n)
+        dtype = spec[key][1]
+        merged[key] = acc if acc.dtype == dtype else acc.to(dtype)
+    sums.clear()
+    # Rebuild the first checkpoint's key order, tied keys pointing at the same tensor.
+    model_state = {}
+    for key in spec:
+        model_state[key] = merged[aliases.get(key, key)]
+
+    _save_atomic({"model_state": model_state, "config": dict(config)}, out_path)
+    n_float = sum(1 for k in spec if k not in aliases and spec[k][1].is_floating_point)
+    return MergeReport(out_path, n, n_float, len(spec) - len(aliases) - n_float, dropped)
+
+
+def _save_atomic(obj: dict, out_path: Path) -> None:
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(f".{out_path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out_path)
+        fd = os.open(out_path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -1,0 +1,76 @@
+"""`fractus-pod sync pull`: files of one hub revision into a pod directory.
+
+Into a new folder (`--from URL`, no pod config needed: the pulled config then points at
+that hub), or into a pod from its own `hub:`. The pod's live state (the manifest and every
+checkpoint it names) is never replaced by other bytes without `--force`: an old revision's
+checkpoint over the newest one would silently move a GPU back.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from launcher.errors import UserError
+from launcher.config.podconfig import CONFIG_NAME, PodConfig, load_config
+
+
+def _live_files(pod_dir: Path, config: PodConfig) -> dict[str, str]:
+    """Pod-relative path -> why it is live: the manifest and the checkpoints it names."""
+    from launcher.pod.manifest import ManifestError, read_manifest
+    live = {config.manifest: "the pod's manifest"}
+    try:
+        entries = read_manifest(pod_dir / config.manifest).entries
+    except ManifestError:
+        return live
+    for gpu, entry in entries.items():
+        if entry.get("checkpoint"):
+            live[entry["checkpoint"]] = (f"GPU {gpu}'s resume point (token "
+                                         f"{int(entry.get('start_token', 0)):,})")
+    return live
+
+
+def _refuse_overwriting_live(pod_dir: Path, config: PodConfig, wanted: list[str], index,
+                             revision: str, url: str) -> None:
+    from launcher.hub.integrity import matches, pod_relpath
+    live = {pod_relpath(rel): why for rel, why in _live_files(pod_dir, config).items()}
+    for rel in wanted:
+        if rel in live and (pod_dir / rel).exists() and not matches(pod_dir / rel, index[rel]):
+            raise UserError(
+                f"refusing to overwrite {rel}, {live[rel]} in the manifest, with other bytes "
+                f"from revision {revision[:12]}: add --force to replace it (the manifest keeps "
+                f"its record and `status` flags the difference), or pull into a new folder: "
+                f"fractus-pod --pod-dir NEW sync pull --from {url}")
+
+
+def pull_into_pod(pod_dir: Path, url: str | None, revision: str | None, paths: list[str],
+                  force: bool) -> tuple[str, str, dict[str, Path]]:
+    """Pull `paths` (default: every file) of `revision` (default: newest) from `url` (default:
+    the pod's `hub:`). Returns (url, revision, {path: local file})."""
+    from launcher.hub.from_hub import absolute_hub_url, keep_hub
+    from launcher.hub import open_store
+    from launcher.hub.integrity import pod_relpath
+    from launcher.hub.lease import LEASE_PATH
+    config = load_config(pod_dir) if (pod_dir / CONFIG_NAME).is_file() else None
+    if url is None:
+        if config is None:
+            raise UserError(f"no {CONFIG_NAME} in {pod_dir}: to pull into a new folder name "
+                            f"the hub, e.g. `sync pull --from hf://owner/repo`")
+        if not config.hub:
+            raise UserError(f"no hub configured: set `hub:` in {CONFIG_NAME} (file://DIR or "
+                            f"hf://owner/repo), or give --from URL")
+        url = config.hub
+    else:
+        url = absolute_hub_url(url, Path.cwd())
+    store = open_store(url, pod_dir)
+    revision = store.resolve(revision)
+    index = store.files(revision)
+    wanted = ([pod_relpath(p) for p in paths] if paths else
+              [p for p in index if p != LEASE_PATH])     # the hub's own record, not a pod file
+    if config is not None and not force:
+        _refuse_overwriting_live(pod_dir, config, [p for p in wanted if p in index], index,
+                                 revision, url)
+    pod_dir.mkdir(parents=True, exist_ok=True)
+    pulled = store.pull(wanted, revision)
+    if CONFIG_NAME in pulled:
+        keep_hub(pod_dir, url, f"pulled from {url} at revision {revision}")
+    return url, revision, pulled

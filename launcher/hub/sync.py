@@ -1,0 +1,365 @@
+"""The hub sync policy: what goes up, when, and what the pod remembers about it.
+
+Every `sync.interval` while the launcher runs, and once more when it ends (graceful stop,
+end of a bounded run, or a failed pod: what passed is still worth keeping), ONE commit
+carries:
+- each GPU's newest checkpoint whose verdict is *passed* (never pending or failed), under
+  the config's checkpoint path (`checkpoints/fractus_1b_gpu{i}.pt`),
+- a manifest naming exactly those files (written for the push, so the hub never shows a
+  manifest pointing at bytes from another moment),
+- the pod config, stage and criteria files (so `launch --from-hub` can rebuild the pod),
+- optionally (`sync.merge: true`) the mean-merged brain.
+
+The supervision loop only takes a *snapshot* (hard links to the immutable retained files:
+no copy, no hashing); a background thread verifies, pushes and retries (the retries live in
+the store). The loop picks the result up on a later poll: the revision is written into the
+manifest (`hub_revision`, only for GPUs whose manifest entry names the pushed bytes) and
+into logs/sync_state.json, which `status` shows. A failed sync is recorded (error text
+scrubbed of any token) and retried at the next interval; training never waits for it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from launcher.pod.paths import SYNC_STATE, SNAPSHOT_DIR, MERGED_PATH  # noqa: F401 (re-exported)
+from launcher.pod.ckpt_index import CheckpointIndex
+from launcher.pod.events import EventLog
+from launcher.pod.manifest import Manifest, atomic_write_text, write_manifest
+from launcher.config.podconfig import CONFIG_NAME, PodConfig
+from launcher.pod.progress import progress
+
+_TOKEN_LIKE = re.compile(r"hf_[A-Za-z0-9_]{6,}")
+
+
+# ---- secrets ----------------------------------------------------------------------------
+def scrub(text: str) -> str:
+    """`text` without the hub token (HF_TOKEN or the client's login cache) or anything that
+    looks like one: what goes into events, status and logs."""
+    secrets = {os.environ.get("HF_TOKEN") or ""}
+    try:
+        from huggingface_hub import get_token
+        secrets.add(get_token() or "")
+    except Exception:
+        pass
+    for secret in sorted(filter(None, secrets), key=len, reverse=True):
+        text = text.replace(secret, "<redacted>")
+    return _TOKEN_LIKE.sub("hf_<redacted>", text)
+
+
+def describe_error(exc: BaseException) -> str:
+    from launcher.hub import HubError
+    text = str(exc) if isinstance(exc, HubError) else f"{type(exc).__name__}: {exc}"
+    return scrub(" ".join(text.split()))[:500]
+
+
+# ---- the sync state file (read by status) ------------------------------------------------
+def read_sync_state(pod_dir: Path) -> dict:
+    try:
+        state = json.loads((pod_dir / SYNC_STATE).read_text())
+        return state if isinstance(state, dict) else {}
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def update_sync_state(pod_dir: Path, **fields) -> dict:
+    state = {**read_sync_state(pod_dir), **fields}
+    path = pod_dir / SYNC_STATE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(state, default=str) + "\n")
+    return state
+
+
+# ---- what one push sends -----------------------------------------------------------------
+@dataclass
+class Snapshot:
+    """One push, decided on the supervision loop; sent (verified first) by `send`."""
+    dir: Path
+    files: dict[str, Path] = field(default_factory=dict)      # hub path -> local file
+    expected: dict[str, str] = field(default_factory=dict)    # hub path -> sha256 to check
+    copies: dict[Path, Path] = field(default_factory=dict)    # link failed: copy src -> dest
+    pushed: dict[int, tuple[str, str]] = field(default_factory=dict)  # gpu -> (path, sha256)
+    manifest_path: str = ""
+    manifest_doc: dict = field(default_factory=dict)
+    merge: bool = False
+
+    def key(self) -> tuple:
+        """What the snapshot holds; an unchanged pod is not pushed twice."""
+        return tuple(sorted(self.pushed.items())), self.merge
+
+    def discard(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def pod_files(pod_dir: Path, config: PodConfig) -> list[str]:
+    """The small files a rebuilt pod needs besides manifest and checkpoints."""
+    from launcher.hub.integrity import pod_relpath
+    names = [CONFIG_NAME, config.stages, config.criteria]
+    if config.model.endswith((".json", ".yaml", ".yml")):
+        names.append(config.model)
+    out = []
+    for name in names:
+        try:
+            rel = pod_relpath(name)
+        except ValueError:
+            continue          # outside the pod (an absolute path): not the pod's to send
+        if (pod_dir / rel).is_file():
+            out.append(rel)
+    return out
+
+
+def take_snapshot(pod_dir: Path, config: PodConfig, manifest: Manifest,
+                  index: CheckpointIndex, merge: bool = False) -> Snapshot | None:
+    """Each GPU's newest passed checkpoint, linked into a snapshot directory, plus the
+    manifest that names them. None when no GPU has a passed checkpoint yet. Cheap: no file
+    is read (the bytes are checked against their sha256 by `send`, off the loop)."""
+    snap = Snapshot(pod_dir / SNAPSHOT_DIR / f"{time.strftime('%Y%m%dT%H%M%S')}-"
+                                              f"{uuid.uuid4().hex[:6]}", merge=merge)
+    entries = {}
+    for gpu, entry in sorted(manifest.entries.items()):
+        record = index.newest_passed(gpu, verify=False)
+        if record is None:
+            continue
+        hub_path = config.checkpoint_path(gpu)
+        local = snap.dir / f"gpu{gpu}.pt"
+        local.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(pod_dir / record["path"], local)
+        except OSError:
+            snap.copies[pod_dir / record["path"]] = local    # no hard links here: copy later
+        snap.files[hub_path] = local
+        snap.expected[hub_path] = record["sha256"]
+        snap.pushed[gpu] = (hub_path, record["sha256"])
+        entries[gpu] = {k: v for k, v in entry.items() if k != "hub_revision"}
+        entries[gpu].update({
+            "start_token": int(record["next_token"]), "checkpoint": hub_path,
+            "checkpoint_sha256": record["sha256"],
+            "shard": entry.get("shard") or config.shard_path(gpu),
+            "stage": record.get("stage", entry.get("stage")),
+            "ema_tf": record.get("ema_tf"), "lb": record.get("lb"),
+            "updated_at": record.get("ts", entry.get("updated_at"))})
+    if not entries:
+        snap.discard()
+        return None
+    snap.manifest_path = config.manifest
+    snap.manifest_doc = Manifest(Path(config.manifest), entries, dict(manifest.extra)).to_json()
+    for rel in pod_files(pod_dir, config):
+        snap.files[rel] = pod_dir / rel
+    return snap
+
+
+def send(store, snap: Snapshot, message: str) -> str:
+    """Write the snapshot's manifest, merge if asked, push (checkpoints checked against
+    their recorded sha256): one revision. Runs off the supervision loop. Raises HubError (or OSError) on failure."""
+    for src, dest in snap.copies.items():
+        shutil.copyfile(src, dest)
+    manifest_file = snap.dir / "manifest.json"
+    atomic_write_text(manifest_file, json.dumps(snap.manifest_doc, indent=2) + "\n")
+    snap.files[snap.manifest_path] = manifest_file
+    if snap.merge:
+        from launcher.hub.merge import merge_checkpoints
+        checkpoints = [snap.files[path] for _, (path, _sha) in sorted(snap.pushed.items())]
+        merge_checkpoints(checkpoints, snap.dir / "merged.pt")
+        snap.files[MERGED_PATH] = snap.dir / "merged.pt"
+    # The store checks each checkpoint against its recorded sha256 in the one read it makes
+    # of it (IntegrityError, nothing sent or committed, if the bytes changed on disk); the
+    # push carries the run's lease (RunTakenOver if another pod writes the run now).
+    from launcher.hub.lease import push_as_writer
+    size = sum(path.stat().st_size for path in snap.files.values())
+    with progress(f"hub push to {store.url}: {len(snap.files)} file(s), "
+                  f"{size / 1e9:.2f} GB"):
+        return push_as_writer(store, snap.files, message, snap.expected, snap.dir)
+
+
+def record_revision(manifest: Manifest, snap: Snapshot, revision: str) -> list[int]:
+    """Note `revision` as the hub home of each GPU's checkpoint, where the manifest still
+    names exactly the bytes pushed (a newer, unpushed checkpoint keeps no hub_revision)."""
+    noted = []
+    for gpu, (hub_path, sha) in snap.pushed.items():
+        entry = manifest.entries.get(gpu)
+        if entry and entry.get("checkpoint") == hub_path and entry.get("checkpoint_sha256") == sha:
+            entry["hub_revision"] = revision
+            noted.append(gpu)
+    return noted
+
+
+def refuse_vanished_store(store, pod_dir: Path, hub: str) -> None:
+    """A store this pod pushed revisions to and that is now empty (a deleted file:// DIR,
+    a deleted repo) is an error: pushing would recreate it empty, and the revisions the
+    manifest records could never be pulled again. HubError, one line."""
+    from launcher.hub import HubError
+    state = read_sync_state(pod_dir)
+    last = state.get("last_revision")
+    if not last or state.get("last_revision_hub") != hub or store.head() is not None:
+        return
+    raise HubError(f"hub {hub} held this pod's revisions (last {str(last)[:12]}) and is now "
+                   f"empty or gone; restore it, or set hub: to a new store (then "
+                   f"`fractus-pod sync push` starts it)")
+
+
+def store_for(config: PodConfig, pod_dir: Path):
+    """The pod's hub store with its sync retry policy. ValueError for a malformed URL."""
+    from launcher.hub import RetryPolicy, open_store
+    settings = config.sync_settings()
+    retry = RetryPolicy(attempts=settings.attempts, base_delay_s=settings.backoff_s,
+                        max_delay_s=max(settings.backoff_s, 30.0))
+    return open_store(config.hub, pod_dir, retry=retry)
+
+
+# ---- the policy, driven by the supervisor --------------------------------------------------
+class HubSync:
+    """Interval and final pushes for a running launcher. `tick()` on every poll (never
+    blocks), `finish()` once the workers have stopped (blocks until the last push is done)."""
+
+    def __init__(self, pod_dir: Path, config: PodConfig, manifest: Manifest,
+                 index: CheckpointIndex, events: EventLog):
+        self.pod_dir, self.config, self.manifest = pod_dir, config, manifest
+        self.index, self.events = index, events
+        self.settings = config.sync_settings()
+        self.store = store_for(config, pod_dir)
+        self.next_due = time.monotonic() + self.settings.interval_s
+        self._thread: threading.Thread | None = None
+        self._job: tuple | None = None            # (snapshot, reason, started)
+        self._outcome: tuple | None = None        # ("ok", revision) or ("error", message)
+        self._last_key: tuple | None = None
+        self.taken_over: str | None = None        # another pod writes the run: no more pushes
+        shutil.rmtree(pod_dir / SNAPSHOT_DIR, ignore_errors=True)   # a dead launcher's
+        update_sync_state(pod_dir, hub=config.hub, interval_s=self.settings.interval_s,
+                          in_flight=False)
+        if config.hub.startswith("file://"):    # a local check is free: say it at launch
+            from launcher.hub import HubError
+            try:
+                refuse_vanished_store(self.store, pod_dir, config.hub)
+            except HubError as exc:
+                update_sync_state(pod_dir, last_error=str(exc), last_error_at=time.time(),
+                                  last_result="error")
+                events.emit("sync_failed", reason="launch", error=str(exc), retry="every push")
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None
+
+    def tick(self) -> None:
+        self._harvest()
+        if not self.busy and not self.taken_over and time.monotonic() >= self.next_due:
+            self.next_due = time.monotonic() + self.settings.interval_s
+            self._start("interval")
+
+    def finish(self, abandoned: Callable[[], bool] = lambda: False) -> None:
+        """The launcher is ending: wait for a push in flight, then push once more. A dead hub
+        can hold this for minutes of retries; when `abandoned()` turns true (a second
+        signal) the push in flight is given up, recorded as failed, and finish returns."""
+        if not self._wait(abandoned) or self.taken_over:
+            return
+        if abandoned():
+            self._record_abandoned("stop", time.time(), "abandoned before it started: a "
+                                                        "second signal")
+            return
+        self._start("stop")
+        if self._thread is not None:
+            print(f"fractus-pod: final push to {self.config.hub} (signal again to abandon it)",
+                  file=sys.stderr, flush=True)
+        if not self._wait(abandoned):
+            return
+        try:
+            (self.pod_dir / SNAPSHOT_DIR).rmdir()    # only when no other push is using it
+        except OSError:
+            pass
+
+    def _wait(self, abandoned: Callable[[], bool]) -> bool:
+        """Until the push in flight ends (then harvested: True) or is abandoned (False)."""
+        while self._thread is not None and self._thread.is_alive():
+            if abandoned():
+                _snap, reason, started = self._job
+                self._record_abandoned(reason, started, "abandoned: a second signal arrived "
+                                                        "while it was pushing")
+                return False      # the daemon thread dies with the process; the pod is intact
+            self._thread.join(0.2)
+        self._harvest()
+        return True
+
+    def _record_abandoned(self, reason: str, started: float, error: str) -> None:
+        update_sync_state(self.pod_dir, in_flight=False, last_error=error,
+                          last_error_at=time.time(), last_result="error")
+        self.events.emit("sync_failed", reason=reason, error=error, retry="none",
+                         seconds=round(time.time() - started, 2))
+
+    def _start(self, reason: str) -> None:
+        snap = take_snapshot(self.pod_dir, self.config, self.manifest, self.index,
+                             self.settings.merge)
+        if snap is None or snap.key() == self._last_key:
+            if snap is not None:
+                snap.discard()
+            self.events.emit("sync_skipped", reason=reason,
+                             why="no passed checkpoint yet" if snap is None
+                             else "nothing new since the last push")
+            return
+        self._job = (snap, reason, time.time())
+        update_sync_state(self.pod_dir, in_flight=True, last_attempt_at=time.time())
+        message = (f"fractus-pod sync ({reason}): " + ", ".join(
+            f"gpu{g}@{self.manifest_token(snap, g):,}" for g in sorted(snap.pushed)))
+        self._thread = threading.Thread(target=self._run, args=(snap, message),
+                                        name="hub-sync", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def manifest_token(snap: Snapshot, gpu: int) -> int:
+        return int(snap.manifest_doc[f"gpu_{gpu}"]["start_token"])
+
+    def _run(self, snap: Snapshot, message: str) -> None:
+        from launcher.hub.lease import RunTakenOver
+        try:
+            refuse_vanished_store(self.store, self.pod_dir, self.config.hub)
+            self._outcome = ("ok", send(self.store, snap, message))
+        except RunTakenOver as exc:   # another pod writes the run: this one stops pushing
+            self._outcome = ("taken_over", str(exc))
+        except Exception as exc:      # any failure: recorded, retried next interval
+            self._outcome = ("error", describe_error(exc))
+
+    def _harvest(self) -> None:
+        """On the supervision loop: apply a finished push's result."""
+        if self._thread is None or self._thread.is_alive():
+            return
+        self._thread = None
+        (snap, reason, started), self._job = self._job, None
+        kind, value = self._outcome or ("error", "the sync thread ended without a result")
+        self._outcome = None
+        snap.discard()
+        seconds = round(time.time() - started, 2)
+        tokens = {g: self.manifest_token(snap, g) for g in sorted(snap.pushed)}
+        if kind == "ok":
+            self._last_key = snap.key()
+            noted = record_revision(self.manifest, snap, value)
+            if noted:
+                write_manifest(self.manifest)
+            update_sync_state(self.pod_dir, in_flight=False, last_revision=value,
+                              last_revision_hub=self.config.hub,
+                              last_success_at=time.time(), last_pushed_tokens=tokens,
+                              last_result="ok", taken_over=None)
+            self.events.emit("sync_pushed", reason=reason, revision=value, tokens=tokens,
+                             files=len(snap.files), seconds=seconds, hub_revision_for=noted)
+        elif kind == "taken_over":
+            self.taken_over = value
+            record_taken_over(self.pod_dir, self.events, value, reason)
+        else:
+            update_sync_state(self.pod_dir, in_flight=False, last_error=value,
+                              last_error_at=time.time(), last_result="error")
+            self.events.emit("sync_failed", reason=reason, error=value, seconds=seconds,
+                             retry="at the next interval" if reason == "interval" else "none")
+
+
+def record_taken_over(pod_dir: Path, events: EventLog, message: str, reason: str) -> None:
+    """Another pod holds the run's lease (launcher/hub/lease.py): said in events and status."""
+    update_sync_state(pod_dir, in_flight=False, taken_over=message, last_error=message,
+                      last_error_at=time.time(), last_result="taken_over")
+    events.emit("hub_taken_over", reason=reason, error=message, retry="none: pushes stop")

@@ -1,0 +1,94 @@
+"""`fractus-pod sync push`: the launcher's push, by hand (launcher/hub/sync.py decides what a
+push holds). A push of what the hub's head already holds is skipped, not committed again."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from launcher.pod.ckpt_index import CheckpointIndex
+from launcher.pod.events import EventLog
+from launcher.pod.manifest import write_manifest
+from launcher.config.podconfig import PodConfig
+from launcher.hub.sync import (
+    HubSync,
+    Snapshot,
+    describe_error,
+    record_revision,
+    record_taken_over,
+    refuse_vanished_store,
+    send,
+    store_for,
+    take_snapshot,
+    update_sync_state,
+)
+
+
+def already_pushed(store, snap: Snapshot) -> str | None:
+    """The hub's head revision when it already holds exactly the snapshot's checkpoints (a
+    push of the same content again would only add a revision), else None."""
+    from launcher.hub.lease import hub_lease, pod_id
+    head = store.head()
+    if head is None:
+        return None
+    lease = hub_lease(store, head)
+    if lease is not None and lease["pod_id"] != pod_id(store.pod_dir):
+        return None        # another pod's run: the push must say so, not skip
+    held = store.files(head)
+    same = all(held.get(path) is not None and held[path].sha256 == sha
+               for path, sha in snap.pushed.values())
+    return head if same else None
+
+
+def push_now(pod_dir: Path, config: PodConfig,
+             message: str) -> tuple[str, list[int], bool]:
+    """`fractus-pod sync push` with no launcher running: same snapshot, same manifest note.
+    With a launcher running the manifest is its own, so only the push happens here.
+    Returns (revision, GPUs whose hub_revision was recorded, whether it was skipped because
+    the hub's head already holds these checkpoints)."""
+    from launcher.errors import UserError
+    from launcher.pod.lock import PodLock, read_holder
+    from launcher.pod.manifest import read_manifest
+    running = read_holder(pod_dir) is not None
+    lock = None if running else PodLock(pod_dir)
+    if lock is not None:
+        lock.acquire()
+    try:
+        manifest = read_manifest(pod_dir / config.manifest)
+        snap = take_snapshot(pod_dir, config, manifest, CheckpointIndex(pod_dir),
+                             config.sync_settings().merge)
+        if snap is None:
+            raise UserError("no checkpoint has passed its checks yet: nothing to push")
+        store = store_for(config, pod_dir)
+        try:
+            refuse_vanished_store(store, pod_dir, config.hub)
+            unchanged = already_pushed(store, snap)
+            revision = unchanged or send(store, snap, message)
+        except Exception as exc:
+            from launcher.hub.lease import RunTakenOver
+            if isinstance(exc, RunTakenOver):
+                record_taken_over(pod_dir, EventLog(pod_dir), str(exc), "by hand")
+            else:
+                update_sync_state(pod_dir, last_error=describe_error(exc),
+                                  last_error_at=time.time(), last_result="error")
+            raise
+        finally:
+            snap.discard()
+        noted = [] if running else record_revision(manifest, snap, revision)
+        if noted:
+            write_manifest(manifest)
+        if unchanged:
+            EventLog(pod_dir).emit("sync_skipped", reason="by hand", revision=revision,
+                                   why="the hub's head already holds these checkpoints")
+            return revision, noted, True
+        update_sync_state(pod_dir, last_revision=revision, last_revision_hub=config.hub,
+                          last_success_at=time.time(),
+                          last_result="ok", taken_over=None, last_pushed_tokens={
+                              g: HubSync.manifest_token(snap, g) for g in snap.pushed})
+        EventLog(pod_dir).emit("sync_pushed", reason="by hand", revision=revision,
+                               files=len(snap.files), hub_revision_for=noted)
+        return revision, noted, False
+    finally:
+        if lock is not None:
+            lock.release()
+

@@ -1,0 +1,1 @@
+"""the pod directory's files: manifest, checkpoint index, events, lock, live state."""

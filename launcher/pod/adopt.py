@@ -1,0 +1,334 @@
+"""`fractus-pod adopt`: take over a run directory made by the reference trainer, unchanged.
+
+It reads what the run already has (docs/ADOPT.md):
+- the resume manifests, in every layout the run has used (`MANIFEST_CANDIDATES`): the
+  tracker's `checkpoints/RESUME_MANIFEST_8GPU.json` (`{"gpu_i": {"start_token"}}`) and the
+  older root `RESUME_MANIFEST*.json` (`{"gpus": {"0": {...}}}`);
+- for each GPU its checkpoint (the manifest's `checkpoint`, else v1's
+  `checkpoints/fractus_1b_gpu{i}.pt`), its shard (the manifest's `shard`, else v1's
+  `data/shard_gpu{i}.pt`, then `.npy`) and its start token;
+- the model config from the checkpoints (a v1 config has no `vocab_size`: 50257 is implied).
+
+Every problem is collected and reported at once (one line each, exit 2) before anything is
+written. Then every file is hashed in parallel, `fractus-pod.yaml` is written naming exactly
+these files, GPUs known only to another manifest (or started by `--init-new-from`) get an
+entry in the pod's manifest (in its own layout), and the original checkpoints are recorded
+as the adoption baseline (launcher/pod/adoption.py: kept for good). Running it again changes
+nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.pod.paths import MERGED_BRAIN, ADOPTED_MODEL_FILE  # noqa: F401 (re-exported)
+from launcher.pod.adoption import record_adoption
+from launcher.pod.ckpt_index import sha256_file
+from launcher.errors import UserError
+from launcher.pod.manifest import Manifest, ManifestError, read_manifest, write_manifest
+from launcher.config.podconfig import (CONFIG_NAME, DEFAULT_MANIFESTS, PodConfig, load_config,
+                                parse_devices, write_config)
+from launcher.pod.progress import progress
+
+MANIFEST_CANDIDATES = ("checkpoints/RESUME_MANIFEST_8GPU.json", "RESUME_MANIFEST.json",
+                       "RESUME_MANIFEST_FINE.json", "RESUME_MANIFEST_SS.json")
+V1_CHECKPOINT = "checkpoints/fractus_1b_gpu{i}.pt"
+V1_SHARDS = ("data/shard_gpu{i}.pt", "data/shard_gpu{i}.npy")
+# Written when the checkpoints' config is no preset: the constructor keywords, for MODEL.
+V1_MODEL = "1b"       # v1 always built its TARGET config: a bare state_dict gets this
+
+
+class AdoptionRefused(UserError):
+    """One or more problems, one line each (the CLI prefixes the first with `error: `)."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\nerror: ".join(problems))
+        self.problems = problems
+
+
+@dataclass
+class AdoptedGpu:
+    gpu: int
+    checkpoint: str            # relative to the pod
+    shard: str
+    start_token: int
+    shard_tokens: int
+    manifests: list[str]       # the manifests that know this GPU (empty: --init-new-from)
+    config: object = None      # fractus.config.EngineConfig
+    sha256: str = ""
+    shard_sha256: str = ""
+
+
+@dataclass
+class Adoption:
+    gpus: list[AdoptedGpu]
+    manifest: Manifest         # the pod's manifest (the first one found)
+    model: str                 # MODEL for the workers (preset name or file)
+    devices: str
+    shards: str                # the pod config's `shards:` pattern
+
+
+def _inside(pod_dir: Path, rel: str, what: str, problems: list[str]) -> Path | None:
+    path = (pod_dir / rel).resolve()
+    if not path.is_relative_to(pod_dir.resolve()):
+        problems.append(f"{what} {rel} is outside the run directory {pod_dir}")
+        return None
+    if not path.is_file():
+        problems.append(f"{what} {rel} does not exist")
+        return None
+    return path
+
+
+def _read_manifests(pod_dir: Path, only: str | None, problems: list[str]) -> list[Manifest]:
+    names = [only] if only else [n for n in MANIFEST_CANDIDATES if (pod_dir / n).is_file()]
+    if only and not (pod_dir / only).is_file():
+        problems.append(f"--manifest {only} does not exist in {pod_dir}")
+        return []
+    if not names:
+        problems.append(f"no resume manifest in {pod_dir} (looked for "
+                        f"{', '.join(MANIFEST_CANDIDATES)}); give --manifest PATH")
+        return []
+    manifests = []
+    for name in names:
+        try:
+            manifests.append(read_manifest(pod_dir / name))
+        except ManifestError as exc:
+            problems.append(str(exc))
+    return manifests
+
+
+def _shard_of(pod_dir: Path, gpu: int, entry: dict) -> str:
+    if entry.get("shard"):
+        return str(entry["shard"])
+    for pattern in V1_SHARDS:
+        if (pod_dir / pattern.format(i=gpu)).is_file():
+            return pattern.format(i=gpu)
+    return V1_SHARDS[0].format(i=gpu)
+
+
+def _gpu_plan(pod_dir: Path, gpu: int, manifests: list[Manifest], init_new_from: str | None,
+              problems: list[str]) -> AdoptedGpu | None:
+    from launcher.supervise.prepare import shard_length
+    known = [(m, m.entries[gpu]) for m in manifests if gpu in m.entries]
+    names = [m.path.name for m, _ in known]
+    by_token: dict[int, list[str]] = {}
+    for m, e in known:
+        by_token.setdefault(int(e["start_token"]), []).append(m.path.name)
+    if len(by_token) > 1:
+        listed = " vs ".join(f"start_token {t} in {', '.join(n)}" for t, n in by_token.items())
+        problems.append(f"gpu {gpu}: {listed}; adopt one of them with --manifest PATH")
+        return None
+    if not known:
+        if init_new_from is None:
+            problems.append(f"gpu {gpu}: not in {', '.join(m.path.name for m in manifests)}; "
+                            f"give --init-new-from PATH (e.g. {MERGED_BRAIN}) to start it "
+                            f"there at token 0 of its shard, or leave it out of --devices")
+            return None
+        entry, checkpoint = {"start_token": 0}, init_new_from
+    else:
+        entry = {}
+        for field in ("checkpoint", "shard"):    # the manifests may name them, or not
+            named = {str(e[field]): m.path.name for m, e in known if e.get(field)}
+            if len(named) > 1:
+                listed = " vs ".join(f"{field} {v} in {n}" for v, n in named.items())
+                problems.append(f"gpu {gpu}: {listed}; adopt one of them with --manifest PATH")
+                return None
+            if named:
+                entry[field] = next(iter(named))
+        entry["start_token"] = next(iter(by_token))
+        checkpoint = str(entry.get("checkpoint") or V1_CHECKPOINT.format(i=gpu))
+    shard = _shard_of(pod_dir, gpu, entry)
+    where = f"gpu {gpu}" + (f" ({', '.join(names)})" if names else "")
+    ok_ckpt = _inside(pod_dir, checkpoint, f"{where}: checkpoint", problems)
+    ok_shard = _inside(pod_dir, shard, f"{where}: shard", problems)
+    if ok_ckpt is None or ok_shard is None:
+        return None
+    try:
+        length = shard_length(ok_shard)
+    except ManifestError as exc:
+        problems.append(f"gpu {gpu}: {exc}")
+        return None
+    start = int(entry["start_token"])
+    if start > length:
+        problems.append(f"gpu {gpu}: start_token {start} is past the end of its shard {shard} "
+                        f"({length} tokens)")
+        return None
+    return AdoptedGpu(gpu, checkpoint, shard, start, length, names)
+
+
+def _checkpoint_config(path: Path, model: str | None):
+    """The engine config a checkpoint records (v1: no vocab_size, 50257 implied); a bare
+    state_dict records none: `model` (default v1's)."""
+    from fractus.config import EngineConfig, load_config as engine_config
+    from fractus.train.checkpoint import load_checkpoint
+    ck = load_checkpoint(path)
+    if ck.get("config") is None:
+        return engine_config(model or V1_MODEL)
+    return EngineConfig.from_dict(ck["config"])
+
+
+def _configs(pod_dir: Path, gpus: list[AdoptedGpu], model: str | None,
+             problems: list[str]) -> None:
+    from fractus.config import load_config as engine_config
+    with ThreadPoolExecutor(max_workers=max(1, len(gpus))) as pool:
+        futures = [pool.submit(_checkpoint_config, pod_dir / g.checkpoint, model) for g in gpus]
+    for g, future in zip(gpus, futures):
+        try:
+            g.config = future.result()
+        except Exception as exc:        # a foreign or damaged file: one line, never torch's
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            problems.append(f"gpu {g.gpu}: cannot read checkpoint {g.checkpoint}: {reason[:200]}")
+    if model:
+        try:
+            wanted = engine_config(model)
+        except (ValueError, OSError) as exc:
+            problems.append(f"--model: {exc}")
+            return
+        for g in gpus:
+            if g.config is not None and g.config != wanted:
+                problems.append(f"gpu {g.gpu}: checkpoint {g.checkpoint} is not --model {model} "
+                                f"({_differences(g.config, wanted)})")
+    read = [g for g in gpus if g.config is not None]
+    for g in read[1:]:
+        if g.config != read[0].config:
+            problems.append(f"gpu {g.gpu}: checkpoint {g.checkpoint} has another config than "
+                            f"gpu {read[0].gpu}'s {read[0].checkpoint} "
+                            f"({_differences(g.config, read[0].config)})")
+
+
+def _differences(a, b) -> str:
+    da, db = dataclasses.asdict(a), dataclasses.asdict(b)
+    return ", ".join(f"{k} {da[k]} vs {db[k]}" for k in da if da[k] != db[k])
+
+
+def _model_name(config, model: str | None) -> str | None:
+    """MODEL for the workers: --model, else the preset equal to the config, else None (the
+    caller writes ADOPTED_MODEL_FILE)."""
+    from fractus.config import PRESETS
+    if model:
+        return model
+    return next((name for name, preset in PRESETS.items() if preset == config), None)
+
+
+def _shards_pattern(gpus: list[AdoptedGpu], problems: list[str]) -> str:
+    patterns = {g.shard.replace(str(g.gpu), "{i}") for g in gpus}
+    if len(patterns) == 1:
+        pattern = patterns.pop()
+        if all(pattern.format(i=g.gpu) == g.shard for g in gpus) and "{i}" in pattern:
+            return pattern
+    problems.append("the shards do not follow one pattern with the GPU index ("
+                    + ", ".join(f"gpu {g.gpu}: {g.shard}" for g in gpus)
+                    + "); rename them like data/shard_gpu{i}.pt")
+    return ""
+
+
+def plan_adoption(pod_dir: Path, devices: str | None = None, model: str | None = None,
+                  init_new_from: str | None = None, manifest: str | None = None) -> Adoption:
+    """Everything adopt would write, checked; raises AdoptionRefused listing every problem."""
+    problems: list[str] = []
+    manifests = _read_manifests(pod_dir, manifest, problems)
+    if problems:
+        raise AdoptionRefused(problems)
+    known = sorted({gpu for m in manifests for gpu in m.entries})
+    devices = devices or (f"cuda:{','.join(map(str, known))}" if known else "cuda")
+    try:
+        slots = parse_devices(devices)
+    except UserError as exc:
+        raise AdoptionRefused([str(exc)]) from None
+    planned = [_gpu_plan(pod_dir, s.gpu, manifests, init_new_from, problems) for s in slots]
+    gpus = [g for g in planned if g is not None]
+    if not problems:
+        _configs(pod_dir, gpus, model, problems)
+    shards = _shards_pattern(gpus, problems) if not problems else ""
+    if problems:
+        raise AdoptionRefused(problems)
+    return Adoption(gpus, manifests[0], _model_name(gpus[0].config, model) or ADOPTED_MODEL_FILE,
+                    devices, shards)
+
+
+def _hash_all(pod_dir: Path, gpus: list[AdoptedGpu]) -> None:
+    """sha256 of every checkpoint and shard, all at once (hashlib releases the GIL: the
+    files are read and hashed in parallel, as `sha256sum` processes would)."""
+    files = sorted({p for g in gpus for p in (g.checkpoint, g.shard)})
+    total = sum((pod_dir / rel).stat().st_size for rel in files)
+    with progress(f"hashing {len(files)} file(s)", total, "bytes") as task, \
+            ThreadPoolExecutor(max_workers=max(1, len(files))) as pool:
+        digests = dict(zip(files, pool.map(
+            lambda rel: sha256_file(pod_dir / rel, task.advance), files)))
+    for g in gpus:
+        g.sha256, g.shard_sha256 = digests[g.checkpoint], digests[g.shard]
+
+
+def _pod_config(pod_dir: Path, adoption: Adoption) -> PodConfig:
+    """The existing fractus-pod.yaml (its other settings kept), else the defaults, naming the
+    adopted files."""
+    base = load_config(pod_dir) if (pod_dir / CONFIG_NAME).is_file() else PodConfig()
+    return dataclasses.replace(
+        base, model=adoption.model, devices=adoption.devices, shards=adoption.shards,
+        checkpoints=V1_CHECKPOINT,
+        manifest=str(adoption.manifest.path.relative_to(pod_dir)))
+
+
+def _write_support_files(pod_dir: Path, config: PodConfig, adoption: Adoption) -> None:
+    from launcher.pod.manifest import atomic_write_text
+    if adoption.model == ADOPTED_MODEL_FILE:
+        path = pod_dir / ADOPTED_MODEL_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(dataclasses.asdict(adoption.gpus[0].config), indent=2) + "\n"
+        if not path.is_file() or path.read_text() != text:
+            atomic_write_text(path, text)
+    for name, rel in (("stages.yaml", config.stages), ("trusted_loss.yaml", config.criteria)):
+        target = pod_dir / rel
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(target, (DEFAULT_MANIFESTS / name).read_text())
+    for sub in ("checkpoints", "logs"):
+        (pod_dir / sub).mkdir(exist_ok=True)
+
+
+def _complete_manifest(adoption: Adoption) -> bool:
+    """GPUs the pod's manifest does not list yet (known to another manifest, or started by
+    --init-new-from) get an entry there, in its own layout. True if it changed."""
+    manifest, changed = adoption.manifest, False
+    for g in adoption.gpus:
+        if g.gpu in manifest.entries:
+            continue
+        entry = {"start_token": g.start_token, "checkpoint": g.checkpoint, "shard": g.shard}
+        manifest.entries[g.gpu] = entry
+        changed = True
+    return changed
+
+
+def adopt(pod_dir: Path, devices: str | None = None, model: str | None = None,
+          init_new_from: str | None = None, manifest: str | None = None) -> Adoption:
+    adoption = plan_adoption(pod_dir, devices, model, init_new_from, manifest)
+    _hash_all(pod_dir, adoption.gpus)
+    config = _pod_config(pod_dir, adoption)
+    _write_support_files(pod_dir, config, adoption)
+    from launcher.config.podconfig import config_text
+    if not (pod_dir / CONFIG_NAME).is_file() or \
+            (pod_dir / CONFIG_NAME).read_text() != config_text(config, "adopted"):
+        write_config(pod_dir, config, "adopted")
+    if _complete_manifest(adoption):
+        write_manifest(adoption.manifest)
+    record_adoption(pod_dir, [(g.gpu, g.checkpoint, g.sha256, g.start_token, g.shard,
+                               g.shard_sha256) for g in adoption.gpus])
+    return adoption
+
+
+def table(adoption: Adoption) -> list[str]:
+    """The per-GPU table adopt prints."""
+    from fractus.config import PRESETS
+    rows = [("gpu", "checkpoint", "sha256", "shard", "start_token", "tokens left", "config")]
+    for g in adoption.gpus:
+        preset = next((n for n, p in PRESETS.items() if p == g.config), None)
+        described = preset or ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(g.config).items()
+                                        if k in ("vocab_size", "d_model", "n_layers", "n_experts"))
+        rows.append((str(g.gpu), g.checkpoint, g.sha256[:12], g.shard, f"{g.start_token:,}",
+                     f"{g.shard_tokens - g.start_token:,}", described))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]

@@ -1,0 +1,48 @@
+"""The adoption baseline: the user's original checkpoints, kept for good.
+
+When `fractus-pod adopt` takes a run over, each GPU's checkpoint is the only copy of the
+run's weights the user trusts. The worker's rotation (`.pt.1`, `.pt.2`, pruned past
+SAVE_KEEP) and the verdict index's pruning (checkpoints/retained/, a few passed links per
+GPU) would both let it go, so it gets another name outside both:
+`checkpoints/adopted/gpu{i}-token{N}-{sha12}.pt` (a hard link: no copy, no extra disk),
+listed in `checkpoints/adopted/adoption.json`. Nothing in fractus-pod deletes that folder.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from launcher.pod.paths import ADOPTION_DIR  # noqa: F401 (re-exported)
+from launcher.pod.ckpt_index import link_or_copy
+from launcher.pod.manifest import atomic_write_text
+
+ADOPTION_RECORD = f"{ADOPTION_DIR}/adoption.json"
+
+
+def read_adoption(pod_dir: Path) -> list[dict]:
+    """The recorded baselines (gpu, checkpoint, kept, sha256, start_token, shard, ...)."""
+    path = pod_dir / ADOPTION_RECORD
+    if not path.is_file():
+        return []
+    return json.loads(path.read_text()).get("baselines", [])
+
+
+def record_adoption(pod_dir: Path, gpus: list[tuple[int, str, str, int, str, str]]) -> None:
+    """Keep each (gpu, checkpoint, sha256, start_token, shard, shard_sha256) as a baseline;
+    one already recorded (same GPU and bytes) is left as it is."""
+    records = read_adoption(pod_dir)
+    changed = False
+    for gpu, checkpoint, sha256, start_token, shard, shard_sha256 in gpus:
+        if any(r["gpu"] == gpu and r["sha256"] == sha256 for r in records):
+            continue
+        kept = f"{ADOPTION_DIR}/gpu{gpu}-token{start_token}-{sha256[:12]}.pt"
+        link_or_copy(pod_dir / checkpoint, pod_dir / kept)
+        records.append({"gpu": gpu, "checkpoint": checkpoint, "kept": kept, "sha256": sha256,
+                        "start_token": start_token, "shard": shard,
+                        "shard_sha256": shard_sha256, "adopted_at": time.time()})
+        changed = True
+    if changed:
+        atomic_write_text(pod_dir / ADOPTION_RECORD,
+                          json.dumps({"baselines": records}, indent=2) + "\n")

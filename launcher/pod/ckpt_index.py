@@ -1,0 +1,197 @@
+"""Checkpoint verdicts (logs/checkpoints.jsonl) and a retained copy of each checkpoint.
+
+Every checkpoint event a worker emits becomes a record here with verdict "pending". It
+turns "passed" once the GPU's health checks have measured past its step without failing,
+or "failed" if the GPU fails first. Appended lines only; the newest line for a
+(gpu, sha256) wins. Rollback restores the newest passed checkpoint of a GPU.
+
+The worker keeps only SAVE_KEEP rotated files, so the newest passed checkpoint could be
+rotated away by later (pending, maybe bad) saves. Each checkpoint is therefore hard-linked
+under checkpoints/retained/ when its event arrives (no copy: the worker replaces files
+atomically, so a link keeps the old bytes); failed ones are dropped, and only the two
+newest passed ones per GPU are kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from launcher.pod.paths import INDEX_FILE, PASSED_DIR  # noqa: F401 (re-exported)
+from launcher.pod.manifest import resolve_in_pod
+
+KEEP_PASSED = 2
+VERIFY_BELOW_BYTES = 256 << 20
+PENDING, PASSED, FAILED = "pending", "passed", "failed"
+
+
+def sha256_file(path: Path, on_bytes=None) -> str:
+    """`on_bytes(n)` after each block read (a progress task's advance)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+            if on_bytes is not None:
+                on_bytes(len(block))
+    return h.hexdigest()
+
+
+def link_or_copy(source: Path, target: Path) -> None:
+    """`target` becomes another name for `source`'s bytes: a hard link (no copy, and the
+    bytes stay whatever later renames or deletes do to `source`), else a copy; atomic."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(source, tmp)
+    except OSError:        # no hard links here: fall back to a copy
+        shutil.copyfile(source, tmp)
+    os.replace(tmp, target)
+
+
+class CheckpointIndex:
+    def __init__(self, pod_dir: Path):
+        self.pod_dir = pod_dir
+        self.path = pod_dir / INDEX_FILE
+        self.records: dict[tuple[int, str], dict] = {}
+        self.size = 0           # lines appended by this process: a cheap change counter
+        if self.path.is_file():
+            for line in self.path.read_text().splitlines():
+                try:
+                    r = json.loads(line)
+                    self.records[(int(r["gpu"]), r["sha256"])] = r
+                except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                    continue
+
+    def _append(self, record: dict) -> dict:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        record = {**record, "ts": time.time()}
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (json.dumps(record) + "\n").encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.records[(int(record["gpu"]), record["sha256"])] = record
+        self.size += 1
+        return record
+
+    def add(self, gpu: int, event: dict, stage: int, path: str,
+            verdict: str = PENDING, reason: str = "") -> dict:
+        """Record a checkpoint event (path relative to the pod directory) and retain it."""
+        existing = self.records.get((gpu, event["sha256"]))
+        if existing is not None:
+            return existing
+        record = {
+            "gpu": gpu, "sha256": event["sha256"], "path": path,
+            "next_token": int(event["next_token"]), "step": event.get("step"),
+            "ema_tf": event.get("ema_tf"), "lb": event.get("lb"), "stage": stage,
+            "verdict": verdict, "reason": reason}
+        record["retained"] = self._retain(record, event.get("bytes"))
+        return self._append(record)
+
+    def mark(self, gpu: int, sha256: str, verdict: str, reason: str) -> dict:
+        record = dict(self.records[(gpu, sha256)])
+        record.update(verdict=verdict, reason=reason)
+        if verdict == FAILED and record.get("retained"):
+            (self.pod_dir / record["retained"]).unlink(missing_ok=True)
+            record["retained"] = None
+        record = self._append(record)
+        if verdict == PASSED:
+            self._prune(gpu)
+        return record
+
+    def for_gpu(self, gpu: int) -> list[dict]:
+        """This GPU's checkpoints, oldest token first."""
+        rows = [r for (g, _), r in self.records.items() if g == gpu]
+        return sorted(rows, key=lambda r: (r["next_token"], r.get("ts", 0)))
+
+    def pending(self, gpu: int) -> list[dict]:
+        return [r for r in self.for_gpu(gpu) if r["verdict"] == PENDING]
+
+    def newest_passed(self, gpu: int, verify: bool = True) -> dict | None:
+        """The newest passed checkpoint whose file still holds the recorded bytes."""
+        for record in reversed(self.for_gpu(gpu)):
+            if record["verdict"] != PASSED:
+                continue
+            for rel in (record.get("retained"), record["path"]):
+                if not rel:
+                    continue
+                try:
+                    candidate = resolve_in_pod(rel, self.pod_dir)
+                except ValueError:
+                    continue
+                if candidate.is_file() and (not verify
+                                            or sha256_file(candidate) == record["sha256"]):
+                    return {**record, "path": rel}
+        return None
+
+    def file_sha256(self, gpu: int, path: Path, recorded_sha256: str) -> str:
+        """The sha256 of the bytes at `path`, which a GPU's manifest says are
+        `recorded_sha256`. Cheap in the usual case: the same inode as the retained link of
+        that checkpoint holds those bytes (files are only ever replaced by rename, never
+        written in place); anything else (a pulled or copied file) is hashed."""
+        record = self.records.get((gpu, recorded_sha256)) or {}
+        retained = self.pod_dir / record["retained"] if record.get("retained") else None
+        try:
+            if retained is not None and os.path.samefile(path, retained):
+                return recorded_sha256
+        except OSError:
+            pass
+        return sha256_file(path)
+
+    def _retain(self, record: dict, size: int | None) -> str | None:
+        """Hard-link the checkpoint's file under checkpoints/passed/gpu{i}/ at once.
+
+        The worker rotates its files every SAVE_EVERY steps; linking when the event
+        arrives keeps these exact bytes whatever rotation does later. The link is checked
+        against the event: by sha256 for small files, by size for large ones (hashing a
+        1B checkpoint every save would cost the launcher seconds of CPU). A path outside
+        the pod is never linked."""
+        try:
+            source = resolve_in_pod(record["path"], self.pod_dir)
+        except ValueError:          # never link (nor later push) a file outside the pod
+            return None
+        candidates = [source] + [source.with_name(f"{source.name}.{k}") for k in range(1, 9)]
+        for candidate in candidates:
+            if not candidate.is_file():
+                continue
+            st = candidate.stat()
+            if size is not None and st.st_size != size:
+                continue
+            if (size is None or st.st_size <= VERIFY_BELOW_BYTES) and \
+                    sha256_file(candidate) != record["sha256"]:
+                continue
+            return self.retain_file(record["gpu"], record["next_token"], record["sha256"],
+                                    candidate)
+        return None
+
+    def retain_file(self, gpu: int, next_token: int, sha256: str, source: Path) -> str:
+        """Hard-link `source` (bytes already known to be `sha256`) as the retained copy of
+        that checkpoint; returns its pod-relative path."""
+        target = (self.pod_dir / PASSED_DIR / f"gpu{gpu}"
+                  / f"token{int(next_token):012d}-{sha256[:12]}.pt")
+        link_or_copy(source, target)
+        return str(target.relative_to(self.pod_dir))
+
+    def copies_of(self, gpu: int, sha256: str) -> list[Path]:
+        """Retained files that should hold these bytes (unverified): the record's link and
+        any retained file named after the sha."""
+        found = []
+        record = self.records.get((gpu, sha256))
+        if record and record.get("retained"):
+            found.append(self.pod_dir / record["retained"])
+        gpu_dir = self.pod_dir / PASSED_DIR / f"gpu{gpu}"
+        if gpu_dir.is_dir():
+            found += sorted(p for p in gpu_dir.glob(f"token*-{sha256[:12]}.pt") if p not in found)
+        return found
+
+    def _prune(self, gpu: int) -> None:
+        """Keep the KEEP_PASSED newest passed links of a GPU (pending ones stay)."""
+        passed = [r for r in self.for_gpu(gpu) if r["verdict"] == PASSED and r.get("retained")]
+        for record in passed[:-KEEP_PASSED]:
+            (self.pod_dir / record["retained"]).unlink(missing_ok=True)

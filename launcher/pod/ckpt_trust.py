@@ -1,0 +1,77 @@
+"""Whether the checkpoint a manifest entry names may be trusted for its GPU.
+
+A launch resumes GPU i from the file its manifest entry names, takes it as the launch
+baseline, hard-links it under retained/ and may push it to the hub. So before anything
+starts, each named file must load as a weights-only Fractus checkpoint and say it is what
+the entry says: written for this GPU, on this shard, by this run (when the file records
+them: v1 files and bare legacy checkpoints do not, and are accepted as before), at the
+entry's start_token (a full checkpoint records its exact next_token).
+
+Loading is memory-mapped: only the pickled header is read, not the weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path, PurePath
+
+from launcher.pod.manifest import RUN_ID_KEY, Manifest, ManifestError
+
+
+@dataclass(frozen=True)
+class CheckpointIdentity:
+    """What a checkpoint file says about itself (None: not recorded, e.g. a v1 file)."""
+    gpu: int | None
+    shard: str | None
+    run_id: str | None
+    next_token: int | None     # full (v2) checkpoints only: the exact resume token
+
+
+def read_identity(path: Path) -> CheckpointIdentity:
+    """Load the file weights-only and read its identity. ValueError (one line) when it is
+    not a loadable Fractus checkpoint."""
+    from fractus.train.checkpoint import is_full, load_checkpoint
+    ck = load_checkpoint(path)
+    config = ck.get("config") if isinstance(ck.get("config"), dict) else {}
+    train_state = ck.get("train_state") if is_full(ck) and isinstance(ck["train_state"], dict) \
+        else {}
+    gpu = train_state.get("gpu", config.get("gpu"))
+    next_token = train_state.get("next_token")
+    return CheckpointIdentity(
+        gpu=gpu if isinstance(gpu, int) and not isinstance(gpu, bool) else None,
+        shard=train_state.get("shard") if isinstance(train_state.get("shard"), str) else None,
+        run_id=train_state.get("run_id") if isinstance(train_state.get("run_id"), str) else None,
+        next_token=next_token if isinstance(next_token, int) else None)
+
+
+def check_entry(manifest: Manifest, pod_dir: Path, gpu: int, shard_of) -> None:
+    """Refuse (ManifestError, one line) a named checkpoint that is not GPU `gpu`'s own at
+    the entry's start_token. `shard_of(gpu)` is the config's shard path."""
+    entry = manifest.entries.get(gpu) or {}
+    name = entry.get("checkpoint")
+    if not name:
+        return
+    where = f"manifest {manifest.path}: gpu_{gpu} checkpoint {name}"
+    try:
+        found = read_identity(pod_dir / name)
+    except ValueError as exc:
+        raise ManifestError(f"{where} is not usable ({exc}); restore the file or roll the "
+                            f"GPU back") from None
+    # At token 0 another GPU's weights are an initialisation, not a resume (the user's own
+    # practice: a new GPU starts from the merged brain, whose config names GPU 0; adopt
+    # --init-new-from): nothing of this GPU's shard has been trained yet.
+    if found.gpu is not None and found.gpu != gpu and entry["start_token"] > 0:
+        raise ManifestError(f"{where} was written by GPU {found.gpu}, not GPU {gpu}; point "
+                            f"gpu_{gpu} at its own checkpoint")
+    shard = entry.get("shard") or shard_of(gpu)
+    if found.shard is not None and PurePath(found.shard).name != PurePath(shard).name:
+        raise ManifestError(f"{where} was trained on shard {found.shard}, not {shard}; point "
+                            f"gpu_{gpu} at a checkpoint of its own shard")
+    run_id = manifest.extra.get(RUN_ID_KEY)
+    if found.run_id is not None and run_id is not None and found.run_id != run_id:
+        raise ManifestError(f"{where} belongs to run {found.run_id}, not this pod's run "
+                            f"{run_id}; point gpu_{gpu} at a checkpoint of this run")
+    if found.next_token is not None and found.next_token != entry["start_token"]:
+        raise ManifestError(f"{where} resumes at token {found.next_token} but the entry's "
+                            f"start_token is {entry['start_token']}; set start_token to "
+                            f"{found.next_token} if that file is the one to resume from")

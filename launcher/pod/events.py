@@ -1,0 +1,58 @@
+"""The pod's event log (logs/events.jsonl): one JSON object per line, appended, never rewritten.
+
+Everything the launcher decides (start, restart, verdict, rollback, stop) is recorded
+here, so `status` and a person reading the file afterwards see the same story.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import deque
+from pathlib import Path
+
+from launcher.pod.paths import EVENTS_FILE  # noqa: F401 (re-exported)
+
+
+
+class EventLog:
+    """`mirror`, if given, is called with each record after it is written (the launcher's
+    TensorBoard run: launcher/supervise/tensorboard_events.py)."""
+
+    def __init__(self, pod_dir: Path, mirror=None):
+        self.path = pod_dir / EVENTS_FILE
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.mirror = mirror
+
+    def emit(self, event: str, **fields) -> dict:
+        record = {"ts": time.time(), "event": event, **fields}
+        line = json.dumps(record, default=str) + "\n"
+        # One write on an O_APPEND descriptor: a line is never interleaved or torn by
+        # another writer (status runs concurrently; a second CLI may record a refusal).
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if self.mirror is not None:
+            self.mirror(record)
+        return record
+
+
+def read_events(pod_dir: Path, last: int | None = None) -> list[dict]:
+    """The recorded events, oldest first (the newest `last` if given). Bad lines skipped."""
+    path = pod_dir / EVENTS_FILE
+    if not path.is_file():
+        return []
+    keep: deque = deque(maxlen=last)
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue     # a line being written right now
+            if isinstance(record, dict):
+                keep.append(record)
+    return list(keep)

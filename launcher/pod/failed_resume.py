@@ -1,0 +1,80 @@
+"""A GPU never resumes from a checkpoint marked failed (issue 9, item 6).
+
+A GPU that fails its stage at stage 1 (no stage below to roll back to), or for good after a
+rollback, stops the pod with its manifest entry still naming its newest checkpoint, which
+the failure has just marked failed (logs/checkpoints.jsonl). Left alone, the next launch
+would resume from it. So, when the pod fails and again before every launch, an entry that
+names a failed checkpoint is moved to the GPU's newest passed one (the exact bytes, verified
+by sha256), keeping its stage, and a `manifest_restored` event says from where to where.
+A GPU with no passed checkpoint ever (it started fresh and nothing it wrote passed) goes
+back to token 0 with no checkpoint: where it began. One that had passed checkpoints none
+of which is left intact on disk cannot resume: the launch is refused (UserError, one line).
+"""
+
+from __future__ import annotations
+
+import time
+
+from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex, sha256_file
+from launcher.errors import UserError
+from launcher.pod.events import EventLog
+from launcher.pod.manifest import Manifest, apply_rollback
+
+# The fields that describe the checkpoint an entry resumes from (gone for a fresh start).
+_CHECKPOINT_FIELDS = ("checkpoint", "checkpoint_sha256", "ema_tf", "lb", "hub_revision")
+
+
+def failed_record(manifest: Manifest, index: CheckpointIndex, gpu: int) -> dict | None:
+    """The index's failed record of the checkpoint `gpu`'s entry names, else None. An entry
+    without a sha256 is hashed only when a failed record matches its path and token."""
+    entry = manifest.entries.get(gpu) or {}
+    path = entry.get("checkpoint")
+    if not path:
+        return None
+    sha = entry.get("checkpoint_sha256")
+    if sha is None:
+        suspects = [r for r in index.for_gpu(gpu) if r["verdict"] == FAILED
+                    and r["path"] == path and r["next_token"] == entry.get("start_token")]
+        file = index.pod_dir / path
+        if not suspects or not file.is_file():
+            return None
+        sha = sha256_file(file)
+    record = index.records.get((gpu, sha))
+    return record if record is not None and record["verdict"] == FAILED else None
+
+
+def restore_passed(manifest: Manifest, index: CheckpointIndex, events: EventLog,
+                   gpus, refuse: bool) -> bool:
+    """Move every entry of `gpus` that names a failed checkpoint to where it may resume.
+    True when the manifest changed (the caller writes it). A GPU with nothing to resume
+    from raises UserError when `refuse` (at launch), else keeps its entry (the next launch
+    refuses it) and records a `manifest_unrestorable` event."""
+    changed = False
+    for gpu in gpus:
+        failed = failed_record(manifest, index, gpu)
+        if failed is None:
+            continue
+        entry = manifest.entries[gpu]
+        why = f"the manifest named {failed['path']}, marked failed: {failed.get('reason')}"
+        target = index.newest_passed(gpu)
+        if target is not None:
+            events.emit("manifest_restored", gpu=gpu, from_token=entry["start_token"],
+                        to_token=target["next_token"], checkpoint=target["path"], reason=why)
+            apply_rollback(manifest, gpu, target, entry.get("stage", target.get("stage")))
+        elif not any(r["verdict"] == PASSED for r in index.for_gpu(gpu)):
+            events.emit("manifest_restored", gpu=gpu, from_token=entry["start_token"],
+                        to_token=0, checkpoint=None,
+                        reason=f"{why}; nothing it wrote passed: it starts over, as it began")
+            for key in _CHECKPOINT_FIELDS:
+                entry.pop(key, None)
+            entry.update(start_token=0, updated_at=time.time())
+        else:
+            line = (f"gpu_{gpu}: {why}; no passed checkpoint of it is left intact on disk "
+                    f"(see logs/checkpoints.jsonl): restore one (e.g. `fractus-pod sync pull`) "
+                    f"or edit the manifest")
+            if refuse:
+                raise UserError(line)
+            events.emit("manifest_unrestorable", gpu=gpu, reason=line)
+            continue
+        changed = True
+    return changed

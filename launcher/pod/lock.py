@@ -1,0 +1,75 @@
+"""One launcher per pod: an exclusive flock on logs/launcher.lock, held for the launcher's life.
+
+The kernel releases the lock when the holder dies (even by SIGKILL), so a stale lock file
+never blocks a new launch; the file's content (pid, start time) is for messages only.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from pathlib import Path
+
+from launcher.pod.paths import LOCK_FILE  # noqa: F401 (re-exported)
+from launcher.errors import PodBusy
+
+
+
+class PodLock:
+    def __init__(self, pod_dir: Path):
+        self.path = pod_dir / LOCK_FILE
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            info = read_holder(self.path.parents[1]) or {}
+            raise PodBusy(f"another launcher (pid {info.get('pid', '?')}) holds this pod "
+                          f"({self.path}); stop it first with `fractus-pod stop`") from None
+        self._fd = fd
+        self.record_holder()
+
+    def record_holder(self) -> None:
+        """Write our pid into the lock file (again after --detach forks)."""
+        assert self._fd is not None
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, json.dumps({"pid": os.getpid(), "since": time.time()}).encode(), 0)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def read_holder(pod_dir: Path) -> dict | None:
+    """The live launcher's {"pid", "since"}, or None when no launcher holds the pod."""
+    path = pod_dir / LOCK_FILE
+    if not path.is_file():
+        return None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                return json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                return {}
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)

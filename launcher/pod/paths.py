@@ -1,0 +1,51 @@
+"""Every path inside a pod directory that fractus-pod itself names, relative to the pod.
+
+The files a person configures (shards, checkpoints, manifest, stage and criteria files)
+are named by fractus-pod.yaml (launcher/config/podconfig.py); everything else is here, so
+no two modules can disagree about where a file lives.
+"""
+
+from __future__ import annotations
+
+CONFIG_NAME = "fractus-pod.yaml"
+
+# ---- written by the workers ----------------------------------------------------------
+def metrics_path(gpu: int) -> str:
+    """The worker's METRICS file: JSON lines, the only thing the launcher reads of it."""
+    return f"logs/metrics_gpu{gpu}.jsonl"
+
+
+def worker_log_path(gpu: int) -> str:
+    return f"logs/worker_gpu{gpu}.log"
+
+
+def tensorboard_dir(gpu: int) -> str:
+    """The GPU's TensorBoard run (`tensorboard --logdir logs/tb` shows one run per GPU)."""
+    return f"logs/tb/gpu{gpu}"
+
+
+# ---- written by the launcher ----------------------------------------------------------
+EVENTS_FILE = "logs/events.jsonl"
+TENSORBOARD_RUN = "logs/tb/launcher"
+INDEX_FILE = "logs/checkpoints.jsonl"
+PASSED_DIR = "checkpoints/retained"
+STATE_FILE = "logs/pod_state.json"
+REQUEST_FILE = "logs/rollback_request.json"
+LOCK_FILE = "logs/launcher.lock"
+RESERVE_FILE = "logs/.launcher_reserve"
+CANARY_FILE = "logs/canary.json"
+CANARY_SCRATCH_DIR = "scratch/canary"   # never the canonical checkpoints
+PROBE_DIR = "checkpoints/probe"
+BASELINES_FILE = "logs/probe_baselines.json"   # stage -> gpu -> the AR recorded as baseline
+
+# ---- adoption of a reference-trainer run --------------------------------------------
+ADOPTION_DIR = "checkpoints/adopted"
+MERGED_BRAIN = "checkpoints/FRACTUS_1B_STAGE2_MERGED.pt"
+ADOPTED_MODEL_FILE = "manifests/adopted_model.json"
+
+# ---- the hub --------------------------------------------------------------------------
+SYNC_STATE = "logs/sync_state.json"
+SNAPSHOT_DIR = ".fractus_sync"       # hard links of the files one sync sends; never pushed
+MERGED_PATH = "checkpoints/FRACTUS_1B_8GPU_MERGED.pt"
+HUB_SCRATCH_DIR = ".fractus_hub"     # the store's downloads in progress
+HELD_FILE = "logs/hub_lease.json"    # the hub writer lease this pod took

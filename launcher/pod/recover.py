@@ -1,0 +1,125 @@
+"""Get back the exact bytes a manifest entry names before a worker starts from them.
+
+The manifest names a checkpoint by path and sha256. The file at that path can hold other
+bytes: a worker killed between renaming a newer checkpoint into place and reporting it
+(the manifest still names the older one: starting from the newer file with the older
+start_token would be refused by the worker, for ever), a truncated or corrupted file, or
+one replaced by hand. Before a launch, and before each restart of a worker, the named
+bytes are found, verified by sha256, in this order:
+
+1. the named path itself;
+2. a local copy: the retained hard link of that checkpoint (checkpoints/retained/), or a
+   rotated copy next to the named file (`.pt.1`, `.pt.2`, ...); the manifest then names
+   the retained copy (`checkpoint_recovered` event);
+3. the hub revision the entry records (`checkpoint_pulled` event);
+4. else a clear refusal (RecoveryError, one line): nothing starts from unverified bytes.
+
+An entry without a sha256 (a manifest the launcher never wrote) has nothing to verify.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from launcher.pod.ckpt_index import CheckpointIndex, sha256_file
+from launcher.errors import UserError
+from launcher.pod.events import EventLog
+from launcher.pod.manifest import Manifest, relative_to_pod, resolve_in_pod
+from launcher.pod.progress import progress
+
+MAX_ROTATED = 8
+
+
+class RecoveryError(UserError):
+    """The named bytes are nowhere: not on disk, not on the hub."""
+
+
+def holds(path: Path, sha256: str, on_bytes=None) -> bool:
+    """`on_bytes(n)` after each block hashed (a progress task's advance)."""
+    return path.is_file() and sha256_file(path, on_bytes) == sha256
+
+
+def _local_copies(pod_dir: Path, gpu: int, named: Path, sha256: str,
+                  index: CheckpointIndex, canonical: str) -> list[Path]:
+    """Files that may hold the bytes (unverified), retained links first: the worker's
+    rotation never touches those."""
+    out = index.copies_of(gpu, sha256)
+    for base in (named, pod_dir / canonical):
+        out += [base.with_name(f"{base.name}.{k}") for k in range(1, MAX_ROTATED + 1)]
+    seen, unique = set(), []
+    for path in out:
+        if path != named and path not in seen and path.is_file():
+            seen.add(path)
+            unique.append(path)
+    return unique
+
+
+def recover_entry(pod_dir: Path, gpu: int, manifest: Manifest, index: CheckpointIndex,
+                  events: EventLog, hub: str | None, canonical: str,
+                  named_intact: bool | None = None) -> bool:
+    """Make GPU `gpu`'s entry name a file holding its recorded bytes. Returns True when
+    the entry changed (the caller writes the manifest). Raises RecoveryError."""
+    entry = manifest.entries.get(gpu) or {}
+    name, sha256 = entry.get("checkpoint"), entry.get("checkpoint_sha256")
+    if not name or not sha256:
+        return False
+    try:
+        named = resolve_in_pod(name, pod_dir)
+    except ValueError:
+        return False        # outside the pod: validation refuses it, nothing is read here
+    if named_intact is None:
+        named_intact = holds(named, sha256)
+    if named_intact:
+        return False
+    state = "missing" if not named.is_file() else "holds other bytes"
+    for copy in _local_copies(pod_dir, gpu, named, sha256, index, canonical):
+        if holds(copy, sha256):
+            rel = relative_to_pod(copy, pod_dir)
+            if not rel.startswith("checkpoints/retained/"):
+                rel = index.retain_file(gpu, entry["start_token"], sha256, copy)
+            entry["checkpoint"] = rel
+            events.emit("checkpoint_recovered", gpu=gpu, checkpoint=rel, was=name,
+                        reason=f"{name} {state}; the recorded bytes (sha256 "
+                               f"{sha256[:12]}) were found at {relative_to_pod(copy, pod_dir)}")
+            return True
+    revision = entry.get("hub_revision")
+    if hub and revision:
+        from launcher.hub import HubError, open_store
+        try:
+            open_store(hub, pod_dir).pull([name], revision=revision)
+        except (HubError, ValueError) as exc:
+            raise RecoveryError(f"gpu_{gpu} checkpoint {name} {state} and the hub could not "
+                                f"restore it: {exc}") from None
+        events.emit("checkpoint_pulled", gpu=gpu, checkpoint=name, revision=revision)
+        return False
+    raise RecoveryError(
+        f"gpu_{gpu} checkpoint {name} {state} (the manifest records sha256 {sha256[:12]}) "
+        f"and no local copy or hub revision holds those bytes; restore the file, or roll "
+        f"the GPU back: fractus-pod rollback --to-stage N --gpu {gpu}")
+
+
+def recover_all(pod_dir: Path, gpus: list[int], manifest: Manifest, index: CheckpointIndex,
+                events: EventLog, hub: str | None, canonical_of) -> bool:
+    """recover_entry for every GPU of a launch; the named files are hashed in parallel
+    first (hashlib releases the GIL: 8 checkpoints take about as long as the largest)."""
+    named = {}
+    for gpu in gpus:
+        entry = manifest.entries.get(gpu) or {}
+        if entry.get("checkpoint") and entry.get("checkpoint_sha256"):
+            try:
+                named[gpu] = resolve_in_pod(entry["checkpoint"], pod_dir)
+            except ValueError:
+                continue
+    paths = list(named.values())
+    size = sum(p.stat().st_size for p in paths if p.is_file())
+    with progress(f"hashing {len(paths)} checkpoint(s)", size, "bytes") as task, \
+            ThreadPoolExecutor(max_workers=max(1, len(named))) as pool:
+        intact = dict(zip(named, pool.map(
+            holds, paths, [manifest.entries[g]["checkpoint_sha256"] for g in named],
+            [task.advance] * len(paths))))
+    changed = False
+    for gpu in named:
+        changed |= recover_entry(pod_dir, gpu, manifest, index, events, hub,
+                                 canonical_of(gpu), named_intact=intact[gpu])
+    return changed

@@ -1,0 +1,204 @@
+"""Commands a person runs against a pod: rollback by hand, and the AR probe of a GPU."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from launcher.pod.paths import BASELINES_FILE  # noqa: F401 (re-exported)
+from launcher.pod.ckpt_index import FAILED, CheckpointIndex
+from launcher.errors import UserError
+from launcher.pod.events import EventLog
+from launcher.pod.lock import PodLock, read_holder
+from launcher.pod.manifest import (
+    apply_rollback,
+    atomic_write_text,
+    read_manifest,
+    recorded_stage,
+    write_manifest,
+)
+from launcher.config.podconfig import load_config, parse_devices
+from launcher.config.stages import get_stage, load_stages
+from launcher.pod.live_state import write_rollback_request
+
+
+def manual_rollback(pod_dir: Path, to_stage: int, gpus: list[int]) -> str:
+    """Restore `gpus` to their newest passed checkpoints and set the pod to `to_stage`.
+
+    With a launcher running, it is asked to do it (same code path as an automatic
+    rollback, then it relaunches at `to_stage`); otherwise the manifest is changed here,
+    under the pod lock, and the next `launch` resumes from it."""
+    config = load_config(pod_dir)
+    get_stage(load_stages(pod_dir / config.stages), to_stage)
+    holder = read_holder(pod_dir)
+    _refuse_going_up(pod_dir, config, to_stage, running=holder is not None)
+    if holder is not None:
+        write_rollback_request(pod_dir, to_stage, gpus)
+        return (f"asked the running launcher (pid {holder.get('pid')}) to roll back to stage "
+                f"{to_stage}" + (f" restoring GPU(s) {gpus}" if gpus else ""))
+    with PodLock(pod_dir):
+        manifest = read_manifest(pod_dir / config.manifest)
+        index = CheckpointIndex(pod_dir)
+        events = EventLog(pod_dir)
+        targets = {}
+        for gpu in gpus:
+            if gpu not in manifest.entries:
+                raise UserError(f"GPU {gpu} has no manifest entry to roll back")
+            target = index.newest_passed(gpu)
+            if target is None:
+                raise UserError(f"GPU {gpu} has no passed checkpoint to restore")
+            targets[gpu] = target
+        lines = []
+        for gpu, target in targets.items():
+            for record in index.for_gpu(gpu):
+                if record["next_token"] > target["next_token"] and record["verdict"] != FAILED:
+                    index.mark(gpu, record["sha256"], FAILED, "rolled back by hand")
+            events.emit("rollback", gpu=gpu, from_stage=manifest.entries[gpu].get("stage"),
+                        to_stage=to_stage, from_token=manifest.start_token(gpu),
+                        to_token=target["next_token"], checkpoint=target["path"],
+                        reason="by hand", automatic=False)
+            apply_rollback(manifest, gpu, target, to_stage)
+            lines.append(f"GPU {gpu}: restored token {target['next_token']:,} ({target['path']})")
+        for gpu, entry in manifest.entries.items():
+            entry["stage"] = to_stage
+        if manifest.entries:
+            write_manifest(manifest)
+        events.emit("stage_change", to_stage=to_stage, reason="rollback by hand")
+    lines.append(f"pod set to stage {to_stage}; resume with `fractus-pod launch --stage {to_stage}`")
+    return "\n".join(lines)
+
+
+def _refuse_going_up(pod_dir: Path, config, to_stage: int, running: bool) -> None:
+    """Rollback only goes down: every way up is `launch --stage N`, which runs the canary.
+    The pod's stage is the running launcher's, else the lowest the manifest records."""
+    from launcher.pod.live_state import read_pod_state
+    state = read_pod_state(pod_dir) if running else None
+    current = (state or {}).get("stage")
+    if current is None:
+        current = recorded_stage(read_manifest(pod_dir / config.manifest).entries)
+    if current is None:
+        raise UserError("the pod has no recorded stage to roll back from (nothing was "
+                        "launched yet): use `fractus-pod launch --stage N`")
+    if to_stage > current:
+        raise UserError(f"--to-stage {to_stage} is above the pod's stage {current}: rollback "
+                        f"only goes down; to go up, `fractus-pod launch --stage {to_stage}` "
+                        f"(it runs the stage canary first)")
+
+
+# ---- the AR probe (`fractus-pod probe`) -----------------------------------------------
+
+
+class ProbeFailed(RuntimeError):
+    """The probe process ran but gave no result (exit 1: not a mistake in the input)."""
+
+
+def _existing(pod_dir: Path, given: str, what: str, typed: bool) -> Path:
+    """A path the user typed (relative to the current directory, else to the pod), or one
+    the pod's files name (relative to the pod)."""
+    for path in ((Path(given), pod_dir / given) if typed else (pod_dir / given,)):
+        if path.is_file():
+            return path.resolve()
+    raise UserError(f"{what} not found: {given}")
+
+
+def read_baselines(pod_dir: Path) -> dict:
+    try:
+        data = json.loads((pod_dir / BASELINES_FILE).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _probe_files(pod_dir: Path, config, gpu: int | None, checkpoint: str | None,
+                 shard: str | None) -> tuple[int | None, int | None, Path, Path, int | None]:
+    """(gpu, its stage, checkpoint, shard, head) to probe; UserError for anything missing.
+    The head is the manifest's start token for the checkpoint it names (a v1 file or the
+    merged brain records another train head, or none); None: the one the file records."""
+    from launcher.checks.canary import resume_point
+    if checkpoint is not None:
+        if gpu is not None:
+            raise UserError("give --gpu or --checkpoint, not both")
+        if shard is None:
+            raise UserError("--checkpoint needs --shard (the tokens to probe on)")
+        return (None, None, _existing(pod_dir, checkpoint, "checkpoint", typed=True),
+                _existing(pod_dir, shard, "shard", typed=True), None)
+    gpu = 0 if gpu is None else gpu
+    manifest = read_manifest(pod_dir / config.manifest)
+    known = {s.gpu for s in parse_devices(config.devices)} | set(manifest.entries)
+    if gpu not in known:
+        raise UserError(f"no GPU {gpu} in this pod (GPUs: {sorted(known)})")
+    entry = manifest.entries.get(gpu, {})
+    start = resume_point(pod_dir, config, gpu)      # the manifest's, else the canonical file
+    if start.checkpoint is None:
+        raise UserError(f"GPU {gpu} has no checkpoint to probe yet")
+    ckpt = _existing(pod_dir, start.checkpoint, f"GPU {gpu} checkpoint", typed=False)
+    shard_path = (_existing(pod_dir, shard, "shard", typed=True) if shard is not None else
+                  _existing(pod_dir, entry.get("shard") or config.shard_path(gpu),
+                            f"GPU {gpu} shard", typed=False))
+    head = start.start_token if start.start_token is not None else entry.get("start_token")
+    return gpu, entry.get("stage"), ckpt, shard_path, head
+
+
+def _no_baseline_hint(gpu: int | None, stage: int | None) -> str:
+    if gpu is not None and stage is not None:
+        return (f"no baseline for GPU {gpu} at stage {stage}, so no verdict: record this "
+                f"probe as the baseline with `fractus-pod probe --gpu {gpu} --record-baseline`"
+                f", or judge against a number with --baseline-ar AR")
+    return "no baseline, so no verdict: judge against a number with --baseline-ar AR"
+
+
+def probe_pod(pod_dir: Path, gpu: int | None = None, checkpoint: str | None = None,
+              shard: str | None = None, baseline_ar: float | None = None,
+              record_baseline: bool = False, device: str = "cpu",
+              timeout_s: float = 900) -> dict:
+    """Probe GPU `gpu`'s newest checkpoint on its shard (or `checkpoint` on `shard`) in a
+    child process, and judge it against `baseline_ar` (a bare number: its noise unknown),
+    else the baseline recorded for the GPU's stage (with its windows' spread). Returns the
+    probe's numbers plus what was probed and the verdict, or a hint when there is none."""
+    from launcher.checks.probe_check import (
+        Baseline,
+        ProbeUnavailable,
+        load_probe_tolerance,
+        probe_verdict,
+        run_probe_process,
+    )
+    config = load_config(pod_dir)
+    gpu, stage, ckpt_path, shard_path, head = _probe_files(pod_dir, config, gpu, checkpoint,
+                                                           shard)
+    if record_baseline and stage is None:
+        raise UserError("--record-baseline needs --gpu of a GPU whose stage the manifest records")
+    tolerance = load_probe_tolerance(pod_dir / config.criteria)
+    try:
+        result = run_probe_process(ckpt_path, shard_path, head=head, device=device,
+                                   timeout_s=timeout_s, cwd=pod_dir, model=config.model)
+    except ProbeUnavailable as exc:
+        raise ProbeFailed(str(exc)) from None
+    baselines = read_baselines(pod_dir)
+    baseline, source = Baseline.of(baseline_ar), "--baseline-ar"
+    if baseline is None and stage is not None:
+        baseline = Baseline.of(baselines.get(str(stage), {}).get(str(gpu)))
+        source = f"recorded for stage {stage}"
+    report = {"gpu": gpu, "stage": stage, "checkpoint": str(ckpt_path), "shard": str(shard_path),
+              **result, "baseline_ar": baseline.ar if baseline else None,
+              "baseline_source": source if baseline else None}
+    if baseline is not None:
+        report["verdict"], report["reason"] = probe_verdict(result, baseline, tolerance)
+    elif not record_baseline:
+        report["hint"] = _no_baseline_hint(gpu, stage)
+    if record_baseline:
+        baselines.setdefault(str(stage), {})[str(gpu)] = {
+            "ar": result["ar"], "ar_rows": result.get("ar_rows"), "ar_acc": result.get("ar_acc"),
+            "vocab_size": result.get("vocab_size"), "checkpoint": str(ckpt_path),
+            "next_token": result.get("next_token"), "ts": time.time()}
+        path = pod_dir / BASELINES_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(baselines, indent=2) + "\n")
+        report["recorded_baseline"] = True
+        spread = Baseline.of(result).spread()
+        report["note"] = (f"recorded AR {result['ar']:.4f} as the baseline of GPU {gpu} at "
+                          f"stage {stage}" + ("" if spread is None else
+                                              f" (window spread {spread:.4f})")
+                          + f" in {BASELINES_FILE}: the launcher and later probes of this "
+                            f"stage are judged against it")
+    return report

@@ -1,0 +1,227 @@
+"""Everything `launch` checks and settles before it starts a single worker.
+
+Order: config files -> devices -> the pod lock -> no worker already on a requested GPU ->
+manifest (read, reconcile with checkpoint events a dead launcher missed, never resume from a
+checkpoint marked failed, recover the exact bytes each entry names, validate paths, types and
+each checkpoint's identity) -> verdict baseline. Any problem raises UserError (one line,
+exit 2) and nothing is started.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from launcher.pod.ckpt_index import PASSED, CheckpointIndex, sha256_file
+from launcher.pod.ckpt_trust import check_entry
+from launcher.checks.criteria import Criteria, load_criteria
+from launcher.errors import PodBusy, UserError
+from launcher.pod.events import EventLog
+from launcher.pod.manifest import (
+    RUN_ID_KEY,
+    Manifest,
+    ManifestError,
+    apply_checkpoint,
+    name_default_checkpoints,
+    read_manifest,
+    recorded_stage,
+    relative_to_pod,
+    validate_for_launch,
+    write_manifest,
+)
+from launcher.config.podconfig import PodConfig, Slot, load_config, missing_shards_fix, parse_devices
+from launcher.pod.recover import recover_all
+from launcher.config.stages import Stage, get_stage, load_stages
+from launcher.supervise.workers import busy_cuda_gpus, metrics_path, read_records, running_workers
+
+
+@dataclass
+class LaunchPlan:
+    pod_dir: Path
+    config: PodConfig
+    stages: dict[int, Stage]
+    criteria: Criteria
+    stage: int
+    slots: list[Slot]
+    max_time: float | None = None
+    max_steps: int | None = None
+    faults: dict = field(default_factory=dict)   # gpu -> FRACTUS_FAULT for its first start
+    # time.monotonic() at which --max-time ends the launch: counted from the start of
+    # `launch`, so a canary before the workers spends it too.
+    deadline: float | None = None
+
+
+def shard_length(path: Path) -> int:
+    """Tokens in a shard; .npy headers are read without loading the data."""
+    if path.suffix == ".npy":
+        try:
+            return int(np.load(path, mmap_mode="r").shape[0])
+        except (ValueError, OSError) as exc:
+            raise ManifestError(f"shard {path}: not a readable .npy file ({exc})") from None
+    from fractus.data import ShardError, TokenShard
+    try:
+        return len(TokenShard(path))
+    except ShardError as exc:
+        raise ManifestError(str(exc)) from None
+
+
+def load_plan(pod_dir: Path, stage: int | None, devices: str | None, gpus: str | None,
+              max_time: float | None = None, max_steps: int | None = None,
+              faults: dict | None = None) -> tuple[LaunchPlan, Manifest]:
+    config = load_config(pod_dir)
+    stages = load_stages(pod_dir / config.stages)
+    criteria = load_criteria(pod_dir / config.criteria)
+    slots = parse_devices(devices or config.devices, gpus)
+    manifest = read_manifest(pod_dir / config.manifest)
+    name_default_checkpoints(manifest, pod_dir, config.checkpoint_path)
+    if stage is None:
+        stage = recorded_stage(manifest.entries) or 1
+    get_stage(stages, stage)
+    if max_time is not None and max_time <= 0:
+        raise UserError(f"--max-time must be > 0 seconds, got {max_time}")
+    for gpu in (faults or {}):
+        if gpu not in {s.gpu for s in slots}:
+            raise UserError(f"--fault names GPU {gpu}, which this launch does not run")
+    plan = LaunchPlan(pod_dir, config, stages, criteria, stage, slots, max_time, max_steps,
+                      dict(faults or {}),
+                      None if max_time is None else time.monotonic() + max_time)
+    return plan, manifest
+
+
+def refuse_if_busy(plan: LaunchPlan) -> None:
+    wanted = {s.gpu for s in plan.slots}
+    ours = {g: pid for g, pid in running_workers(plan.pod_dir).items() if g in wanted}
+    if ours:
+        gpu, pid = sorted(ours.items())[0]
+        raise PodBusy(f"a worker (pid {pid}) already runs on GPU {gpu} of this pod; "
+                      f"stop it before launching")
+    cuda = busy_cuda_gpus([s.gpu for s in plan.slots if s.device == "cuda"])
+    if cuda:
+        gpu, pids = sorted(cuda.items())[0]
+        raise PodBusy(f"GPU {gpu} already runs process(es) {pids}; refusing to share it")
+
+
+def reconcile(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
+              events: EventLog) -> None:
+    """Adopt checkpoints a worker wrote after its launcher died (from its checkpoint events,
+    verified against the file's sha256): the worker checkpoints on the SIGTERM it gets
+    when the launcher dies, and that progress must not be thrown away."""
+    changed = False
+    for slot in plan.slots:
+        gpu = slot.gpu
+        entry = manifest.entries.get(gpu, {})
+        since = entry.get("updated_at", 0.0)
+        current = entry.get("start_token", -1)
+        candidates = [r for r in read_records(plan.pod_dir / metrics_path(gpu))
+                      if r.get("event") == "checkpoint" and r.get("ts", 0) > since
+                      and int(r.get("next_token", -1)) > current]
+        for event in sorted(candidates, key=lambda r: -int(r["next_token"])):
+            recorded = index.records.get((gpu, event.get("sha256")))
+            if recorded is not None and recorded["verdict"] == "failed":
+                continue
+            path = plan.pod_dir / relative_to_pod(event["path"], plan.pod_dir)
+            if not path.is_file() or sha256_file(path) != event.get("sha256"):
+                continue
+            stage = entry.get("stage", plan.stage)
+            rel = relative_to_pod(event["path"], plan.pod_dir)
+            index.add(gpu, event, stage, rel)
+            apply_checkpoint(manifest, gpu, event, stage, plan.pod_dir,
+                             entry.get("shard") or plan.config.shard_path(gpu))
+            events.emit("manifest_reconciled", gpu=gpu, start_token=int(event["next_token"]),
+                        checkpoint=rel, reason="checkpoint written after the launcher stopped")
+            changed = True
+            break
+    if changed:
+        write_manifest(manifest)
+
+
+def never_resume_failed(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
+                        events: EventLog) -> None:
+    """An entry naming a checkpoint marked failed goes to the newest passed one
+    (launcher/pod/failed_resume.py); a GPU with none left intact refuses the launch."""
+    from launcher.pod.failed_resume import restore_passed
+    if restore_passed(manifest, index, events, [s.gpu for s in plan.slots], refuse=True):
+        write_manifest(manifest)
+
+
+def recover_checkpoints(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
+                        events: EventLog) -> None:
+    """Each named checkpoint must hold the bytes its manifest entry records (every one is
+    hashed, in parallel): else they come from a local copy or the hub, or the launch is
+    refused (launcher/pod/recover.py)."""
+    if recover_all(plan.pod_dir, [s.gpu for s in plan.slots], manifest, index, events,
+                   plan.config.hub, plan.config.checkpoint_path):
+        write_manifest(manifest)
+
+
+def validate(plan: LaunchPlan, manifest: Manifest) -> None:
+    _refuse_missing_shards(plan, manifest)
+    validate_for_launch(manifest, plan.pod_dir, [s.gpu for s in plan.slots],
+                        plan.config.shard_path, shard_length)
+    refuse_fresh_starts(plan, manifest)
+    for slot in plan.slots:
+        check_entry(manifest, plan.pod_dir, slot.gpu, plan.config.shard_path)
+
+
+def refuse_fresh_starts(plan: LaunchPlan, manifest: Manifest) -> None:
+    """A GPU whose manifest entry names no checkpoint and whose checkpoint file is absent
+    would train a new random model: only when the pod config says so (env:
+    ALLOW_FRESH_START: "1", as the demo preset)."""
+    if plan.config.env.get("ALLOW_FRESH_START") == "1":
+        return
+    for slot in plan.slots:
+        gpu = slot.gpu
+        entry = manifest.entries.get(gpu) or {}
+        if entry.get("checkpoint") or (plan.pod_dir / plan.config.checkpoint_path(gpu)).is_file():
+            continue
+        known = "names no checkpoint for it" if entry else "does not list it"
+        raise UserError(f"gpu {gpu}: {manifest.path.name} {known} and there is no "
+                        f"{plan.config.checkpoint_path(gpu)}: nothing to resume from; adopt it "
+                        f"with `fractus-pod adopt --init-new-from PATH`, or set env: "
+                        f"ALLOW_FRESH_START: \"1\" in fractus-pod.yaml to train a new model")
+
+
+def ensure_run_id(manifest: Manifest) -> None:
+    """Name this run in the manifest once (kept for ever after, pushed with it): each worker
+    records it in its checkpoints, so a checkpoint of another run is recognised."""
+    if not manifest.extra.get(RUN_ID_KEY):
+        manifest.extra[RUN_ID_KEY] = uuid.uuid4().hex
+        write_manifest(manifest)
+
+
+def _refuse_missing_shards(plan: LaunchPlan, manifest: Manifest) -> None:
+    """Every missing shard in one line, with the fix (a new pod's first launch meets this)."""
+    missing = []
+    for slot in plan.slots:
+        rel = (manifest.entries.get(slot.gpu) or {}).get("shard") or \
+            plan.config.shard_path(slot.gpu)
+        if not (plan.pod_dir / rel).is_file():
+            missing.append(str(rel))
+    if missing:
+        raise UserError(missing_shards_fix(plan.pod_dir, missing))
+
+
+def record_baselines(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex) -> None:
+    """A GPU with progress but no verdict history (a pod this launcher never ran, e.g. the
+    user's live run) trusts the checkpoint its manifest names: it is the run as it stands."""
+    for slot in plan.slots:
+        entry = manifest.entries.get(slot.gpu)
+        if not entry or not entry.get("checkpoint"):
+            continue
+        if any(r["verdict"] == PASSED for r in index.for_gpu(slot.gpu)):
+            continue
+        path = plan.pod_dir / entry["checkpoint"]
+        sha = entry.get("checkpoint_sha256") or sha256_file(path)
+        event = {"sha256": sha, "next_token": entry["start_token"], "path": entry["checkpoint"],
+                 "ema_tf": entry.get("ema_tf"), "lb": entry.get("lb"),
+                 "bytes": path.stat().st_size}
+        reason = "launch baseline: the checkpoint the manifest names"
+        if (slot.gpu, sha) in index.records:
+            index.mark(slot.gpu, sha, PASSED, reason)
+        else:
+            index.add(slot.gpu, event, entry.get("stage", plan.stage), entry["checkpoint"],
+                      verdict=PASSED, reason=reason)

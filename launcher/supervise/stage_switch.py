@@ -1,0 +1,99 @@
+"""The gate before a stage switch: `launch --stage N` on a pod at stage M < N runs the canary.
+
+Anything but a pass raises Refused (exit 1, one line), so nothing switches (docs/CANARY.md). A stop
+(SIGTERM/SIGINT, `fractus-pod stop`, the launch's --max-time) while the canary runs cuts it
+short and raises LaunchStopped: nothing switched, the pod stays at stage M, exit 0.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from launcher.errors import Refused
+from launcher.pod.manifest import recorded_stage, write_manifest
+
+
+class LaunchStopped(Exception):
+    """The launch was stopped before supervision began; nothing was switched or started."""
+
+
+class EarlyStop:
+    """A stop that arrives before supervision starts (the canary can run for minutes):
+    SIGTERM/SIGINT are remembered instead of killing the launcher, and the launch's
+    --max-time counts from the start of `launch`, the canary included."""
+
+    def __init__(self, deadline: float | None):
+        self.deadline = deadline
+        self.signal: str | None = None
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.signal = f"{signal.Signals(signum).name} received"
+
+    def reason(self) -> str | None:
+        if self.signal:
+            return self.signal
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            return "--max-time reached"
+        return None
+
+
+def current_stage(plan, manifest) -> int | None:
+    """The lowest stage the manifest records for the GPUs this launch runs (None: new pod)."""
+    return recorded_stage(manifest.entries, {s.gpu for s in plan.slots})
+
+
+def canary_gate(plan, manifest, events, no_canary: bool, stop: EarlyStop) -> None:
+    """Before a switch up from stage M to N > M: the canary on the first GPU (docs/CANARY.md).
+    Anything but a pass raises, so nothing switches: no worker starts, the manifest keeps M."""
+    from launcher.checks.canary import run_canary
+    from launcher.cli.status import write_canary_state
+    current, slot = current_stage(plan, manifest), plan.slots[0]
+    if current is None or plan.stage <= current:
+        return
+    if no_canary:
+        record = {"status": "skipped", "passed": None, "from_stage": current,
+                  "to_stage": plan.stage, "gpu": slot.gpu, "reason": "--no-canary"}
+        events.emit("canary_skipped", **record)
+        write_canary_state(plan.pod_dir, record)
+        print(f"canary skipped (--no-canary): stage {current} -> {plan.stage}", flush=True)
+        return
+    print(f"canary: stage {current} -> {plan.stage} on GPU {slot.gpu} ({slot.device}) ...",
+          flush=True)
+    result = run_canary(plan.pod_dir, slot.gpu, current, plan.stage, device=slot.device,
+                        should_stop=stop.reason)
+    record = result.to_dict()
+    events.emit("canary", **record)
+    write_canary_state(plan.pod_dir, record)
+    if result.interrupted:
+        raise LaunchStopped(f"stopped during the canary ({result.interrupted}): nothing "
+                            f"switched, the pod stays on stage {current}")
+    if result.passed:
+        print(f"canary passed in {result.seconds:.1f}s: {result.reason}", flush=True)
+        return
+    stays = f"the pod stays on stage {current} (nothing switched)"
+    if result.status == "Failed":
+        raise Refused(f"canary FAILED: stage {plan.stage} does not continue stage "
+                                   f"{current}'s curve: {result.reason}; {stays}")
+    raise Refused(f"canary INCONCLUSIVE (could not judge stage {plan.stage}): "
+                               f"{result.reason}; {stays}; fix the cause, or relaunch "
+                               f"with --no-canary")
+
+
+def record_stage(manifest, gpus: list[int], stage: int, events) -> None:
+    """The stage a launch runs, recorded for every GPU of it with progress before any worker
+    starts (a switch up has passed its canary by then): a run stopped or killed before some
+    GPU's first checkpoint at the new stage still leaves one recorded stage, so the next
+    plain `launch` resumes there instead of going back."""
+    entries = [manifest.entries[g] for g in gpus if g in manifest.entries]
+    recorded = sorted({e["stage"] for e in entries if e.get("stage") is not None})
+    if not recorded or recorded == [stage]:
+        return
+    for entry in entries:
+        entry["stage"] = stage
+    events.emit("stage_change", from_stage=recorded, to_stage=stage, reason="launch")
+    write_manifest(manifest)
