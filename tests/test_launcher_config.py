@@ -126,3 +126,23 @@ def test_worker_env_layers_stage_then_pod_then_identity(tmp_path):
     from fractus.train.env import WorkerSettings
     settings = WorkerSettings.from_env(env)          # the worker accepts what we build
     assert settings.gpu_id == 1 and settings.start_token == 640 and settings.batch == 4
+
+
+def test_a_bad_stage_setting_is_refused_at_launch_by_the_workers_own_parser(tmp_path, capsys):
+    """`BATCH: x` is refused in one line before anything starts (it used to fail in every
+    worker after launch)."""
+    import yaml
+
+    from launcher.cli import main as cli_main
+    from launcher.config.podconfig import init_pod
+    pod = tmp_path / "pod"
+    init_pod(pod, "tiny-cpu")
+    stages_file = pod / "manifests" / "stages.yaml"
+    doc = yaml.safe_load(stages_file.read_text())
+    doc["stages"][1]["settings"]["BATCH"] = "x"
+    stages_file.write_text(yaml.safe_dump(doc))
+    assert cli_main(["--pod-dir", str(pod), "launch", "--stage", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "stage 1" in err and "BATCH must be an integer >= 1, got 'x'" in err
+    assert not (pod / "logs" / "events.jsonl").exists()

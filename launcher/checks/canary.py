@@ -32,7 +32,7 @@ from typing import Callable
 from launcher.pod.paths import CANARY_SCRATCH_DIR as SCRATCH_DIR  # noqa: F401 (re-exported)
 from launcher.supervise import child
 from launcher.checks.canary_compare import Tolerance, compare_approximate, compare_exact, metrics_lines
-from launcher.checks.criteria import Criteria, parse_criteria
+from launcher.checks.criteria import Criteria
 from launcher.errors import UserError
 from launcher.checks.health import FAILED, INCONCLUSIVE, SUCCESSFUL
 from launcher.pod.manifest import read_manifest
@@ -40,7 +40,6 @@ from launcher.config.podconfig import PodConfig, Slot, load_config, parse_device
 from launcher.pod.progress import progress
 from launcher.config.stages import Stage, get_stage, load_stages
 from launcher.supervise.workers import WorkerSpec, build_env, read_records, worker_command
-from launcher.config.yamlfile import read_yaml
 
 KEEP_RUNS = 5                    # canary run directories kept (metrics + logs, no weights)
 WATCH_S = 0.5                    # how often a running canary shows progress, looks for a stop
@@ -58,13 +57,14 @@ class CanarySettings:
 
 def load_canary_settings(criteria_path: str | Path) -> tuple[CanarySettings, Criteria]:
     """The `canary:` section (defaults for what is missing) and the health-check criteria."""
-    path = Path(criteria_path)
-    data = read_yaml(path, "criteria file") or {}
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: expected a mapping")
-    criteria = parse_criteria({k: v for k, v in data.items() if k in ("checks", "supervision")},
-                              str(path))
-    section = data.get("canary") or {}
+    from launcher.checks.trusted_loss import load_trusted_loss
+    trusted = load_trusted_loss(criteria_path)
+    return trusted.canary, trusted.criteria
+
+
+def parse_canary(section, path: Path) -> CanarySettings:
+    """The `canary:` section of the criteria file; defaults for what is missing."""
+    section = section or {}
     where = f"{path}: canary"
     if not isinstance(section, dict):
         raise UserError(f"{where}: expected a mapping")
@@ -86,11 +86,10 @@ def load_canary_settings(criteria_path: str | Path) -> tuple[CanarySettings, Cri
     steps = section.get("steps", d.steps)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
         raise UserError(f"{where}.steps: expected an integer >= 2, got {steps!r}")
-    settings = CanarySettings(
+    return CanarySettings(
         steps=steps, timeout_s=_number(f"{where}.timeout_s", section.get("timeout_s", d.timeout_s)),
         exact=exact, max_ema_tf_rise=_number(f"{where}.approximate.maxEmaTfRise",
                                              approx.get("maxEmaTfRise", d.max_ema_tf_rise)))
-    return settings, criteria
 
 
 def _number(where: str, value) -> float:

@@ -88,8 +88,9 @@ class Criteria:
     hang: HangPolicy = field(default_factory=HangPolicy)
 
 
-_CHECK_CLASSES = {"finite": FiniteSpec, "continuity": ContinuitySpec, "trend": TrendSpec,
-                  "lb_band": LbBandSpec, "ss_ratio": SsRatioSpec, "loss_spike": LossSpikeSpec}
+# The one registry of checks: name -> its spec; health.py measures each of them, in order.
+CHECKS = {"finite": FiniteSpec, "continuity": ContinuitySpec, "trend": TrendSpec,
+          "lb_band": LbBandSpec, "ss_ratio": SsRatioSpec, "loss_spike": LossSpikeSpec}
 _SUPERVISION_CLASSES = {"restarts": RestartPolicy, "hang": HangPolicy}
 # Top-level sections owned by other modules (see the module docstring).
 OTHER_SECTIONS = ("canary", "probe")
@@ -129,7 +130,7 @@ def parse_criteria(data: dict, source: str = "criteria") -> Criteria:
         raise UserError(f"{source}: unknown top-level key(s) {unknown}")
     checks = data.get("checks") or {}
     supervision = data.get("supervision") or {}
-    for section, known in (("checks", _CHECK_CLASSES), ("supervision", _SUPERVISION_CLASSES)):
+    for section, known in (("checks", CHECKS), ("supervision", _SUPERVISION_CLASSES)):
         given = data.get(section) or {}
         if not isinstance(given, dict):
             raise UserError(f"{source}: '{section}' must be a mapping")
@@ -137,7 +138,7 @@ def parse_criteria(data: dict, source: str = "criteria") -> Criteria:
         if bad:
             raise UserError(f"{source}: unknown {section} {bad}; known: {sorted(known)}")
     parts = {name: _build(cls, f"{source}: checks.{name}", checks.get(name))
-             for name, cls in _CHECK_CLASSES.items()}
+             for name, cls in CHECKS.items()}
     parts.update({name: _build(cls, f"{source}: supervision.{name}", supervision.get(name))
                   for name, cls in _SUPERVISION_CLASSES.items()})
     return Criteria(**parts)

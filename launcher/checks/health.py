@@ -16,7 +16,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from launcher.checks.criteria import CheckSpec, Criteria
+from launcher.checks.criteria import CHECKS, CheckSpec, Criteria
 
 PENDING, RUNNING, SUCCESSFUL, FAILED, INCONCLUSIVE = (
     "Pending", "Running", "Successful", "Failed", "Inconclusive")
@@ -101,9 +101,7 @@ class GpuHealth:
         self.window = window
         self.lb_baseline = lb_baseline
         self.lb_baseline_source = "previous stage" if lb_baseline is not None else None
-        self.checks = {name: CheckState(name, getattr(criteria, name))
-                       for name in ("finite", "continuity", "trend", "lb_band", "ss_ratio",
-                                    "loss_spike")}
+        self.checks = {name: CheckState(name, getattr(criteria, name)) for name in CHECKS}
         self.base_step: int | None = None
         self.rel_step: int | None = None
         self.verified_step: int | None = None   # newest step every check vouched for

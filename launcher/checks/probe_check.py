@@ -41,7 +41,6 @@ from pathlib import Path
 from launcher.supervise import child
 from launcher.errors import UserError
 from launcher.checks.health import FAILED, INCONCLUSIVE, SUCCESSFUL
-from launcher.config.yamlfile import read_yaml
 
 
 @dataclass(frozen=True)
@@ -142,14 +141,22 @@ _TOLERANCE_KEYS = {"band", "relativeBand", "k", "offManifoldAcc"}
 _SCHEDULE_KEYS = {"every": int, "parallel": int, "timeout_s": float, "rows": int}
 
 
-def _probe_section(criteria_path: str | Path) -> tuple[Path, dict]:
-    path = Path(criteria_path)
-    data = read_yaml(path, "criteria file") or {}
-    section = (data.get("probe") if isinstance(data, dict) else None) or {}
+def parse_probe(section, path: Path) -> tuple[ProbeTolerance, ProbeSchedule]:
+    """The `probe:` section of the criteria file: its verdict tolerance and its schedule;
+    defaults for what is missing."""
+    section = section or {}
     if not isinstance(section, dict) or set(section) - _TOLERANCE_KEYS - set(_SCHEDULE_KEYS):
         raise UserError(f"{path}: probe: expected keys from "
                         f"{sorted(_TOLERANCE_KEYS | set(_SCHEDULE_KEYS))}, got {section!r}")
-    return path, section
+    schedule = ProbeSchedule(**_schedule_values(path, section))
+    values = {}
+    for key, value in section.items():
+        if key not in _TOLERANCE_KEYS or (value is None and key == "relativeBand"):
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise UserError(f"{path}: probe.{key}: expected a number >= 0, got {value!r}")
+        values[key] = float(value)
+    return ProbeTolerance(**values), schedule
 
 
 def _schedule_values(path: Path, section: dict) -> dict:
@@ -169,24 +176,15 @@ def _schedule_values(path: Path, section: dict) -> dict:
 
 
 def load_probe_tolerance(criteria_path: str | Path) -> ProbeTolerance:
-    """The `probe:` section of trusted_loss.yaml; defaults for what is missing. The
-    schedule keys are checked too, so one call refuses any mistake in the section."""
-    path, section = _probe_section(criteria_path)
-    _schedule_values(path, section)
-    values = {}
-    for key, value in section.items():
-        if key not in _TOLERANCE_KEYS or (value is None and key == "relativeBand"):
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-            raise UserError(f"{path}: probe.{key}: expected a number >= 0, got {value!r}")
-        values[key] = float(value)
-    return ProbeTolerance(**values)
+    """The `probe:` section's verdict tolerance (the whole criteria file is checked)."""
+    from launcher.checks.trusted_loss import load_trusted_loss
+    return load_trusted_loss(criteria_path).probe_tolerance
 
 
 def load_probe_schedule(criteria_path: str | Path) -> ProbeSchedule:
     """The schedule keys of the `probe:` section (every, parallel, timeout_s)."""
-    path, section = _probe_section(criteria_path)
-    return ProbeSchedule(**_schedule_values(path, section))
+    from launcher.checks.trusted_loss import load_trusted_loss
+    return load_trusted_loss(criteria_path).probe_schedule
 
 
 def _field(result, key: str):

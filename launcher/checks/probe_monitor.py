@@ -55,8 +55,6 @@ from launcher.checks.probe_check import (
     ProbeSchedule,
     ProbeTolerance,
     ProbeUnavailable,
-    load_probe_schedule,
-    load_probe_tolerance,
     probe_verdict,
     run_probe_process,
 )
@@ -128,10 +126,16 @@ class ProbeMonitor:
     def from_criteria(cls, pod_dir: Path, criteria_path: Path,
                       model: str | None = None) -> "ProbeMonitor | None":
         """None when the criteria file turns probing off (`probe.every: 0`, the default)."""
-        schedule = load_probe_schedule(criteria_path)
-        if schedule.every <= 0:
+        from launcher.checks.trusted_loss import load_trusted_loss
+        return cls.from_trusted_loss(pod_dir, load_trusted_loss(criteria_path), model)
+
+    @classmethod
+    def from_trusted_loss(cls, pod_dir: Path, trusted, model: str | None = None
+                          ) -> "ProbeMonitor | None":
+        """From the parsed criteria file; None when it turns probing off."""
+        if trusted.probe_schedule.every <= 0:
             return None
-        return cls(pod_dir, schedule, load_probe_tolerance(criteria_path), model=model)
+        return cls(pod_dir, trusted.probe_schedule, trusted.probe_tolerance, model=model)
 
     # ---- inputs -------------------------------------------------------------------
     def start_stage(self, stage: int, resume: dict[int, tuple[str | None, str]],

@@ -135,10 +135,6 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
                                _parse_faults(faults))
     from launcher.supervise.ray_settings import RaySettings
     ray_settings = RaySettings.parse(plan.config.ray, ray_address)
-    from launcher.checks.canary import load_canary_settings
-    from launcher.checks.probe_check import load_probe_tolerance
-    load_canary_settings(pod_dir / plan.config.criteria)   # refuse a bad canary: / probe: now
-    load_probe_tolerance(pod_dir / plan.config.criteria)
     if plan.config.hub:
         from launcher.hub.sync import store_for
         try:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import BinaryIO, Mapping
 
+from launcher.pod.files import fsync_dir  # noqa: F401 (re-exported)
 from launcher.pod.paths import HUB_SCRATCH_DIR as SCRATCH_DIR  # noqa: F401 (re-exported)
 
 INDEX_PATH = "hub_index.json"
@@ -106,14 +107,6 @@ def matches(path: Path, entry: FileEntry) -> bool:
         return sha256_file(path).sha256 == entry.sha256
     except OSError:
         return False
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def install_copy(src: Path, dest: Path, expected: FileEntry, what: str) -> None:

@@ -39,6 +39,7 @@ from .integrity import (
     sha256_stream,
 )
 from .store import HistoryEntry, PushFiles, Store
+from launcher.pod.files import atomic_write_bytes
 
 BRANCH = "main"
 MIN_PREFIX = 7  # shortest revision prefix accepted, as with git short hashes
@@ -136,8 +137,8 @@ class FileStore(Store):
             }
             data = (json.dumps(record, sort_keys=True) + "\n").encode()
             rev = hashlib.sha256(data).hexdigest()
-            _write_atomic(self.root / "commits" / f"{rev}.json", data)
-            _write_atomic(self.root / "refs" / BRANCH, f"{rev}\n".encode())
+            atomic_write_bytes(self.root / "commits" / f"{rev}.json", data)
+            atomic_write_bytes(self.root / "refs" / BRANCH, f"{rev}\n".encode())
         return rev
 
     def _store_object(self, src: Path) -> FileEntry:
@@ -171,15 +172,3 @@ class FileStore(Store):
                 fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
-    finally:
-        tmp.unlink(missing_ok=True)

@@ -19,8 +19,6 @@ Tensors that share storage in the first checkpoint (the tied `observe.weight` /
 
 from __future__ import annotations
 
-import os
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -28,6 +26,7 @@ from typing import Sequence
 import torch
 
 from fractus.legacy import read_checkpoint
+from launcher.pod.files import atomic_write_with
 from launcher.pod.progress import progress
 
 CARRIED_STATE_SUFFIXES = ("attn_S", "attn_z", "kuramoto_phases")
@@ -133,24 +132,8 @@ def _merge(paths: list[Path], out_path: Path, task) -> MergeReport:
     for key in spec:
         model_state[key] = merged[aliases.get(key, key)]
 
-    _save_atomic({"model_state": model_state, "config": dict(config)}, out_path)
+    atomic_write_with(out_path, lambda f: torch.save(
+        {"model_state": model_state, "config": dict(config)}, f))
     n_float = sum(1 for k in spec if k not in aliases and spec[k][1].is_floating_point)
     return MergeReport(out_path, n, n_float, len(spec) - len(aliases) - n_float, dropped)
 
-
-def _save_atomic(obj: dict, out_path: Path) -> None:
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(f".{out_path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out_path)
-        fd = os.open(out_path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    finally:
-        tmp.unlink(missing_ok=True)

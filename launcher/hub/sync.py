@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from launcher.pod.files import read_json_state, write_json_state
 from launcher.pod.paths import SYNC_STATE, SNAPSHOT_DIR, MERGED_PATH  # noqa: F401 (re-exported)
 from launcher.pod.ckpt_index import CheckpointIndex
 from launcher.pod.events import EventLog
@@ -65,18 +66,12 @@ def describe_error(exc: BaseException) -> str:
 
 # ---- the sync state file (read by status) ------------------------------------------------
 def read_sync_state(pod_dir: Path) -> dict:
-    try:
-        state = json.loads((pod_dir / SYNC_STATE).read_text())
-        return state if isinstance(state, dict) else {}
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
+    return read_json_state(pod_dir / SYNC_STATE)
 
 
 def update_sync_state(pod_dir: Path, **fields) -> dict:
     state = {**read_sync_state(pod_dir), **fields}
-    path = pod_dir / SYNC_STATE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(state, default=str) + "\n")
+    write_json_state(pod_dir / SYNC_STATE, state)
     return state
 
 

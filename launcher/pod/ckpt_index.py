@@ -14,7 +14,6 @@ newest passed ones per GPU are kept.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -22,22 +21,12 @@ import time
 from pathlib import Path
 
 from launcher.pod.paths import INDEX_FILE, PASSED_DIR  # noqa: F401 (re-exported)
+from launcher.pod.files import sha256_file  # noqa: F401 (re-exported)
 from launcher.pod.manifest import resolve_in_pod
 
 KEEP_PASSED = 2
 VERIFY_BELOW_BYTES = 256 << 20
 PENDING, PASSED, FAILED = "pending", "passed", "failed"
-
-
-def sha256_file(path: Path, on_bytes=None) -> str:
-    """`on_bytes(n)` after each block read (a progress task's advance)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-            if on_bytes is not None:
-                on_bytes(len(block))
-    return h.hexdigest()
 
 
 def link_or_copy(source: Path, target: Path) -> None:

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from launcher.pod.paths import STATE_FILE, REQUEST_FILE  # noqa: F401 (re-exported)
-from launcher.pod.manifest import atomic_write_text
+from launcher.pod.files import atomic_write_text, read_json_state, write_json_state
 
 
 
@@ -37,17 +37,12 @@ def pod_state_dict(sup) -> dict:
 
 
 def write_pod_state(sup) -> None:
-    path = sup.pod_dir / STATE_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
     # No indent: the C encoder (this file is rewritten every few seconds; status pretty-prints).
-    atomic_write_text(path, json.dumps(pod_state_dict(sup), default=str) + "\n")
+    write_json_state(sup.pod_dir / STATE_FILE, pod_state_dict(sup))
 
 
 def read_pod_state(pod_dir: Path) -> dict | None:
-    try:
-        return json.loads((pod_dir / STATE_FILE).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
+    return read_json_state(pod_dir / STATE_FILE) or None
 
 
 def write_rollback_request(pod_dir: Path, to_stage: int, gpus: list[int]) -> Path:

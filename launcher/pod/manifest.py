@@ -17,12 +17,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.errors import UserError
+from launcher.pod.files import atomic_write_bytes, atomic_write_text  # noqa: F401 (re-exported)
 
 # The per-GPU fields this launcher maintains, in the order they are written.
 ENTRY_FIELDS = ("start_token", "checkpoint", "checkpoint_sha256", "shard", "stage", "ema_tf",
@@ -238,25 +238,6 @@ def write_manifest(manifest: Manifest) -> None:
     manifest.path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(manifest.path, json.dumps(manifest.to_json(), indent=2) + "\n")
     manifest.exists = True
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Temp file in the same directory, fsync, rename: readers see the old or the new file."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o644)       # mkstemp makes 0600; the manifest is read by people too
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def resolve_in_pod(name: str | Path, pod_dir: Path) -> Path:

@@ -18,7 +18,8 @@ import numpy as np
 
 from launcher.pod.ckpt_index import PASSED, CheckpointIndex, sha256_file
 from launcher.pod.ckpt_trust import check_entry
-from launcher.checks.criteria import Criteria, load_criteria
+from launcher.checks.criteria import Criteria
+from launcher.checks.trusted_loss import TrustedLoss, load_trusted_loss
 from launcher.errors import PodBusy, UserError
 from launcher.pod.events import EventLog
 from launcher.pod.manifest import (
@@ -53,6 +54,8 @@ class LaunchPlan:
     # time.monotonic() at which --max-time ends the launch: counted from the start of
     # `launch`, so a canary before the workers spends it too.
     deadline: float | None = None
+    # The whole criteria file, parsed once (checks, canary, probe); `criteria` is its checks.
+    trusted: TrustedLoss | None = None
 
 
 def shard_length(path: Path) -> int:
@@ -74,22 +77,36 @@ def load_plan(pod_dir: Path, stage: int | None, devices: str | None, gpus: str |
               faults: dict | None = None) -> tuple[LaunchPlan, Manifest]:
     config = load_config(pod_dir)
     stages = load_stages(pod_dir / config.stages)
-    criteria = load_criteria(pod_dir / config.criteria)
+    trusted = load_trusted_loss(pod_dir / config.criteria)
     slots = parse_devices(devices or config.devices, gpus)
     manifest = read_manifest(pod_dir / config.manifest)
     name_default_checkpoints(manifest, pod_dir, config.checkpoint_path)
     if stage is None:
         stage = recorded_stage(manifest.entries) or 1
-    get_stage(stages, stage)
+    check_worker_settings(stages, stage, config, pod_dir / config.stages)
     if max_time is not None and max_time <= 0:
         raise UserError(f"--max-time must be > 0 seconds, got {max_time}")
     for gpu in (faults or {}):
         if gpu not in {s.gpu for s in slots}:
             raise UserError(f"--fault names GPU {gpu}, which this launch does not run")
-    plan = LaunchPlan(pod_dir, config, stages, criteria, stage, slots, max_time, max_steps,
-                      dict(faults or {}),
-                      None if max_time is None else time.monotonic() + max_time)
+    plan = LaunchPlan(pod_dir, config, stages, trusted.criteria, stage, slots, max_time,
+                      max_steps, dict(faults or {}),
+                      None if max_time is None else time.monotonic() + max_time, trusted)
     return plan, manifest
+
+
+def check_worker_settings(stages: dict[int, Stage], number: int, config: PodConfig,
+                          stages_path: Path) -> None:
+    """The stage's settings and the config's `env`, parsed by the worker's own
+    WorkerSettings now: a bad value (BATCH: x) is refused before anything starts, not by
+    every worker after launch."""
+    from fractus.train.env import SettingsError, WorkerSettings
+    stage = get_stage(stages, number)
+    try:
+        WorkerSettings.from_env({**stage.settings, **config.env})
+    except SettingsError as exc:
+        raise UserError(f"{stages_path}: stage {number} (with fractus-pod.yaml env): {exc}") \
+            from None
 
 
 def refuse_if_busy(plan: LaunchPlan) -> None:

@@ -27,7 +27,7 @@ import signal
 import time
 from pathlib import Path
 
-from fractus.train.disk import EXIT_DISK_FULL, disk_full
+from fractus.train.disk import disk_full
 from launcher.pod.ckpt_index import FAILED as CK_FAILED
 from launcher.pod.ckpt_index import PASSED as CK_PASSED
 from launcher.pod.ckpt_index import CheckpointIndex
@@ -98,8 +98,12 @@ class Supervisor(PodEnding):
         # ValueError for a malformed hub URL: the CLI reports it before anything starts.
         self.sync = (HubSync(self.pod_dir, plan.config, manifest, index, events)
                      if plan.config.hub else None)
-        self.probes = ProbeMonitor.from_criteria(self.pod_dir, self.pod_dir / plan.config.criteria,
-                                                 model=plan.config.model)
+        self.probes = (ProbeMonitor.from_trusted_loss(self.pod_dir, plan.trusted,
+                                                      model=plan.config.model)
+                       if plan.trusted is not None else
+                       ProbeMonitor.from_criteria(self.pod_dir,
+                                                  self.pod_dir / plan.config.criteria,
+                                                  model=plan.config.model))
 
     def use_backend(self, backend: WorkerBackend) -> None:
         """Run the workers on `backend` instead (chosen after a --detach fork). A remote

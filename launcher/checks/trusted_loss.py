@@ -1,0 +1,34 @@
+"""The criteria file (manifests/trusted_loss.yaml) parsed once into one object.
+
+Each section is parsed by the module that owns it, with that module's defaults: `checks:`
+and `supervision:` by criteria.py (whose CHECKS is the one registry of checks), `canary:`
+by canary.py, `probe:` by probe_check.py. `launch` parses the file once (LaunchPlan) and
+hands the parts to the supervisor, the canary gate and the probe monitor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.checks.canary import CanarySettings, parse_canary
+from launcher.checks.criteria import Criteria, parse_criteria
+from launcher.checks.probe_check import ProbeSchedule, ProbeTolerance, parse_probe
+from launcher.config.yamlfile import read_yaml
+
+
+@dataclass(frozen=True)
+class TrustedLoss:
+    criteria: Criteria
+    canary: CanarySettings
+    probe_tolerance: ProbeTolerance
+    probe_schedule: ProbeSchedule
+
+
+def load_trusted_loss(path: str | Path) -> TrustedLoss:
+    """Every section of the criteria file; UserError (one line) for any mistake in any."""
+    path = Path(path)
+    data = read_yaml(path, "criteria file")
+    criteria = parse_criteria(data, str(path))      # refuses anything but a mapping
+    tolerance, schedule = parse_probe(data.get("probe"), path)
+    return TrustedLoss(criteria, parse_canary(data.get("canary"), path), tolerance, schedule)

@@ -1,0 +1,72 @@
+"""The one way fractus-pod writes and hashes its files: atomic writes (a temp file in the
+same directory, fsync, rename, fsync of the directory: readers see the old file or the new
+one, never a torn one, even after a crash), sha256 of a file, and small JSON state files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import BinaryIO, Callable
+
+BLOCK = 1 << 20
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_with(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """`write(f)` into a temp file beside `path`, then fsync and rename over `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o644)       # mkstemp makes 0600; manifests and states are read by people
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    atomic_write_with(path, lambda f: f.write(data))
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def sha256_file(path: Path, on_bytes: Callable[[int], None] | None = None) -> str:
+    """Hex sha256 of a file; `on_bytes(n)` after each block read (a progress task's advance)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(BLOCK), b""):
+            h.update(block)
+            if on_bytes is not None:
+                on_bytes(len(block))
+    return h.hexdigest()
+
+
+def read_json_state(path: Path) -> dict:
+    """A JSON state file as a dict; {} when it is missing, being replaced, or not a mapping."""
+    try:
+        state = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+def write_json_state(path: Path, state: dict, indent: int | None = None) -> None:
+    atomic_write_text(path, json.dumps(state, default=str, indent=indent) + "\n")
