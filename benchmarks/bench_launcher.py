@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from launcher.cli import main as cli_main  # noqa: E402
 from launcher.pod.events import read_events  # noqa: E402
-from launcher.supervise.workers import read_records  # noqa: E402
+from launcher.worker.process import read_records  # noqa: E402
 
 STAND_IN = r'''
 import json, os, signal, sys, time

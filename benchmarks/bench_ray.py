@@ -34,7 +34,7 @@ from bench_launcher import REPO, STAND_IN, launch, make_pod, stop  # noqa: E402
 
 sys.path.insert(0, str(REPO))
 from launcher.pod.events import read_events  # noqa: E402
-from launcher.supervise.workers import read_records  # noqa: E402
+from launcher.worker.process import read_records  # noqa: E402
 from tests.support.ray_cluster import RESOURCE, local_cluster, node_of  # noqa: E402
 
 

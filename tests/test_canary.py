@@ -19,7 +19,7 @@ from launcher.checks.criteria import Criteria
 from launcher.errors import UserError
 from launcher.pod.manifest import read_manifest
 from launcher.config.podconfig import load_config
-from launcher.supervise.workers import read_records
+from launcher.worker.process import read_records
 
 from tests.support.pods import stage1_pod
 

@@ -1,11 +1,11 @@
-"""Every child the launcher starts (launcher.supervise.child): fractus-pod's engine whatever the cwd (a
+"""Every child the launcher starts (launcher.child): fractus-pod's engine whatever the cwd (a
 decoy `fractus/` package sits in the pod directory), a scrubbed environment read from
 /proc/PID/environ, and no child outliving a kill -9 of its launcher; a worker whose launcher
 dies gets its parent-death SIGTERM repeated (once per launcher thread) and still writes its
 final checkpoint.
 
 The first two tests use a real stand-in process that runs the launcher's own spawning code
-(launcher.checks.probe_check.run_probe_process from a probe thread, launcher.supervise.child.spawn for a
+(launcher.checks.probe_check.run_probe_process from a probe thread, launcher.child.spawn for a
 worker) beside idle threads, as the real launcher's probe and sync threads, so the probe
 runs long and the repeated SIGTERM is certain; the third kills the real launcher while one
 of its probe threads waits on a probe child.
@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from launcher.supervise.child import child_env, resolve_command
+from launcher.child import child_env, resolve_command
 from tests.support.pods import stage1_pod
 from tests.support.v1_run import add_decoy_package
 from tests.test_launcher_e2e import (TEST_CRITERIA, Launcher, events_of, launchers, make_pod,
@@ -131,7 +131,7 @@ def test_worker_writes_its_final_checkpoint_through_repeated_parent_death_signal
     env = worker_env(tmp_path, SAVE_EVERY=0, HF_TOKEN=SECRET, ALLOW_FRESH_START=1)
     stand_in = start_stand_in(f"""
         import signal
-        from launcher.supervise import child
+        from launcher import child
         proc = child.spawn(["python", "-u", "-m", "fractus.train.worker"], cwd={str(pod)!r},
                            env=dict(__import__("os").environ),
                            stdout=open({str(tmp_path / "worker.log")!r}, "ab"),
@@ -213,7 +213,7 @@ def test_nvidia_smi_queries_get_the_scrubbed_environment(tmp_path, monkeypatch):
     """The launcher's other children (nvidia-smi, here a stand-in on PATH that records its
     environment) get no secret either."""
     from launcher.config.podconfig import _visible_gpu_count
-    from launcher.supervise.workers import busy_cuda_gpus
+    from launcher.worker.process import busy_cuda_gpus
     seen = tmp_path / "environ"
     fake = tmp_path / "bin" / "nvidia-smi"
     fake.parent.mkdir()

@@ -22,7 +22,7 @@ import yaml
 from launcher.checks.criteria import load_criteria
 from launcher.errors import UserError
 from launcher.config.podconfig import Slot, load_config
-from launcher.supervise.workers import WorkerSpec, build_env
+from launcher.worker.process import WorkerSpec, build_env
 from tests.test_canary import WRONG_KERNEL
 from tests.test_launcher_e2e import (REPO, TEST_CRITERIA, TOKENS_PER_STEP, events_of, make_pod,
                                      manifest_json)

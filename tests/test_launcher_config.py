@@ -6,7 +6,7 @@ import yaml
 from launcher.errors import UserError
 from launcher.config.podconfig import PRESETS, Slot, init_pod, load_config, parse_devices
 from launcher.config.stages import get_stage, load_stages, parse_stages
-from launcher.supervise.workers import WorkerSpec, build_env
+from launcher.worker.process import WorkerSpec, build_env
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]

@@ -22,7 +22,7 @@ import yaml
 from launcher.pod.ckpt_index import sha256_file
 from launcher.cli import main as cli_main
 from launcher.pod.events import read_events
-from launcher.supervise.workers import read_records
+from launcher.worker.process import read_records
 
 REPO = Path(__file__).resolve().parents[1]
 BATCH, SEQ = 2, 16

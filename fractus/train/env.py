@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 
-# Set by the launcher (launcher.supervise.child) when a worker's parent-death signal is SIGTERM; read
+# Set by the launcher (launcher.child) when a worker's parent-death signal is SIGTERM; read
 # by the worker's signal handler (a repeated SIGTERM is then the same launcher death).
 PARENT_DEATH_ENV = "FRACTUS_PARENT_DEATH_SIGNAL"
 

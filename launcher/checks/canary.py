@@ -29,8 +29,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from launcher.pod.paths import CANARY_SCRATCH_DIR as SCRATCH_DIR  # noqa: F401 (re-exported)
-from launcher.supervise import child
+from launcher.files import read_json_state, write_json_state
+from launcher.paths import CANARY_FILE
+from launcher.paths import CANARY_SCRATCH_DIR as SCRATCH_DIR  # noqa: F401 (re-exported)
+from launcher import child
 from launcher.checks.canary_compare import Tolerance, compare_approximate, compare_exact, metrics_lines
 from launcher.checks.criteria import Criteria
 from launcher.errors import UserError
@@ -39,7 +41,7 @@ from launcher.pod.manifest import read_manifest
 from launcher.config.podconfig import PodConfig, Slot, load_config, parse_devices
 from launcher.pod.progress import progress
 from launcher.config.stages import Stage, get_stage, load_stages
-from launcher.supervise.workers import WorkerSpec, build_env, read_records, worker_command
+from launcher.worker.process import WorkerSpec, build_env, read_records, worker_command
 
 KEEP_RUNS = 5                    # canary run directories kept (metrics + logs, no weights)
 WATCH_S = 0.5                    # how often a running canary shows progress, looks for a stop
@@ -53,6 +55,15 @@ class CanarySettings:
     # float32 CPU runs agree to float rounding; bf16 CUDA is a band (see docs/CANARY.md).
     exact: dict = field(default_factory=lambda: {"cpu": Tolerance(1e-4), "cuda": Tolerance(1e-2)})
     max_ema_tf_rise: float = 0.15     # approximate stages: last ema_tf vs stage M's
+
+
+def write_canary_state(pod_dir: Path, record: dict) -> None:
+    """The last canary's verdict (a CanaryResult dict, or a skip), for `status`."""
+    write_json_state(pod_dir / CANARY_FILE, {"ts": time.time(), **record})
+
+
+def read_canary_state(pod_dir: Path) -> dict | None:
+    return read_json_state(pod_dir / CANARY_FILE) or None
 
 
 def load_canary_settings(criteria_path: str | Path) -> tuple[CanarySettings, Criteria]:

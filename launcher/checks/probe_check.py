@@ -38,7 +38,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.supervise import child
+from launcher import child
 from launcher.errors import UserError
 from launcher.checks.health import FAILED, INCONCLUSIVE, SUCCESSFUL
 

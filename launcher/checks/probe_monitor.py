@@ -39,9 +39,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher.pod.paths import PROBE_DIR  # noqa: F401 (re-exported)
+from launcher.paths import PROBE_DIR  # noqa: F401 (re-exported)
 from launcher.pod.ckpt_index import FAILED as CK_FAILED
 from launcher.checks.criteria import CheckSpec
+from launcher.files import read_json_state
+from launcher.paths import BASELINES_FILE
 from launcher.checks.health import (
     FAILED,
     INCONCLUSIVE,
@@ -143,9 +145,8 @@ class ProbeMonitor:
         """A stage (re)starts: `resume` maps each GPU to (checkpoint it resumed from or
         None, its shard), `heads` to the token it resumed at (the manifest's). Probes of
         the previous stage still running are ignored."""
-        from launcher.supervise.manual import read_baselines
         self.generation += 1
-        recorded = read_baselines(self.pod_dir).get(str(stage), {})
+        recorded = read_json_state(self.pod_dir / BASELINES_FILE).get(str(stage), {})
         for probes in self.gpus.values():
             for request in probes.waiting:
                 self._unlink(request)

@@ -133,7 +133,7 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
         _rebuild(pod_dir, from_hub, revision)
     plan, manifest = load_plan(pod_dir, stage, devices, gpus, max_time, max_steps,
                                _parse_faults(faults))
-    from launcher.supervise.ray_settings import RaySettings
+    from launcher.config.ray_settings import RaySettings
     ray_settings = RaySettings.parse(plan.config.ray, ray_address)
     if plan.config.hub:
         from launcher.hub.sync import store_for
@@ -250,7 +250,7 @@ def _daemonize(pod_dir: Path) -> None:
 def status(ctx, as_json: bool, watch: bool) -> None:
     """Per GPU: liveness, stage, progress, losses, speed, memory, checkpoint, verdict."""
     from launcher.config.podconfig import load_config
-    from launcher.cli.status import collect, render
+    from launcher.dashboard.status import collect, render
     pod_dir = pod_dir_of(ctx)
     config = load_config(pod_dir)
     if as_json:
@@ -283,7 +283,7 @@ def stop(ctx, timeout) -> None:
     """Graceful stop: every worker checkpoints, then the launcher exits."""
     from launcher.pod.lock import read_holder
     from launcher.config.podconfig import load_config
-    from launcher.supervise.workers import running_workers
+    from launcher.worker.process import running_workers
     pod_dir = pod_dir_of(ctx)
     config = load_config(pod_dir)
     holder = read_holder(pod_dir)

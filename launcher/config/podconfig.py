@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from launcher.pod.paths import CONFIG_NAME  # noqa: F401 (re-exported)
+from launcher.paths import CONFIG_NAME  # noqa: F401 (re-exported)
 from launcher.errors import UserError
 from launcher.config.yamlfile import read_yaml
 
@@ -200,7 +200,7 @@ def load_config(pod_dir: Path) -> PodConfig:
     config = PodConfig(**data)
     config.env = {str(k): str(v) for k, v in config.env.items()}
     SyncSettings.parse(config.sync, f"{path}: sync")    # fail early on a bad sync policy
-    from launcher.supervise.ray_settings import RaySettings
+    from launcher.config.ray_settings import RaySettings
     RaySettings.check(config.ray, source=f"{path}: ray")
     parse_devices(config.devices)      # fail early on a malformed devices string
     return config
@@ -215,7 +215,7 @@ def config_text(config: PodConfig, preset: str) -> str:
 
 
 def write_config(pod_dir: Path, config: PodConfig, preset: str) -> Path:
-    from launcher.pod.manifest import atomic_write_text
+    from launcher.files import atomic_write_text
     path = pod_dir / CONFIG_NAME
     atomic_write_text(path, config_text(config, preset))
     return path
@@ -225,7 +225,7 @@ def init_pod(pod_dir: Path, preset: str, force: bool = False) -> tuple[list[Path
     """Write fractus-pod.yaml and copy the default stage/criteria files. Returns (written,
     kept): a stage or criteria file already in the pod is the user's (the docs tell them to
     edit it), so it is kept, even with `force`, which only overwrites the pod config."""
-    from launcher.pod.manifest import atomic_write_text
+    from launcher.files import atomic_write_text
     if preset not in PRESETS:
         raise UserError(f"unknown preset {preset!r}: expected one of {sorted(PRESETS)}")
     pod_dir.mkdir(parents=True, exist_ok=True)
@@ -291,7 +291,7 @@ def _visible_gpu_count() -> int:
     if shutil.which("nvidia-smi") is None:
         return 0
     try:
-        from launcher.supervise.child import child_env   # no secrets in any child's environment
+        from launcher.child import child_env   # no secrets in any child's environment
         out = subprocess.run(["nvidia-smi", "-L"], env=child_env(), capture_output=True,
                              text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):

@@ -61,7 +61,7 @@ class DashboardData:
         return format(hash(tuple(parts)) & (2**63 - 1), "x")
 
     def payload(self, points: int) -> dict:
-        from launcher.cli.status import collect
+        from launcher.dashboard.status import collect
         with self._lock:
             version = self.version()
             self.series.refresh()

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import BinaryIO, Mapping
 
-from launcher.pod.files import fsync_dir  # noqa: F401 (re-exported)
-from launcher.pod.paths import HUB_SCRATCH_DIR as SCRATCH_DIR  # noqa: F401 (re-exported)
+from launcher.files import fsync_dir  # noqa: F401 (re-exported)
+from launcher.paths import HUB_SCRATCH_DIR as SCRATCH_DIR  # noqa: F401 (re-exported)
 
 INDEX_PATH = "hub_index.json"
 INDEX_FORMAT = "fractus-hub-index/1"

@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Mapping
 
-from launcher.pod.paths import HELD_FILE  # noqa: F401 (re-exported)
+from launcher.paths import HELD_FILE  # noqa: F401 (re-exported)
 from launcher.hub import HubError, PushConflict
 from launcher.pod.manifest import atomic_write_text
 

@@ -39,7 +39,7 @@ from .integrity import (
     sha256_stream,
 )
 from .store import HistoryEntry, PushFiles, Store
-from launcher.pod.files import atomic_write_bytes
+from launcher.files import atomic_write_bytes
 
 BRANCH = "main"
 MIN_PREFIX = 7  # shortest revision prefix accepted, as with git short hashes

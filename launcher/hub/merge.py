@@ -26,7 +26,7 @@ from typing import Sequence
 import torch
 
 from fractus.legacy import read_checkpoint
-from launcher.pod.files import atomic_write_with
+from launcher.files import atomic_write_with
 from launcher.pod.progress import progress
 
 CARRIED_STATE_SUFFIXES = ("attn_S", "attn_z", "kuramoto_phases")

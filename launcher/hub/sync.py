@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from launcher.pod.files import read_json_state, write_json_state
-from launcher.pod.paths import SYNC_STATE, SNAPSHOT_DIR, MERGED_PATH  # noqa: F401 (re-exported)
+from launcher.files import read_json_state, write_json_state
+from launcher.paths import SYNC_STATE, SNAPSHOT_DIR, MERGED_PATH  # noqa: F401 (re-exported)
 from launcher.pod.ckpt_index import CheckpointIndex
 from launcher.pod.events import EventLog
 from launcher.pod.manifest import Manifest, atomic_write_text, write_manifest

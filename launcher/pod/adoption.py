@@ -14,7 +14,7 @@ import json
 import time
 from pathlib import Path
 
-from launcher.pod.paths import ADOPTION_DIR  # noqa: F401 (re-exported)
+from launcher.paths import ADOPTION_DIR  # noqa: F401 (re-exported)
 from launcher.pod.ckpt_index import link_or_copy
 from launcher.pod.manifest import atomic_write_text
 

@@ -9,8 +9,8 @@ import os
 import time
 from pathlib import Path
 
-from launcher.pod.paths import STATE_FILE, REQUEST_FILE  # noqa: F401 (re-exported)
-from launcher.pod.files import atomic_write_text, read_json_state, write_json_state
+from launcher.paths import STATE_FILE, REQUEST_FILE  # noqa: F401 (re-exported)
+from launcher.files import atomic_write_text, read_json_state, write_json_state
 
 
 

@@ -12,7 +12,7 @@ import os
 import time
 from pathlib import Path
 
-from launcher.pod.paths import LOCK_FILE  # noqa: F401 (re-exported)
+from launcher.paths import LOCK_FILE  # noqa: F401 (re-exported)
 from launcher.errors import PodBusy
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.errors import UserError
-from launcher.pod.files import atomic_write_bytes, atomic_write_text  # noqa: F401 (re-exported)
+from launcher.files import atomic_write_bytes, atomic_write_text  # noqa: F401 (re-exported)
 
 # The per-GPU fields this launcher maintains, in the order they are written.
 ENTRY_FIELDS = ("start_token", "checkpoint", "checkpoint_sha256", "shard", "stage", "ema_tf",

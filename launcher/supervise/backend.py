@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.config.podconfig import Slot
-from launcher.supervise.workers import WorkerSpec, metrics_path
+from launcher.worker.process import WorkerSpec, metrics_path
 
 
 @dataclass

@@ -9,7 +9,7 @@ from launcher.checks.health import GpuHealth
 from launcher.config.podconfig import Slot
 from launcher.supervise.backend import WorkerHandle
 from launcher.supervise.state import GpuEvent, GpuState, transition
-from launcher.supervise.workers import MetricsTail
+from launcher.worker.process import MetricsTail
 
 
 @dataclass

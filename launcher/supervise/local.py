@@ -1,6 +1,6 @@
 """`LocalBackend`: the workers as child processes of the launcher on this machine.
 
-Every worker is started by launcher/supervise/child.py (through launcher.supervise.workers.spawn): `python -P`,
+Every worker is started by launcher/child.py (through launcher.worker.process.spawn): `python -P`,
 a scrubbed environment, SIGTERM when the launcher dies. Its metrics file is the pod's own
 logs/metrics_gpu{i}.jsonl, written by the worker directly.
 """
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import subprocess
 
-from launcher.supervise import workers
+from launcher.worker import process as workers
 from launcher.config.podconfig import PodConfig
 from launcher.supervise.backend import WorkerBackend, WorkerExit, WorkerHandle
-from launcher.supervise.workers import WorkerSpec
+from launcher.worker.process import WorkerSpec
 
 
 class LocalHandle(WorkerHandle):

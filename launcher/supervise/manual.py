@@ -6,7 +6,8 @@ import json
 import time
 from pathlib import Path
 
-from launcher.pod.paths import BASELINES_FILE  # noqa: F401 (re-exported)
+from launcher.files import read_json_state
+from launcher.paths import BASELINES_FILE  # noqa: F401 (re-exported)
 from launcher.pod.ckpt_index import FAILED, CheckpointIndex
 from launcher.errors import UserError
 from launcher.pod.events import EventLog
@@ -103,11 +104,7 @@ def _existing(pod_dir: Path, given: str, what: str, typed: bool) -> Path:
 
 
 def read_baselines(pod_dir: Path) -> dict:
-    try:
-        data = json.loads((pod_dir / BASELINES_FILE).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return read_json_state(pod_dir / BASELINES_FILE)
 
 
 def _probe_files(pod_dir: Path, config, gpu: int | None, checkpoint: str | None,

@@ -35,9 +35,9 @@ from launcher.pod.manifest import (
     write_manifest,
 )
 from launcher.config.podconfig import PodConfig, Slot, load_config, missing_shards_fix, parse_devices
-from launcher.pod.recover import recover_all
+from launcher.hub.recover import recover_all
 from launcher.config.stages import Stage, get_stage, load_stages
-from launcher.supervise.workers import busy_cuda_gpus, metrics_path, read_records, running_workers
+from launcher.worker.process import busy_cuda_gpus, metrics_path, read_records, running_workers
 
 
 @dataclass
@@ -169,7 +169,7 @@ def recover_checkpoints(plan: LaunchPlan, manifest: Manifest, index: CheckpointI
                         events: EventLog) -> None:
     """Each named checkpoint must hold the bytes its manifest entry records (every one is
     hashed, in parallel): else they come from a local copy or the hub, or the launch is
-    refused (launcher/pod/recover.py)."""
+    refused (launcher/hub/recover.py)."""
     if recover_all(plan.pod_dir, [s.gpu for s in plan.slots], manifest, index, events,
                    plan.config.hub, plan.config.checkpoint_path):
         write_manifest(manifest)

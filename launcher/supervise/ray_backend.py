@@ -27,8 +27,8 @@ from launcher.pod.events import EventLog
 from launcher.config.podconfig import PodConfig, Slot
 from launcher.supervise.backend import WorkerBackend, WorkerExit, WorkerHandle
 from launcher.supervise.ray_node import NodeWorker
-from launcher.supervise.ray_settings import RaySettings
-from launcher.supervise.workers import WorkerSpec, build_env
+from launcher.config.ray_settings import RaySettings
+from launcher.worker.process import WorkerSpec, build_env
 
 POLL_WAIT_S = 5.0          # a node slower than this to answer is asked again next poll
 # At most one round trip to the nodes every 2 s, whatever the pod's poll_interval_s: each

@@ -1,6 +1,6 @@
 """The part of the Ray backend that runs ON a node: one actor per GPU (`NodeWorker`).
 
-The actor starts the same worker program as the local backend (launcher/supervise/child.py: `python
+The actor starts the same worker program as the local backend (launcher/child.py: `python
 -P`, a scrubbed environment, SIGTERM when its parent, the actor, dies) in the node's own
 directory, with the same worker settings; then, asked by the launcher once per poll, it
 hands over the complete metrics lines the worker appended (the launcher writes them into
@@ -24,10 +24,10 @@ import subprocess
 import threading
 from pathlib import Path
 
-from launcher.supervise import child
+from launcher import child
 from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex, sha256_file
 from launcher.pod.manifest import relative_to_pod
-from launcher.supervise.workers import kill, terminate, worker_log_path
+from launcher.worker.process import kill, terminate, worker_log_path
 
 # Settings resolved against the node's directory, else the head's pod directory (the same
 # machine or a shared filesystem): shards and a model file are the user's to place.

@@ -51,7 +51,7 @@ def canary_gate(plan, manifest, events, no_canary: bool, stop: EarlyStop) -> Non
     """Before a switch up from stage M to N > M: the canary on the first GPU (docs/CANARY.md).
     Anything but a pass raises, so nothing switches: no worker starts, the manifest keeps M."""
     from launcher.checks.canary import run_canary
-    from launcher.cli.status import write_canary_state
+    from launcher.checks.canary import write_canary_state
     current, slot = current_stage(plan, manifest), plan.slots[0]
     if current is None or plan.stage <= current:
         return

@@ -46,7 +46,7 @@ from launcher.pod.manifest import (
 )
 from launcher.supervise.prepare import LaunchPlan
 from launcher.checks.probe_monitor import ProbeMonitor, apply_outcome
-from launcher.pod.recover import RecoveryError, recover_entry
+from launcher.hub.recover import RecoveryError, recover_entry
 from launcher.pod.reserve import DiskReserve
 from launcher.supervise.stage_switch import record_stage
 from launcher.pod.live_state import write_pod_state
@@ -62,7 +62,7 @@ from launcher.supervise.state import (
     transition,
 )
 from launcher.hub.sync import HubSync
-from launcher.supervise.workers import MetricsTail, WorkerSpec
+from launcher.worker.process import MetricsTail, WorkerSpec
 
 
 class Supervisor(PodEnding):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from launcher.pod.paths import TENSORBOARD_RUN  # noqa: F401 (re-exported)
+from launcher.paths import TENSORBOARD_RUN  # noqa: F401 (re-exported)
 
 FLUSH_SECS = 5
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.supervise.backend import WorkerBackend, WorkerExit, WorkerHandle
-from launcher.supervise.workers import WorkerSpec
+from launcher.worker.process import WorkerSpec
 
 TOKENS_PER_STEP = 64
 

@@ -13,7 +13,7 @@ from fractus.data import synth
 from launcher.pod.manifest import apply_checkpoint, read_manifest, write_manifest
 from launcher.config.podconfig import Slot, init_pod, load_config
 from launcher.config.stages import load_stages
-from launcher.supervise.workers import WorkerSpec, build_env, metrics_path, read_records, worker_command
+from launcher.worker.process import WorkerSpec, build_env, metrics_path, read_records, worker_command
 
 
 def stage1_pod(pod: Path, steps: int = 3) -> Path:

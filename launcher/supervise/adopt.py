@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.pod.paths import MERGED_BRAIN, ADOPTED_MODEL_FILE  # noqa: F401 (re-exported)
+from launcher.paths import MERGED_BRAIN, ADOPTED_MODEL_FILE  # noqa: F401 (re-exported)
 from launcher.pod.adoption import record_adoption
 from launcher.pod.ckpt_index import sha256_file
 from launcher.errors import UserError

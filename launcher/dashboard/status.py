@@ -14,8 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from launcher.pod.files import read_json_state, write_json_state
-from launcher.pod.paths import CANARY_FILE  # noqa: F401 (re-exported)
+from launcher.checks.canary import read_canary_state, write_canary_state  # noqa: F401
 from launcher.pod.ckpt_index import CheckpointIndex
 from launcher.pod.events import read_events
 from launcher.checks.health import PENDING, RUNNING
@@ -23,18 +22,9 @@ from launcher.pod.lock import read_holder
 from launcher.pod.manifest import ManifestError, read_manifest, recorded_stage
 from launcher.config.podconfig import PodConfig, parse_devices
 from launcher.pod.live_state import read_pod_state
-from launcher.supervise.workers import metrics_path
+from launcher.worker.process import metrics_path
 
 TAIL_BYTES = 64 * 1024
-
-
-def write_canary_state(pod_dir: Path, record: dict) -> None:
-    """The last canary's verdict (a CanaryResult dict, or a skip), for `status`."""
-    write_json_state(pod_dir / CANARY_FILE, {"ts": time.time(), **record})
-
-
-def read_canary_state(pod_dir: Path) -> dict | None:
-    return read_json_state(pod_dir / CANARY_FILE) or None
 
 
 def last_metrics(path: Path) -> dict | None:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import psutil
 
-from launcher.pod.paths import metrics_path, tensorboard_dir, worker_log_path  # noqa: F401
-from launcher.supervise import child
+from launcher.paths import metrics_path, tensorboard_dir, worker_log_path  # noqa: F401
+from launcher import child
 from launcher.config.podconfig import PodConfig, Slot
 
 
@@ -48,7 +48,7 @@ class WorkerSpec:
 
 def build_env(config: PodConfig, spec: WorkerSpec, base: dict | None = None) -> dict:
     """The worker's environment: stage settings, then the pod's overrides, then identity;
-    never the hub's settings, token or other secrets (launcher.supervise.child.child_env)."""
+    never the hub's settings, token or other secrets (launcher.child.child_env)."""
     env = dict(os.environ if base is None else base)
     for name in _worker_env_names():     # a stray BATCH=... in the shell must not leak in
         env.pop(name, None)

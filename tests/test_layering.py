@@ -1,0 +1,40 @@
+"""launcher/'s sub-packages import one way only: each may import those after it in LAYERS
+(and the base modules), never one before it, at module level or inside a function."""
+
+import ast
+from pathlib import Path
+
+LAUNCHER = Path(__file__).resolve().parents[1] / "launcher"
+LAYERS = ["cli", "dashboard", "supervise", "checks", "worker", "hub", "pod", "config"]
+BASE = {"errors", "paths", "files", "child"}     # launcher/*.py, importing no sub-package
+
+
+def imported_launcher_modules(path: Path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.module == "launcher":
+                yield node.lineno, [f"launcher.{a.name}" for a in node.names]
+            elif node.module.startswith("launcher."):
+                yield node.lineno, [node.module]
+        elif isinstance(node, ast.Import):
+            yield node.lineno, [a.name for a in node.names if a.name.startswith("launcher.")]
+
+
+def test_every_module_lives_in_a_layer_or_the_base():
+    top = {p.stem for p in LAUNCHER.glob("*.py")} - {"__init__"}
+    packages = {p.name for p in LAUNCHER.iterdir() if (p / "__init__.py").is_file()}
+    assert top == BASE and packages == set(LAYERS)
+
+
+def test_imports_point_one_way():
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    upward = []
+    for path in LAUNCHER.rglob("*.py"):
+        rel = path.relative_to(LAUNCHER)
+        mine = rank[rel.parts[0]] if len(rel.parts) > 1 else len(LAYERS)   # base: lowest
+        for line, modules in imported_launcher_modules(path):
+            for module in modules:
+                theirs = module.split(".")[1]
+                if theirs in rank and rank[theirs] < mine:
+                    upward.append(f"{rel}:{line} imports {module}")
+    assert not upward, "\n".join(upward)
