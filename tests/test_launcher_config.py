@@ -34,12 +34,17 @@ def test_the_tiny_preset_gets_a_probe_band_for_its_model_and_keeps_the_comments(
     init_pod(big, "1b-8gpu")
     assert load_probe_tolerance(tiny / "manifests" / "trusted_loss.yaml").relativeBand == 1.0
     assert load_probe_tolerance(big / "manifests" / "trusted_loss.yaml").relativeBand is None
+    from launcher.checks.trusted_loss import load_trusted_loss
+    trend = lambda pod: load_trusted_loss(pod / "manifests" / "trusted_loss.yaml").criteria.trend
+    assert trend(tiny).tolerance == 0.5 and trend(big).tolerance == 0.15   # the demo's noise
     original = (DEFAULT_MANIFESTS / "trusted_loss.yaml").read_text()
     edited = (tiny / "manifests" / "trusted_loss.yaml").read_text()
     comments = [line for line in original.splitlines() if line.lstrip().startswith("#")]
     assert comments and all(line in edited.splitlines() for line in comments)
-    assert yaml.safe_load(edited) == {**yaml.safe_load(original), "probe": {
-        **yaml.safe_load(original)["probe"], "relativeBand": 1.0}}
+    expected = yaml.safe_load(original)
+    expected["probe"]["relativeBand"] = 1.0
+    expected["checks"]["trend"]["tolerance"] = 0.5
+    assert yaml.safe_load(edited) == expected           # nothing else changed
     with pytest.raises(ValueError, match="no"):
         edit_yaml_values(original, {("probe", "missing_key"): 1})
 
