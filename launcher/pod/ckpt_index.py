@@ -140,30 +140,41 @@ class CheckpointIndex:
         arrives keeps these exact bytes whatever rotation does later. The link is checked
         against the event: by sha256 for small files, by size for large ones (hashing a
         1B checkpoint every save would cost the launcher seconds of CPU). A path outside
-        the pod is never linked."""
+        the pod is never linked.
+
+        Rotation may run while we look (name.k -> name.k+1, on a node that reads its
+        worker's lines late): each candidate is pinned first (linked to a temporary
+        name, so the inode cannot change under us) and checked through that pin; a name
+        that vanished meanwhile is skipped, its bytes now sit under the next name."""
         try:
             source = resolve_in_pod(record["path"], self.pod_dir)
         except ValueError:          # never link (nor later push) a file outside the pod
             return None
+        target = self._retained_path(record["gpu"], record["next_token"], record["sha256"])
+        pin = target.with_name(f".{target.name}.pin")
         candidates = [source] + [source.with_name(f"{source.name}.{k}") for k in range(1, 9)]
         for candidate in candidates:
-            if not candidate.is_file():
+            try:
+                link_or_copy(candidate, pin)
+            except FileNotFoundError:
                 continue
-            st = candidate.stat()
-            if size is not None and st.st_size != size:
-                continue
-            if (size is None or st.st_size <= VERIFY_BELOW_BYTES) and \
-                    sha256_file(candidate) != record["sha256"]:
-                continue
-            return self.retain_file(record["gpu"], record["next_token"], record["sha256"],
-                                    candidate)
+            st = pin.stat()
+            if (size is None or st.st_size == size) and (
+                    (size is not None and st.st_size > VERIFY_BELOW_BYTES)
+                    or sha256_file(pin) == record["sha256"]):
+                os.replace(pin, target)
+                return str(target.relative_to(self.pod_dir))
+            pin.unlink(missing_ok=True)
         return None
+
+    def _retained_path(self, gpu: int, next_token: int, sha256: str) -> Path:
+        return (self.pod_dir / PASSED_DIR / f"gpu{gpu}"
+                / f"token{int(next_token):012d}-{sha256[:12]}.pt")
 
     def retain_file(self, gpu: int, next_token: int, sha256: str, source: Path) -> str:
         """Hard-link `source` (bytes already known to be `sha256`) as the retained copy of
         that checkpoint; returns its pod-relative path."""
-        target = (self.pod_dir / PASSED_DIR / f"gpu{gpu}"
-                  / f"token{int(next_token):012d}-{sha256[:12]}.pt")
+        target = self._retained_path(gpu, next_token, sha256)
         link_or_copy(source, target)
         return str(target.relative_to(self.pod_dir))
 

@@ -1,0 +1,68 @@
+"""Retaining a checkpoint while its worker keeps rotating the names (checkpoints/name,
+name.1, ... name.8): a node that reads its worker's lines late sees the file of an event
+move from name.k to name.k+1 while it looks. The launcher must neither crash (it did:
+FileNotFoundError out of the supervisor's poll on a Ray node) nor retain other bytes."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import queue
+import threading
+from pathlib import Path
+
+from launcher.pod.ckpt_index import CheckpointIndex
+
+KEEP = 9                         # name plus name.1 .. name.8, as the candidates go
+
+
+def rotate_and_save(ckpt: Path, payload: bytes) -> None:
+    """The worker's save: shift name.k -> name.k+1, then the new file under `name`."""
+    for k in range(KEEP - 1, 0, -1):
+        older = ckpt.with_name(f"{ckpt.name}.{k - 1}") if k > 1 else ckpt
+        if older.exists():
+            os.replace(older, ckpt.with_name(f"{ckpt.name}.{k}"))
+    tmp = ckpt.with_name(ckpt.name + ".tmp")
+    tmp.write_bytes(payload)
+    os.replace(tmp, ckpt)
+
+
+def test_retaining_while_the_worker_rotates_never_crashes_nor_keeps_other_bytes(tmp_path):
+    pod = tmp_path / "pod"
+    ckpt = pod / "checkpoints" / "fractus_1b_gpu0.pt"
+    ckpt.parent.mkdir(parents=True)
+    events: queue.Queue = queue.Queue(maxsize=3)   # the reader lags 1-4 saves behind
+    stop = threading.Event()
+
+    def worker():
+        n = 0
+        while not stop.is_set():
+            payload = f"checkpoint {n} ".encode() * 64
+            rotate_and_save(ckpt, payload)
+            event = {"sha256": hashlib.sha256(payload).hexdigest(), "next_token": n,
+                     "step": n, "bytes": len(payload)}
+            while not stop.is_set():
+                try:
+                    events.put(event, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            n += 1
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    index = CheckpointIndex(pod)
+    records = []
+    try:
+        while len(records) < 400:
+            event = events.get(timeout=30)
+            records.append(index.add(0, event, stage=1, path="checkpoints/fractus_1b_gpu0.pt"))
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    retained = [r for r in records if r["retained"]]
+    for record in retained:
+        data = (pod / record["retained"]).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == record["sha256"], record
+    assert len(retained) > len(records) // 2      # most events still find their bytes
+    assert not list((pod / "checkpoints").rglob("*.pin"))
