@@ -109,6 +109,45 @@ def test_send_refuses_bytes_that_changed_after_the_snapshot(pod):
     assert store.head() is None
 
 
+def test_a_push_carries_pinned_bytes_when_the_worker_saved_past_save_keep_before_its_event_was_read(
+        pod):
+    """CI: under load the launcher read a checkpoint event after the worker had saved again
+    past SAVE_KEEP; that checkpoint has no retained link, the worker's file name holds newer
+    bytes, and the push of that name was refused ("changed on disk"; nothing committed). The
+    push carries the newest passed checkpoint whose bytes are pinned instead."""
+    from fractus.train.checkpoint import save_checkpoint
+    config = load_config(pod)
+    manifest = read_manifest(pod / config.manifest)
+    index = CheckpointIndex(pod)
+    path = pod / CKPT.format(0)
+
+    def save(token: int) -> dict:
+        saved = save_checkpoint({"model_state": {"w": torch.full((64,), float(token))},
+                                 "next_token": token}, path, keep=3)
+        return {"path": saved.path, "sha256": saved.sha256, "next_token": token,
+                "step": token // 32, "ema_tf": 5.0, "lb": 1.0, "bytes": saved.bytes}
+
+    def judge(event: dict) -> dict:
+        record = index.add(0, event, 1, CKPT.format(0))
+        index.mark(0, event["sha256"], PASSED, "test")
+        apply_checkpoint(manifest, 0, event, 1, pod, "data/shard_phase2_gpu0.npy")
+        return record
+
+    pinned = judge(save(100))                       # read in time: linked under retained/
+    assert pinned["retained"]
+    late = [save(token) for token in (200, 300, 400, 500)]   # keep=3: 200's bytes are gone
+    assert judge(late[0])["retained"] is None
+    assert sha256_file(path) == late[-1]["sha256"]  # the name holds the newest save
+
+    snap = take_snapshot(pod, config, manifest, index)
+    store = open_store("file://hub", pod)
+    rev = send(store, snap, "unit")
+    assert store.files(rev)[CKPT.format(0)].sha256 == pinned["sha256"]
+    assert snap.manifest_doc["gpu_0"]["checkpoint_sha256"] == pinned["sha256"]
+    assert snap.manifest_doc["gpu_0"]["start_token"] == 100
+    snap.discard()
+
+
 @pytest.mark.parametrize("sync, problem", [
     ({"interval": "1h", "merge": True}, None),
     ({"interval_s": 600}, None),                     # the name issue 4's presets wrote

@@ -115,9 +115,10 @@ def pod_files(pod_dir: Path, config: PodConfig) -> list[str]:
 
 def take_snapshot(pod_dir: Path, config: PodConfig, manifest: Manifest,
                   index: CheckpointIndex, merge: bool = False) -> Snapshot | None:
-    """Each GPU's newest passed checkpoint, linked into a snapshot directory, plus the
-    manifest that names them. None when no GPU has a passed checkpoint yet. Cheap: no file
-    is read (the bytes are checked against their sha256 by `send`, off the loop)."""
+    """Each GPU's newest passed checkpoint with a retained link (bytes pinned when its event
+    arrived), linked into a snapshot directory, plus the manifest that names them. None
+    when no GPU has one yet. Cheap: no file is read (the bytes are checked against their
+    sha256 by `send`, off the loop)."""
     snap = Snapshot(pod_dir / SNAPSHOT_DIR / f"{time.strftime('%Y%m%dT%H%M%S')}-"
                                               f"{uuid.uuid4().hex[:6]}", merge=merge)
     entries = {}

@@ -103,11 +103,18 @@ class CheckpointIndex:
         return [r for r in self.for_gpu(gpu) if r["verdict"] == PENDING]
 
     def newest_passed(self, gpu: int, verify: bool = True) -> dict | None:
-        """The newest passed checkpoint whose file still holds the recorded bytes."""
+        """The newest passed checkpoint whose file still holds the recorded bytes.
+
+        verify=False reads no file and trusts only retained links: their bytes are pinned
+        (nothing writes a retained link in place). The worker's own name is not: a record
+        without a link is one whose event arrived after the worker had saved again past
+        SAVE_KEEP, so that name now holds newer bytes (a push of it would be refused)."""
         for record in reversed(self.for_gpu(gpu)):
             if record["verdict"] != PASSED:
                 continue
-            for rel in (record.get("retained"), record["path"]):
+            names = (record.get("retained"), record["path"]) if verify else \
+                (record.get("retained"),)
+            for rel in names:
                 if not rel:
                     continue
                 try:
