@@ -96,8 +96,11 @@ def test_one_probe_per_gpu_a_newer_checkpoint_replaces_a_waiting_one(tmp_path):
     monitor.poll()
     monitor.on_checkpoint(0, "2.pt", "s0", "c", 2)
     monitor.on_checkpoint(0, "3.pt", "s0", "d", 3)
-    time.sleep(0.1)
-    assert runner.calls == ["0.pt"]                  # parallel: 1 across the pod
+    # poll() only starts the probe's thread: wait until it is inside the runner (a fixed
+    # sleep could end first on a loaded machine).
+    wait_for(lambda: runner.calls == ["0.pt"], 30, "GPU 0's probe to start")
+    in_flight = [p.in_flight.checkpoint for p in monitor.gpus.values() if p.in_flight]
+    assert len(in_flight) == 1                       # parallel: 1 across the pod
     runner.gate.set()
     drain(monitor)
     assert runner.calls[:2] == ["0.pt", "1.pt"]      # GPU 1 waited longer than GPU 0's next
@@ -144,7 +147,13 @@ def test_a_probe_left_from_before_a_rollback_keeps_the_new_stages_baseline(tmp_p
     runner.gate.clear()
     monitor = monitor_of(tmp_path, runner)
     monitor.start_stage(2, {0: ("before.pt", "s0")})
-    monitor.poll()                                   # the stage-2 baseline probe runs
+    monitor.poll()                                   # the stage-2 baseline probe starts
+    # The scenario needs that probe inside its run when the rollback comes. poll() only
+    # starts its thread: without this wait the new stage's probe could enter the runner
+    # first (CI saw ['after.pt', 'before.pt']). The order of two probe threads means nothing
+    # to the product (they run side by side; a stage's baseline is decided by its generation,
+    # asserted below), so the test waits for the state it is about instead.
+    wait_for(lambda: runner.calls == ["before.pt"], 30, "the stage-2 probe to start")
     monitor.start_stage(1, {0: ("after.pt", "s0")})  # rollback: stage 1 from another file
     runner.gate.set()
     outcomes = drain(monitor)
