@@ -134,6 +134,9 @@ def test_launcher_own_writes_on_a_full_disk_fail_the_pod_without_a_crash(tmp_pat
 
 
 
+# A TensorBoard write that fails on a thread of its own would escape the worker's disk-full
+# handling (a traceback in its log, as CI showed): the failure must surface in the worker.
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 def test_closing_the_metrics_outputs_on_a_full_disk_does_not_turn_exit_5_into_a_crash(tmp_path):
     """The worker closes its METRICS file and TensorBoard writer on every exit path; after the
     disk filled, their unwritten lines cannot be flushed, and close() must not raise over

@@ -28,6 +28,10 @@ REPO = Path(__file__).resolve().parents[1]
 BATCH, SEQ = 2, 16
 TOKENS_PER_STEP = BATCH * SEQ
 SHARD_TOKENS = 60_000
+# A wait on something that takes seconds on an idle machine but starts processes (a worker's
+# torch import and checkpoint load, a launcher's graceful stop): minutes on CI's loaded
+# 2-core box. The waits poll for the event, so a generous limit costs nothing when it passes.
+PROCESS_S = 300
 
 # Small measurement intervals so checkpoints get verdicts within a few steps; tolerances
 # wide enough that a healthy tiny model early in training never trips them.
@@ -66,12 +70,15 @@ def make_pod(root: Path, criteria: dict | None = None, **config_overrides) -> Pa
 class Launcher:
     """`fractus-pod launch` in a child process; stop() / teardown kill all it started."""
 
+    running: list["Launcher"] = []   # the test's launchers: a timed-out wait describes them
+
     def __init__(self, pod: Path, *args: str):
         self.pod = pod
         self.out = open(pod / "logs" / f"test_launcher_{time.time_ns()}.out", "w+")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "launcher.cli", "--pod-dir", str(pod), "launch", *args],
             cwd=REPO, stdout=self.out, stderr=subprocess.STDOUT, start_new_session=True)
+        Launcher.running.append(self)
 
     def wait(self, timeout: float) -> int:
         return self.proc.wait(timeout=timeout)
@@ -87,6 +94,8 @@ class Launcher:
             self.proc.wait()
         kill_workers(self.pod)
         self.out.close()
+        if self in Launcher.running:
+            Launcher.running.remove(self)
 
 
 def kill_workers(pod: Path) -> None:
@@ -116,7 +125,27 @@ def wait_for(predicate, timeout: float, what: str):
         if value:
             return value
         time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}\n"
+                         + pod_tails({launcher.pod for launcher in Launcher.running}))
+
+
+def pod_tails(pods, lines: int = 15) -> str:
+    """The last lines of what a pod's processes wrote: CI runs once and far away, so a
+    timed-out wait must say where things stood. Events, the workers' logs (the pod's own and
+    those on Ray nodes' workdirs next to it, `disk-*/`) and the test launcher's output."""
+    parts = []
+    for pod in sorted(pods):
+        logs = pod / "logs"
+        for path in [logs / "events.jsonl", *sorted(logs.glob("worker_gpu*.log")),
+                     *sorted(pod.parent.glob("disk-*/logs/worker_gpu*.log")),
+                     *sorted(logs.glob("test_launcher_*.out"))]:
+            try:
+                tail = path.read_text(errors="replace").splitlines()[-lines:]
+            except OSError:
+                continue
+            parts.append(f"--- {path} (last {len(tail)} lines)")
+            parts += [line[:400] for line in tail]
+    return "\n".join(parts)
 
 
 def events_of(pod: Path, kind: str, **match) -> list[dict]:

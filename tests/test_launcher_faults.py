@@ -9,8 +9,8 @@ import signal
 import subprocess
 import sys
 
-from tests.test_launcher_e2e import (REPO, Launcher, events_of, launchers, make_pod, wait_for,
-                                     worker_records)
+from tests.test_launcher_e2e import (PROCESS_S, REPO, Launcher, events_of, launchers,
+                                     make_pod, wait_for, worker_records)
 
 __all__ = ["launchers"]   # the fixture, imported for pytest
 
@@ -20,25 +20,27 @@ def test_sigkilled_worker_restarts_and_resumes_and_second_launcher_is_refused(
     pod = make_pod(tmp_path)
     launcher = Launcher(pod, "--stage", "1")
     launchers.append(launcher)
-    wait_for(lambda: worker_records(pod, 0, "checkpoint"), 90, "a checkpoint on GPU 0")
+    wait_for(lambda: worker_records(pod, 0, "checkpoint"), PROCESS_S,
+             "a checkpoint on GPU 0")
 
     # A second launcher on the same pod is refused, and starts nothing.
     starts_before = len(events_of(pod, "worker_start"))
     second = subprocess.run([sys.executable, "-m", "launcher.cli", "--pod-dir", str(pod),
                              "launch", "--stage", "1"], cwd=REPO, capture_output=True,
-                            text=True, timeout=60)
+                            text=True, timeout=PROCESS_S)
     assert second.returncode == 2
     assert "another launcher" in second.stderr and len(second.stderr.strip().splitlines()) == 1
     assert len(events_of(pod, "worker_start")) == starts_before
 
     pid = events_of(pod, "worker_start", gpu=0)[-1]["pid"]
     os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: len(events_of(pod, "worker_start", gpu=0)) == 2, 60, "the restart")
+    wait_for(lambda: len(events_of(pod, "worker_start", gpu=0)) == 2, PROCESS_S, "the restart")
     (crash,) = events_of(pod, "worker_crash", gpu=0)
     assert "-9" in crash["reason"]
-    wait_for(lambda: len(worker_records(pod, 0, "start")) == 2, 60, "the worker's start event")
+    wait_for(lambda: len(worker_records(pod, 0, "start")) == 2, PROCESS_S,
+             "the worker's start event")
     os.killpg(launcher.proc.pid, signal.SIGTERM)
-    assert launcher.wait(60) == 0
+    assert launcher.wait(PROCESS_S) == 0, launcher.output()
 
     records = worker_records(pod, 0)
     second_start = [i for i, r in enumerate(records) if r.get("event") == "start"][1]

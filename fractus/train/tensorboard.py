@@ -1,14 +1,23 @@
 """The worker's metrics as TensorBoard scalars (TB_DIR), beside the JSON lines.
 
 The METRICS file stays the contract (the launcher reads only it); these event files are for
-people: `tensorboard --logdir logs/tb` shows one run per GPU. Written by
-torch.utils.tensorboard's SummaryWriter, whose writer thread does the file I/O, so a
-metrics line costs the training loop one queue put per scalar.
+people: `tensorboard --logdir logs/tb` shows one run per GPU.
+
+Written on the caller's thread, in TensorBoard's own record format (tensorboard's
+RecordWriter and Event protos), through a buffered file flushed every FLUSH_SECS and at
+close. Not torch's SummaryWriter: its writer thread does the file I/O, and on a full disk
+that thread died with an unhandled OSError (a traceback in the worker's log, outside the
+worker's disk-full exit). Here a failed write raises where the worker writes its metrics
+and handles a full disk.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import socket
+import time
+from pathlib import Path
 
 # Metrics-line field -> TensorBoard tag (grouped as TensorBoard shows them).
 SCALAR_TAGS = {
@@ -19,22 +28,48 @@ STAGE_TAG = "stage"
 FLUSH_SECS = 5      # a line reaches the file within this (TensorBoard polls its logdir)
 
 
+class EventFile:
+    """One TensorBoard event file in `run_dir`, written synchronously: `write(event)` buffers
+    a record (an OSError, e.g. ENOSPC, raises here), flushed every FLUSH_SECS and at close."""
+
+    def __init__(self, run_dir: str | os.PathLike):
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.summary.writer.record_writer import RecordWriter
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        # The name TensorBoard looks for (and SummaryWriter writes): events.out.tfevents.*
+        name = (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}."
+                f"{os.getpid()}.0")
+        self._records = RecordWriter(open(Path(run_dir) / name, "ab"))
+        self._flush_at = time.monotonic() + FLUSH_SECS
+        self.write(Event(wall_time=time.time(), file_version="brain.Event:2"))
+
+    def write(self, event) -> None:
+        self._records.write(event.SerializeToString())
+        if time.monotonic() >= self._flush_at:
+            self._records.flush()
+            self._flush_at = time.monotonic() + FLUSH_SECS
+
+    def close(self) -> None:
+        self._records.close()      # a file is closed even when its last flush fails
+
+
 class TensorBoardScalars:
     """One run directory per worker; `metrics(record)` takes a METRICS metrics record."""
 
     def __init__(self, run_dir: str, stage: int | None):
-        from torch.utils.tensorboard import SummaryWriter
-        self._writer = SummaryWriter(log_dir=run_dir, flush_secs=FLUSH_SECS)
+        self._file = EventFile(run_dir)
         self._stage = stage
 
     def metrics(self, record: dict) -> None:
-        step, wall_time = record["step"], record["ts"]
-        for field, tag in SCALAR_TAGS.items():
-            value = record.get(field)
-            if isinstance(value, (int, float)) and math.isfinite(value):   # null: no point
-                self._writer.add_scalar(tag, value, step, walltime=wall_time)
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        values = {tag: record.get(field) for field, tag in SCALAR_TAGS.items()}
         if self._stage is not None:
-            self._writer.add_scalar(STAGE_TAG, self._stage, step, walltime=wall_time)
+            values[STAGE_TAG] = self._stage
+        summary = Summary(value=[Summary.Value(tag=tag, simple_value=value)
+                                 for tag, value in values.items()
+                                 if isinstance(value, (int, float)) and math.isfinite(value)])
+        self._file.write(Event(wall_time=record["ts"], step=record["step"], summary=summary))
 
     def close(self) -> None:
-        self._writer.close()
+        self._file.close()
