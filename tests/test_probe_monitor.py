@@ -19,8 +19,9 @@ from launcher.pod.ckpt_index import CheckpointIndex
 from launcher.checks.criteria import parse_criteria
 from launcher.errors import UserError
 from launcher.checks.health import FAILED, INCONCLUSIVE, SUCCESSFUL, GpuHealth
-from launcher.checks.probe_check import (ProbeSchedule, ProbeTolerance, ProbeUnavailable,
-                                  load_probe_schedule, load_probe_tolerance)
+from launcher.checks.probe_check import (ProbeLost, ProbeSchedule, ProbeTolerance,
+                                         ProbeUnavailable, load_probe_schedule,
+                                         load_probe_tolerance)
 from launcher.checks.probe_monitor import BASELINE, ProbeMonitor, apply_outcome
 from tests.test_launcher_e2e import (TEST_CRITERIA, Launcher, events_of, launchers,  # noqa: F401
                                      make_pod, wait_for)
@@ -61,17 +62,84 @@ def monitor_of(tmp_path, runner, every=1, parallel=4, band=0.5) -> ProbeMonitor:
                         ProbeTolerance(band=band), runner=runner)
 
 
+
+class Nodes:
+    """A remote backend's side of ProbeMonitor.use_nodes (the interface RayBackend's
+    NodeProbes implements): names checkpoints as the node knows them, probes "there"
+    (ARs by name, a gate to hold a probe in flight), and says which node answered."""
+
+    def __init__(self, ars: dict):
+        self.ars, self.calls, self.gate = ars, [], threading.Event()
+        self.gate.set()
+
+    def hold(self, gpu, checkpoint, sha256):
+        return "resume" if sha256 == "resume" else f"sha256:{sha256}"
+
+    def run(self, request, *, timeout_s, **options):
+        self.calls.append(request.checkpoint)
+        self.gate.wait(10)
+        if isinstance(self.ars[request.checkpoint], Exception):
+            raise self.ars[request.checkpoint]
+        return {"ar": self.ars[request.checkpoint], "ar_acc": 0.1, "node": "node-a"}
+
+
+def test_on_the_nodes_probes_run_where_the_checkpoint_is_and_are_judged_here(tmp_path):
+    nodes = Nodes({"resume": 5.0, "sha256:sha-a": 5.1, "sha256:sha-b": 5.9})
+    monitor = ProbeMonitor(tmp_path, ProbeSchedule(every=1, parallel=4),
+                           ProbeTolerance(band=0.5), runner=None)
+    monitor.use_nodes(nodes)
+    name = "checkpoints/fractus_1b_gpu0.pt"        # the path on the head: not there
+    outcomes = resume_then_two_probes(monitor, name, name, name)
+    assert nodes.calls == ["resume", "sha256:sha-a", "sha256:sha-b"]
+    assert [o.status for o in outcomes] == [BASELINE, SUCCESSFUL, FAILED]
+    assert all(o.event_fields()["node"] == "node-a" for o in outcomes)
+    assert not (tmp_path / "checkpoints").exists()       # nothing is held on this machine
+
+
+def test_a_probe_of_a_lost_node_is_abandoned_without_a_verdict(tmp_path):
+    nodes = Nodes({"sha256:sha-a": 5.0, "sha256:sha-b": 5.0, "sha256:sha-c": 5.0})
+    monitor = ProbeMonitor(tmp_path, ProbeSchedule(every=1, parallel=1),
+                           ProbeTolerance(band=0.5), runner=None)
+    monitor.use_nodes(nodes)
+    monitor.start_stage(1, {0: (None, "shard0.npy")})
+    nodes.gate.clear()
+    monitor.on_checkpoint(0, "a.pt", "shard0.npy", "sha-a", 5)
+    assert monitor.poll() == [] and nodes.calls == ["sha256:sha-a"]     # in flight
+    monitor.on_checkpoint(0, "b.pt", "shard0.npy", "sha-b", 10)          # waiting
+    dropped = monitor.abandon(0)
+    assert [r.sha256 for r in dropped] == ["sha-a", "sha-b"] and not monitor.busy()
+    nodes.gate.set()                     # the lost node's late answer: no verdict from it
+    time.sleep(0.2)
+    assert monitor.poll() == [] and monitor.vouched_step(0) is None
+    monitor.on_checkpoint(0, "c.pt", "shard0.npy", "sha-c", 15)          # probing goes on
+    (outcome,) = drain(monitor)
+    assert outcome.request.sha256 == "sha-c" and outcome.status == BASELINE
+    # The node dies under a running probe, before the launcher hears of the loss: the
+    # probe ends without a verdict, and the loss abandons it.
+    nodes.ars["sha256:sha-d"] = ProbeLost("GPU 0's node was lost during the probe")
+    monitor.on_checkpoint(0, "d.pt", "shard0.npy", "sha-d", 20)
+    assert drain(monitor) == [] and monitor.vouched_step(0) == 15
+    assert [r.sha256 for r in monitor.abandon(0)] == ["sha-d"] and monitor.abandon(0) == []
+
+
+def resume_then_two_probes(monitor: ProbeMonitor, resume: str, a: str, b: str) -> list:
+    """Stage 2 starts from `resume` on GPU 0, then checkpoints `a` (sha-a, step 5) and `b`
+    (sha-b, step 10) are probed in turn: every outcome."""
+    monitor.start_stage(2, {0: (resume, "shard0.npy")})
+    monitor.on_checkpoint(0, a, "shard0.npy", "sha-a", 5)
+    first = drain(monitor)
+    monitor.on_checkpoint(0, b, "shard0.npy", "sha-b", 10)
+    return first + drain(monitor)
+
+
 def test_the_resume_checkpoint_sets_the_baseline_and_a_worse_ar_fails(tmp_path):
     runner = FakeRunner({"resume.pt": 5.0, "a.pt": 5.4, "b.pt": 5.6})
     monitor = monitor_of(tmp_path, runner)
-    monitor.start_stage(2, {0: ("resume.pt", "shard0.npy")})
-    monitor.on_checkpoint(0, "a.pt", "shard0.npy", "sha-a", 5)
-    first = drain(monitor)
-    monitor.on_checkpoint(0, "b.pt", "shard0.npy", "sha-b", 10)
-    second = drain(monitor)
+    outcomes = resume_then_two_probes(monitor, "resume.pt", "a.pt", "b.pt")
     assert runner.calls == ["resume.pt", "a.pt", "b.pt"]
-    assert [o.status for o in first + second] == [BASELINE, SUCCESSFUL, FAILED]
-    assert second[0].baseline_ar == 5.0 and "AR 5.6000 above baseline 5.0000" in second[0].reason
+    assert [o.status for o in outcomes] == [BASELINE, SUCCESSFUL, FAILED]
+    assert outcomes[2].baseline_ar == 5.0 and "AR 5.6000 above baseline 5.0000" in \
+        outcomes[2].reason
 
 
 def test_recorded_baseline_wins_and_every_skips_checkpoints(tmp_path):

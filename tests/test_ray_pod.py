@@ -28,8 +28,10 @@ import torch
 
 from tests.support.ray_cluster import (RESOURCE, add_node, local_cluster, node_of,
                                        ray_process_table)
-from tests.test_launcher_e2e import (REPO, TOKENS_PER_STEP, Launcher, events_of, launchers,
-                                     make_pod, wait_for, worker_records)
+from fractus.data import synth
+from tests.test_launcher_e2e import (REPO, SHARD_TOKENS, TEST_CRITERIA, TOKENS_PER_STEP,
+                                     Launcher, events_of, launchers, make_pod, wait_for,
+                                     worker_records)
 
 __all__ = ["launchers"]
 
@@ -62,13 +64,17 @@ def listeners_off_loopback(pids: set[int]) -> list:
 
 
 def test_a_pod_across_two_nodes_survives_losing_them(tmp_path, cluster, launchers):
-    pod = make_pod(tmp_path, ray={"address": cluster.address,
-                                  "workdir": str(tmp_path / "disk-{node}"),
-                                  "resource": RESOURCE},
+    shared = tmp_path / "shared_data"          # shards outside the pod, as on a cluster
+    synth(shared, shards=2, tokens=SHARD_TOKENS, vocab=512, seed=0)
+    probes = {"every": 2, "parallel": 2, "timeout_s": 300}     # AR probes on the nodes
+    pod = make_pod(tmp_path, {**TEST_CRITERIA, "probe": probes},
+                   ray={"address": cluster.address, "resource": RESOURCE},
+                   shards=str(shared / "shard_phase2_gpu{i}.npy"), demo_data=None,
                    save_keep=1000)     # the resumed node's pulled file is never rotated away
     launcher = Launcher(pod, "--stage", "1")
     launchers.append(launcher)        # its teardown kills every worker it placed
     run_scenario(pod, cluster, launcher)
+    resume_from_the_hub_onto_the_cluster(pod, cluster)
 
 
 def status_rows(pod: Path) -> list[dict]:
@@ -90,6 +96,14 @@ def run_scenario(pod: Path, cluster, launcher: Launcher) -> None:
     # checkpoint to the hub itself.
     wait_for(lambda: worker_records(pod, 0, "checkpoint") and worker_records(pod, 1, "start"),
              STARTUP_S, "metrics of both workers on the head")
+    # Each AR probe runs on the node that holds its checkpoint; the head judges it (a
+    # checkpoint passes only once a probe vouched for it).
+    for gpu in (0, 1):
+        probed = wait_for(lambda: events_of(pod, "probe", gpu=gpu), STARTUP_S,
+                          f"a probe of GPU {gpu}'s checkpoint")
+        assert probed[0]["node"] == first_node[gpu], probed[0]
+        assert probed[0]["status"] in ("baseline", "successful"), probed[0]
+    assert not events_of(pod, "probes_off")
     wait_for(lambda: events_of(pod, "sync_pushed", gpu=0), STARTUP_S,
              "GPU 0's node pushing a passed checkpoint")
     assert not (pod / "checkpoints" / "fractus_1b_gpu0.pt").exists()   # never on the head
@@ -99,10 +113,13 @@ def run_scenario(pod: Path, cluster, launcher: Launcher) -> None:
     (lost,) = wait_for(lambda: events_of(pod, "node_lost", gpu=0), 300, "the lost node")
     assert lost["node"] == first_node[0]
     pushed = [e for e in events_of(pod, "sync_pushed", gpu=0) if e["ts"] < lost["ts"]][-1]
-    (point,) = events_of(pod, "resume_point", gpu=0)
+    (point,) = wait_for(lambda: events_of(pod, "resume_point", gpu=0), 60,   # just after
+                        "GPU 0's resume point")
     assert point["to_token"] == pushed["tokens"]["0"] and point["hub_revision"] == pushed["revision"]
     moved = wait_for(lambda: after(events_of(pod, "worker_placed", gpu=0), lost["ts"]), 300,
                      "GPU 0 placed again")[0]
+    # A probe the lost node was running is abandoned: no verdict from a node that is gone.
+    assert not [e for e in events_of(pod, "probe", gpu=0) if "lost" in e["reason"]]
     assert moved["node"] == first_node[1]
     start = wait_for(lambda: after(worker_records(pod, 0, "start"), lost["ts"]), STARTUP_S,
                      "the resumed worker's start")[0]
@@ -151,3 +168,104 @@ def run_scenario(pod: Path, cluster, launcher: Launcher) -> None:
 
     os.killpg(launcher.proc.pid, signal.SIGTERM)
     assert launcher.wait(300) == 0, launcher.output()[-3000:]
+
+
+def resume_from_the_hub_onto_the_cluster(pod: Path, cluster) -> None:
+    """The hub is the source of truth: the launcher pushed the manifest after its nodes'
+    last pushes, and `launch --from-hub --ray` on a fresh head resumes every GPU at the
+    pushed tokens, each node pulling its GPU's checkpoint (never the head)."""
+    node_pushes = {g: events_of(pod, "sync_pushed", gpu=g)[-1] for g in (0, 1)}
+    # The launcher's pushes (the manifest after a node's push, and the final one at the
+    # stop) name no GPU; a node's push names its GPU.
+    manifest_push = [e for e in events_of(pod, "sync_pushed") if "gpu" not in e][-1]
+    assert manifest_push["ts"] > max(e["ts"] for e in node_pushes.values())
+    assert manifest_push["tokens"] == {str(g): e["tokens"][str(g)]
+                                       for g, e in node_pushes.items()}
+    fresh = pod.parent / "fresh"
+    launch = subprocess.Popen(
+        [sys.executable, "-m", "launcher.cli", "--pod-dir", str(fresh), "launch", "--from-hub",
+         f"file://{pod / 'hub'}", "--ray", cluster.address, "--stage", "1", "--max-steps", "2"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    try:
+        out, _ = launch.communicate(timeout=STARTUP_S)
+    finally:
+        if launch.poll() is None:
+            os.killpg(launch.pid, signal.SIGKILL)
+            launch.wait()
+    assert launch.returncode == 0, out[-3000:]
+    for gpu in (0, 1):
+        assert not (fresh / "checkpoints" / f"fractus_1b_gpu{gpu}.pt").exists()  # hub -> node
+        (pulled,) = events_of(fresh, "checkpoint_pulled", gpu=gpu)
+        (placed,) = events_of(fresh, "worker_placed", gpu=gpu)
+        assert pulled["node"] == placed["node"]
+        start = worker_records(fresh, gpu, "start")[0]
+        assert start["next_token"] == manifest_push["tokens"][str(gpu)]
+        # The stage's baseline: a probe of the checkpoint it resumed from, on its node.
+        (baseline,) = [e for e in events_of(fresh, "probe", gpu=gpu) if e["role"] == "baseline"]
+        assert baseline["status"] == "baseline" and baseline["node"] == placed["node"], baseline
+
+
+def test_a_call_that_fails_on_a_node_crashes_its_worker_not_the_launcher(tmp_path, cluster):
+    """A node-side exception (the RayTaskError(FileNotFoundError) out of NodeWorker.poll
+    that once took the whole launcher down) through the real supervisor and a real actor:
+    the node's worker is killed, the error reaches the events and the GPU's log on the
+    head, and the GPU restarts as after a crash."""
+    import ray
+
+    from launcher.config.ray_settings import RaySettings
+    from launcher.pod.ckpt_index import CheckpointIndex
+    from launcher.pod.events import EventLog
+    from launcher.supervise.prepare import load_plan
+    from launcher.supervise.ray_backend import RayBackend
+    from launcher.supervise.ray_node import NodeWorker
+    from launcher.supervise.supervisor import Supervisor
+
+    class FailsOnce(NodeWorker):
+        """The real node actor, whose third poll raises as a vanished file did in CI."""
+        polls = 0
+
+        def poll(self):
+            self.polls += 1
+            if self.polls == 3:
+                raise FileNotFoundError("checkpoints/retained/gone.pt vanished under the poll")
+            return super().poll()
+
+    pod = make_pod(tmp_path, ray={"address": cluster.address,
+                                  "workdir": str(tmp_path / "disk-{node}"), "resource": RESOURCE})
+    plan, manifest = load_plan(pod, 1, None, "0")
+    events = EventLog(pod)
+    supervisor = Supervisor(plan, manifest, CheckpointIndex(pod), events)
+    backend = RayBackend(pod, plan.config, RaySettings.parse(plan.config.ray), events)
+    try:
+        backend.actor_class = ray.remote(FailsOnce)
+        supervisor.use_backend(backend)
+        supervisor._start_all()
+
+        def step_until(condition, what):
+            def stepped():
+                supervisor.step()
+                return condition()
+            return wait_for(stepped, STARTUP_S, what)
+
+        (error,) = step_until(lambda: events_of(pod, "node_error", gpu=0), "the node's error")
+        assert error["error"].startswith("RayTaskError(FileNotFoundError: ") \
+            and "vanished under the poll" in error["error"]
+        (placed,) = events_of(pod, "worker_placed", gpu=0)
+        assert not psutil.pid_exists(placed["pid"]) or \
+            psutil.Process(placed["pid"]).status() == psutil.STATUS_ZOMBIE   # killed
+        (ended,) = events_of(pod, "worker_exit", gpu=0)
+        assert ended["error"] == error["error"] and ended["code"] == -9
+        (crash,) = events_of(pod, "worker_crash", gpu=0)
+        assert crash["reason"] == error["error"]
+        log = (pod / "logs" / "worker_gpu0.log").read_text()
+        assert "FileNotFoundError" in log and "vanished under the poll" in log
+        again = step_until(lambda: len(events_of(pod, "worker_placed", gpu=0)) == 2
+                           and events_of(pod, "worker_placed", gpu=0), "the restart")
+        assert again[1]["pid"] != placed["pid"] and supervisor.runs[0].state == "running"
+    finally:       # this process is a driver of the cluster: always disconnect it
+        try:
+            backend.stop([r.proc for r in supervisor.runs.values() if r.proc is not None],
+                         grace_s=20)
+        finally:
+            backend.close()

@@ -142,6 +142,25 @@ def test_a_crash_backs_off_then_restarts_from_the_last_checkpoint(make):
     assert len(events(sup, "worker_start", gpu=0)) == 2
 
 
+def test_a_call_that_failed_on_the_node_is_a_crash_whose_error_is_in_the_events(make):
+    """A Ray call that raised on the node (RayTaskError out of NodeWorker.poll) ends the
+    GPU as a crashed worker: the error in the events, then the restart policy."""
+    sup, backend, clock = make()
+    sup._start_all()
+    error = "RayTaskError(FileNotFoundError: [Errno 2] No such file: 'x.pt')"
+    backend.exit(0, -9, error=error)
+    sup.step()
+    run = sup.runs[0]
+    assert run.state is GpuState.BACKOFF and sup.pod_state is PodState.RUNNING
+    (ended,) = events(sup, "worker_exit", gpu=0)
+    assert ended["error"] == error and ended["code"] == -9
+    (crash,) = events(sup, "worker_crash", gpu=0)
+    assert crash["reason"] == error
+    clock.now += crash["restart_in_s"] + 0.1
+    sup.step()
+    assert run.state is GpuState.RUNNING and len(events(sup, "worker_start", gpu=0)) == 2
+
+
 def test_crashes_past_the_budget_fail_the_gpu_and_at_stage_1_the_pod(make):
     sup, backend, clock = make(stage=1)
     sup._start_all()
@@ -341,3 +360,65 @@ def test_a_bad_ray_section_is_refused_in_one_line_before_anything_starts(
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and words in err, err
     assert not (pod / "logs" / "events.jsonl").exists()
+
+
+def test_on_a_remote_backend_the_manifest_follows_each_node_push_to_the_hub(make, tmp_path):
+    """The nodes push the checkpoints; the launcher pushes the manifest naming them (the
+    real local hub store), once per node push, so `launch --from-hub` onto a cluster
+    resumes at the pushed tokens, the weights left on the hub."""
+    import time
+
+    from launcher.hub import open_store
+    from launcher.hub.from_hub import rebuild_from_hub
+    sup, backend, clock = make(stage=1)
+    sup.use_backend(backend)            # a remote backend: its nodes push the checkpoints
+    assert sup.sync is not None
+    sup._start_all()
+    store = open_store(sup.plan.config.hub, sup.pod_dir)
+    hub_path = sup.plan.config.checkpoint_path(0)
+
+    def node_push(event) -> str:
+        """What GPU 0's node does with its passed checkpoint (ray_node.NodeWorker.push)."""
+        revision = store.push({hub_path: sup.pod_dir / hub_path}, "node push",
+                              expected={hub_path: event["sha256"]})
+        (record,) = [r for g, r in backend.passed if g == 0 and r["sha256"] == event["sha256"]]
+        backend.hub[0] = {**record, "path": hub_path, "hub_revision": revision}
+        return revision
+
+    def manifest_pushes(count: int) -> list[dict]:
+        deadline = time.monotonic() + 60
+        while len(events(sup, "sync_pushed", reason="manifest")) < count \
+                and time.monotonic() < deadline:
+            sup.step()
+            time.sleep(0.05)
+        return events(sup, "sync_pushed", reason="manifest")
+
+    for _ in range(5):
+        sup.step()
+    assert not events(sup, "sync_pushed")          # nothing on the hub yet: nothing pushed
+    first = passed_checkpoint(sup, backend, 0)
+    node_push(first)
+    (pushed,) = manifest_pushes(1)
+    assert pushed["tokens"] == {"0": first["next_token"]} and pushed["hub_revision_for"] == [0]
+    for _ in range(5):
+        sup.step()                                  # no new node push: no new manifest push
+    assert len(events(sup, "sync_pushed", reason="manifest")) == 1
+    head = store.head()
+    assert head == pushed["revision"]
+    assert {hub_path, "fractus-pod.yaml", sup.plan.config.manifest} <= set(store.files(head))
+
+    backend.train(0, 50)
+    second = backend.checkpoint(0)
+    backend.train(0, 60)
+    sup.step()
+    node_push(second)
+    assert manifest_pushes(2)[-1]["tokens"] == {"0": second["next_token"]}
+
+    fresh = tmp_path / "fresh"
+    rev, _config, _lease = rebuild_from_hub(fresh, sup.plan.config.hub.replace(
+        "file://hub", f"file://{sup.pod_dir / 'hub'}"), None, on_cluster=True)
+    rebuilt = read_manifest(fresh / sup.plan.config.manifest)
+    assert rebuilt.entries[0]["start_token"] == second["next_token"]
+    assert rebuilt.entries[0]["checkpoint_sha256"] == second["sha256"]
+    assert rebuilt.entries[0]["hub_revision"] == rev
+    assert not (fresh / hub_path).exists()          # the weights stay on the hub

@@ -240,6 +240,11 @@ class ProbeUnavailable(RuntimeError):
     """The probe process could not produce a result (the check is Inconclusive)."""
 
 
+class ProbeLost(ProbeUnavailable):
+    """The machine the probe ran on is gone (a lost Ray node): the probe is abandoned,
+    no verdict at all."""
+
+
 def run_probe_process(checkpoint: str | Path, shard: str | Path, head: int | None = None,
                       rows: int | None = None, device: str = "cpu", timeout_s: float = 900,
                       cwd: str | Path | None = None, threads: int = 1,

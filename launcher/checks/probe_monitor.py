@@ -24,6 +24,12 @@ checkpoints/probe/ when it is queued: the worker's rotation and the index's prun
 retained links may delete every other name for it before its probe starts. Each hold has a
 name of its own (a counter), so a probe that ends after a rollback restarted the stage
 removes its own link and never the new stage's (issue 10, item 7).
+
+On a remote backend (Ray) the checkpoints are on the nodes: `use_nodes` hands the holding
+and the running of each probe to the node that holds the file (the same probe program,
+launcher/checks/probe_check.py, run there); the results come back here and are judged
+exactly as local ones. A GPU whose node is lost has its probes abandoned (`abandon`): no
+verdict, a late answer is ignored.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ from launcher.checks.health import (
 from launcher.checks.probe_check import (
     Baseline,
     ProbeSchedule,
+    ProbeLost,
     ProbeTolerance,
     ProbeUnavailable,
     probe_verdict,
@@ -62,6 +69,7 @@ from launcher.checks.probe_check import (
 )
 
 BASELINE = "baseline"          # an outcome that set the baseline (no verdict)
+LOST = object()                # a probe's error when its node was lost (ProbeLost)
 CHECK_NAME = "probe"           # its name among the GPU's health checks
 PROBE_MODULE = "fractus.eval.probe"
 
@@ -94,7 +102,9 @@ class ProbeOutcome:
         r = self.request
         numbers = {k: self.result.get(k) for k in ("ar", "ar_acc", "cold_tf", "ar_rows")} \
             if self.result else {}
-        return {"gpu": r.gpu, "role": r.role, "status": self.status, "reason": self.reason,
+        where = {"node": self.result["node"]} if self.result and "node" in self.result else {}
+        return {"gpu": r.gpu, **where, "role": r.role, "status": self.status,
+                "reason": self.reason,
                 "checkpoint": r.checkpoint, "sha256": r.sha256, "step": r.step,
                 "baseline_ar": self.baseline_ar,
                 "baseline_spread": self.baseline.spread() if self.baseline else None,
@@ -123,6 +133,8 @@ class ProbeMonitor:
         self._ticket = 0
         self._holds = 0             # names each hard link of ours apart
         self._done: queue.Queue = queue.Queue()
+        self.nodes = None           # where probes run on a remote backend (use_nodes)
+        self._lost: list[ProbeRequest] = []     # ended with their node, not yet abandoned
 
     @classmethod
     def from_criteria(cls, pod_dir: Path, criteria_path: Path,
@@ -139,6 +151,13 @@ class ProbeMonitor:
             return None
         return cls(pod_dir, trusted.probe_schedule, trusted.probe_tolerance, model=model)
 
+    def use_nodes(self, nodes) -> None:
+        """Probe on the nodes of a remote backend: `nodes.hold(gpu, checkpoint, sha256)`
+        names a checkpoint as its node knows it (None: nothing to probe), and
+        `nodes.run(request, **options)` probes it there, blocking (a thread waits on it),
+        returning the probe's result dict or raising ProbeUnavailable."""
+        self.nodes = nodes
+
     # ---- inputs -------------------------------------------------------------------
     def start_stage(self, stage: int, resume: dict[int, tuple[str | None, str]],
                     heads: dict[int, int] | None = None) -> None:
@@ -146,6 +165,7 @@ class ProbeMonitor:
         None, its shard), `heads` to the token it resumed at (the manifest's). Probes of
         the previous stage still running are ignored."""
         self.generation += 1
+        self._lost = []
         recorded = read_json_state(self.pod_dir / BASELINES_FILE).get(str(stage), {})
         for probes in self.gpus.values():
             for request in probes.waiting:
@@ -228,7 +248,9 @@ class ProbeMonitor:
 
     def _hold(self, gpu: int, checkpoint: str, sha256: str | None) -> str | None:
         """A hard link to `checkpoint` of our own (relative to the pod), or the path
-        itself where links are not possible."""
+        itself where links are not possible; on the nodes, their name for it."""
+        if self.nodes is not None:
+            return self.nodes.hold(gpu, checkpoint, sha256)
         source = self.pod_dir / checkpoint
         self._holds += 1
         name = f"{PROBE_DIR}/gpu{gpu}-{(sha256 or 'x')[:16]}-{self._holds}.pt"
@@ -246,7 +268,7 @@ class ProbeMonitor:
         return name
 
     def _unlink(self, request: ProbeRequest) -> None:
-        if request.checkpoint.startswith(PROBE_DIR + "/"):
+        if self.nodes is None and request.checkpoint.startswith(PROBE_DIR + "/"):
             (self.pod_dir / request.checkpoint).unlink(missing_ok=True)
 
     # ---- the poll ---------------------------------------------------------------------
@@ -258,12 +280,16 @@ class ProbeMonitor:
                 generation, request, result, error, seconds = self._done.get_nowait()
             except queue.Empty:
                 break
-            if generation != self.generation or request.gpu not in self.gpus:
+            if generation != self.generation or request.gpu not in self.gpus \
+                    or self.gpus[request.gpu].in_flight is not request:
                 self._unlink(request)
-                continue            # a probe of a stage the pod has left
+                continue            # a probe of a stage the pod has left, or abandoned
             probes = self.gpus[request.gpu]
             probes.in_flight = None
             self._unlink(request)
+            if error is LOST:           # its node is gone: no verdict (see abandon)
+                self._lost.append(request)
+                continue
             outcome = self._judge(probes, request, result, error, seconds)
             if request.role != BASELINE and outcome.status != FAILED and request.step is not None:
                 probes.vouched_step = max(probes.vouched_step or 0, request.step)
@@ -285,6 +311,21 @@ class ProbeMonitor:
         still running, and rollback could restore the very state a probe then fails."""
         probes = self.gpus.get(gpu)
         return probes.vouched_step if probes else None
+
+    def abandon(self, gpu: int) -> list[ProbeRequest]:
+        """GPU `gpu`'s node is gone with its checkpoints: its running and waiting probes are
+        dropped without a verdict (a running one's late answer is ignored). Returns them."""
+        dropped = [r for r in self._lost if r.gpu == gpu]
+        self._lost = [r for r in self._lost if r.gpu != gpu]
+        probes = self.gpus.get(gpu)
+        if probes is None:
+            return dropped
+        dropped += [r for r in (probes.in_flight, *probes.waiting) if r is not None]
+        for request in probes.waiting:
+            self._unlink(request)
+        probes.waiting.clear()
+        probes.in_flight = None
+        return dropped
 
     def busy(self) -> bool:
         return any(p.in_flight is not None or p.waiting for p in self.gpus.values())
@@ -310,10 +351,16 @@ class ProbeMonitor:
         def work():
             began = time.monotonic()
             result = error = None
+            options = dict(timeout_s=self.schedule.timeout_s, head=request.head,
+                           rows=self.schedule.rows, model=self.model)
             try:
-                result = self.runner(request.checkpoint, request.shard, cwd=self.pod_dir,
-                                     timeout_s=self.schedule.timeout_s, head=request.head,
-                                     rows=self.schedule.rows, model=self.model)
+                if self.nodes is not None:      # on the node that holds the checkpoint
+                    result = self.nodes.run(request, **options)
+                else:
+                    result = self.runner(request.checkpoint, request.shard, cwd=self.pod_dir,
+                                         **options)
+            except ProbeLost:
+                error = LOST
             except ProbeUnavailable as exc:
                 error = str(exc)
             except Exception as exc:          # never let a probe take the launcher down

@@ -117,6 +117,7 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
         ensure_run_id,
         load_plan,
         never_resume_failed,
+        on_the_hub,
         reconcile,
         record_baselines,
         recover_checkpoints,
@@ -130,11 +131,12 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
         raise UserError("--revision goes with --from-hub (a resumed pod uses the revisions "
                         "its manifest records)")
     if from_hub:
-        _rebuild(pod_dir, from_hub, revision)
+        _rebuild(pod_dir, from_hub, revision, on_cluster=ray_address is not None)
     plan, manifest = load_plan(pod_dir, stage, devices, gpus, max_time, max_steps,
                                _parse_faults(faults))
     from launcher.config.ray_settings import RaySettings
     ray_settings = RaySettings.parse(plan.config.ray, ray_address)
+    on_hub = on_the_hub(plan, manifest) if ray_settings is not None else set()
     if plan.config.hub:
         from launcher.hub.sync import store_for
         try:
@@ -153,8 +155,8 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
         index = CheckpointIndex(pod_dir)
         reconcile(plan, manifest, index, events)
         never_resume_failed(plan, manifest, index, events)
-        recover_checkpoints(plan, manifest, index, events)
-        validate(plan, manifest)
+        recover_checkpoints(plan, manifest, index, events, on_hub)
+        validate(plan, manifest, on_hub)
         supervisor = Supervisor(plan, manifest, index, events)
         try:
             supervisor.gate(lambda: canary_gate(plan, manifest, events, no_canary, stop))
@@ -162,7 +164,7 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
             events.emit("launch_stopped", stage=current_stage(plan, manifest), reason=str(exc))
             click.echo(f"pod STOPPED: {exc}")
             sys.exit(0)
-        record_baselines(plan, manifest, index)
+        record_baselines(plan, manifest, index, on_hub)
         ensure_run_id(manifest)
         if detach:
             events.mirror.close()          # its writer thread would not survive the fork
@@ -200,13 +202,14 @@ def _ray_backend(pod_dir: Path, plan, settings, events):
                         f"there?") from None
 
 
-def _rebuild(pod_dir: Path, url: str, revision: str | None) -> None:
-    """launch --from-hub: fill the empty pod directory from one pinned hub revision."""
+def _rebuild(pod_dir: Path, url: str, revision: str | None, on_cluster: bool) -> None:
+    """launch --from-hub: fill the empty pod directory from one pinned hub revision (for a
+    Ray cluster, `on_cluster`, without the weights: each node pulls its GPU's)."""
     from launcher.pod.events import EventLog
     from launcher.hub.from_hub import rebuild_from_hub
     from launcher.hub import HubError
     try:
-        rev, _config, lease = rebuild_from_hub(pod_dir, url, revision)
+        rev, _config, lease = rebuild_from_hub(pod_dir, url, revision, on_cluster)
     except HubError as exc:
         if exc.status == 404:              # no such repo or revision: the user's to fix
             raise UserError(f"--from-hub: {exc}") from None

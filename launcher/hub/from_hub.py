@@ -24,13 +24,16 @@ def absolute_hub_url(url: str, base: Path) -> str:
     return url
 
 
-def rebuild_from_hub(pod_dir: Path, url: str,
-                     revision: str | None) -> tuple[str, PodConfig, dict]:
+def rebuild_from_hub(pod_dir: Path, url: str, revision: str | None,
+                     on_cluster: bool = False) -> tuple[str, PodConfig, dict]:
     """Fill an EMPTY pod directory from one pinned hub revision: config, stage/criteria
     files, manifest and the checkpoints it names (each verified by sha256 against the hub
     index AND the manifest). Shards come from the config's own path; the tiny preset's
     synthetic shards are regenerated from their seed. The new pod then takes over the run's
     hub lease (launcher/hub/lease.py): the pod it was rebuilt from stops pushing to the run.
+    For a pod whose workers run on a Ray cluster (`on_cluster`, or `ray:` in the pulled
+    config) the weights stay on the hub: the manifest names them at the revision, and each
+    node pulls its GPU's checkpoint when it starts the worker (verified there).
     Returns (revision, config, the lease taken)."""
     from launcher.errors import UserError
     if pod_dir.exists() and (not pod_dir.is_dir() or any(pod_dir.iterdir())):
@@ -40,7 +43,7 @@ def rebuild_from_hub(pod_dir: Path, url: str,
     created = not pod_dir.exists()
     pod_dir.mkdir(parents=True, exist_ok=True)
     try:
-        rev, config = _rebuild(pod_dir, url, revision)
+        rev, config = _rebuild(pod_dir, url, revision, on_cluster)
         from launcher.hub import open_store
         from launcher.hub.lease import take_over
         return rev, config, take_over(open_store(url, pod_dir), pod_dir)
@@ -67,7 +70,8 @@ def keep_hub(pod_dir: Path, url: str, note: str) -> None:
         atomic_write_text(path, f"# {note}\n" + yaml.safe_dump(data, sort_keys=False))
 
 
-def _rebuild(pod_dir: Path, url: str, revision: str | None) -> tuple[str, PodConfig]:
+def _rebuild(pod_dir: Path, url: str, revision: str | None,
+             on_cluster: bool) -> tuple[str, PodConfig]:
     from launcher.errors import UserError
     from launcher.hub import IntegrityError, open_store
     from launcher.pod.manifest import read_manifest
@@ -96,7 +100,8 @@ def _rebuild(pod_dir: Path, url: str, revision: str | None) -> tuple[str, PodCon
             raise IntegrityError(f"revision {rev[:12]}: gpu_{gpu}'s manifest names {rel} "
                                  f"with other bytes than the revision holds; refused")
         wanted.append(rel)
-    store.pull(wanted, rev)
+    if not (on_cluster or config.ray is not None):
+        store.pull(wanted, rev)
     for entry in manifest.entries.values():
         if entry.get("checkpoint"):
             entry["hub_revision"] = rev

@@ -136,21 +136,54 @@ def take_snapshot(pod_dir: Path, config: PodConfig, manifest: Manifest,
         snap.files[hub_path] = local
         snap.expected[hub_path] = record["sha256"]
         snap.pushed[gpu] = (hub_path, record["sha256"])
-        entries[gpu] = {k: v for k, v in entry.items() if k != "hub_revision"}
-        entries[gpu].update({
-            "start_token": int(record["next_token"]), "checkpoint": hub_path,
-            "checkpoint_sha256": record["sha256"],
-            "shard": entry.get("shard") or config.shard_path(gpu),
-            "stage": record.get("stage", entry.get("stage")),
-            "ema_tf": record.get("ema_tf"), "lb": record.get("lb"),
-            "updated_at": record.get("ts", entry.get("updated_at"))})
+        entries[gpu] = hub_entry(entry, record, hub_path, config.shard_path(gpu))
     if not entries:
         snap.discard()
         return None
+    _add_manifest(snap, pod_dir, config, manifest, entries)
+    return snap
+
+
+def hub_entry(entry: dict, record: dict, hub_path: str, shard: str) -> dict:
+    """The manifest entry the hub holds for a GPU: its pushed checkpoint `record` (a
+    checkpoint-index record) at `hub_path`, the rest of the pod's `entry` kept."""
+    out = {k: v for k, v in entry.items() if k != "hub_revision"}
+    out.update({
+        "start_token": int(record["next_token"]), "checkpoint": hub_path,
+        "checkpoint_sha256": record["sha256"], "shard": entry.get("shard") or shard,
+        "stage": record.get("stage", entry.get("stage")),
+        "ema_tf": record.get("ema_tf"), "lb": record.get("lb"),
+        "updated_at": record.get("ts", entry.get("updated_at"))})
+    return out
+
+
+def _add_manifest(snap: Snapshot, pod_dir: Path, config: PodConfig, manifest: Manifest,
+                  entries: dict[int, dict]) -> None:
+    """The manifest naming `entries`, and the pod's small files, join the snapshot."""
     snap.manifest_path = config.manifest
     snap.manifest_doc = Manifest(Path(config.manifest), entries, dict(manifest.extra)).to_json()
     for rel in pod_files(pod_dir, config):
         snap.files[rel] = pod_dir / rel
+
+
+def take_manifest_snapshot(pod_dir: Path, config: PodConfig, manifest: Manifest,
+                           on_hub: dict[int, dict]) -> Snapshot | None:
+    """A remote backend's push: its nodes pushed the checkpoints (`on_hub`: gpu -> the
+    pushed checkpoint-index record); the launcher sends only the manifest naming them and
+    the pod's small files, so `launch --from-hub` resumes at the pushed tokens. None
+    before the first node push."""
+    if not on_hub:
+        return None
+    snap = Snapshot(pod_dir / SNAPSHOT_DIR / f"{time.strftime('%Y%m%dT%H%M%S')}-"
+                                              f"{uuid.uuid4().hex[:6]}")
+    entries = {}
+    for gpu, record in sorted(on_hub.items()):
+        hub_path = config.checkpoint_path(gpu)
+        snap.pushed[gpu] = (hub_path, record["sha256"])
+        entries[gpu] = hub_entry(manifest.entries.get(gpu) or {}, record, hub_path,
+                                 config.shard_path(gpu))
+    snap.dir.mkdir(parents=True, exist_ok=True)
+    _add_manifest(snap, pod_dir, config, manifest, entries)
     return snap
 
 
@@ -229,6 +262,8 @@ class HubSync:
         self._outcome: tuple | None = None        # ("ok", revision) or ("error", message)
         self._last_key: tuple | None = None
         self.taken_over: str | None = None        # another pod writes the run: no more pushes
+        # A remote backend's nodes push the checkpoints: gpu -> the pushed record.
+        self.node_pushes: Callable[[], dict[int, dict]] | None = None
         shutil.rmtree(pod_dir / SNAPSHOT_DIR, ignore_errors=True)   # a dead launcher's
         update_sync_state(pod_dir, hub=config.hub, interval_s=self.settings.interval_s,
                           in_flight=False)
@@ -245,11 +280,28 @@ class HubSync:
     def busy(self) -> bool:
         return self._thread is not None
 
+    def nodes_push(self, on_hub: Callable[[], dict[int, dict]]) -> None:
+        """The checkpoints are on a remote backend's nodes, which push them (`on_hub()`:
+        gpu -> its newest pushed checkpoint-index record). From now on this sync pushes
+        the manifest naming them (and the pod's small files), once per change."""
+        self.node_pushes = on_hub
+
     def tick(self) -> None:
         self._harvest()
-        if not self.busy and not self.taken_over and time.monotonic() >= self.next_due:
+        if self.busy or self.taken_over:
+            return
+        if self.node_pushes is not None:       # a node pushed: the manifest follows it
+            if self._pushed_key(self.node_pushes()) != self._last_key:
+                self._start("manifest")
+        elif time.monotonic() >= self.next_due:
             self.next_due = time.monotonic() + self.settings.interval_s
             self._start("interval")
+
+    def _pushed_key(self, on_hub: dict[int, dict]) -> tuple:
+        """Snapshot.key() of the manifest push that names `on_hub`: checked on every poll
+        without building the snapshot."""
+        return tuple(sorted((gpu, (self.config.checkpoint_path(gpu), r["sha256"]))
+                            for gpu, r in on_hub.items())), False
 
     def finish(self, abandoned: Callable[[], bool] = lambda: False) -> None:
         """The launcher is ending: wait for a push in flight, then push once more. A dead hub
@@ -291,8 +343,12 @@ class HubSync:
                          seconds=round(time.time() - started, 2))
 
     def _start(self, reason: str) -> None:
-        snap = take_snapshot(self.pod_dir, self.config, self.manifest, self.index,
-                             self.settings.merge)
+        if self.node_pushes is not None:
+            snap = take_manifest_snapshot(self.pod_dir, self.config, self.manifest,
+                                          self.node_pushes())
+        else:
+            snap = take_snapshot(self.pod_dir, self.config, self.manifest, self.index,
+                                 self.settings.merge)
         if snap is None or snap.key() == self._last_key:
             if snap is not None:
                 snap.discard()

@@ -199,8 +199,9 @@ def name_default_checkpoints(manifest: Manifest, pod_dir: Path, checkpoint_path_
 
 
 def validate_for_launch(manifest: Manifest, pod_dir: Path, gpus: list[int],
-                        shard_path_of, shard_length_of) -> None:
-    """Everything `launch` needs before it starts anything. Raises ManifestError."""
+                        shard_path_of, shard_length_of, on_hub=frozenset()) -> None:
+    """Everything `launch` needs before it starts anything. Raises ManifestError. `on_hub`:
+    GPUs whose checkpoint is on the hub, for their Ray node to fetch (not on this disk)."""
     where = f"manifest {manifest.path}"
     for gpu in gpus:
         entry = manifest.entries.get(gpu)
@@ -226,7 +227,7 @@ def validate_for_launch(manifest: Manifest, pod_dir: Path, gpus: list[int],
                 raise ManifestError(f"{where}: gpu_{gpu} checkpoint {exc}; checkpoints must "
                                     "live inside the pod (copy the file in and name it "
                                     "relative to the pod)") from None
-        if ckpt and not (pod_dir / ckpt).is_file():
+        if ckpt and gpu not in on_hub and not (pod_dir / ckpt).is_file():
             raise ManifestError(f"{where}: gpu_{gpu} checkpoint {ckpt} does not exist")
         if entry["start_token"] > 0 and not ckpt:
             raise ManifestError(f"{where}: gpu_{gpu} has progress (start_token "

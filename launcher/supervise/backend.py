@@ -27,9 +27,12 @@ class WorkerHandle:
 
 @dataclass(frozen=True)
 class WorkerExit:
-    """How a worker ended: its exit code, or the loss of the machine it ran on."""
+    """How a worker ended: its exit code, or the loss of the machine it ran on. `error`:
+    what failed in the backend itself on the worker's behalf (a remote call that raised);
+    the worker was then killed, and the GPU is handled as a crashed worker."""
     code: int | None
     node_lost: bool = False
+    error: str | None = None
 
 
 class WorkerBackend(ABC):
@@ -81,6 +84,11 @@ class WorkerBackend(ABC):
 
     def on_passed(self, gpu: int, record: dict) -> None:
         """A checkpoint of `gpu` passed its checks (a remote backend pushes it to the hub)."""
+
+    def node_probes(self):
+        """Where AR probes run when the checkpoints are not on this machine (an object for
+        ProbeMonitor.use_nodes); None: on this machine."""
+        return None
 
     def take_pushed(self) -> list[dict]:
         """Checkpoints pushed to the hub since the last call: hub_copy records plus "node"."""

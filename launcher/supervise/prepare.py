@@ -165,23 +165,40 @@ def never_resume_failed(plan: LaunchPlan, manifest: Manifest, index: CheckpointI
         write_manifest(manifest)
 
 
+def on_the_hub(plan: LaunchPlan, manifest: Manifest) -> set[int]:
+    """For a launch onto a Ray cluster: the GPUs whose checkpoint the hub holds (a hub
+    revision and sha256 recorded) and this machine does not (a pod rebuilt from the hub,
+    whose weights stayed there). Their node pulls and verifies it before the worker
+    starts (launcher/supervise/ray_node.py), and the worker checks it is its own at its
+    start token: the head neither pulls nor reads it."""
+    held = set()
+    for slot in plan.slots:
+        entry = manifest.entries.get(slot.gpu) or {}
+        name = entry.get("checkpoint")
+        if name and entry.get("checkpoint_sha256") and entry.get("hub_revision") \
+                and not (plan.pod_dir / name).is_file():
+            held.add(slot.gpu)
+    return held
+
+
 def recover_checkpoints(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
-                        events: EventLog) -> None:
+                        events: EventLog, on_hub: set[int] = frozenset()) -> None:
     """Each named checkpoint must hold the bytes its manifest entry records (every one is
     hashed, in parallel): else they come from a local copy or the hub, or the launch is
-    refused (launcher/hub/recover.py)."""
-    if recover_all(plan.pod_dir, [s.gpu for s in plan.slots], manifest, index, events,
-                   plan.config.hub, plan.config.checkpoint_path):
+    refused (launcher/hub/recover.py). `on_hub`: GPUs whose nodes fetch their own."""
+    if recover_all(plan.pod_dir, [s.gpu for s in plan.slots if s.gpu not in on_hub],
+                   manifest, index, events, plan.config.hub, plan.config.checkpoint_path):
         write_manifest(manifest)
 
 
-def validate(plan: LaunchPlan, manifest: Manifest) -> None:
+def validate(plan: LaunchPlan, manifest: Manifest, on_hub: set[int] = frozenset()) -> None:
     _refuse_missing_shards(plan, manifest)
     validate_for_launch(manifest, plan.pod_dir, [s.gpu for s in plan.slots],
-                        plan.config.shard_path, shard_length)
+                        plan.config.shard_path, shard_length, on_hub=on_hub)
     refuse_fresh_starts(plan, manifest)
     for slot in plan.slots:
-        check_entry(manifest, plan.pod_dir, slot.gpu, plan.config.shard_path)
+        if slot.gpu not in on_hub:
+            check_entry(manifest, plan.pod_dir, slot.gpu, plan.config.shard_path)
 
 
 def refuse_fresh_starts(plan: LaunchPlan, manifest: Manifest) -> None:
@@ -222,12 +239,14 @@ def _refuse_missing_shards(plan: LaunchPlan, manifest: Manifest) -> None:
         raise UserError(missing_shards_fix(plan.pod_dir, missing))
 
 
-def record_baselines(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex) -> None:
+def record_baselines(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
+                     on_hub: set[int] = frozenset()) -> None:
     """A GPU with progress but no verdict history (a pod this launcher never ran, e.g. the
-    user's live run) trusts the checkpoint its manifest names: it is the run as it stands."""
+    user's live run) trusts the checkpoint its manifest names: it is the run as it stands.
+    (`on_hub`: not on this disk; its hub revision is its resume point after a lost node.)"""
     for slot in plan.slots:
         entry = manifest.entries.get(slot.gpu)
-        if not entry or not entry.get("checkpoint"):
+        if not entry or not entry.get("checkpoint") or slot.gpu in on_hub:
             continue
         if any(r["verdict"] == PASSED for r in index.for_gpu(slot.gpu)):
             continue

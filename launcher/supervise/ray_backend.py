@@ -9,7 +9,7 @@ Once per poll the launcher collects every actor's new metrics lines in one round
 appends them to logs/metrics_gpu{i}.jsonl in the pod directory, so checks, verdicts,
 rollback and the manifest work exactly as on one machine. A checkpoint that passes is
 pushed to the hub by the node that holds it (`on_passed`); the launcher notes the
-revision (`take_pushed`).
+revision (`take_pushed`). AR probes run on the node that holds the checkpoint (`NodeProbes`).
 
 A node lost (Ray reports the GPU's actor dead: `ActorDiedError`) ends the GPU's worker
 with `WorkerExit(node_lost=True)`; the supervisor then resumes the GPU from its newest
@@ -28,7 +28,7 @@ from launcher.config.podconfig import PodConfig, Slot
 from launcher.supervise.backend import WorkerBackend, WorkerExit, WorkerHandle
 from launcher.supervise.ray_node import NodeWorker
 from launcher.config.ray_settings import RaySettings
-from launcher.worker.process import WorkerSpec, build_env
+from launcher.worker.process import WorkerSpec, build_env, worker_log_path
 
 POLL_WAIT_S = 5.0          # a node slower than this to answer is asked again next poll
 # At most one round trip to the nodes every 2 s, whatever the pod's poll_interval_s: each
@@ -96,7 +96,8 @@ class RayBackend(WorkerBackend):
         if actor is None:              # first start, or its node was lost: a new actor
             _, options = self._resource(spec.slot)
             actor = self.actor_class.options(
-                scheduling_strategy="SPREAD", max_concurrency=3, max_restarts=0,
+                # poll, push, an AR probe and a stop can all be in flight at once
+                scheduling_strategy="SPREAD", max_concurrency=4, max_restarts=0,
                 **options).remote(gpu, self.settings.workdir, str(self.pod_dir.resolve()),
                                   self.hub_url, list(self.config.worker))
             self.actors[gpu] = actor
@@ -124,9 +125,9 @@ class RayBackend(WorkerBackend):
                                      timeout=POLL_WAIT_S)
             ready = set(ready)
             answered = [h for h in live if h.poll_ref is not None and h.poll_ref in ready]
-            try:             # one fetch for all answers: the common case, no actor died
+            try:             # one fetch for all answers: the common case, no call failed
                 answers = self.ray.get([h.poll_ref for h in answered])
-            except self.ray.exceptions.RayActorError:
+            except self.ray.exceptions.RayError:
                 answers = [None] * len(answered)        # fetched one by one below
             for handle, answer in zip(answered, answers):
                 ref, handle.poll_ref = handle.poll_ref, None
@@ -149,10 +150,11 @@ class RayBackend(WorkerBackend):
             except self.ray.exceptions.RayActorError:
                 self._lost(handle)
                 continue
-            except self.ray.exceptions.RayTaskError as exc:
-                self.events.emit("worker_start_failed", gpu=handle.gpu,
-                                 error=str(exc.cause if exc.cause else exc)[:500])
-                handle.ended = WorkerExit(1)
+            except self.ray.exceptions.RayError as exc:
+                error = remote_error(exc)
+                self.events.emit("worker_start_failed", gpu=handle.gpu, error=error)
+                self._log(handle.gpu, f"worker start failed on its node: {exc}")
+                handle.ended = WorkerExit(1, error=error)
                 continue
             handle.pid, handle.node = info["pid"], info["node"]
             self.events.emit("worker_placed", gpu=handle.gpu, node=info["node"],
@@ -162,19 +164,53 @@ class RayBackend(WorkerBackend):
                                  reason="its node lacked the checkpoint it resumes from")
 
     def _take(self, handle: RayHandle, ref, answer: tuple | None = None) -> WorkerExit | None:
-        """Apply one answer of the actor, (exit code, lines); a dead actor is a lost node."""
+        """Apply one answer of the actor, (exit code, lines); a dead actor is a lost node,
+        a call that raised on the node a crashed worker."""
         try:
             code, lines = answer if answer is not None else self.ray.get(ref)
         except self.ray.exceptions.RayActorError:
             return self._lost(handle)
-        if lines:
-            path = self.metrics_file(handle.gpu)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "ab") as f:
-                f.write(lines)
+        except self.ray.exceptions.RayError as exc:
+            return self._failed(handle, exc)
+        self._append_lines(handle.gpu, lines)
         if code is not None:
             handle.ended = WorkerExit(code)
         return handle.ended
+
+    def _append_lines(self, gpu: int, lines: bytes) -> None:
+        if lines:
+            path = self.metrics_file(gpu)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "ab") as f:
+                f.write(lines)
+
+    def _failed(self, handle: RayHandle, exc: Exception) -> WorkerExit:
+        """A call on the GPU's node raised (a bug, a file gone under it): never the
+        launcher's end. The node's worker is killed first (a restart must not race a live
+        one; an actor that cannot even do that is replaced at the next start), the error
+        goes to the events and to the GPU's log on the head, and the GPU ends as a crashed
+        worker: the supervisor's restart policy takes it from there."""
+        error = remote_error(exc)
+        code = None
+        try:
+            code, lines = self.ray.get(handle.actor.kill.remote(), timeout=CALL_TIMEOUT_S)
+            self._append_lines(handle.gpu, lines)
+        except self.ray.exceptions.RayError:
+            self.ray.kill(handle.actor)
+            self.actors.pop(handle.gpu, None)
+        self.events.emit("node_error", gpu=handle.gpu, node=handle.node, error=error,
+                         action="worker killed; restarted as after a crash")
+        self._log(handle.gpu, f"a call on node {handle.node} failed; worker killed: {exc}")
+        handle.ended = WorkerExit(code if code not in (None, 0) else -9, error=error)
+        return handle.ended
+
+    def _log(self, gpu: int, text: str) -> None:
+        """A line for the GPU's log on the head (the worker's own log is on its node)."""
+        from launcher.hub.sync import scrub
+        path = self.pod_dir / worker_log_path(gpu)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as log:
+            log.write(f"[fractus-pod {time.strftime('%Y-%m-%d %H:%M:%S')}] {scrub(text)}\n")
 
     def _lost(self, handle: RayHandle) -> WorkerExit:
         handle.ended = WorkerExit(None, node_lost=True)
@@ -266,6 +302,9 @@ class RayBackend(WorkerBackend):
     def hub_copy(self, gpu: int) -> dict | None:
         return self.on_hub.get(gpu)
 
+    def node_probes(self) -> "NodeProbes":
+        return NodeProbes(self)
+
     def close(self, abandoned=lambda: False) -> None:
         """The last passed checkpoints go up (a second signal abandons them), then the
         actors go and the driver disconnects."""
@@ -278,6 +317,51 @@ class RayBackend(WorkerBackend):
             self.ray.kill(actor)
         self.actors.clear()
         self.ray.shutdown()
+
+
+class NodeProbes:
+    """ProbeMonitor.use_nodes for Ray: each AR probe runs on the node of its GPU's actor,
+    which holds the checkpoint (launcher/supervise/ray_node.py: NodeWorker.probe)."""
+
+    def __init__(self, backend: RayBackend):
+        self.backend = backend
+
+    def hold(self, gpu: int, checkpoint: str, sha256: str | None) -> str | None:
+        """The node's name for it: it retains every checkpoint it saw (by sha256) and the
+        one its worker resumed from (ProbeMonitor asks for that one as "resume")."""
+        from launcher.supervise.ray_node import RESUME
+        if sha256 == RESUME:
+            return RESUME
+        return f"sha256:{sha256}" if sha256 else None
+
+    def run(self, request, *, timeout_s: float, **options) -> dict:
+        """Blocking (ProbeMonitor's probe thread): the node's result dict."""
+        from launcher.checks.probe_check import ProbeLost, ProbeUnavailable
+        ray = self.backend.ray
+        actor = self.backend.actors.get(request.gpu)
+        if actor is None:
+            raise ProbeLost(f"GPU {request.gpu} has no node now")
+        ref = actor.probe.remote(request.checkpoint, request.shard, timeout_s=timeout_s,
+                                 **options)
+        try:
+            return ray.get(ref, timeout=timeout_s + CALL_TIMEOUT_S)
+        except ray.exceptions.RayActorError:
+            raise ProbeLost(f"GPU {request.gpu}'s node was lost during the probe") from None
+        except ray.exceptions.RayError as exc:
+            cause = getattr(exc, "cause", None)
+            raise ProbeUnavailable(str(cause) if isinstance(cause, ProbeUnavailable)
+                                   else remote_error(exc)) from None
+
+
+def remote_error(exc: Exception) -> str:
+    """One line for the events: the exception raised on the node (a RayTaskError carries
+    it as `cause`), without its traceback, scrubbed of any token."""
+    from launcher.hub.sync import describe_error
+    cause = getattr(exc, "cause", None)
+    if cause is None:
+        return describe_error(exc)
+    kind = type(exc).__name__.split("(")[0]    # Ray names it RayTaskError(FileNotFoundError)
+    return f"{kind}({describe_error(cause)})"[:500]
 
 
 def _absolute_hub(url: str | None, pod_dir: Path) -> str | None:

@@ -12,6 +12,12 @@ launcher judges it; a checkpoint that passed is pushed from here to the hub, whi
 carries weights between machines. A GPU placed on a node that lacks its checkpoint pulls
 it from the hub revision the launcher names (sha256-verified) before the worker starts.
 
+AR probes (launcher/checks/probe_monitor.py) of a checkpoint run here, where the file is:
+the same probe program in a child process (launcher/checks/probe_check.py), its result
+handed back to the launcher, which judges it. A checkpoint is named `sha256:HEX` (the
+retained link of one this actor saw), or `resume`: the one its worker started from,
+linked at start because the worker saves over it.
+
 Imported on the nodes by Ray; imports nothing of Ray at module level.
 """
 
@@ -25,13 +31,15 @@ import threading
 from pathlib import Path
 
 from launcher import child
-from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex, sha256_file
+from launcher.paths import PROBE_DIR
+from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex, link_or_copy, sha256_file
 from launcher.pod.manifest import relative_to_pod
 from launcher.worker.process import kill, terminate, worker_log_path
 
 # Settings resolved against the node's directory, else the head's pod directory (the same
 # machine or a shared filesystem): shards and a model file are the user's to place.
 NODE_LOCAL_INPUTS = ("SHARD", "MODEL")
+RESUME = "resume"               # a probe's name for the checkpoint the worker started from
 
 
 class NodeWorker:
@@ -48,19 +56,30 @@ class NodeWorker:
         self.metrics: Path | None = None
         self.offset, self.partial = 0, b""
         self.lock = threading.Lock()      # poll and push run on two actor threads
+        self.resume_file: Path | None = None   # held for the stage's baseline probe
+        # Set once start() has placed the worker: the actor's methods run on several
+        # threads, and a probe of the resume checkpoint must wait for its pull and hold.
+        self.placed = threading.Event()
 
     # ---- the worker --------------------------------------------------------------------
     def start(self, settings: dict[str, str], checkpoint: dict | None, cuda: bool) -> dict:
         """Start the worker with `settings` (the launcher's worker environment); first pull
         `checkpoint` ({"path", "sha256", "revision"}) from the hub if this disk lacks it."""
+        try:
+            return self._start(settings, checkpoint, cuda)
+        finally:
+            self.placed.set()       # a probe waiting for the start goes on, whatever it did
+
+    def _start(self, settings: dict[str, str], checkpoint: dict | None, cuda: bool) -> dict:
         import ray
         pulled = self._ensure_checkpoint(checkpoint) if checkpoint else False
+        if checkpoint:
+            self._hold_resume(self.workdir / checkpoint["path"])
         env = {name: value for name, value in os.environ.items() if name not in settings}
         env.update(settings)
         for name in NODE_LOCAL_INPUTS:
-            value = env.get(name)
-            if value and not (self.workdir / value).exists() and (self.pod_dir / value).exists():
-                env[name] = str(self.pod_dir / value)
+            if env.get(name):
+                env[name] = self._input(env[name])
         if cuda:       # the device Ray gave this actor, not the GPU's index on the head
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(int(i)) for i in ray.get_gpu_ids())
         with self.lock:
@@ -73,6 +92,13 @@ class NodeWorker:
                                         stderr=subprocess.STDOUT, death_signal=signal.SIGTERM)
         return {"pid": self.proc.pid, "node": self.node, "workdir": str(self.workdir),
                 "pulled": pulled}
+
+    def _input(self, value: str) -> str:
+        """A file setting as this node finds it: in its own directory, else the head's pod
+        directory (the same machine or a shared filesystem), else as given."""
+        if not (self.workdir / value).exists() and (self.pod_dir / value).exists():
+            return str(self.pod_dir / value)
+        return value
 
     def poll(self) -> tuple[int | None, bytes]:
         """(exit code or None, the complete metrics lines written since the last poll)."""
@@ -129,6 +155,33 @@ class NodeWorker:
         event.pop("bytes", None)
         event["path"], event["node"] = rel, self.node
         return (json.dumps(event) + "\n").encode()
+
+    # ---- AR probes ---------------------------------------------------------------------
+    def _hold_resume(self, source: Path) -> None:
+        held = self.workdir / PROBE_DIR / f"gpu{self.gpu}-{RESUME}.pt"
+        link_or_copy(source, held)
+        self.resume_file = held
+
+    def probe(self, checkpoint: str, shard: str, **options) -> dict:
+        """The AR probe of this node's `checkpoint` (`sha256:HEX` or `resume`) on `shard`:
+        its result dict, with this node's id; ProbeUnavailable when it cannot run."""
+        from launcher.checks.probe_check import ProbeUnavailable, run_probe_process
+        self.placed.wait(options.get("timeout_s") or None)
+        path = self._probe_file(checkpoint)
+        if path is None or not path.is_file():
+            raise ProbeUnavailable(f"checkpoint {checkpoint} is not on node {self.node}")
+        if options.get("model"):
+            options["model"] = self._input(options["model"])
+        result = run_probe_process(path, self._input(shard), cwd=self.workdir, **options)
+        return {**result, "node": self.node}
+
+    def _probe_file(self, checkpoint: str) -> Path | None:
+        if checkpoint == RESUME:
+            return self.resume_file
+        record = self.index.records.get((self.gpu, checkpoint.removeprefix("sha256:")))
+        if record is None:
+            return None
+        return self.workdir / (record.get("retained") or record["path"])
 
     # ---- the hub -------------------------------------------------------------------------
     def push(self, sha256: str, hub_path: str, message: str) -> str:

@@ -107,16 +107,22 @@ class Supervisor(PodEnding):
 
     def use_backend(self, backend: WorkerBackend) -> None:
         """Run the workers on `backend` instead (chosen after a --detach fork). A remote
-        backend's nodes push their own checkpoints: the launcher's hub sync stands down."""
+        backend's nodes push their own checkpoints: the launcher's hub sync pushes the
+        manifest that names them."""
         self.backend = backend
         self.runs = {g: GpuRun(r.slot, MetricsTail(backend.metrics_file(g)))
                      for g, r in self.runs.items()}
         if backend.name != "local":
-            self.sync = None
-            if self.probes is not None:      # a probe reads the checkpoint on this machine
+            if self.sync is not None:
+                self.sync.nodes_push(lambda: {g: c for g in self.runs
+                                              if (c := backend.hub_copy(g)) is not None})
+            nodes = backend.node_probes()
+            if self.probes is not None and nodes is not None:   # where the checkpoints are
+                self.probes.use_nodes(nodes)
+            elif self.probes is not None:
                 self.probes = None
-                self.events.emit("probes_off", reason="AR probes read checkpoints on the "
-                                 "launcher's disk; on a remote backend they stay on the nodes")
+                self.events.emit("probes_off", reason=f"the {backend.name} backend cannot "
+                                 f"probe the checkpoints on its nodes")
 
     # ---- states ---------------------------------------------------------------------
     def _pod(self, event: PodEvent) -> None:
@@ -163,10 +169,10 @@ class Supervisor(PodEnding):
                 self._judge_final()
             if self.probes is not None:
                 self.probes.close()
+            self.backend.close(abandoned=lambda: self.cut_short)   # the nodes' last pushes
+            self._note_pushed()
             if self.sync is not None:     # the end of a run is pushed, whatever ended it
                 self.sync.finish(abandoned=lambda: self.cut_short)
-            self.backend.close(abandoned=lambda: self.cut_short)
-            self._note_pushed()
         except OSError as exc:
             if disk_full(exc) is None:
                 raise
@@ -350,10 +356,11 @@ class Supervisor(PodEnding):
         if ended.node_lost:
             self._on_node_lost(run)
             return
-        self.events.emit("worker_exit", gpu=gpu, code=code, stage=self.stage)
+        self.events.emit("worker_exit", gpu=gpu, code=code, stage=self.stage,
+                         **({"error": ended.error} if ended.error else {}))
         event = exit_event(code, self.pod_state == PodState.RUNNING)
         if event is GpuEvent.CRASHED:
-            self._crash(run, f"exit code {code}")
+            self._crash(run, ended.error or f"exit code {code}")
             return
         run.apply(event)
         if event is GpuEvent.DISK_FULL:
@@ -423,6 +430,9 @@ class Supervisor(PodEnding):
         gpu = run.slot.gpu
         run.apply(GpuEvent.NODE_LOST)
         self.events.emit("node_lost", gpu=gpu, node=run.node, stage=self.stage)
+        for request in self.probes.abandon(gpu) if self.probes is not None else ():
+            self.events.emit("probe_abandoned", gpu=gpu, node=run.node, role=request.role,
+                             sha256=request.sha256, reason="its node was lost")
         for record in self.index.pending(gpu):     # never judged; their disk is gone
             self.index.mark(gpu, record["sha256"], CK_FAILED, f"lost with node {run.node}")
         from_token = self.manifest.entries.get(gpu, {}).get("start_token")

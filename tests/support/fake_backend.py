@@ -127,8 +127,10 @@ class FakeBackend(WorkerBackend):
     def event(self, gpu: int, name: str, **fields) -> None:
         self.line(self.current(gpu), {"type": "event", "event": name, **fields})
 
-    def exit(self, gpu: int, code: int) -> None:
-        self._end(self.current(gpu), WorkerExit(code))
+    def exit(self, gpu: int, code: int, error: str | None = None) -> None:
+        """The GPU's worker ended with `code`; `error`: a call of the backend failed on
+        its behalf (the backend then killed it)."""
+        self._end(self.current(gpu), WorkerExit(code, error=error))
 
     def lose_node(self, node: str) -> None:
         """The machine is gone: its devices with it, its workers ended."""
