@@ -133,6 +133,27 @@ def test_launcher_own_writes_on_a_full_disk_fail_the_pod_without_a_crash(tmp_pat
         filler.unlink()
 
 
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_the_launchers_tensorboard_mirror_fails_on_a_full_disk_in_the_launchers_own_call(
+        tmp_path):
+    """The launcher's TensorBoard run (logs/tb/launcher) on a full disk: the failed write
+    raises in the launcher's own emit/close, where its disk-full handling is, and never on a
+    writer thread of its own (whose traceback nothing would handle)."""
+    from launcher.pod.events import EventLog
+    from launcher.supervise.tensorboard_events import EventsToTensorBoard
+    with small_tmpfs(tmp_path / "pod", "1m") as pod:
+        mirror = EventsToTensorBoard(pod)
+        log = EventLog(pod, mirror=mirror)
+        log.emit("launch", stage=1)
+        filler = fill(pod)
+        with pytest.raises(OSError):
+            for _ in range(1000):                 # the last partial page takes a few lines
+                log.emit("probe_line", padding="x" * 512)
+        with pytest.raises(OSError) as unflushed:
+            mirror.close()                        # its buffered records cannot be written
+        assert unflushed.value.errno == errno.ENOSPC
+        filler.unlink()
+
 
 # A TensorBoard write that fails on a thread of its own would escape the worker's disk-full
 # handling (a traceback in its log, as CI showed): the failure must surface in the worker.

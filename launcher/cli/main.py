@@ -167,7 +167,7 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
         record_baselines(plan, manifest, index, on_hub)
         ensure_run_id(manifest)
         if detach:
-            events.mirror.close()          # its writer thread would not survive the fork
+            events.mirror.close()          # its buffered lines would be written by both processes
             _daemonize(pod_dir)
             events.mirror = EventsToTensorBoard(pod_dir)
             lock.record_holder()

@@ -10,26 +10,27 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from fractus.train.tensorboard import EventFile
 from launcher.paths import TENSORBOARD_RUN  # noqa: F401 (re-exported)
-
-FLUSH_SECS = 5
 
 
 class EventsToTensorBoard:
     """Called with each event record EventLog writes; the step is the event's second (a
-    launcher-wide clock that never goes back across launches, unlike a counter)."""
+    launcher-wide clock that never goes back across launches, unlike a counter). Written on
+    the caller's thread (fractus/train/tensorboard.py's EventFile): a full disk raises in
+    the launcher's own write, never on a writer thread of its own."""
 
     def __init__(self, pod_dir: Path):
-        from torch.utils.tensorboard import SummaryWriter
-        self._writer = SummaryWriter(log_dir=str(pod_dir / TENSORBOARD_RUN),
-                                     flush_secs=FLUSH_SECS)
+        self._file = EventFile(pod_dir / TENSORBOARD_RUN)
 
     def __call__(self, record: dict) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from torch.utils.tensorboard.summary import text as text_summary
         fields = {k: v for k, v in record.items() if k not in ("ts", "event")}
         # Markdown: the event name in bold, its fields as inline code.
         text = f"**{record['event']}** `{json.dumps(fields, default=str)}`"
-        self._writer.add_text(f"events/{record['event']}", text, int(record["ts"]),
-                              walltime=record["ts"])
+        self._file.write(Event(wall_time=record["ts"], step=int(record["ts"]),
+                               summary=text_summary(f"events/{record['event']}", text)))
 
     def close(self) -> None:
-        self._writer.close()
+        self._file.close()
