@@ -118,15 +118,15 @@ def test_launcher_own_writes_on_a_full_disk_fail_the_pod_without_a_crash(tmp_pat
     init_pod(pod, "tiny-cpu")
     with small_tmpfs(pod / "logs", "2m"):
         sup = _supervisor(pod, 1)
-        sup.reserve = DiskReserve(pod)
+        sup.ending.reserve = DiskReserve(pod)
         filler = fill(pod / "logs")
-        sup._write_state(force=True)              # skipped with a warning, not raised
+        sup.view.write(force=True)              # skipped with a warning, not raised
         assert read_pod_state(pod) is None
         with pytest.raises(OSError) as full:
             for _ in range(1000):                 # the last partial page takes a few lines
                 EventLog(pod).emit("probe_line", padding="x" * 512)
-        sup._on_write_error(full.value)
-        assert sup.pod_state == "failed" and sup.exit_code == 1
+        sup.ending.on_write_error(full.value)
+        assert sup.pod.state == "failed" and sup.pod.exit_code == 1
         (failed,) = [e for e in read_events(pod) if e["event"] == "pod_failed"]
         assert failed["reason"].startswith("disk full: the launcher could not write")
         assert read_pod_state(pod)["reason"] == failed["reason"]

@@ -228,14 +228,14 @@ def test_rollback_never_goes_below_stage_1_and_never_loops(tmp_path, stage, roll
     pod = tmp_path / "pod"
     init_pod(pod, "tiny-cpu")
     sup = _supervisor(pod, stage)
-    sup.rolled_back = rolled_back
-    run = sup.runs[1]
+    sup.pod.rolled_back = rolled_back
+    run = sup.pod.runs[1]
     from launcher.checks.criteria import load_criteria
     from launcher.checks.health import GpuHealth
     run.health = GpuHealth(load_criteria(pod / "manifests" / "trusted_loss.yaml"), 10)
     run.health.fail("finite", "nan event at step 7")
-    sup._rollback([run], auto=True)
-    assert sup.pod_state == "failed" and sup.exit_code == 1
+    sup.rollback.roll_back([run], auto=True)
+    assert sup.pod.state == "failed" and sup.pod.exit_code == 1
     (failed,) = [e for e in read_events(pod) if e["event"] == "pod_failed"]
     assert words in failed["reason"] and "nan event at step 7" in failed["reason"]
     assert not [e for e in read_events(pod) if e["event"] in ("rollback", "worker_start")]

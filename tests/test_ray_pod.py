@@ -240,7 +240,7 @@ def test_a_call_that_fails_on_a_node_crashes_its_worker_not_the_launcher(tmp_pat
     try:
         backend.actor_class = ray.remote(FailsOnce)
         supervisor.use_backend(backend)
-        supervisor._start_all()
+        supervisor.starter.start_all()
 
         def step_until(condition, what):
             def stepped():
@@ -262,10 +262,10 @@ def test_a_call_that_fails_on_a_node_crashes_its_worker_not_the_launcher(tmp_pat
         assert "FileNotFoundError" in log and "vanished under the poll" in log
         again = step_until(lambda: len(events_of(pod, "worker_placed", gpu=0)) == 2
                            and events_of(pod, "worker_placed", gpu=0), "the restart")
-        assert again[1]["pid"] != placed["pid"] and supervisor.runs[0].state == "running"
+        assert again[1]["pid"] != placed["pid"] and supervisor.pod.runs[0].state == "running"
     finally:       # this process is a driver of the cluster: always disconnect it
         try:
-            backend.stop([r.proc for r in supervisor.runs.values() if r.proc is not None],
+            backend.stop([r.proc for r in supervisor.pod.runs.values() if r.proc is not None],
                          grace_s=20)
         finally:
             backend.close()

@@ -66,14 +66,14 @@ def make(tmp_path, pod_template):
 
 
 def events(sup, name, **match):
-    return [e for e in read_events(sup.pod_dir) if e["event"] == name
+    return [e for e in read_events(sup.pod.pod_dir) if e["event"] == name
             and all(e.get(k) == v for k, v in match.items())]
 
 
 def pod_state(sup) -> dict:
     """logs/pod_state.json as `status` reads it (written now: the loop throttles writes)."""
-    sup._write_state(force=True)
-    return read_pod_state(sup.pod_dir)
+    sup.view.write(force=True)
+    return read_pod_state(sup.pod.pod_dir)
 
 
 def passed_checkpoint(sup, backend, gpu) -> dict:
@@ -83,7 +83,7 @@ def passed_checkpoint(sup, backend, gpu) -> dict:
     event = backend.checkpoint(gpu)
     backend.train(gpu, 51)
     sup.step()
-    record = sup.index.records[(gpu, event["sha256"])]
+    record = sup.pod.index.records[(gpu, event["sha256"])]
     assert record["verdict"] == PASSED
     return event
 
@@ -107,28 +107,28 @@ def test_the_transition_table_refuses_what_it_does_not_list():
 
 def test_start_then_every_worker_done_is_a_done_pod(make):
     sup, backend, clock = make()
-    sup._start_all()
-    assert sup.pod_state is PodState.RUNNING
-    assert {g: r.state for g, r in sup.runs.items()} == {0: "running", 1: "running"}
+    sup.starter.start_all()
+    assert sup.pod.state is PodState.RUNNING
+    assert {g: r.state for g, r in sup.pod.runs.items()} == {0: "running", 1: "running"}
     assert [e["gpu"] for e in events(sup, "worker_start")] == [0, 1]
     backend.exit(0, 0)
     sup.step()
-    assert sup.runs[0].state is GpuState.DONE and sup.pod_state is PodState.RUNNING
+    assert sup.pod.runs[0].state is GpuState.DONE and sup.pod.state is PodState.RUNNING
     backend.exit(1, 0)
     sup.step()
-    assert sup.pod_state is PodState.DONE and events(sup, "pod_done")
+    assert sup.pod.state is PodState.DONE and events(sup, "pod_done")
     state = pod_state(sup)
     assert state["gpus"]["0"]["state"] == "done" and state["gpus"]["0"]["node"] == "node-a"
 
 
 def test_a_crash_backs_off_then_restarts_from_the_last_checkpoint(make):
     sup, backend, clock = make()
-    sup._start_all()
+    sup.starter.start_all()
     backend.train(0, 10)
     ckpt = backend.checkpoint(0)
     backend.exit(0, 1)
     sup.step()
-    run = sup.runs[0]
+    run = sup.pod.runs[0]
     assert run.state is GpuState.BACKOFF and run.exit_code == 1
     (crash,) = events(sup, "worker_crash", gpu=0)
     assert crash["restart_in_s"] == 2.0 and crash["reason"] == "exit code 1"
@@ -146,12 +146,12 @@ def test_a_call_that_failed_on_the_node_is_a_crash_whose_error_is_in_the_events(
     """A Ray call that raised on the node (RayTaskError out of NodeWorker.poll) ends the
     GPU as a crashed worker: the error in the events, then the restart policy."""
     sup, backend, clock = make()
-    sup._start_all()
+    sup.starter.start_all()
     error = "RayTaskError(FileNotFoundError: [Errno 2] No such file: 'x.pt')"
     backend.exit(0, -9, error=error)
     sup.step()
-    run = sup.runs[0]
-    assert run.state is GpuState.BACKOFF and sup.pod_state is PodState.RUNNING
+    run = sup.pod.runs[0]
+    assert run.state is GpuState.BACKOFF and sup.pod.state is PodState.RUNNING
     (ended,) = events(sup, "worker_exit", gpu=0)
     assert ended["error"] == error and ended["code"] == -9
     (crash,) = events(sup, "worker_crash", gpu=0)
@@ -163,14 +163,14 @@ def test_a_call_that_failed_on_the_node_is_a_crash_whose_error_is_in_the_events(
 
 def test_crashes_past_the_budget_fail_the_gpu_and_at_stage_1_the_pod(make):
     sup, backend, clock = make(stage=1)
-    sup._start_all()
+    sup.starter.start_all()
     for _ in range(4):                   # max_restarts: 3
         backend.exit(0, 1)
         sup.step()
         clock.now += 120
         sup.step()
-    assert sup.runs[0].state is GpuState.STOPPED    # failed, then stopped with the pod
-    assert sup.pod_state is PodState.FAILED and sup.exit_code == 1
+    assert sup.pod.runs[0].state is GpuState.STOPPED    # failed, then stopped with the pod
+    assert sup.pod.state is PodState.FAILED and sup.pod.exit_code == 1
     (failed,) = events(sup, "pod_failed")
     assert "4 crashes within 900s" in failed["reason"]
     assert backend.current(1).signals == [signal.SIGTERM]   # the healthy GPU saved
@@ -178,21 +178,21 @@ def test_crashes_past_the_budget_fail_the_gpu_and_at_stage_1_the_pod(make):
 
 def test_a_silent_worker_is_killed_as_hung_and_restarted(make):
     sup, backend, clock = make()
-    sup._start_all()
+    sup.starter.start_all()
     backend.train(0, 5)
     backend.train(1, 5)
     sup.step()
     clock.now += 599
     backend.train(1, 1)          # GPU 1 keeps talking
     sup.step()
-    assert sup.runs[0].state is GpuState.RUNNING
+    assert sup.pod.runs[0].state is GpuState.RUNNING
     clock.now += 2
     sup.step()
     hung = backend.started[0]
-    assert hung.signals == [signal.SIGKILL] and sup.runs[0].state is GpuState.BACKOFF
+    assert hung.signals == [signal.SIGKILL] and sup.pod.runs[0].state is GpuState.BACKOFF
     (hang,) = events(sup, "hang", gpu=0)
     assert hang["limit_s"] == 600 and hang["pid"] == hung.pid
-    assert sup.runs[1].state is GpuState.RUNNING
+    assert sup.pod.runs[1].state is GpuState.RUNNING
 
 
 @pytest.mark.parametrize("stage, code, pod_exit, words", [
@@ -202,17 +202,17 @@ def test_a_silent_worker_is_killed_as_hung_and_restarted(make):
 ])
 def test_exits_that_fail_the_pod(make, stage, code, pod_exit, words):
     sup, backend, clock = make(stage=stage)
-    sup._start_all()
+    sup.starter.start_all()
     backend.exit(1, code)
     sup.step()
-    assert sup.runs[1].state is GpuState.STOPPED and sup.pod_state is PodState.FAILED
-    assert sup.exit_code == pod_exit
+    assert sup.pod.runs[1].state is GpuState.STOPPED and sup.pod.state is PodState.FAILED
+    assert sup.pod.exit_code == pod_exit
     assert words in events(sup, "pod_failed")[0]["reason"]
 
 
 def test_nan_rolls_the_gpu_back_to_its_passed_checkpoint_and_the_pod_down_a_stage(make):
     sup, backend, clock = make(stage=3)
-    sup._start_all()
+    sup.starter.start_all()
     good = passed_checkpoint(sup, backend, 0)
     backend.train(0, 10)
     backend.checkpoint(0)                 # pending: never vouched for
@@ -224,32 +224,32 @@ def test_nan_rolls_the_gpu_back_to_its_passed_checkpoint_and_the_pod_down_a_stag
     assert rollback["to_token"] == good["next_token"] and rollback["to_stage"] == 2
     first_0, first_1 = backend.started[0], backend.started[1]
     assert first_0.signals == [signal.SIGKILL] and first_1.signals == [signal.SIGTERM]
-    assert sup.stage == 2 and sup.pod_state is PodState.RUNNING and sup.rolled_back
-    manifest = read_manifest(sup.pod_dir / sup.plan.config.manifest)
+    assert sup.pod.stage == 2 and sup.pod.state is PodState.RUNNING and sup.pod.rolled_back
+    manifest = read_manifest(sup.pod.pod_dir / sup.pod.plan.config.manifest)
     assert manifest.entries[0]["start_token"] == good["next_token"]
     assert manifest.entries[0]["stage"] == 2
     assert manifest.entries[1]["start_token"] == 30 * TOKENS_PER_STEP    # kept its progress
-    assert [r["verdict"] for r in sup.index.for_gpu(0)] == [PASSED, FAILED]
+    assert [r["verdict"] for r in sup.pod.index.for_gpu(0)] == [PASSED, FAILED]
     assert backend.current(0).spec.start_token == good["next_token"]
     assert backend.current(0).spec.stage == 2 and len(backend.started) == 4
 
     backend.event(0, "nan", step=200)          # a second failure: no loop
     sup.step()
-    assert sup.pod_state is PodState.FAILED and sup.exit_code == 1
+    assert sup.pod.state is PodState.FAILED and sup.pod.exit_code == 1
     assert "failed after a rollback" in events(sup, "pod_failed")[0]["reason"]
 
 
 def test_stop_checkpoints_every_worker_and_records_where_each_resumes(make):
     sup, backend, clock = make()
-    sup._start_all()
+    sup.starter.start_all()
     backend.train(0, 7)
     backend.train(1, 9)
     sup.stop_reason = "SIGTERM received"
     sup.step()
-    assert sup.pod_state is PodState.STOPPED
+    assert sup.pod.state is PodState.STOPPED
     assert all(w.signals == [signal.SIGTERM] for w in backend.started)
-    assert {r.state for r in sup.runs.values()} == {GpuState.STOPPED}
-    manifest = read_manifest(sup.pod_dir / sup.plan.config.manifest)
+    assert {r.state for r in sup.pod.runs.values()} == {GpuState.STOPPED}
+    manifest = read_manifest(sup.pod.pod_dir / sup.pod.plan.config.manifest)
     assert manifest.entries[0]["start_token"] == 7 * TOKENS_PER_STEP
     assert manifest.entries[1]["start_token"] == 9 * TOKENS_PER_STEP
     assert [e["code"] for e in events(sup, "worker_exit")] == [0, 0]
@@ -257,21 +257,21 @@ def test_stop_checkpoints_every_worker_and_records_where_each_resumes(make):
 
 def test_max_time_stops_the_pod(make):
     sup, backend, clock = make(max_time=60)
-    sup._start_all()
-    deadline = clock.now + sup.plan.max_time
+    sup.starter.start_all()
+    deadline = clock.now + sup.pod.plan.max_time
     sup.step(deadline)
-    assert sup.pod_state is PodState.RUNNING
+    assert sup.pod.state is PodState.RUNNING
     clock.now += 61
     sup.step(deadline)
-    assert sup.pod_state is PodState.STOPPED
+    assert sup.pod.state is PodState.STOPPED
     assert "--max-time" in events(sup, "pod_stopped")[0]["reason"]
 
 
 def test_the_canary_gate_passes_or_refuses_before_anything_starts(make):
     sup, backend, clock = make()
     seen = []
-    sup.gate(lambda: seen.append(read_pod_state(sup.pod_dir)["pod_state"]))
-    assert seen == ["canary"] and sup.pod_state is PodState.STARTING
+    sup.gate(lambda: seen.append(read_pod_state(sup.pod.pod_dir)["pod_state"]))
+    assert seen == ["canary"] and sup.pod.state is PodState.STARTING
 
     sup, backend, clock = make()
 
@@ -279,14 +279,14 @@ def test_the_canary_gate_passes_or_refuses_before_anything_starts(make):
         raise RuntimeError("canary FAILED: stage 3 does not continue stage 2's curve")
     with pytest.raises(RuntimeError):
         sup.gate(refuse)
-    assert sup.pod_state is PodState.STOPPED and not backend.started
-    state = read_pod_state(sup.pod_dir)
+    assert sup.pod.state is PodState.STOPPED and not backend.started
+    state = read_pod_state(sup.pod.pod_dir)
     assert state["pod_state"] == "stopped" and "canary FAILED" in state["reason"]
 
 
 def test_a_lost_node_resumes_its_gpu_on_a_free_node_from_the_hub_copy(make):
     sup, backend, clock = make(nodes={"node-a": 1, "node-b": 2})
-    sup._start_all()
+    sup.starter.start_all()
     assert [w.node for w in backend.started] == ["node-a", "node-b"]
     on_hub = passed_checkpoint(sup, backend, 0)
     gpu0_passed = [r for g, r in backend.passed if g == 0]
@@ -298,7 +298,7 @@ def test_a_lost_node_resumes_its_gpu_on_a_free_node_from_the_hub_copy(make):
     sup.step()
     backend.lose_node("node-a")
     sup.step()
-    run = sup.runs[0]
+    run = sup.pod.runs[0]
     assert run.state is GpuState.RUNNING and run.node == "node-b"
     (lost,) = events(sup, "node_lost", gpu=0)
     assert lost["node"] == "node-a"
@@ -308,38 +308,166 @@ def test_a_lost_node_resumes_its_gpu_on_a_free_node_from_the_hub_copy(make):
     spec = backend.current(0).spec
     assert (spec.start_token, spec.ckpt_sha256, spec.ckpt_revision) == \
         (on_hub["next_token"], on_hub["sha256"], "rev-1")
-    assert sup.index.pending(0) == []      # the lost node's unjudged checkpoint
-    manifest = read_manifest(sup.pod_dir / sup.plan.config.manifest)
+    assert sup.pod.index.pending(0) == []      # the lost node's unjudged checkpoint
+    manifest = read_manifest(sup.pod.pod_dir / sup.pod.plan.config.manifest)
     assert manifest.entries[0]["start_token"] == on_hub["next_token"]
     assert manifest.entries[0]["hub_revision"] == "rev-1"
-    assert sup.runs[1].state is GpuState.RUNNING and len(backend.started) == 3
+    assert sup.pod.runs[1].state is GpuState.RUNNING and len(backend.started) == 3
 
 
 def test_a_lost_node_with_no_free_device_waits_visibly_until_a_node_joins(make):
     sup, backend, clock = make(nodes={"node-a": 1, "node-b": 1})
-    sup._start_all()
+    sup.starter.start_all()
     backend.lose_node("node-a")
     sup.step()
     sup.step()
-    assert sup.runs[0].state is GpuState.WAITING
+    assert sup.pod.runs[0].state is GpuState.WAITING
     assert len(events(sup, "gpu_waiting", gpu=0)) == 1          # said once
     assert pod_state(sup)["gpus"]["0"]["state"] == "waiting"
     # Nothing of GPU 0 was ever kept: it starts over from token 0, not from a lost file.
     assert events(sup, "resume_point", gpu=0)[0]["to_token"] == 0
     backend.add_node("node-c", 1)
     sup.step()
-    assert sup.runs[0].state is GpuState.RUNNING and sup.runs[0].node == "node-c"
+    assert sup.pod.runs[0].state is GpuState.RUNNING and sup.pod.runs[0].node == "node-c"
     assert backend.current(0).spec.start_token is None
 
 
 def test_a_lost_node_whose_checkpoint_the_hub_lacks_fails_that_gpu(make):
     sup, backend, clock = make(stage=1, nodes={"node-a": 1, "node-b": 1})
-    sup.launch_entries[0] = {"start_token": 640, "checkpoint": "checkpoints/x.pt"}
-    sup._start_all()
+    sup.placement.launch_entries[0] = {"start_token": 640, "checkpoint": "checkpoints/x.pt"}
+    sup.starter.start_all()
     backend.lose_node("node-a")
     sup.step()
-    assert sup.pod_state is PodState.FAILED
+    assert sup.pod.state is PodState.FAILED
     assert "hub holds no checkpoint of GPU 0" in events(sup, "pod_failed")[0]["reason"]
+
+
+def test_a_worker_hung_on_a_node_that_stopped_answering_resumes_on_another(make):
+    sup, backend, clock = make(nodes={"node-a": 1, "node-b": 2})
+    sup.starter.start_all()
+    backend.train(0, 5)
+    backend.train(1, 5)
+    sup.step()
+    backend.silence_node("node-a")
+    clock.now += 601
+    backend.train(1, 1)
+    sup.step()
+    run = sup.pod.runs[0]
+    assert events(sup, "hang", gpu=0) and events(sup, "node_lost", gpu=0, node="node-a")
+    assert not events(sup, "worker_crash") and not run.restarts    # not counted as a crash
+    assert run.state is GpuState.RUNNING and run.node == "node-b"
+
+
+def test_an_oom_exit_fails_the_check_and_rolls_the_gpu_back(make):
+    sup, backend, clock = make(stage=3)
+    sup.starter.start_all()
+    good = passed_checkpoint(sup, backend, 0)
+    backend.train(1, 101)
+    backend.exit(0, 4)
+    sup.step()
+    (failed,) = events(sup, "check_failed", gpu=0)
+    assert "worker exited 4 (out of memory)" in failed["reason"]
+    (rollback,) = events(sup, "rollback", gpu=0)
+    assert rollback["to_token"] == good["next_token"] and sup.pod.stage == 2
+
+
+def test_the_monitor_turns_a_workers_lines_into_records(make):
+    sup, backend, clock = make()
+    sup.starter.start_all()
+    early = backend.checkpoint(0, ema_tf=None)       # stopped before its first step
+    backend.event(1, "error", message="E" * 400)
+    sup.step()
+    record = sup.pod.index.records[(0, early["sha256"])]
+    assert (record["verdict"], record["reason"]) == (FAILED, "no training step behind it")
+    assert pod_state(sup)["gpus"]["1"]["last_error"] == "E" * 300
+    backend.train(0, 10)
+    backend.checkpoint(0)
+    sup.step()
+    manifest_path = sup.pod.pod_dir / sup.pod.plan.config.manifest
+    assert read_manifest(manifest_path).entries[0]["start_token"] == 10 * TOKENS_PER_STEP
+    backend.current(0).next_token -= 5 * TOKENS_PER_STEP      # a checkpoint from behind
+    backend.checkpoint(0)
+    sup.step()
+    (refused,) = events(sup, "manifest_refused", gpu=0)
+    assert "behind the manifest" in refused["reason"]
+    assert read_manifest(manifest_path).entries[0]["start_token"] == 10 * TOKENS_PER_STEP
+
+
+def test_a_checkpoint_written_after_its_gpu_failed_is_failed(make):
+    sup, backend, clock = make(stage=1)
+    sup.starter.start_all()
+    backend.train(0, 5)
+    backend.event(0, "nan", step=5)
+    after = backend.checkpoint(0)
+    sup.step()
+    record = sup.pod.index.records[(0, after["sha256"])]
+    assert (record["verdict"], record["reason"]) == (FAILED, "written after its GPU failed")
+    assert sup.pod.state is PodState.FAILED
+
+
+def test_a_node_push_notes_its_hub_revision_where_the_manifest_names_those_bytes(make):
+    sup, backend, clock = make(nodes={"node-a": 1, "node-b": 1})
+    sup.starter.start_all()
+    good = passed_checkpoint(sup, backend, 0)
+    record = [r for g, r in backend.passed if g == 0][-1]
+    backend.push(0, record, "rev-7")
+    backend.push(1, {**record, "sha256": "f" * 64}, "rev-8")    # bytes no entry names
+    sup.step()
+    entries = read_manifest(sup.pod.pod_dir / sup.pod.plan.config.manifest).entries
+    assert entries[0]["hub_revision"] == "rev-7" and not entries.get(1, {}).get("hub_revision")
+    (mine,) = events(sup, "sync_pushed", gpu=0)
+    assert (mine["node"], mine["revision"], mine["hub_revision_for"]) == ("node-a", "rev-7", [0])
+    assert mine["tokens"] == {"0": good["next_token"]}
+    assert events(sup, "sync_pushed", gpu=1)[0]["hub_revision_for"] == []
+
+
+def test_a_rollback_asked_by_hand_goes_down_only(make):
+    from launcher.pod.live_state import write_rollback_request
+    sup, backend, clock = make(stage=3)
+    sup.starter.start_all()
+    good = passed_checkpoint(sup, backend, 0)
+    write_rollback_request(sup.pod.pod_dir, 4, [0])
+    sup.step()
+    assert events(sup, "rollback_refused", to_stage=4) and sup.pod.stage == 3
+    backend.train(0, 5)
+    write_rollback_request(sup.pod.pod_dir, 1, [0])
+    sup.step()
+    (rollback,) = events(sup, "rollback", gpu=0)
+    assert (rollback["automatic"], rollback["to_stage"]) == (False, 1)
+    assert rollback["to_token"] == good["next_token"]
+    assert sup.pod.stage == 1 and sup.pod.state is PodState.RUNNING
+    assert not sup.pod.rolled_back          # a rollback by hand leaves the automatic one
+
+
+def test_a_failed_gpu_with_no_passed_checkpoint_fails_the_pod(make):
+    sup, backend, clock = make(stage=3)
+    sup.starter.start_all()
+    backend.train(0, 5)
+    backend.event(0, "nan", step=5)
+    sup.step()
+    assert sup.pod.state is PodState.FAILED and sup.pod.exit_code == 1
+    assert "GPU 0 failed and has no passed checkpoint to restore" in \
+        events(sup, "pod_failed")[0]["reason"]
+
+
+def test_a_clean_stop_judges_each_gpus_last_checkpoint(make):
+    sup, backend, clock = make()
+    sup.starter.start_all()
+    backend.train(0, 101)
+    backend.train(1, 101)
+    sup.step()
+    backend.train(0, 30)
+    backend.train(1, 30)
+    sup.stop_reason = "SIGTERM received"
+    sup.step()                             # SIGTERM: each worker checkpoints at step 131
+    assert sup.pod.state is PodState.STOPPED
+    last = {g: sup.pod.index.pending(g)[-1] for g in (0, 1)}
+    assert {r["step"] for r in last.values()} == {131}
+    sup.final.judge()
+    (final,) = events(sup, "final_verdicts")
+    assert {g: v["verdict"] for g, v in final["verdicts"].items()} == {"0": PASSED, "1": PASSED}
+    assert [sup.pod.index.records[(g, r["sha256"])]["verdict"] for g, r in last.items()] \
+        == [PASSED, PASSED]
 
 
 @pytest.mark.parametrize("ray, words", [
@@ -373,13 +501,13 @@ def test_on_a_remote_backend_the_manifest_follows_each_node_push_to_the_hub(make
     sup, backend, clock = make(stage=1)
     sup.use_backend(backend)            # a remote backend: its nodes push the checkpoints
     assert sup.sync is not None
-    sup._start_all()
-    store = open_store(sup.plan.config.hub, sup.pod_dir)
-    hub_path = sup.plan.config.checkpoint_path(0)
+    sup.starter.start_all()
+    store = open_store(sup.pod.plan.config.hub, sup.pod.pod_dir)
+    hub_path = sup.pod.plan.config.checkpoint_path(0)
 
     def node_push(event) -> str:
         """What GPU 0's node does with its passed checkpoint (ray_node.NodeWorker.push)."""
-        revision = store.push({hub_path: sup.pod_dir / hub_path}, "node push",
+        revision = store.push({hub_path: sup.pod.pod_dir / hub_path}, "node push",
                               expected={hub_path: event["sha256"]})
         (record,) = [r for g, r in backend.passed if g == 0 and r["sha256"] == event["sha256"]]
         backend.hub[0] = {**record, "path": hub_path, "hub_revision": revision}
@@ -405,7 +533,7 @@ def test_on_a_remote_backend_the_manifest_follows_each_node_push_to_the_hub(make
     assert len(events(sup, "sync_pushed", reason="manifest")) == 1
     head = store.head()
     assert head == pushed["revision"]
-    assert {hub_path, "fractus-pod.yaml", sup.plan.config.manifest} <= set(store.files(head))
+    assert {hub_path, "fractus-pod.yaml", sup.pod.plan.config.manifest} <= set(store.files(head))
 
     backend.train(0, 50)
     second = backend.checkpoint(0)
@@ -415,9 +543,9 @@ def test_on_a_remote_backend_the_manifest_follows_each_node_push_to_the_hub(make
     assert manifest_pushes(2)[-1]["tokens"] == {"0": second["next_token"]}
 
     fresh = tmp_path / "fresh"
-    rev, _config, _lease = rebuild_from_hub(fresh, sup.plan.config.hub.replace(
-        "file://hub", f"file://{sup.pod_dir / 'hub'}"), None, on_cluster=True)
-    rebuilt = read_manifest(fresh / sup.plan.config.manifest)
+    rev, _config, _lease = rebuild_from_hub(fresh, sup.pod.plan.config.hub.replace(
+        "file://hub", f"file://{sup.pod.pod_dir / 'hub'}"), None, on_cluster=True)
+    rebuilt = read_manifest(fresh / sup.pod.plan.config.manifest)
     assert rebuilt.entries[0]["start_token"] == second["next_token"]
     assert rebuilt.entries[0]["checkpoint_sha256"] == second["sha256"]
     assert rebuilt.entries[0]["hub_revision"] == rev

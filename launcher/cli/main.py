@@ -180,8 +180,9 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
                    + "; `fractus-pod status` to watch, `fractus-pod stop` to stop")
         supervisor.stop_reason = stop.signal       # a stop that came before supervision
         code = supervisor.run()
-        click.echo(f"pod {supervisor.pod_state.upper()} at stage {supervisor.stage}"
-                   + (f": {supervisor.reason}" if supervisor.reason else ""))
+        ended = supervisor.pod
+        click.echo(f"pod {ended.state.upper()} at stage {ended.stage}"
+                   + (f": {ended.reason}" if ended.reason else ""))
     finally:
         if events is not None:
             events.mirror.close()

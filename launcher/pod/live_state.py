@@ -7,38 +7,52 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from launcher.paths import STATE_FILE, REQUEST_FILE  # noqa: F401 (re-exported)
 from launcher.files import atomic_write_text, read_json_state, write_json_state
 
 
-
-def pod_state_dict(sup) -> dict:
-    gpus = {}
-    for gpu, run in sup.runs.items():
-        verdict = run.health.verdict() if run.health else None
-        gpus[str(gpu)] = {
-            "pid": run.proc.pid if run.proc is not None else None,
-            "device": run.slot.device,
-            "node": run.node,
-            "state": run.state,
-            "exit_code": run.exit_code,
-            "restarts": len(run.restarts),
-            "verdict": verdict.phase if verdict else None,
-            "reason": verdict.reason if verdict else None,
-            "checks": verdict.checks if verdict else {},
-            "last_error": run.last_error,
-        }
-    return {"launcher_pid": os.getpid(), "pod_state": sup.pod_state, "stage": sup.stage,
-            "stage_name": sup.plan.stages[sup.stage].name, "reason": sup.reason,
-            "started_at": sup.started_at, "updated_at": time.time(),
-            "rolled_back": sup.rolled_back, "gpus": gpus}
+@dataclass(frozen=True)
+class GpuSnapshot:
+    """One GPU as `status` shows it."""
+    pid: int | None
+    device: str
+    node: str | None
+    state: str
+    exit_code: int | None
+    restarts: int
+    verdict: str | None
+    reason: str | None
+    checks: dict
+    last_error: str | None
 
 
-def write_pod_state(sup) -> None:
+@dataclass(frozen=True)
+class PodSnapshot:
+    """The running pod as `status` shows it, taken by the supervisor
+    (launcher/supervise/pod_view.py): this module knows the file, not the supervisor."""
+    pod_state: str
+    stage: int
+    stage_name: str
+    reason: str
+    started_at: float
+    rolled_back: bool
+    gpus: dict[int, GpuSnapshot]
+
+
+def pod_state_dict(snapshot: PodSnapshot) -> dict:
+    return {"launcher_pid": os.getpid(), "pod_state": snapshot.pod_state,
+            "stage": snapshot.stage, "stage_name": snapshot.stage_name,
+            "reason": snapshot.reason, "started_at": snapshot.started_at,
+            "updated_at": time.time(), "rolled_back": snapshot.rolled_back,
+            "gpus": {str(gpu): asdict(g) for gpu, g in snapshot.gpus.items()}}
+
+
+def write_pod_state(pod_dir: Path, snapshot: PodSnapshot) -> None:
     # No indent: the C encoder (this file is rewritten every few seconds; status pretty-prints).
-    write_json_state(sup.pod_dir / STATE_FILE, pod_state_dict(sup))
+    write_json_state(pod_dir / STATE_FILE, pod_state_dict(snapshot))
 
 
 def read_pod_state(pod_dir: Path) -> dict | None:

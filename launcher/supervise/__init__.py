@@ -8,6 +8,9 @@
 - `local`: `LocalBackend`, the workers as child processes of the launcher (launcher/child.py).
 - `ray_backend`: `RayBackend`, the workers as Ray actors across the nodes of a Ray cluster.
 
-The supervisor (launcher/supervise/supervisor.py) holds the policy: which event a worker's exit is,
-when a crash becomes a failure, rollback, stop.
+The supervisor (launcher/supervise/supervisor.py) runs the loop and composes the policy, one
+component per job over a shared PodRun (pod_run.py): monitor.py (a worker's lines into health,
+checkpoint index, manifest), exits.py (one handler per exit event), restart.py (crash,
+backoff, give up; hang), starter.py, placement.py (node loss), rollback.py, ending.py (stop,
+failure, full disk), final_verdicts.py, pod_view.py (logs/pod_state.json for `status`).
 """

@@ -42,6 +42,8 @@ class FakeBackend(WorkerBackend):
         self.passed: list[tuple[int, dict]] = []
         self.hub: dict[int, dict] = {}
         self.free = dict(nodes or {"node-a": 8})       # node -> free devices
+        self.unreachable: set[str] = set()     # gone, but no exit reported yet (a silent node)
+        self.pushed: list[dict] = []           # node pushes not yet taken by the supervisor
         self.closed = False
 
     # ---- the backend interface -------------------------------------------------------
@@ -65,7 +67,8 @@ class FakeBackend(WorkerBackend):
 
     def kill(self, handle: FakeWorker) -> WorkerExit:
         handle.signals.append(signal.SIGKILL)
-        self._end(handle, WorkerExit(-9))
+        lost = handle.node in self.unreachable
+        self._end(handle, WorkerExit(None, node_lost=True) if lost else WorkerExit(-9))
         return handle.ended
 
     def stop(self, handles, grace_s):
@@ -86,6 +89,10 @@ class FakeBackend(WorkerBackend):
 
     def on_passed(self, gpu: int, record: dict) -> None:
         self.passed.append((gpu, record))
+
+    def take_pushed(self) -> list[dict]:
+        pushed, self.pushed = self.pushed, []
+        return pushed
 
     def close(self, abandoned=lambda: False) -> None:
         self.closed = True
@@ -109,7 +116,7 @@ class FakeBackend(WorkerBackend):
                                "next_token": worker.next_token, "tf": tf, "ema_tf": tf,
                                "ss": tf, "ema_ss": tf, "lb": lb, "grad_norm": 1.0})
 
-    def checkpoint(self, worker: FakeWorker | int) -> dict:
+    def checkpoint(self, worker: FakeWorker | int, ema_tf: float | None = 5.0) -> dict:
         worker = self.current(worker) if isinstance(worker, int) else worker
         path = self.pod_dir / "checkpoints" / f"fractus_1b_gpu{worker.gpu}.pt"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -119,7 +126,7 @@ class FakeBackend(WorkerBackend):
         os.replace(tmp, path)
         event = {"type": "event", "event": "checkpoint", "path": str(path),
                  "sha256": hashlib.sha256(payload).hexdigest(), "bytes": len(payload),
-                 "next_token": worker.next_token, "step": worker.step, "ema_tf": 5.0,
+                 "next_token": worker.next_token, "step": worker.step, "ema_tf": ema_tf,
                  "lb": 2.0}
         self.line(worker, event)
         return event
@@ -138,6 +145,17 @@ class FakeBackend(WorkerBackend):
         for worker in self.started:
             if worker.node == node and worker.ended is None:
                 worker.ended = WorkerExit(None, node_lost=True)
+
+    def silence_node(self, node: str) -> None:
+        """The machine stopped answering: its workers write nothing more, and only killing
+        them (as hung) tells that the node is gone."""
+        self.free.pop(node, None)
+        self.unreachable.add(node)
+
+    def push(self, gpu: int, record: dict, revision: str) -> None:
+        """GPU `gpu`'s node pushed its passed checkpoint `record` to the hub."""
+        self.pushed.append({**record, "gpu": gpu, "hub_revision": revision,
+                            "node": self.current(gpu).node})
 
     def add_node(self, node: str, devices: int) -> None:
         self.free[node] = devices

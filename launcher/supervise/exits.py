@@ -1,0 +1,83 @@
+"""What ends a worker, and the reaction to each: its exit code read as a GpuEvent
+(launcher/supervise/state.py's `exit_event`), a hang, or the loss of its node. Each reaction
+is one small handler, chosen from a table by the event."""
+
+from __future__ import annotations
+
+from launcher.supervise.backend import WorkerExit
+from launcher.supervise.ending import PodEnding
+from launcher.supervise.gpu_run import GpuRun
+from launcher.supervise.monitor import WorkerMonitor
+from launcher.supervise.placement import NodePlacement
+from launcher.supervise.pod_run import PodRun
+from launcher.supervise.restart import RestartPolicy
+from launcher.supervise.state import GpuEvent, exit_event
+
+
+class ExitHandlers:
+    def __init__(self, pod: PodRun, monitor: WorkerMonitor, restarts: RestartPolicy,
+                 placement: NodePlacement, ending: PodEnding):
+        self.pod, self.monitor, self.restarts = pod, monitor, restarts
+        self.placement, self.ending = placement, ending
+        self.by_event = {
+            GpuEvent.FINISHED: self.finished,
+            GpuEvent.STOPPED: self.stopped,
+            GpuEvent.CRASHED: self.crashed,
+            GpuEvent.REFUSED: self.refused,
+            GpuEvent.CHECK_EXIT: self.check_exit,
+            GpuEvent.DISK_FULL: self.disk_full,
+        }
+
+    def on_exit(self, run: GpuRun, ended: WorkerExit) -> None:
+        """`run`'s worker ended on its own (its last lines already read)."""
+        run.proc, run.exit_code = None, ended.code
+        if ended.node_lost:
+            self.placement.on_node_lost(run)
+            return
+        self.pod.events.emit("worker_exit", gpu=run.slot.gpu, code=ended.code,
+                             stage=self.pod.stage,
+                             **({"error": ended.error} if ended.error else {}))
+        event = exit_event(ended.code, self.pod.running())
+        self.by_event[event](run, ended)
+
+    def on_silence(self, run: GpuRun, now: float) -> None:
+        """A running worker: killed as hung once silent past its limit, then a crash."""
+        silence = self.restarts.silence(run, now) if run.proc is not None else None
+        if silence is None:
+            return
+        silent_s, limit_s = silence
+        self.pod.events.emit("hang", gpu=run.slot.gpu, pid=run.proc.pid,
+                             silent_s=round(silent_s, 2), limit_s=limit_s)
+        ended = self.pod.backend.kill(run.proc)
+        self.monitor.drain(run)
+        run.proc, run.exit_code = None, ended.code
+        if ended.node_lost:
+            self.placement.on_node_lost(run)
+            return
+        self.restarts.crash(run, f"hang: no metrics line for {silent_s:.0f}s")
+
+    # ---- one handler per exit event ---------------------------------------------------
+    def finished(self, run: GpuRun, ended: WorkerExit) -> None:
+        run.apply(GpuEvent.FINISHED)
+
+    def stopped(self, run: GpuRun, ended: WorkerExit) -> None:      # it exited while the pod ends
+        run.apply(GpuEvent.STOPPED)
+
+    def crashed(self, run: GpuRun, ended: WorkerExit) -> None:
+        # A backend's own failure on the worker's behalf says more than its exit code.
+        self.restarts.crash(run, ended.error or f"exit code {ended.code}")
+
+    def refused(self, run: GpuRun, ended: WorkerExit) -> None:
+        run.apply(GpuEvent.REFUSED)
+        gpu = run.slot.gpu
+        self.ending.fail(f"GPU {gpu}: the worker refused its settings or files (exit 2); "
+                         f"see logs/worker_gpu{gpu}.log", exit_code=2)
+
+    def check_exit(self, run: GpuRun, ended: WorkerExit) -> None:   # NaN or OOM: a failed check
+        run.apply(GpuEvent.CHECK_EXIT)
+        run.health.exit_code(ended.code)
+
+    def disk_full(self, run: GpuRun, ended: WorkerExit) -> None:
+        run.apply(GpuEvent.DISK_FULL)
+        self.ending.disk_full(f"GPU {run.slot.gpu}'s worker could not write (exit {ended.code}"
+                              + (f": {run.last_error}" if run.last_error else "") + ")")

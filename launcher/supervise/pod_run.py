@@ -1,0 +1,53 @@
+"""What the supervisor's components share about the run in progress: its collaborators
+(plan, manifest, checkpoint index, event log, backend, clock, probes) and its mutable facts
+(the stage, the pod's state, each GPU's GpuRun, why it ended and with which exit code).
+
+One object, passed to every component, so no component reads another's attributes: each
+reads and moves the pod through this, and the pod's state only through `move`, which goes
+through the one transition table (launcher/supervise/state.py).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from launcher.checks.probe_monitor import ProbeMonitor
+from launcher.pod.ckpt_index import CheckpointIndex
+from launcher.pod.events import EventLog
+from launcher.pod.manifest import Manifest
+from launcher.supervise.backend import WorkerBackend
+from launcher.supervise.gpu_run import GpuRun
+from launcher.supervise.prepare import LaunchPlan
+from launcher.supervise.state import PodEvent, PodState, transition
+
+
+@dataclass
+class PodRun:
+    plan: LaunchPlan
+    manifest: Manifest
+    index: CheckpointIndex
+    events: EventLog
+    backend: WorkerBackend
+    clock: object                        # the monotonic clock of hang and backoff timing
+    runs: dict[int, GpuRun]
+    probes: ProbeMonitor | None
+    stage: int
+    state: PodState = PodState.STARTING
+    reason: str = ""                     # why the pod stopped or failed, for `status`
+    exit_code: int = 0
+    rolled_back: bool = False            # an automatic rollback happened: never twice
+    judging: bool = False                # the final probes of a clean end are running
+    started_at: float = field(default_factory=time.time)
+
+    @property
+    def pod_dir(self) -> Path:
+        return self.plan.pod_dir
+
+    def move(self, event: PodEvent) -> PodState:
+        self.state = transition(self.state, event)
+        return self.state
+
+    def running(self) -> bool:
+        return self.state == PodState.RUNNING

@@ -1,0 +1,45 @@
+"""The restart policy (the criteria's `restarts` and `hang` sections): a crashed worker
+backs off and restarts until too many crashes fall within the window, then its GPU fails
+its checks; a worker silent past its limit counts as hung."""
+
+from __future__ import annotations
+
+from launcher.supervise.gpu_run import GpuRun
+from launcher.supervise.pod_run import PodRun
+from launcher.supervise.state import GpuEvent, GpuState
+
+
+class RestartPolicy:
+    def __init__(self, pod: PodRun):
+        self.pod = pod
+
+    def crash(self, run: GpuRun, reason: str) -> None:
+        """`run`'s worker ended badly (an exit code, a signal, a hang): BACKOFF with its
+        delay, or FAILED (a failed `restarts` check) past the budget."""
+        policy = self.pod.plan.criteria.restarts
+        now = self.pod.clock()
+        run.restarts.append(now)
+        while run.restarts and run.restarts[0] < now - policy.window_s:
+            run.restarts.popleft()
+        if len(run.restarts) > policy.max_restarts:
+            run.apply(GpuEvent.GAVE_UP)
+            run.health.fail("restarts", f"{len(run.restarts)} crashes within "
+                                        f"{policy.window_s:g}s (last: {reason})")
+            return
+        delay = policy.backoff(len(run.restarts))
+        run.apply(GpuEvent.CRASHED)
+        run.restart_at = now + delay
+        self.pod.events.emit("worker_crash", gpu=run.slot.gpu, reason=reason,
+                             restart_in_s=delay, restarts=len(run.restarts))
+
+    def due(self, run: GpuRun, now: float) -> bool:
+        """A BACKOFF GPU whose delay is over, in a pod that still runs."""
+        return run.state == GpuState.BACKOFF and now >= run.restart_at and self.pod.running()
+
+    def silence(self, run: GpuRun, now: float) -> tuple[float, float] | None:
+        """(seconds silent, the limit) when `run`'s worker is silent past its limit: no
+        metrics line since its last one, or since its start (a longer limit: model load)."""
+        hang = self.pod.plan.criteria.hang
+        since = run.last_line_at if run.last_line_at is not None else run.started_at
+        limit = hang.timeout_s if run.last_line_at is not None else hang.startup_timeout_s
+        return (now - since, limit) if now - since > limit else None

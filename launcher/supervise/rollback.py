@@ -1,0 +1,106 @@
+"""Stage verdicts and rollback (issue 4).
+
+When a GPU fails its checks at stage N, its worker is killed (its progress since the last
+passed checkpoint is discarded; a graceful save would only rotate a good file out), the
+others stop gracefully and keep their progress, the failed GPU's manifest entry goes back
+to its newest passed checkpoint, and the pod restarts at stage N-1. A failure at stage 1,
+or a second failure after a rollback, stops the pod: FAILED, exit 1. It never loops.
+`fractus-pod rollback --to-stage N` while the launcher runs asks for the same by hand.
+"""
+
+from __future__ import annotations
+
+from launcher.checks.health import INCONCLUSIVE, SUCCESSFUL
+from launcher.pod.ckpt_index import FAILED as CK_FAILED
+from launcher.pod.live_state import take_rollback_request
+from launcher.pod.manifest import apply_rollback, write_manifest
+from launcher.supervise.ending import PodEnding
+from launcher.supervise.gpu_run import GpuRun
+from launcher.supervise.pod_run import PodRun
+from launcher.supervise.pod_view import PodView
+from launcher.supervise.starter import WorkerStarter
+from launcher.supervise.state import PodEvent
+
+
+class StageRollback:
+    def __init__(self, pod: PodRun, ending: PodEnding, starter: WorkerStarter, view: PodView):
+        self.pod, self.ending, self.starter, self.view = pod, ending, starter, view
+        self.announced: str | None = None     # the stage verdict last emitted
+
+    def announce_verdict(self) -> None:
+        runs = self.pod.runs.values()
+        phases = {r.health.phase() for r in runs}
+        verdict = None
+        if phases == {SUCCESSFUL}:
+            verdict = "stage_passed"
+        elif INCONCLUSIVE in phases and phases <= {SUCCESSFUL, INCONCLUSIVE}:
+            verdict = "stage_inconclusive"
+        if verdict and verdict != self.announced:
+            self.announced = verdict
+            reasons = {r.slot.gpu: r.health.verdict().reason for r in runs}
+            self.pod.events.emit(verdict, stage=self.pod.stage, reasons=reasons)
+
+    def roll_back(self, failed: list[GpuRun], auto: bool, to_stage: int | None = None) -> None:
+        pod = self.pod
+        from_stage = pod.stage
+        target_stage = from_stage - 1 if to_stage is None else to_stage
+        for run in failed:
+            pod.events.emit("check_failed", gpu=run.slot.gpu, stage=from_stage,
+                            reason=run.health.verdict().reason)
+        if auto and (from_stage <= 1 or pod.rolled_back):
+            why = ("stage 1 failed: there is no stage below it" if from_stage <= 1 else
+                   f"stage {from_stage} failed after a rollback: not looping")
+            self.ending.fail(f"{why} (GPU {failed[0].slot.gpu}: "
+                             f"{failed[0].health.verdict().reason})", exit_code=1)
+            return
+        pod.move(PodEvent.ROLLBACK)
+        self.view.write(force=True)
+        self.ending.stop_workers(kill_gpus={r.slot.gpu for r in failed})
+        for run in failed:
+            if not self.restore(run, from_stage, target_stage, auto):
+                return
+        write_manifest(pod.manifest)
+        pod.rolled_back = pod.rolled_back or auto
+        pod.events.emit("stage_change", from_stage=from_stage, to_stage=target_stage,
+                        reason="rollback")
+        pod.stage, self.announced = target_stage, None
+        self.starter.start_all()
+        pod.events.emit("pod_running", stage=pod.stage, after="rollback")
+
+    def restore(self, run: GpuRun, from_stage: int, target_stage: int, auto: bool) -> bool:
+        """Set a failed GPU's entry back to its newest passed checkpoint; False (the pod
+        failed) when it has none."""
+        pod, gpu = self.pod, run.slot.gpu
+        for record in pod.index.pending(gpu):
+            pod.index.mark(gpu, record["sha256"], CK_FAILED,
+                           f"GPU failed at stage {from_stage} before this was verified")
+        # On a remote backend the passed file is on a node's disk: its hub copy serves.
+        target = pod.index.newest_passed(gpu) or pod.backend.hub_copy(gpu)
+        if target is None:
+            self.ending.fail(f"GPU {gpu} failed and has no passed checkpoint to restore",
+                             exit_code=1)
+            return False
+        pod.events.emit("rollback", gpu=gpu, from_stage=from_stage, to_stage=target_stage,
+                        from_token=pod.manifest.start_token(gpu),
+                        to_token=target["next_token"], checkpoint=target["path"],
+                        reason=run.health.verdict().reason, automatic=auto)
+        apply_rollback(pod.manifest, gpu, target, target_stage)
+        if target.get("hub_revision"):
+            pod.manifest.entries[gpu]["hub_revision"] = target["hub_revision"]
+        return True
+
+    def take_request(self) -> None:
+        """A `fractus-pod rollback --to-stage N` issued while this launcher runs."""
+        pod = self.pod
+        request = take_rollback_request(pod.pod_dir)
+        if request is None:
+            return
+        if int(request["to_stage"]) > pod.stage:     # only down: up goes through the canary
+            pod.events.emit("rollback_refused", to_stage=request["to_stage"], stage=pod.stage,
+                            reason="rollback only goes down")
+            return
+        gpus = [g for g in request.get("gpus", []) if g in pod.runs]
+        for gpu in gpus:
+            pod.runs[gpu].health.fail("manual", "rollback requested by hand")
+        self.roll_back([pod.runs[g] for g in gpus], auto=False,
+                       to_stage=int(request["to_stage"]))

@@ -1,0 +1,84 @@
+"""Starting workers: every GPU's at the start of a stage (with the stage's baseline probes),
+or one GPU's again after a crash, a rollback or a lost node, from its manifest entry."""
+
+from __future__ import annotations
+
+from launcher.checks.health import GpuHealth
+from launcher.hub.recover import RecoveryError, recover_entry
+from launcher.pod.manifest import RUN_ID_KEY, write_manifest
+from launcher.supervise.ending import PodEnding
+from launcher.supervise.gpu_run import GpuRun
+from launcher.supervise.pod_run import PodRun
+from launcher.supervise.pod_view import PodView
+from launcher.supervise.state import GpuEvent, PodEvent
+from launcher.worker.process import WorkerSpec
+
+
+class WorkerStarter:
+    def __init__(self, pod: PodRun, ending: PodEnding, view: PodView):
+        self.pod, self.ending, self.view = pod, ending, view
+
+    def start_all(self) -> None:
+        pod = self.pod
+        for run in pod.runs.values():
+            self.start(run, fresh_health=True)
+        if pod.probes is not None:
+            entries = {g: pod.manifest.entries.get(g) or {} for g in pod.runs}
+            pod.probes.start_stage(pod.stage, {
+                g: (e.get("checkpoint"), e.get("shard") or pod.plan.config.shard_path(g))
+                for g, e in entries.items()},
+                heads={g: e["start_token"] for g, e in entries.items() if e.get("checkpoint")})
+        pod.move(PodEvent.STARTED)
+        self.view.write(force=True)
+
+    def start(self, run: GpuRun, fresh_health: bool) -> None:
+        """Start `run`'s worker from its manifest entry. `fresh_health`: a new stage's
+        checks; otherwise a restart, which keeps its checks' history."""
+        pod, gpu = self.pod, run.slot.gpu
+        stage = pod.plan.stages[pod.stage]
+        if not fresh_health and pod.backend.files_here and not self.recover(gpu):
+            return
+        entry = pod.manifest.entries.get(gpu)
+        resume_ema = entry.get("ema_tf") if entry else None
+        if fresh_health or run.health is None:
+            run.health = GpuHealth(pod.plan.criteria, stage.window,
+                                   lb_baseline=entry.get("lb") if entry else None,
+                                   resume_ema_tf=resume_ema)
+        else:
+            run.health.start(resume_ema)
+        spec = self.spec(run)
+        run.tail.read()                      # skip anything older than this start
+        run.proc = pod.backend.start(spec)
+        run.apply(GpuEvent.STARTED)
+        run.exit_code, run.node = None, run.proc.node
+        run.started_at, run.last_line_at = pod.clock(), None
+        pod.events.emit("worker_start", gpu=gpu, pid=run.proc.pid, stage=pod.stage,
+                        start_token=spec.start_token, checkpoint=spec.ckpt_in,
+                        fault=spec.fault, **({"node": run.node} if run.node else {}))
+
+    def spec(self, run: GpuRun) -> WorkerSpec:
+        pod = self.pod
+        entry = pod.manifest.entries.get(run.slot.gpu)
+        return WorkerSpec(run.slot, pod.plan.stages[pod.stage].settings,
+                          start_token=entry["start_token"] if entry else None,
+                          ckpt_in=entry.get("checkpoint") if entry else None,
+                          max_steps=pod.plan.max_steps,
+                          fault=pod.plan.faults.pop(run.slot.gpu, None), stage=pod.stage,
+                          run_id=pod.manifest.extra.get(RUN_ID_KEY),
+                          ckpt_sha256=entry.get("checkpoint_sha256") if entry else None,
+                          ckpt_revision=entry.get("hub_revision") if entry else None)
+
+    def recover(self, gpu: int) -> bool:
+        """Before a restart: the entry's checkpoint must hold its recorded bytes (a worker
+        killed between its rename and its event leaves a newer file there; a file can be
+        damaged mid-run). False when they are nowhere: the pod is failed, clearly."""
+        pod = self.pod
+        try:
+            if recover_entry(pod.pod_dir, gpu, pod.manifest, pod.index, pod.events,
+                             pod.plan.config.hub, pod.plan.config.checkpoint_path(gpu)):
+                write_manifest(pod.manifest)
+        except RecoveryError as exc:
+            pod.runs[gpu].apply(GpuEvent.GAVE_UP)
+            self.ending.fail(f"GPU {gpu}: {exc}", exit_code=1)
+            return False
+        return True
