@@ -48,7 +48,13 @@ from launcher.supervise.restart import RestartPolicy
 from launcher.supervise.rollback import StageRollback
 from launcher.supervise.stage_switch import record_stage
 from launcher.supervise.starter import WorkerStarter
-from launcher.supervise.state import ENDED_POD_STATES, FINISHED_GPU_STATES, GpuState, PodEvent, PodState
+from launcher.supervise.state import (
+    ENDED_POD_STATES,
+    FINISHED_GPU_STATES,
+    GpuState,
+    PodEvent,
+    PodState,
+)
 from launcher.worker.process import MetricsTail
 
 
@@ -78,7 +84,7 @@ class Supervisor:
         self.exits = ExitHandlers(pod, self.monitor, self.restarts, self.placement, self.ending)
         self.rollback = StageRollback(pod, self.ending, self.starter, self.view)
         # What a turn of the loop does for a GPU whose worker did not just end, by its state.
-        self.tend = {GpuState.RUNNING: self.exits.on_silence,
+        self.tend_by_state = {GpuState.RUNNING: self.exits.on_silence,
                      GpuState.BACKOFF: self._restart_when_due,
                      GpuState.WAITING: self._place_when_running}
         self.stop_reason: str | None = None      # set by a signal: the loop stops the pod
@@ -172,8 +178,8 @@ class Supervisor:
             if ended is not None:
                 self.monitor.drain(run)         # its last lines, before its exit is judged
                 self.exits.on_exit(run, ended)
-            elif run.state in self.tend:
-                self.tend[run.state](run, now)
+            elif run.state in self.tend_by_state:
+                self.tend_by_state[run.state](run, now)
         self.monitor.collect_probes()
 
     def _restart_when_due(self, run: GpuRun, now: float) -> None:
