@@ -194,6 +194,8 @@ def resume_from_the_hub_onto_the_cluster(pod: Path, cluster) -> None:
             os.killpg(launch.pid, signal.SIGKILL)
             launch.wait()
     assert launch.returncode == 0, out[-3000:]
+    (rebuilt,) = events_of(fresh, "rebuilt_from_hub")
+    assert rebuilt["weights"].startswith("on the hub")
     for gpu in (0, 1):
         assert not (fresh / "checkpoints" / f"fractus_1b_gpu{gpu}.pt").exists()  # hub -> node
         (pulled,) = events_of(fresh, "checkpoint_pulled", gpu=gpu)

@@ -210,15 +210,18 @@ def _rebuild(pod_dir: Path, url: str, revision: str | None, on_cluster: bool) ->
     from launcher.hub.from_hub import rebuild_from_hub
     from launcher.hub import HubError
     try:
-        rev, _config, lease = rebuild_from_hub(pod_dir, url, revision, on_cluster)
+        rev, config, lease = rebuild_from_hub(pod_dir, url, revision, on_cluster)
     except HubError as exc:
         if exc.status == 404:              # no such repo or revision: the user's to fix
             raise UserError(f"--from-hub: {exc}") from None
         raise click.ClickException(f"--from-hub: {exc}") from None
     except ValueError as exc:
         raise UserError(f"--from-hub: {exc}") from None
+    weights = ("on the hub: each Ray node pulls its GPU's" if on_cluster or config.ray
+               else "pulled")
     EventLog(pod_dir).emit("rebuilt_from_hub", hub=url, revision=rev, pod_id=lease["pod_id"],
-                           lease_epoch=lease["epoch"], previous_pod=lease["previous_pod"])
+                           lease_epoch=lease["epoch"], previous_pod=lease["previous_pod"],
+                           weights=weights)
     click.echo(f"rebuilt {pod_dir} from {url} at revision {rev[:12]}; this pod "
                f"({lease['pod_id']}) now writes the run (lease epoch {lease['epoch']})")
 

@@ -16,6 +16,11 @@ the store). The loop picks the result up on a later poll: the revision is writte
 manifest (`hub_revision`, only for GPUs whose manifest entry names the pushed bytes) and
 into logs/sync_state.json, which `status` shows. A failed sync is recorded (error text
 scrubbed of any token) and retried at the next interval; training never waits for it.
+
+On a remote backend (Ray: `nodes_push`) each node pushes its own passed checkpoints; this
+sync then pushes, after every node push it has not yet followed, ONE commit of the manifest
+naming each GPU's newest pushed checkpoint plus the pod's small files (no weights), through
+the same `send`, so the hub's newest revision is a pod `launch --from-hub` can resume.
 """
 
 from __future__ import annotations
