@@ -6,6 +6,7 @@ its resume from the hub, waiting for a node, done) is exercised through the real
 Supervisor, health checks, checkpoint index, manifest and event log.
 """
 
+import hashlib
 import signal
 
 import pytest
@@ -550,3 +551,42 @@ def test_on_a_remote_backend_the_manifest_follows_each_node_push_to_the_hub(make
     assert rebuilt.entries[0]["checkpoint_sha256"] == second["sha256"]
     assert rebuilt.entries[0]["hub_revision"] == rev
     assert not (fresh / hub_path).exists()          # the weights stay on the hub
+
+
+class ProbeRecorder:
+    """Stands in for the ProbeMonitor: records what would be probed, judges nothing."""
+
+    def __init__(self):
+        self.requests = []
+
+    def on_checkpoint(self, gpu, checkpoint, shard, sha256, step):
+        self.requests.append((gpu, checkpoint, sha256))
+
+    def vouched_step(self, gpu):
+        return None
+
+    def poll(self):
+        return []
+
+    def busy(self):
+        return False
+
+
+def test_a_checkpoint_rotated_away_before_its_event_was_read_is_never_probed_under_its_name(make):
+    """Under load the launcher reads a checkpoint event after the worker saved again past
+    SAVE_KEEP: the worker's own name then holds newer bytes. Probing that name would judge
+    the newer checkpoint under the older one's sha256; only pinned bytes are probed."""
+    sup, backend, clock = make()
+    sup.starter.start_all()
+    probes = sup.pod.probes = ProbeRecorder()
+    backend.train(0, 10)
+    older = backend.checkpoint(0)              # its bytes are gone before the poll...
+    backend.train(0, 10)
+    newer = backend.checkpoint(0)              # ...replaced under the same name
+    sup.step()
+    assert [sha for _, _, sha in probes.requests] == [newer["sha256"]]
+    (_, name, _), = probes.requests
+    record = sup.pod.index.records[(0, newer["sha256"])]
+    assert name == record["retained"]          # the pinned link, not the worker's name
+    assert hashlib.sha256((sup.pod.pod_dir / name).read_bytes()).hexdigest() == newer["sha256"]
+    assert sup.pod.index.records[(0, older["sha256"])]["retained"] is None

@@ -12,7 +12,8 @@ from __future__ import annotations
 from launcher.checks.probe_monitor import apply_outcome
 from launcher.pod.ckpt_index import FAILED as CK_FAILED
 from launcher.pod.ckpt_index import PASSED as CK_PASSED
-from launcher.pod.manifest import BackwardsError, apply_checkpoint, relative_to_pod, write_manifest
+from launcher.pod.manifest import (BackwardsError, apply_checkpoint, relative_to_pod,
+                                   resolve_in_pod, write_manifest)
 from launcher.supervise.gpu_run import GpuRun
 from launcher.supervise.pod_run import PodRun
 
@@ -57,10 +58,11 @@ class WorkerMonitor:
             return
         if changed:
             write_manifest(pod.manifest)
-        if pod.probes is not None:
-            pod.probes.on_checkpoint(gpu, record.get("retained") or rel,
-                                     pod.plan.config.shard_path(gpu), record["sha256"],
-                                     record.get("step"))
+        # On a remote backend the node names the checkpoint by its sha256 (and checks it).
+        probed = probe_name(record, pod.pod_dir) if pod.backend.files_here else rel
+        if pod.probes is not None and probed is not None:
+            pod.probes.on_checkpoint(gpu, probed, pod.plan.config.shard_path(gpu),
+                                     record["sha256"], record.get("step"))
         self.mark_verified(run)
 
     def mark_verified(self, run: GpuRun) -> None:
@@ -103,3 +105,19 @@ class WorkerMonitor:
                             hub_revision_for=[gpu] if gpu in noted else [])
         if noted:
             write_manifest(pod.manifest)
+
+
+def probe_name(record: dict, pod_dir) -> str | None:
+    """The name under which a running worker's checkpoint can be probed: its retained link
+    (bytes pinned). None when it has none although it lies in the pod: its event was read
+    after the worker had saved past SAVE_KEEP, so its own name now holds newer bytes and a
+    probe there would judge another checkpoint under this one's sha256 (a later
+    checkpoint's probe vouches instead). A file outside the pod is never linked: its own
+    name is all there is."""
+    if record.get("retained"):
+        return record["retained"]
+    try:
+        resolve_in_pod(record["path"], pod_dir)
+    except ValueError:
+        return record["path"]
+    return None

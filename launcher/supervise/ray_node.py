@@ -169,7 +169,8 @@ class NodeWorker:
         self.placed.wait(options.get("timeout_s") or None)
         path = self._probe_file(checkpoint)
         if path is None or not path.is_file():
-            raise ProbeUnavailable(f"checkpoint {checkpoint} is not on node {self.node}")
+            raise ProbeUnavailable(f"checkpoint {checkpoint} is not retained on node "
+                                   f"{self.node}")
         if options.get("model"):
             options["model"] = self._input(options["model"])
         result = run_probe_process(path, self._input(shard), cwd=self.workdir, **options)
@@ -181,7 +182,8 @@ class NodeWorker:
         record = self.index.records.get((self.gpu, checkpoint.removeprefix("sha256:")))
         if record is None:
             return None
-        return self.workdir / (record.get("retained") or record["path"])
+        # Only pinned bytes: the worker's own name may hold a newer save (RotatedAway).
+        return self.workdir / record["retained"] if record.get("retained") else None
 
     # ---- the hub -------------------------------------------------------------------------
     def push(self, sha256: str, hub_path: str, message: str) -> str:
@@ -189,7 +191,10 @@ class NodeWorker:
         sha256 in the one read the push makes); older unpushed links are let go."""
         from launcher.hub import open_store
         record = self.index.records[(self.gpu, sha256)]
-        local = self.workdir / (record.get("retained") or record["path"])
+        if not record.get("retained"):
+            raise RotatedAway(f"checkpoint {sha256[:12]} (token {record['next_token']:,}) was "
+                              f"rotated away before node {self.node} retained it")
+        local = self.workdir / record["retained"]
         revision = open_store(self.hub_url, self.workdir).push(
             {hub_path: local}, message, expected={hub_path: sha256})
         with self.lock:
@@ -215,3 +220,10 @@ class NodeWorker:
         open_store(self.hub_url, self.workdir).pull([checkpoint["path"]],
                                                     revision=checkpoint["revision"])
         return True
+
+
+class RotatedAway(RuntimeError):
+    """A passed checkpoint without a retained link on this node: its event was read after
+    the worker had saved past SAVE_KEEP, so the worker's own name holds newer bytes (a
+    probe there would judge another checkpoint, a push would be refused by its sha256).
+    The GPU's next checkpoint serves instead."""
