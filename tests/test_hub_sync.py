@@ -59,7 +59,7 @@ def test_snapshot_holds_only_each_gpus_newest_passed_checkpoint(pod, tmp_path):
     manifest = read_manifest(pod / config.manifest)
     index = CheckpointIndex(pod)
     g0_passed = _checkpoint(pod, index, manifest, 0, 100, PASSED)
-    manifest.entries[0]["hub_revision"] = "rev-holding-token-100"
+    manifest.note_hub_revision(0, "rev-holding-token-100", g0_passed["sha256"])
     _checkpoint(pod, index, manifest, 0, 200, "pending")          # newer, not yet judged
     g1_passed = _checkpoint(pod, index, manifest, 1, 100, PASSED)
     _checkpoint(pod, index, manifest, 1, 300, FAILED)             # newer, failed
@@ -87,11 +87,11 @@ def test_snapshot_holds_only_each_gpus_newest_passed_checkpoint(pod, tmp_path):
     assert json.loads((fresh / MANIFEST).read_text()) == doc
     # The local manifest names newer (pending/failed) bytes: no GPU gets this revision.
     assert record_revision(manifest, snap, rev) == []
-    assert "hub_revision" not in manifest.entries[0]   # dropped when its bytes changed
+    assert manifest.entries[0].hub_revision is None   # dropped when its bytes changed
     # Once the manifest names the pushed bytes again, the revision is recorded for it.
-    manifest.entries[1].update(checkpoint_sha256=g1_passed["sha256"])
+    manifest.entries[1].checkpoint_sha256 = g1_passed["sha256"]
     assert record_revision(manifest, snap, rev) == [1]
-    assert manifest.entries[1]["hub_revision"] == rev
+    assert manifest.entries[1].hub_revision == rev
     snap.discard()
 
 

@@ -55,12 +55,12 @@ def test_merge_shows_each_checkpoint(tmp_path, capsys, every_line):
     pod = tmp_path / "pod"
     assert cli_main(["--pod-dir", str(pod), "init", "--no-data"]) == 0
     (pod / "checkpoints").mkdir(exist_ok=True)
-    from launcher.pod.manifest import read_manifest, write_manifest
+    from launcher.pod.manifest import ManifestEntry, read_manifest, write_manifest
     manifest = read_manifest(pod / "checkpoints" / "RESUME_MANIFEST_8GPU.json")
     for gpu in (0, 1):
         _checkpoint(pod / "checkpoints" / f"fractus_1b_gpu{gpu}.pt", float(gpu))
-        manifest.entries[gpu] = {"start_token": 0,
-                                 "checkpoint": f"checkpoints/fractus_1b_gpu{gpu}.pt"}
+        manifest.add_entry(gpu, ManifestEntry(
+            start_token=0, checkpoint=f"checkpoints/fractus_1b_gpu{gpu}.pt"))
     write_manifest(manifest)
     capsys.readouterr()
     assert cli_main(["--pod-dir", str(pod), "merge"]) == 0

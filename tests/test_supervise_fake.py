@@ -14,7 +14,7 @@ import yaml
 
 from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex
 from launcher.pod.events import EventLog, read_events
-from launcher.pod.manifest import read_manifest
+from launcher.pod.manifest import ManifestEntry, read_manifest
 from launcher.config.podconfig import init_pod
 from launcher.supervise.prepare import load_plan
 from launcher.pod.live_state import read_pod_state
@@ -335,7 +335,8 @@ def test_a_lost_node_with_no_free_device_waits_visibly_until_a_node_joins(make):
 
 def test_a_lost_node_whose_checkpoint_the_hub_lacks_fails_that_gpu(make):
     sup, backend, clock = make(stage=1, nodes={"node-a": 1, "node-b": 1})
-    sup.placement.launch_entries[0] = {"start_token": 640, "checkpoint": "checkpoints/x.pt"}
+    sup.placement.launch_entries[0] = ManifestEntry(start_token=640,
+                                                    checkpoint="checkpoints/x.pt")
     sup.starter.start_all()
     backend.lose_node("node-a")
     sup.step()

@@ -143,13 +143,13 @@ class ResumePoint:
 def resume_point(pod_dir: Path, config: PodConfig, gpu: int) -> ResumePoint:
     """Where GPU `gpu` resumes: its manifest entry, else its canonical checkpoint file."""
     entry = read_manifest(pod_dir / config.manifest).entries.get(gpu)
-    if entry and entry.get("checkpoint"):
-        return ResumePoint(entry["checkpoint"], int(entry["start_token"]), entry.get("ema_tf"))
+    if entry and entry.checkpoint:
+        return ResumePoint(entry.checkpoint, entry.start_token, entry.ema_tf)
     canonical = config.checkpoint_path(gpu)
     if (pod_dir / canonical).is_file():
         return ResumePoint(canonical, None, None)   # the worker reads train_state.next_token
-    if entry and int(entry.get("start_token", 0)) > 0:
-        raise UserError(f"GPU {gpu} has progress (start_token {entry['start_token']}) but "
+    if entry and entry.start_token > 0:
+        raise UserError(f"GPU {gpu} has progress (start_token {entry.start_token}) but "
                         f"no checkpoint to run the canary from")
     return ResumePoint(None, 0, None)
 

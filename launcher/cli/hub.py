@@ -129,8 +129,7 @@ def merge(ctx, out: str) -> None:
     pod_dir = pod_dir_of(ctx)
     config = load_config(pod_dir)
     manifest = read_manifest(pod_dir / config.manifest)
-    paths = [pod_dir / e["checkpoint"] for _, e in sorted(manifest.entries.items())
-             if e.get("checkpoint")]
+    paths = [pod_dir / e.checkpoint for _, e in sorted(manifest.entries.items()) if e.checkpoint]
     if not paths:
         raise UserError("the manifest names no checkpoint to merge")
     try:

@@ -19,7 +19,7 @@ from launcher.pod.ckpt_index import CheckpointIndex
 from launcher.pod.events import read_events
 from launcher.checks.health import PENDING, RUNNING
 from launcher.pod.lock import read_holder
-from launcher.pod.manifest import ManifestError, read_manifest, recorded_stage
+from launcher.pod.manifest import ManifestEntry, ManifestError, current_stage, read_manifest
 from launcher.config.podconfig import PodConfig, parse_devices
 from launcher.pod.live_state import read_pod_state
 from launcher.worker.process import metrics_path
@@ -62,16 +62,20 @@ def _alive(pid) -> bool:
         return False
 
 
+# The row of a GPU the manifest does not list (a new pod): no recorded field, not even a start.
+NOT_LISTED = ManifestEntry(start_token=None)
+
+
 def collect(pod_dir: Path, config: PodConfig, n_events: int = 8) -> dict:
     now = time.time()
     holder = read_holder(pod_dir)
     state = read_pod_state(pod_dir) if holder is not None else None
     last_state = state or read_pod_state(pod_dir) or {}
     try:
-        manifest = read_manifest(pod_dir / config.manifest)
-        entries, manifest_error = manifest.entries, None
+        manifest, manifest_error = read_manifest(pod_dir / config.manifest), None
     except ManifestError as exc:
-        entries, manifest_error = {}, str(exc)
+        manifest, manifest_error = None, str(exc)
+    entries = manifest.entries if manifest else {}
     try:   # the GPUs this pod runs; a manifest entry for another index is no GPU of it
         gpus = sorted({s.gpu for s in parse_devices(config.devices)})
     except Exception:
@@ -82,20 +86,21 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8) -> dict:
     last_gpu_states = last_state.get("gpus", {})     # verdicts survive the launcher
     rows = []
     for gpu in gpus:
-        entry = entries.get(gpu, {})
+        entry = entries.get(gpu)
         live = gpu_states.get(str(gpu), {})
         last = last_gpu_states.get(str(gpu), {})
         metrics = last_metrics(pod_dir / metrics_path(gpu)) or {}
         if state and metrics.get("ts", 0) < state.get("started_at", 0):
             metrics = {}          # a line from before this launch: not this run's numbers
-        shard = entry.get("shard") or config.shard_path(gpu)
+        shard = (entry and entry.shard) or config.shard_path(gpu)
         length = _shard_len(pod_dir, shard)
         # Running: the worker's newest line is the truth; stopped: the manifest is (the
         # final checkpoint comes after the last metrics line, a rollback before it).
         next_token = (metrics.get("next_token") if state and metrics else None)
         if next_token is None:
-            next_token = entry.get("start_token", metrics.get("next_token"))
-        ckpt = pod_dir / entry["checkpoint"] if entry.get("checkpoint") else None
+            next_token = entry.start_token if entry else metrics.get("next_token")
+        entry = entry or NOT_LISTED
+        ckpt = pod_dir / entry.checkpoint if entry.checkpoint else None
         ckpt_age = now - ckpt.stat().st_mtime if ckpt is not None and ckpt.exists() else None
         pid, node = live.get("pid"), live.get("node")
         verdict, reason = last.get("verdict"), last.get("reason")
@@ -109,22 +114,22 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8) -> dict:
             # A pid on another machine (a Ray node) cannot be checked from here.
             "alive": _alive(pid) if node is None else live.get("state") == "running",
             "state": live.get("state", "not running"),
-            "stage": entry.get("stage"),
+            "stage": entry.stage,
             "next_token": next_token,
-            "start_token": entry.get("start_token"),
+            "start_token": entry.start_token,
             "shard_tokens": length,
             "shard_pct": (100.0 * next_token / length) if length and next_token is not None
             else None,
-            "ema_tf": metrics.get("ema_tf", entry.get("ema_tf")),
+            "ema_tf": metrics.get("ema_tf", entry.ema_tf),
             "ema_ss": metrics.get("ema_ss"),
-            "lb": metrics.get("lb", entry.get("lb")),
+            "lb": metrics.get("lb", entry.lb),
             "tok_s": metrics.get("tok_s"),
             "mem_gb": metrics.get("mem_gb"),
             "metrics_age_s": now - metrics["ts"] if metrics.get("ts") else None,
-            "checkpoint": entry.get("checkpoint"),
+            "checkpoint": entry.checkpoint,
             "checkpoint_age_s": ckpt_age,
             "checkpoint_problem": _checkpoint_problem(pod_dir, gpu, entry, index),
-            "hub_revision": entry.get("hub_revision"),
+            "hub_revision": entry.hub_revision,
             "verdict": verdict,
             "reason": reason,
             "restarts": last.get("restarts", 0),
@@ -138,7 +143,7 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8) -> dict:
         "pod_dir": str(pod_dir),
         "launcher_pid": (holder or {}).get("pid") if holder is not None else None,
         "pod_state": pod_state.upper() if pod_state != "not running" else pod_state,
-        "stage": last_state.get("stage") if state else recorded_stage(entries),
+        "stage": current_stage(state, manifest),
         "stage_name": last_state.get("stage_name") if state else None,
         "reason": last_state.get("reason"),
         "uptime_s": now - state["started_at"] if state and state.get("started_at") else None,
@@ -152,12 +157,12 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8) -> dict:
     }
 
 
-def _checkpoint_problem(pod_dir: Path, gpu: int, entry: dict,
+def _checkpoint_problem(pod_dir: Path, gpu: int, entry: ManifestEntry,
                         index: CheckpointIndex) -> str | None:
     """Why the checkpoint the manifest names is not the one it records (None: it is). A file
     replaced behind the manifest's back (a `sync pull --force`, a copy) would otherwise only
     show when a launch resumes from it."""
-    rel, recorded = entry.get("checkpoint"), entry.get("checkpoint_sha256")
+    rel, recorded = entry.checkpoint, entry.checkpoint_sha256
     if not rel:
         return None
     path = pod_dir / rel

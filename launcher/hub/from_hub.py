@@ -92,19 +92,19 @@ def _rebuild(pod_dir: Path, url: str, revision: str | None,
         raise UserError(f"revision {rev[:12]} of {url} holds no manifest {config.manifest}")
     wanted = []
     for gpu, entry in sorted(manifest.entries.items()):
-        rel = entry.get("checkpoint")
+        rel = entry.checkpoint
         if not rel:
             continue
         held = tracked.get(rel)
-        if held is None or held.sha256 != entry.get("checkpoint_sha256"):
+        if held is None or held.sha256 != entry.checkpoint_sha256:
             raise IntegrityError(f"revision {rev[:12]}: gpu_{gpu}'s manifest names {rel} "
                                  f"with other bytes than the revision holds; refused")
         wanted.append(rel)
     if not (on_cluster or config.ray is not None):
         store.pull(wanted, rev)
     for entry in manifest.entries.values():
-        if entry.get("checkpoint"):
-            entry["hub_revision"] = rev
+        if entry.checkpoint:
+            entry.note_hub_revision(rev)    # checked above: the revision holds its bytes
     write_manifest(manifest)
     for sub in ("checkpoints", "data", "logs"):
         (pod_dir / sub).mkdir(exist_ok=True)

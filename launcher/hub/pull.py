@@ -23,9 +23,8 @@ def _live_files(pod_dir: Path, config: PodConfig) -> dict[str, str]:
     except ManifestError:
         return live
     for gpu, entry in entries.items():
-        if entry.get("checkpoint"):
-            live[entry["checkpoint"]] = (f"GPU {gpu}'s resume point (token "
-                                         f"{int(entry.get('start_token', 0)):,})")
+        if entry.checkpoint:
+            live[entry.checkpoint] = f"GPU {gpu}'s resume point (token {entry.start_token:,})"
     return live
 
 

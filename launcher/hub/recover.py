@@ -60,8 +60,8 @@ def recover_entry(pod_dir: Path, gpu: int, manifest: Manifest, index: Checkpoint
                   named_intact: bool | None = None) -> bool:
     """Make GPU `gpu`'s entry name a file holding its recorded bytes. Returns True when
     the entry changed (the caller writes the manifest). Raises RecoveryError."""
-    entry = manifest.entries.get(gpu) or {}
-    name, sha256 = entry.get("checkpoint"), entry.get("checkpoint_sha256")
+    entry = manifest.entries.get(gpu)
+    name, sha256 = (entry.checkpoint, entry.checkpoint_sha256) if entry else (None, None)
     if not name or not sha256:
         return False
     try:
@@ -77,13 +77,13 @@ def recover_entry(pod_dir: Path, gpu: int, manifest: Manifest, index: Checkpoint
         if holds(copy, sha256):
             rel = relative_to_pod(copy, pod_dir)
             if not rel.startswith("checkpoints/retained/"):
-                rel = index.retain_file(gpu, entry["start_token"], sha256, copy)
-            entry["checkpoint"] = rel
+                rel = index.retain_file(gpu, entry.start_token, sha256, copy)
+            entry.name_checkpoint(rel)
             events.emit("checkpoint_recovered", gpu=gpu, checkpoint=rel, was=name,
                         reason=f"{name} {state}; the recorded bytes (sha256 "
                                f"{sha256[:12]}) were found at {relative_to_pod(copy, pod_dir)}")
             return True
-    revision = entry.get("hub_revision")
+    revision = entry.hub_revision
     if hub and revision:
         from launcher.hub import HubError, open_store
         try:
@@ -105,10 +105,10 @@ def recover_all(pod_dir: Path, gpus: list[int], manifest: Manifest, index: Check
     first (hashlib releases the GIL: 8 checkpoints take about as long as the largest)."""
     named = {}
     for gpu in gpus:
-        entry = manifest.entries.get(gpu) or {}
-        if entry.get("checkpoint") and entry.get("checkpoint_sha256"):
+        entry = manifest.entries.get(gpu)
+        if entry and entry.checkpoint and entry.checkpoint_sha256:
             try:
-                named[gpu] = resolve_in_pod(entry["checkpoint"], pod_dir)
+                named[gpu] = resolve_in_pod(entry.checkpoint, pod_dir)
             except ValueError:
                 continue
     paths = list(named.values())
@@ -116,7 +116,7 @@ def recover_all(pod_dir: Path, gpus: list[int], manifest: Manifest, index: Check
     with progress(f"hashing {len(paths)} checkpoint(s)", size, "bytes") as task, \
             ThreadPoolExecutor(max_workers=max(1, len(named))) as pool:
         intact = dict(zip(named, pool.map(
-            holds, paths, [manifest.entries[g]["checkpoint_sha256"] for g in named],
+            holds, paths, [manifest.entries[g].checkpoint_sha256 for g in named],
             [task.advance] * len(paths))))
     changed = False
     for gpu in named:

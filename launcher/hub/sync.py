@@ -41,7 +41,7 @@ from launcher.files import read_json_state, write_json_state
 from launcher.paths import SYNC_STATE, SNAPSHOT_DIR, MERGED_PATH  # noqa: F401 (re-exported)
 from launcher.pod.ckpt_index import CheckpointIndex
 from launcher.pod.events import EventLog
-from launcher.pod.manifest import Manifest, atomic_write_text, write_manifest
+from launcher.pod.manifest import Manifest, ManifestEntry, atomic_write_text, write_manifest
 from launcher.config.podconfig import CONFIG_NAME, PodConfig
 from launcher.pod.progress import progress
 
@@ -149,21 +149,16 @@ def take_snapshot(pod_dir: Path, config: PodConfig, manifest: Manifest,
     return snap
 
 
-def hub_entry(entry: dict, record: dict, hub_path: str, shard: str) -> dict:
+def hub_entry(entry: ManifestEntry | None, record: dict, hub_path: str,
+              shard: str) -> ManifestEntry:
     """The manifest entry the hub holds for a GPU: its pushed checkpoint `record` (a
-    checkpoint-index record) at `hub_path`, the rest of the pod's `entry` kept."""
-    out = {k: v for k, v in entry.items() if k != "hub_revision"}
-    out.update({
-        "start_token": int(record["next_token"]), "checkpoint": hub_path,
-        "checkpoint_sha256": record["sha256"], "shard": entry.get("shard") or shard,
-        "stage": record.get("stage", entry.get("stage")),
-        "ema_tf": record.get("ema_tf"), "lb": record.get("lb"),
-        "updated_at": record.get("ts", entry.get("updated_at"))})
-    return out
+    checkpoint-index record) at `hub_path`, the rest of the pod's `entry` kept; `shard`
+    (the config's) where the entry names none."""
+    return (entry or ManifestEntry()).as_pushed(record, hub_path, shard)
 
 
 def _add_manifest(snap: Snapshot, pod_dir: Path, config: PodConfig, manifest: Manifest,
-                  entries: dict[int, dict]) -> None:
+                  entries: dict[int, ManifestEntry]) -> None:
     """The manifest naming `entries`, and the pod's small files, join the snapshot."""
     snap.manifest_path = config.manifest
     snap.manifest_doc = Manifest(Path(config.manifest), entries, dict(manifest.extra)).to_json()
@@ -185,7 +180,7 @@ def take_manifest_snapshot(pod_dir: Path, config: PodConfig, manifest: Manifest,
     for gpu, record in sorted(on_hub.items()):
         hub_path = config.checkpoint_path(gpu)
         snap.pushed[gpu] = (hub_path, record["sha256"])
-        entries[gpu] = hub_entry(manifest.entries.get(gpu) or {}, record, hub_path,
+        entries[gpu] = hub_entry(manifest.entries.get(gpu), record, hub_path,
                                  config.shard_path(gpu))
     snap.dir.mkdir(parents=True, exist_ok=True)
     _add_manifest(snap, pod_dir, config, manifest, entries)
@@ -220,9 +215,7 @@ def record_revision(manifest: Manifest, snap: Snapshot, revision: str) -> list[i
     names exactly the bytes pushed (a newer, unpushed checkpoint keeps no hub_revision)."""
     noted = []
     for gpu, (hub_path, sha) in snap.pushed.items():
-        entry = manifest.entries.get(gpu)
-        if entry and entry.get("checkpoint") == hub_path and entry.get("checkpoint_sha256") == sha:
-            entry["hub_revision"] = revision
+        if manifest.note_hub_revision(gpu, revision, sha, checkpoint=hub_path):
             noted.append(gpu)
     return noted
 

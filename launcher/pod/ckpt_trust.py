@@ -47,8 +47,8 @@ def read_identity(path: Path) -> CheckpointIdentity:
 def check_entry(manifest: Manifest, pod_dir: Path, gpu: int, shard_of) -> None:
     """Refuse (ManifestError, one line) a named checkpoint that is not GPU `gpu`'s own at
     the entry's start_token. `shard_of(gpu)` is the config's shard path."""
-    entry = manifest.entries.get(gpu) or {}
-    name = entry.get("checkpoint")
+    entry = manifest.entries.get(gpu)
+    name = entry.checkpoint if entry else None
     if not name:
         return
     where = f"manifest {manifest.path}: gpu_{gpu} checkpoint {name}"
@@ -60,10 +60,10 @@ def check_entry(manifest: Manifest, pod_dir: Path, gpu: int, shard_of) -> None:
     # At token 0 another GPU's weights are an initialisation, not a resume (the user's own
     # practice: a new GPU starts from the merged brain, whose config names GPU 0; adopt
     # --init-new-from): nothing of this GPU's shard has been trained yet.
-    if found.gpu is not None and found.gpu != gpu and entry["start_token"] > 0:
+    if found.gpu is not None and found.gpu != gpu and entry.start_token > 0:
         raise ManifestError(f"{where} was written by GPU {found.gpu}, not GPU {gpu}; point "
                             f"gpu_{gpu} at its own checkpoint")
-    shard = entry.get("shard") or shard_of(gpu)
+    shard = entry.shard or shard_of(gpu)
     if found.shard is not None and PurePath(found.shard).name != PurePath(shard).name:
         raise ManifestError(f"{where} was trained on shard {found.shard}, not {shard}; point "
                             f"gpu_{gpu} at a checkpoint of its own shard")
@@ -71,7 +71,7 @@ def check_entry(manifest: Manifest, pod_dir: Path, gpu: int, shard_of) -> None:
     if found.run_id is not None and run_id is not None and found.run_id != run_id:
         raise ManifestError(f"{where} belongs to run {found.run_id}, not this pod's run "
                             f"{run_id}; point gpu_{gpu} at a checkpoint of this run")
-    if found.next_token is not None and found.next_token != entry["start_token"]:
+    if found.next_token is not None and found.next_token != entry.start_token:
         raise ManifestError(f"{where} resumes at token {found.next_token} but the entry's "
-                            f"start_token is {entry['start_token']}; set start_token to "
+                            f"start_token is {entry.start_token}; set start_token to "
                             f"{found.next_token} if that file is the one to resume from")

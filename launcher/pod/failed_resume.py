@@ -13,28 +13,23 @@ of which is left intact on disk cannot resume: the launch is refused (UserError,
 
 from __future__ import annotations
 
-import time
-
 from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex, sha256_file
 from launcher.errors import UserError
 from launcher.pod.events import EventLog
 from launcher.pod.manifest import Manifest, apply_rollback
 
-# The fields that describe the checkpoint an entry resumes from (gone for a fresh start).
-_CHECKPOINT_FIELDS = ("checkpoint", "checkpoint_sha256", "ema_tf", "lb", "hub_revision")
-
 
 def failed_record(manifest: Manifest, index: CheckpointIndex, gpu: int) -> dict | None:
     """The index's failed record of the checkpoint `gpu`'s entry names, else None. An entry
     without a sha256 is hashed only when a failed record matches its path and token."""
-    entry = manifest.entries.get(gpu) or {}
-    path = entry.get("checkpoint")
+    entry = manifest.entries.get(gpu)
+    path = entry.checkpoint if entry else None
     if not path:
         return None
-    sha = entry.get("checkpoint_sha256")
+    sha = entry.checkpoint_sha256
     if sha is None:
         suspects = [r for r in index.for_gpu(gpu) if r["verdict"] == FAILED
-                    and r["path"] == path and r["next_token"] == entry.get("start_token")]
+                    and r["path"] == path and r["next_token"] == entry.start_token]
         file = index.pod_dir / path
         if not suspects or not file.is_file():
             return None
@@ -58,16 +53,14 @@ def restore_passed(manifest: Manifest, index: CheckpointIndex, events: EventLog,
         why = f"the manifest named {failed['path']}, marked failed: {failed.get('reason')}"
         target = index.newest_passed(gpu)
         if target is not None:
-            events.emit("manifest_restored", gpu=gpu, from_token=entry["start_token"],
+            events.emit("manifest_restored", gpu=gpu, from_token=entry.start_token,
                         to_token=target["next_token"], checkpoint=target["path"], reason=why)
-            apply_rollback(manifest, gpu, target, entry.get("stage", target.get("stage")))
+            apply_rollback(manifest, gpu, target, entry.stage or target.get("stage"))
         elif not any(r["verdict"] == PASSED for r in index.for_gpu(gpu)):
-            events.emit("manifest_restored", gpu=gpu, from_token=entry["start_token"],
+            events.emit("manifest_restored", gpu=gpu, from_token=entry.start_token,
                         to_token=0, checkpoint=None,
                         reason=f"{why}; nothing it wrote passed: it starts over, as it began")
-            for key in _CHECKPOINT_FIELDS:
-                entry.pop(key, None)
-            entry.update(start_token=0, updated_at=time.time())
+            entry.start_over()
         else:
             line = (f"gpu_{gpu}: {why}; no passed checkpoint of it is left intact on disk "
                     f"(see logs/checkpoints.jsonl): restore one (e.g. `fractus-pod sync pull`) "

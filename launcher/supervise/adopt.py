@@ -29,7 +29,8 @@ from launcher.paths import MERGED_BRAIN, ADOPTED_MODEL_FILE  # noqa: F401 (re-ex
 from launcher.pod.adoption import record_adoption
 from launcher.pod.ckpt_index import sha256_file
 from launcher.errors import UserError
-from launcher.pod.manifest import Manifest, ManifestError, read_manifest, write_manifest
+from launcher.pod.manifest import (Manifest, ManifestEntry, ManifestError, read_manifest,
+                                    write_manifest)
 from launcher.config.podconfig import (CONFIG_NAME, DEFAULT_MANIFESTS, PodConfig, load_config,
                                 parse_devices, write_config)
 from launcher.pod.progress import progress
@@ -101,9 +102,9 @@ def _read_manifests(pod_dir: Path, only: str | None, problems: list[str]) -> lis
     return manifests
 
 
-def _shard_of(pod_dir: Path, gpu: int, entry: dict) -> str:
-    if entry.get("shard"):
-        return str(entry["shard"])
+def _shard_of(pod_dir: Path, gpu: int, named: str | None) -> str:
+    if named:
+        return str(named)
     for pattern in V1_SHARDS:
         if (pod_dir / pattern.format(i=gpu)).is_file():
             return pattern.format(i=gpu)
@@ -117,7 +118,7 @@ def _gpu_plan(pod_dir: Path, gpu: int, manifests: list[Manifest], init_new_from:
     names = [m.path.name for m, _ in known]
     by_token: dict[int, list[str]] = {}
     for m, e in known:
-        by_token.setdefault(int(e["start_token"]), []).append(m.path.name)
+        by_token.setdefault(e.start_token, []).append(m.path.name)
     if len(by_token) > 1:
         listed = " vs ".join(f"start_token {t} in {', '.join(n)}" for t, n in by_token.items())
         problems.append(f"gpu {gpu}: {listed}; adopt one of them with --manifest PATH")
@@ -128,20 +129,19 @@ def _gpu_plan(pod_dir: Path, gpu: int, manifests: list[Manifest], init_new_from:
                             f"give --init-new-from PATH (e.g. {MERGED_BRAIN}) to start it "
                             f"there at token 0 of its shard, or leave it out of --devices")
             return None
-        entry, checkpoint = {"start_token": 0}, init_new_from
+        start, checkpoint, named_shard = 0, init_new_from, None
     else:
-        entry = {}
+        agreed = {}
         for field in ("checkpoint", "shard"):    # the manifests may name them, or not
-            named = {str(e[field]): m.path.name for m, e in known if e.get(field)}
+            named = {str(getattr(e, field)): m.path.name for m, e in known if getattr(e, field)}
             if len(named) > 1:
                 listed = " vs ".join(f"{field} {v} in {n}" for v, n in named.items())
                 problems.append(f"gpu {gpu}: {listed}; adopt one of them with --manifest PATH")
                 return None
-            if named:
-                entry[field] = next(iter(named))
-        entry["start_token"] = next(iter(by_token))
-        checkpoint = str(entry.get("checkpoint") or V1_CHECKPOINT.format(i=gpu))
-    shard = _shard_of(pod_dir, gpu, entry)
+            agreed[field] = next(iter(named)) if named else None
+        start, named_shard = next(iter(by_token)), agreed["shard"]
+        checkpoint = agreed["checkpoint"] or V1_CHECKPOINT.format(i=gpu)
+    shard = _shard_of(pod_dir, gpu, named_shard)
     where = f"gpu {gpu}" + (f" ({', '.join(names)})" if names else "")
     ok_ckpt = _inside(pod_dir, checkpoint, f"{where}: checkpoint", problems)
     ok_shard = _inside(pod_dir, shard, f"{where}: shard", problems)
@@ -152,7 +152,6 @@ def _gpu_plan(pod_dir: Path, gpu: int, manifests: list[Manifest], init_new_from:
     except ManifestError as exc:
         problems.append(f"gpu {gpu}: {exc}")
         return None
-    start = int(entry["start_token"])
     if start > length:
         problems.append(f"gpu {gpu}: start_token {start} is past the end of its shard {shard} "
                         f"({length} tokens)")
@@ -297,8 +296,8 @@ def _complete_manifest(adoption: Adoption) -> bool:
     for g in adoption.gpus:
         if g.gpu in manifest.entries:
             continue
-        entry = {"start_token": g.start_token, "checkpoint": g.checkpoint, "shard": g.shard}
-        manifest.entries[g.gpu] = entry
+        manifest.add_entry(g.gpu, ManifestEntry(start_token=g.start_token,
+                                                checkpoint=g.checkpoint, shard=g.shard))
         changed = True
     return changed
 

@@ -15,8 +15,8 @@ from launcher.pod.lock import PodLock, read_holder
 from launcher.pod.manifest import (
     apply_rollback,
     atomic_write_text,
+    current_stage,
     read_manifest,
-    recorded_stage,
     write_manifest,
 )
 from launcher.config.podconfig import load_config, parse_devices
@@ -55,14 +55,13 @@ def manual_rollback(pod_dir: Path, to_stage: int, gpus: list[int]) -> str:
             for record in index.for_gpu(gpu):
                 if record["next_token"] > target["next_token"] and record["verdict"] != FAILED:
                     index.mark(gpu, record["sha256"], FAILED, "rolled back by hand")
-            events.emit("rollback", gpu=gpu, from_stage=manifest.entries[gpu].get("stage"),
+            events.emit("rollback", gpu=gpu, from_stage=manifest.entries[gpu].stage,
                         to_stage=to_stage, from_token=manifest.start_token(gpu),
                         to_token=target["next_token"], checkpoint=target["path"],
                         reason="by hand", automatic=False)
             apply_rollback(manifest, gpu, target, to_stage)
             lines.append(f"GPU {gpu}: restored token {target['next_token']:,} ({target['path']})")
-        for gpu, entry in manifest.entries.items():
-            entry["stage"] = to_stage
+        manifest.set_stage(to_stage)
         if manifest.entries:
             write_manifest(manifest)
         events.emit("stage_change", to_stage=to_stage, reason="rollback by hand")
@@ -75,9 +74,7 @@ def _refuse_going_up(pod_dir: Path, config, to_stage: int, running: bool) -> Non
     The pod's stage is the running launcher's, else the lowest the manifest records."""
     from launcher.pod.live_state import read_pod_state
     state = read_pod_state(pod_dir) if running else None
-    current = (state or {}).get("stage")
-    if current is None:
-        current = recorded_stage(read_manifest(pod_dir / config.manifest).entries)
+    current = current_stage(state, read_manifest(pod_dir / config.manifest))
     if current is None:
         raise UserError("the pod has no recorded stage to roll back from (nothing was "
                         "launched yet): use `fractus-pod launch --stage N`")
@@ -125,16 +122,18 @@ def _probe_files(pod_dir: Path, config, gpu: int | None, checkpoint: str | None,
     known = {s.gpu for s in parse_devices(config.devices)} | set(manifest.entries)
     if gpu not in known:
         raise UserError(f"no GPU {gpu} in this pod (GPUs: {sorted(known)})")
-    entry = manifest.entries.get(gpu, {})
+    entry = manifest.entries.get(gpu)
     start = resume_point(pod_dir, config, gpu)      # the manifest's, else the canonical file
     if start.checkpoint is None:
         raise UserError(f"GPU {gpu} has no checkpoint to probe yet")
     ckpt = _existing(pod_dir, start.checkpoint, f"GPU {gpu} checkpoint", typed=False)
     shard_path = (_existing(pod_dir, shard, "shard", typed=True) if shard is not None else
-                  _existing(pod_dir, entry.get("shard") or config.shard_path(gpu),
+                  _existing(pod_dir, (entry and entry.shard) or config.shard_path(gpu),
                             f"GPU {gpu} shard", typed=False))
-    head = start.start_token if start.start_token is not None else entry.get("start_token")
-    return gpu, entry.get("stage"), ckpt, shard_path, head
+    head = start.start_token
+    if head is None and entry is not None:
+        head = entry.start_token
+    return gpu, entry.stage if entry else None, ckpt, shard_path, head
 
 
 def _no_baseline_hint(gpu: int | None, stage: int | None) -> str:

@@ -95,9 +95,7 @@ class WorkerMonitor:
         pod, noted = self.pod, []
         for copy in pod.backend.take_pushed():
             gpu = copy["gpu"]
-            entry = pod.manifest.entries.get(gpu)
-            if entry and entry.get("checkpoint_sha256") == copy["sha256"]:
-                entry["hub_revision"] = copy["hub_revision"]
+            if pod.manifest.note_hub_revision(gpu, copy["hub_revision"], copy["sha256"]):
                 noted.append(gpu)
             pod.events.emit("sync_pushed", reason="node", gpu=gpu, node=copy.get("node"),
                             revision=copy["hub_revision"],

@@ -6,7 +6,7 @@ waits, visibly."""
 from __future__ import annotations
 
 from launcher.pod.ckpt_index import FAILED as CK_FAILED
-from launcher.pod.manifest import apply_rollback, write_manifest
+from launcher.pod.manifest import ManifestEntry, apply_rollback, write_manifest
 from launcher.supervise.gpu_run import GpuRun
 from launcher.supervise.pod_run import PodRun
 from launcher.supervise.starter import WorkerStarter
@@ -18,7 +18,7 @@ class NodePlacement:
         self.pod, self.starter = pod, starter
         # Where each GPU stood at launch: its resume point after a lost node when the hub
         # holds nothing newer of it.
-        self.launch_entries = {g: dict(e) for g, e in pod.manifest.entries.items()}
+        self.launch_entries = {g: e.copy() for g, e in pod.manifest.entries.items()}
 
     def on_node_lost(self, run: GpuRun) -> None:
         pod, gpu = self.pod, run.slot.gpu
@@ -29,26 +29,24 @@ class NodePlacement:
                             sha256=request.sha256, reason="its node was lost")
         for record in pod.index.pending(gpu):     # never judged; their disk is gone
             pod.index.mark(gpu, record["sha256"], CK_FAILED, f"lost with node {run.node}")
-        from_token = pod.manifest.entries.get(gpu, {}).get("start_token")
+        lost = pod.manifest.entries.get(gpu)
+        from_token = lost.start_token if lost else None
         target = pod.backend.hub_copy(gpu)
         if target is not None:
             apply_rollback(pod.manifest, gpu, target, pod.stage)
-            pod.manifest.entries[gpu]["hub_revision"] = target["hub_revision"]
-        elif self.launch_entries.get(gpu):
-            pod.manifest.entries[gpu] = dict(self.launch_entries[gpu])
-        else:
-            pod.manifest.entries.pop(gpu, None)    # nothing kept anywhere: a fresh start
-        entry = pod.manifest.entries.get(gpu) or {}
-        if entry.get("checkpoint") and not entry.get("hub_revision"):
+            pod.manifest.note_hub_revision(gpu, target["hub_revision"], target["sha256"])
+        else:      # where it stood at launch; no entry then: nothing kept, a fresh start
+            pod.manifest.reset_entry(gpu, self.launch_entries.get(gpu))
+        entry = pod.manifest.entries.get(gpu) or ManifestEntry()   # none: token 0, no file
+        if entry.checkpoint and not entry.hub_revision:
             run.apply(GpuEvent.GAVE_UP)
             run.health.fail("node_lost", f"node {run.node} was lost and the hub holds no "
                                          f"checkpoint of GPU {gpu} to resume from")
             return
         write_manifest(pod.manifest)
         pod.events.emit("resume_point", gpu=gpu, from_token=from_token,
-                        to_token=entry.get("start_token", 0),
-                        checkpoint=entry.get("checkpoint"),
-                        hub_revision=entry.get("hub_revision"), reason="node lost")
+                        to_token=entry.start_token, checkpoint=entry.checkpoint,
+                        hub_revision=entry.hub_revision, reason="node lost")
         run.announced_wait = False
         self.place(run)
 

@@ -29,7 +29,6 @@ from launcher.pod.manifest import (
     apply_checkpoint,
     name_default_checkpoints,
     read_manifest,
-    recorded_stage,
     relative_to_pod,
     validate_for_launch,
     write_manifest,
@@ -82,7 +81,7 @@ def load_plan(pod_dir: Path, stage: int | None, devices: str | None, gpus: str |
     manifest = read_manifest(pod_dir / config.manifest)
     name_default_checkpoints(manifest, pod_dir, config.checkpoint_path)
     if stage is None:
-        stage = recorded_stage(manifest.entries) or 1
+        stage = manifest.recorded_stage() or 1
     check_worker_settings(stages, stage, config, pod_dir / config.stages)
     if max_time is not None and max_time <= 0:
         raise UserError(f"--max-time must be > 0 seconds, got {max_time}")
@@ -130,9 +129,9 @@ def reconcile(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
     changed = False
     for slot in plan.slots:
         gpu = slot.gpu
-        entry = manifest.entries.get(gpu, {})
-        since = entry.get("updated_at", 0.0)
-        current = entry.get("start_token", -1)
+        entry = manifest.entries.get(gpu)
+        since = (entry.updated_at or 0.0) if entry else 0.0
+        current = entry.start_token if entry else -1
         candidates = [r for r in read_records(plan.pod_dir / metrics_path(gpu))
                       if r.get("event") == "checkpoint" and r.get("ts", 0) > since
                       and int(r.get("next_token", -1)) > current]
@@ -143,11 +142,11 @@ def reconcile(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
             path = plan.pod_dir / relative_to_pod(event["path"], plan.pod_dir)
             if not path.is_file() or sha256_file(path) != event.get("sha256"):
                 continue
-            stage = entry.get("stage", plan.stage)
+            stage = (entry.stage if entry else None) or plan.stage
             rel = relative_to_pod(event["path"], plan.pod_dir)
             index.add(gpu, event, stage, rel)
             apply_checkpoint(manifest, gpu, event, stage, plan.pod_dir,
-                             entry.get("shard") or plan.config.shard_path(gpu))
+                             (entry.shard if entry else None) or plan.config.shard_path(gpu))
             events.emit("manifest_reconciled", gpu=gpu, start_token=int(event["next_token"]),
                         checkpoint=rel, reason="checkpoint written after the launcher stopped")
             changed = True
@@ -173,10 +172,9 @@ def on_the_hub(plan: LaunchPlan, manifest: Manifest) -> set[int]:
     start token: the head neither pulls nor reads it."""
     held = set()
     for slot in plan.slots:
-        entry = manifest.entries.get(slot.gpu) or {}
-        name = entry.get("checkpoint")
-        if name and entry.get("checkpoint_sha256") and entry.get("hub_revision") \
-                and not (plan.pod_dir / name).is_file():
+        entry = manifest.entries.get(slot.gpu)
+        if entry and entry.checkpoint and entry.checkpoint_sha256 and entry.hub_revision \
+                and not (plan.pod_dir / entry.checkpoint).is_file():
             held.add(slot.gpu)
     return held
 
@@ -209,8 +207,9 @@ def refuse_fresh_starts(plan: LaunchPlan, manifest: Manifest) -> None:
         return
     for slot in plan.slots:
         gpu = slot.gpu
-        entry = manifest.entries.get(gpu) or {}
-        if entry.get("checkpoint") or (plan.pod_dir / plan.config.checkpoint_path(gpu)).is_file():
+        entry = manifest.entries.get(gpu)
+        if (entry and entry.checkpoint) or \
+                (plan.pod_dir / plan.config.checkpoint_path(gpu)).is_file():
             continue
         known = "names no checkpoint for it" if entry else "does not list it"
         raise UserError(f"gpu {gpu}: {manifest.path.name} {known} and there is no "
@@ -231,8 +230,8 @@ def _refuse_missing_shards(plan: LaunchPlan, manifest: Manifest) -> None:
     """Every missing shard in one line, with the fix (a new pod's first launch meets this)."""
     missing = []
     for slot in plan.slots:
-        rel = (manifest.entries.get(slot.gpu) or {}).get("shard") or \
-            plan.config.shard_path(slot.gpu)
+        entry = manifest.entries.get(slot.gpu)
+        rel = (entry.shard if entry else None) or plan.config.shard_path(slot.gpu)
         if not (plan.pod_dir / rel).is_file():
             missing.append(str(rel))
     if missing:
@@ -246,18 +245,18 @@ def record_baselines(plan: LaunchPlan, manifest: Manifest, index: CheckpointInde
     (`on_hub`: not on this disk; its hub revision is its resume point after a lost node.)"""
     for slot in plan.slots:
         entry = manifest.entries.get(slot.gpu)
-        if not entry or not entry.get("checkpoint") or slot.gpu in on_hub:
+        if not entry or not entry.checkpoint or slot.gpu in on_hub:
             continue
         if any(r["verdict"] == PASSED for r in index.for_gpu(slot.gpu)):
             continue
-        path = plan.pod_dir / entry["checkpoint"]
-        sha = entry.get("checkpoint_sha256") or sha256_file(path)
-        event = {"sha256": sha, "next_token": entry["start_token"], "path": entry["checkpoint"],
-                 "ema_tf": entry.get("ema_tf"), "lb": entry.get("lb"),
+        path = plan.pod_dir / entry.checkpoint
+        sha = entry.checkpoint_sha256 or sha256_file(path)
+        event = {"sha256": sha, "next_token": entry.start_token, "path": entry.checkpoint,
+                 "ema_tf": entry.ema_tf, "lb": entry.lb,
                  "bytes": path.stat().st_size}
         reason = "launch baseline: the checkpoint the manifest names"
         if (slot.gpu, sha) in index.records:
             index.mark(slot.gpu, sha, PASSED, reason)
         else:
-            index.add(slot.gpu, event, entry.get("stage", plan.stage), entry["checkpoint"],
+            index.add(slot.gpu, event, entry.stage or plan.stage, entry.checkpoint,
                       verdict=PASSED, reason=reason)

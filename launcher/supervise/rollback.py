@@ -86,7 +86,7 @@ class StageRollback:
                         reason=run.health.verdict().reason, automatic=auto)
         apply_rollback(pod.manifest, gpu, target, target_stage)
         if target.get("hub_revision"):
-            pod.manifest.entries[gpu]["hub_revision"] = target["hub_revision"]
+            pod.manifest.note_hub_revision(gpu, target["hub_revision"], target["sha256"])
         return True
 
     def take_request(self) -> None:

@@ -11,7 +11,7 @@ import signal
 import time
 
 from launcher.errors import Refused
-from launcher.pod.manifest import recorded_stage, write_manifest
+from launcher.pod.manifest import write_manifest
 
 
 class LaunchStopped(Exception):
@@ -44,7 +44,7 @@ class EarlyStop:
 
 def current_stage(plan, manifest) -> int | None:
     """The lowest stage the manifest records for the GPUs this launch runs (None: new pod)."""
-    return recorded_stage(manifest.entries, {s.gpu for s in plan.slots})
+    return manifest.recorded_stage({s.gpu for s in plan.slots})
 
 
 def canary_gate(plan, manifest, events, no_canary: bool, stop: EarlyStop) -> None:
@@ -89,11 +89,9 @@ def record_stage(manifest, gpus: list[int], stage: int, events) -> None:
     starts (a switch up has passed its canary by then): a run stopped or killed before some
     GPU's first checkpoint at the new stage still leaves one recorded stage, so the next
     plain `launch` resumes there instead of going back."""
-    entries = [manifest.entries[g] for g in gpus if g in manifest.entries]
-    recorded = sorted({e["stage"] for e in entries if e.get("stage") is not None})
+    recorded = manifest.recorded_stages(gpus)
     if not recorded or recorded == [stage]:
         return
-    for entry in entries:
-        entry["stage"] = stage
+    manifest.set_stage(stage, gpus)
     events.emit("stage_change", from_stage=recorded, to_stage=stage, reason="launch")
     write_manifest(manifest)

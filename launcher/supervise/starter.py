@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from launcher.checks.health import GpuHealth
 from launcher.hub.recover import RecoveryError, recover_entry
-from launcher.pod.manifest import RUN_ID_KEY, write_manifest
+from launcher.pod.manifest import RUN_ID_KEY, ManifestEntry, write_manifest
 from launcher.supervise.ending import PodEnding
 from launcher.supervise.gpu_run import GpuRun
 from launcher.supervise.pod_run import PodRun
@@ -23,11 +23,11 @@ class WorkerStarter:
         for run in pod.runs.values():
             self.start(run, fresh_health=True)
         if pod.probes is not None:
-            entries = {g: pod.manifest.entries.get(g) or {} for g in pod.runs}
+            entries = {g: pod.manifest.entries.get(g) or ManifestEntry() for g in pod.runs}
             pod.probes.start_stage(pod.stage, {
-                g: (e.get("checkpoint"), e.get("shard") or pod.plan.config.shard_path(g))
+                g: (e.checkpoint, e.shard or pod.plan.config.shard_path(g))
                 for g, e in entries.items()},
-                heads={g: e["start_token"] for g, e in entries.items() if e.get("checkpoint")})
+                heads={g: e.start_token for g, e in entries.items() if e.checkpoint})
         pod.move(PodEvent.STARTED)
         self.view.write(force=True)
 
@@ -39,10 +39,10 @@ class WorkerStarter:
         if not fresh_health and pod.backend.files_here and not self.recover(gpu):
             return
         entry = pod.manifest.entries.get(gpu)
-        resume_ema = entry.get("ema_tf") if entry else None
+        resume_ema = entry.ema_tf if entry else None
         if fresh_health or run.health is None:
             run.health = GpuHealth(pod.plan.criteria, stage.window,
-                                   lb_baseline=entry.get("lb") if entry else None,
+                                   lb_baseline=entry.lb if entry else None,
                                    resume_ema_tf=resume_ema)
         else:
             run.health.start(resume_ema)
@@ -60,13 +60,13 @@ class WorkerStarter:
         pod = self.pod
         entry = pod.manifest.entries.get(run.slot.gpu)
         return WorkerSpec(run.slot, pod.plan.stages[pod.stage].settings,
-                          start_token=entry["start_token"] if entry else None,
-                          ckpt_in=entry.get("checkpoint") if entry else None,
+                          start_token=entry.start_token if entry else None,
+                          ckpt_in=entry.checkpoint if entry else None,
                           max_steps=pod.plan.max_steps,
                           fault=pod.plan.faults.pop(run.slot.gpu, None), stage=pod.stage,
                           run_id=pod.manifest.extra.get(RUN_ID_KEY),
-                          ckpt_sha256=entry.get("checkpoint_sha256") if entry else None,
-                          ckpt_revision=entry.get("hub_revision") if entry else None)
+                          ckpt_sha256=entry.checkpoint_sha256 if entry else None,
+                          ckpt_revision=entry.hub_revision if entry else None)
 
     def recover(self, gpu: int) -> bool:
         """Before a restart: the entry's checkpoint must hold its recorded bytes (a worker
