@@ -160,3 +160,32 @@ def test_the_pushed_entry_names_the_hub_path_and_no_revision(tmp_path):
         "checkpoint_sha256": SHA_A, "shard": "data/s0.npy", "stage": 2, "ema_tf": 4.0,
         "lb": None, "updated_at": 5.0, "mine": "kept"}
     assert m.entries[0].hub_revision == "old" and m.entries[0].start_token == 192
+
+
+def test_a_checkpoint_written_after_the_launcher_died_is_adopted_over_null_fields(tmp_path):
+    """The reader allows null for updated_at and stage (a GPU may not have them yet); the
+    launch that adopts a worker's unrecorded checkpoint read them as numbers (TypeError)."""
+    from launcher.cli import main as cli_main
+    from launcher.paths import metrics_path
+    from launcher.pod.ckpt_index import CheckpointIndex, sha256_file
+    from launcher.pod.events import EventLog, read_events
+    from launcher.supervise.prepare import load_plan, reconcile
+    pod = tmp_path / "pod"
+    assert cli_main(["--pod-dir", str(pod), "init", "--preset", "tiny-cpu", "--no-data"]) == 0
+    plan, _ = load_plan(pod, 2, None, "0")
+    ckpt = pod / "checkpoints" / "fractus_1b_gpu0.pt"
+    ckpt.parent.mkdir(exist_ok=True)
+    ckpt.write_bytes(b"weights at token 640")
+    write(pod / plan.config.manifest, {"gpu_0": {"start_token": 0, "updated_at": None,
+                                                 "stage": None}})
+    (pod / metrics_path(0)).parent.mkdir(parents=True, exist_ok=True)
+    (pod / metrics_path(0)).write_text(json.dumps({
+        "event": "checkpoint", "ts": 1.0, "next_token": 640, "step": 10, "ema_tf": 4.5,
+        "lb": 14.0, "path": str(ckpt), "sha256": sha256_file(ckpt)}) + "\n")
+    manifest = read_manifest(pod / plan.config.manifest)
+    reconcile(plan, manifest, CheckpointIndex(pod), EventLog(pod))
+    entry = read_manifest(pod / plan.config.manifest).entries[0]
+    assert (entry.start_token, entry.checkpoint, entry.stage) == \
+        (640, "checkpoints/fractus_1b_gpu0.pt", 2)        # the launch's stage, not null
+    assert [e["start_token"] for e in read_events(pod) if e["event"] == "manifest_reconciled"] \
+        == [640]
