@@ -16,7 +16,8 @@ from launcher.cli import main as cli_main
 from launcher.hub import IntegrityError, open_store
 from launcher.pod.manifest import apply_checkpoint, read_manifest, write_manifest
 from launcher.config.podconfig import load_config
-from launcher.hub.sync import MERGED_PATH, record_revision, scrub, send, take_snapshot
+from launcher.hub.redact import scrub
+from launcher.hub.snapshot import MERGED_PATH, record_revision, send, take_snapshot
 from tests.test_launcher_e2e import (TEST_CRITERIA, TOKENS_PER_STEP, Launcher,  # noqa: F401
                                      events_of, launchers, make_pod, manifest_json,
                                      worker_records)

@@ -10,7 +10,7 @@ GET /api/data?points=N&version=V
                  per poll.
 
 It only reads the pod's files, with or without a running launcher, and every answer goes
-through the same token scrub as `status` (launcher.hub.sync.scrub).
+through the same token scrub as `status` (launcher.hub.redact.scrub).
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def _floats(values) -> list:
 
 
 def _scrubbed_json(obj) -> bytes:
-    from launcher.hub.sync import scrub
+    from launcher.hub.redact import scrub
     return scrub(json.dumps(obj, default=str, allow_nan=False)).encode()
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from launcher.checks.canary import read_canary_state, write_canary_state  # noqa: F401
+from launcher.checks.canary import read_canary_state
 from launcher.pod.ckpt_index import CheckpointIndex
 from launcher.pod.events import read_events
 from launcher.checks.health import PENDING, RUNNING
@@ -191,7 +191,8 @@ def _canary_report(pod_dir: Path) -> dict | None:
 
 def _sync_report(pod_dir: Path, config: PodConfig, now: float) -> dict | None:
     """The hub sync as the launcher (or `sync push`) last recorded it; errors re-scrubbed."""
-    from launcher.hub.sync import read_sync_state, scrub
+    from launcher.hub.redact import scrub
+    from launcher.hub.sync import read_sync_state
     if not config.hub:
         return None
     state = read_sync_state(pod_dir)

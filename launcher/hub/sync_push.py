@@ -10,16 +10,13 @@ from launcher.pod.ckpt_index import CheckpointIndex
 from launcher.pod.events import EventLog
 from launcher.pod.manifest import write_manifest
 from launcher.config.podconfig import PodConfig
+from launcher.hub.redact import describe_error
+from launcher.hub.snapshot import Snapshot, record_revision, send, take_snapshot
 from launcher.hub.sync import (
     HubSync,
-    Snapshot,
-    describe_error,
-    record_revision,
     record_taken_over,
     refuse_vanished_store,
-    send,
     store_for,
-    take_snapshot,
     update_sync_state,
 )
 

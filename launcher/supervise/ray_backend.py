@@ -206,7 +206,7 @@ class RayBackend(WorkerBackend):
 
     def _log(self, gpu: int, text: str) -> None:
         """A line for the GPU's log on the head (the worker's own log is on its node)."""
-        from launcher.hub.sync import scrub
+        from launcher.hub.redact import scrub
         path = self.pod_dir / worker_log_path(gpu)
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a") as log:
@@ -283,7 +283,7 @@ class RayBackend(WorkerBackend):
             try:
                 revision = self.ray.get(push.ref)
             except Exception as exc:         # the node, the hub: retried with the next pass
-                from launcher.hub.sync import describe_error
+                from launcher.hub.redact import describe_error
                 cause = getattr(exc, "cause", None) or exc
                 self.events.emit("sync_failed", reason="node push", gpu=gpu, node=push.node,
                                  error=describe_error(cause),
@@ -356,7 +356,7 @@ class NodeProbes:
 def remote_error(exc: Exception) -> str:
     """One line for the events: the exception raised on the node (a RayTaskError carries
     it as `cause`), without its traceback, scrubbed of any token."""
-    from launcher.hub.sync import describe_error
+    from launcher.hub.redact import describe_error
     cause = getattr(exc, "cause", None)
     if cause is None:
         return describe_error(exc)

@@ -1,0 +1,30 @@
+"""Secrets out of everything the pod shows: the hub token (HF_TOKEN or the client's login
+cache) and anything that looks like one never reach events, status, logs or the dashboard."""
+
+from __future__ import annotations
+
+import os
+import re
+
+_TOKEN_LIKE = re.compile(r"hf_[A-Za-z0-9_]{6,}")
+
+
+# ---- secrets ----------------------------------------------------------------------------
+def scrub(text: str) -> str:
+    """`text` without the hub token (HF_TOKEN or the client's login cache) or anything that
+    looks like one: what goes into events, status and logs."""
+    secrets = {os.environ.get("HF_TOKEN") or ""}
+    try:
+        from huggingface_hub import get_token
+        secrets.add(get_token() or "")
+    except Exception:
+        pass
+    for secret in sorted(filter(None, secrets), key=len, reverse=True):
+        text = text.replace(secret, "<redacted>")
+    return _TOKEN_LIKE.sub("hf_<redacted>", text)
+
+
+def describe_error(exc: BaseException) -> str:
+    from launcher.hub import HubError
+    text = str(exc) if isinstance(exc, HubError) else f"{type(exc).__name__}: {exc}"
+    return scrub(" ".join(text.split()))[:500]

@@ -1,0 +1,167 @@
+"""What one hub push sends, decided on the supervision loop and sent off it.
+
+A snapshot holds hard links to the immutable retained checkpoint files (no copy, no
+hashing on the loop) and the manifest naming exactly those bytes; `send` checks each
+checkpoint against its recorded sha256 in the one read the store makes and commits it all
+as one revision; `record_revision` notes that revision in the pod's manifest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from launcher.paths import MERGED_PATH, SNAPSHOT_DIR
+from launcher.pod.ckpt_index import CheckpointIndex
+from launcher.pod.manifest import Manifest, ManifestEntry, atomic_write_text
+from launcher.config.podconfig import CONFIG_NAME, PodConfig
+from launcher.pod.progress import progress
+
+
+# ---- what one push sends -----------------------------------------------------------------
+@dataclass
+class Snapshot:
+    """One push, decided on the supervision loop; sent (verified first) by `send`."""
+    dir: Path
+    files: dict[str, Path] = field(default_factory=dict)      # hub path -> local file
+    expected: dict[str, str] = field(default_factory=dict)    # hub path -> sha256 to check
+    copies: dict[Path, Path] = field(default_factory=dict)    # link failed: copy src -> dest
+    pushed: dict[int, tuple[str, str]] = field(default_factory=dict)  # gpu -> (path, sha256)
+    manifest_path: str = ""
+    manifest_doc: dict = field(default_factory=dict)
+    merge: bool = False
+
+    def key(self) -> tuple:
+        """What the snapshot holds; an unchanged pod is not pushed twice."""
+        return tuple(sorted(self.pushed.items())), self.merge
+
+    def discard(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def new_snapshot(pod_dir: Path, merge: bool = False) -> Snapshot:
+    """An empty snapshot in its own directory under the pod's snapshot folder."""
+    return Snapshot(pod_dir / SNAPSHOT_DIR / f"{time.strftime('%Y%m%dT%H%M%S')}-"
+                                             f"{uuid.uuid4().hex[:6]}", merge=merge)
+
+
+def pod_files(pod_dir: Path, config: PodConfig) -> list[str]:
+    """The small files a rebuilt pod needs besides manifest and checkpoints."""
+    from launcher.hub.integrity import pod_relpath
+    names = [CONFIG_NAME, config.stages, config.criteria]
+    if config.model.endswith((".json", ".yaml", ".yml")):
+        names.append(config.model)
+    out = []
+    for name in names:
+        try:
+            rel = pod_relpath(name)
+        except ValueError:
+            continue          # outside the pod (an absolute path): not the pod's to send
+        if (pod_dir / rel).is_file():
+            out.append(rel)
+    return out
+
+
+def take_snapshot(pod_dir: Path, config: PodConfig, manifest: Manifest,
+                  index: CheckpointIndex, merge: bool = False) -> Snapshot | None:
+    """Each GPU's newest passed checkpoint with a retained link (bytes pinned when its event
+    arrived), linked into a snapshot directory, plus the manifest that names them. None
+    when no GPU has one yet. Cheap: no file is read (the bytes are checked against their
+    sha256 by `send`, off the loop)."""
+    snap = new_snapshot(pod_dir, merge)
+    entries = {}
+    for gpu, entry in sorted(manifest.entries.items()):
+        record = index.newest_passed(gpu, verify=False)
+        if record is None:
+            continue
+        hub_path = config.checkpoint_path(gpu)
+        local = snap.dir / f"gpu{gpu}.pt"
+        local.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(pod_dir / record["path"], local)
+        except OSError:
+            snap.copies[pod_dir / record["path"]] = local    # no hard links here: copy later
+        snap.files[hub_path] = local
+        snap.expected[hub_path] = record["sha256"]
+        snap.pushed[gpu] = (hub_path, record["sha256"])
+        entries[gpu] = hub_entry(entry, record, hub_path, config.shard_path(gpu))
+    if not entries:
+        snap.discard()
+        return None
+    _add_manifest(snap, pod_dir, config, manifest, entries)
+    return snap
+
+
+def hub_entry(entry: ManifestEntry | None, record: dict, hub_path: str,
+              shard: str) -> ManifestEntry:
+    """The manifest entry the hub holds for a GPU: its pushed checkpoint `record` (a
+    checkpoint-index record) at `hub_path`, the rest of the pod's `entry` kept; `shard`
+    (the config's) where the entry names none."""
+    return (entry or ManifestEntry()).as_pushed(record, hub_path, shard)
+
+
+def _add_manifest(snap: Snapshot, pod_dir: Path, config: PodConfig, manifest: Manifest,
+                  entries: dict[int, ManifestEntry]) -> None:
+    """The manifest naming `entries`, and the pod's small files, join the snapshot."""
+    snap.manifest_path = config.manifest
+    snap.manifest_doc = Manifest(Path(config.manifest), entries, dict(manifest.extra)).to_json()
+    for rel in pod_files(pod_dir, config):
+        snap.files[rel] = pod_dir / rel
+
+
+def take_manifest_snapshot(pod_dir: Path, config: PodConfig, manifest: Manifest,
+                           on_hub: dict[int, dict]) -> Snapshot | None:
+    """A remote backend's push: its nodes pushed the checkpoints (`on_hub`: gpu -> the
+    pushed checkpoint-index record); the launcher sends only the manifest naming them and
+    the pod's small files, so `launch --from-hub` resumes at the pushed tokens. None
+    before the first node push."""
+    if not on_hub:
+        return None
+    snap = new_snapshot(pod_dir)
+    entries = {}
+    for gpu, record in sorted(on_hub.items()):
+        hub_path = config.checkpoint_path(gpu)
+        snap.pushed[gpu] = (hub_path, record["sha256"])
+        entries[gpu] = hub_entry(manifest.entries.get(gpu), record, hub_path,
+                                 config.shard_path(gpu))
+    snap.dir.mkdir(parents=True, exist_ok=True)
+    _add_manifest(snap, pod_dir, config, manifest, entries)
+    return snap
+
+
+def send(store, snap: Snapshot, message: str) -> str:
+    """Write the snapshot's manifest, merge if asked, push (checkpoints checked against
+    their recorded sha256): one revision. Runs off the supervision loop. Raises HubError (or OSError) on failure."""
+    for src, dest in snap.copies.items():
+        shutil.copyfile(src, dest)
+    manifest_file = snap.dir / "manifest.json"
+    atomic_write_text(manifest_file, json.dumps(snap.manifest_doc, indent=2) + "\n")
+    snap.files[snap.manifest_path] = manifest_file
+    if snap.merge:
+        from launcher.hub.merge import merge_checkpoints
+        checkpoints = [snap.files[path] for _, (path, _sha) in sorted(snap.pushed.items())]
+        merge_checkpoints(checkpoints, snap.dir / "merged.pt")
+        snap.files[MERGED_PATH] = snap.dir / "merged.pt"
+    # The store checks each checkpoint against its recorded sha256 in the one read it makes
+    # of it (IntegrityError, nothing sent or committed, if the bytes changed on disk); the
+    # push carries the run's lease (RunTakenOver if another pod writes the run now).
+    from launcher.hub.lease import push_as_writer
+    size = sum(path.stat().st_size for path in snap.files.values())
+    with progress(f"hub push to {store.url}: {len(snap.files)} file(s), "
+                  f"{size / 1e9:.2f} GB"):
+        return push_as_writer(store, snap.files, message, snap.expected, snap.dir)
+
+
+def record_revision(manifest: Manifest, snap: Snapshot, revision: str) -> list[int]:
+    """Note `revision` as the hub home of each GPU's checkpoint, where the manifest still
+    names exactly the bytes pushed (a newer, unpushed checkpoint keeps no hub_revision)."""
+    noted = []
+    for gpu, (hub_path, sha) in snap.pushed.items():
+        if manifest.note_hub_revision(gpu, revision, sha, checkpoint=hub_path):
+            noted.append(gpu)
+    return noted
