@@ -22,7 +22,8 @@ from launcher.checks.health import FAILED, INCONCLUSIVE, SUCCESSFUL, GpuHealth
 from launcher.checks.probe_check import (ProbeLost, ProbeSchedule, ProbeTolerance,
                                          ProbeUnavailable, load_probe_schedule,
                                          load_probe_tolerance)
-from launcher.checks.probe_monitor import BASELINE, ProbeMonitor, apply_outcome
+from launcher.checks.probe_monitor import ProbeMonitor
+from launcher.checks.probe_outcome import BASELINE, apply_outcome
 from tests.test_launcher_e2e import (TEST_CRITERIA, Launcher, events_of, launchers,  # noqa: F401
                                      make_pod, wait_for)
 

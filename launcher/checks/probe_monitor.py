@@ -46,18 +46,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.paths import PROBE_DIR  # noqa: F401 (re-exported)
-from launcher.pod.ckpt_index import FAILED as CK_FAILED
-from launcher.checks.criteria import CheckSpec
 from launcher.files import read_json_state
 from launcher.paths import BASELINES_FILE
-from launcher.checks.health import (
-    FAILED,
-    INCONCLUSIVE,
-    SUCCESSFUL,
-    CheckState,
-    GpuHealth,
-    Measurement,
-)
+from launcher.checks.health import FAILED, INCONCLUSIVE
+from launcher.checks.probe_outcome import BASELINE, ProbeOutcome, ProbeRequest
 from launcher.checks.probe_check import (
     Baseline,
     ProbeSchedule,
@@ -68,47 +60,8 @@ from launcher.checks.probe_check import (
     run_probe_process,
 )
 
-BASELINE = "baseline"          # an outcome that set the baseline (no verdict)
 LOST = object()                # a probe's error when its node was lost (ProbeLost)
-CHECK_NAME = "probe"           # its name among the GPU's health checks
 PROBE_MODULE = "fractus.eval.probe"
-
-
-@dataclass(frozen=True)
-class ProbeRequest:
-    gpu: int
-    checkpoint: str            # relative to the pod directory
-    shard: str
-    role: str                  # "baseline" (the resume checkpoint) or "check"
-    sha256: str | None = None
-    step: int | None = None
-    head: int | None = None    # where its windows start (None: the head the file records)
-
-
-@dataclass
-class ProbeOutcome:
-    request: ProbeRequest
-    status: str                # SUCCESSFUL / FAILED / INCONCLUSIVE, or BASELINE
-    reason: str
-    result: dict | None = None
-    seconds: float = 0.0
-    baseline: Baseline | None = None
-
-    @property
-    def baseline_ar(self) -> float | None:
-        return self.baseline.ar if self.baseline else None
-
-    def event_fields(self) -> dict:
-        r = self.request
-        numbers = {k: self.result.get(k) for k in ("ar", "ar_acc", "cold_tf", "ar_rows")} \
-            if self.result else {}
-        where = {"node": self.result["node"]} if self.result and "node" in self.result else {}
-        return {"gpu": r.gpu, **where, "role": r.role, "status": self.status,
-                "reason": self.reason,
-                "checkpoint": r.checkpoint, "sha256": r.sha256, "step": r.step,
-                "baseline_ar": self.baseline_ar,
-                "baseline_spread": self.baseline.spread() if self.baseline else None,
-                "seconds": round(self.seconds, 2), **numbers}
 
 
 @dataclass
@@ -388,29 +341,3 @@ class ProbeMonitor:
             return ProbeOutcome(request, INCONCLUSIVE, f"baseline: {reason}", result, seconds)
         status, reason = probe_verdict(result, probes.baseline, self.tolerance, error=error)
         return ProbeOutcome(request, status, reason, result, seconds, probes.baseline)
-
-
-def apply_outcome(outcome: ProbeOutcome, health: GpuHealth, index) -> None:
-    """A probe's verdict joins the GPU's health checks. Failed: the GPU fails its stage
-    and the probed checkpoint and every newer one of that GPU are marked failed.
-    Inconclusive/Successful: a measurement of the `probe` check, so a stage whose probes
-    never ran is held Inconclusive instead of passing."""
-    if outcome.status == BASELINE:
-        return
-    reason = f"{outcome.reason} ({outcome.request.checkpoint})"
-    if outcome.status == FAILED:
-        health.fail(CHECK_NAME, reason)
-        _fail_from(outcome.request, index, reason)
-        return
-    check = health.checks.setdefault(CHECK_NAME, CheckState(CHECK_NAME, CheckSpec()))
-    check.record(Measurement(True if outcome.status == SUCCESSFUL else None, reason))
-
-
-def _fail_from(request: ProbeRequest, index, reason: str) -> None:
-    rows = index.for_gpu(request.gpu)
-    probed = next((r for r in rows if r["sha256"] == request.sha256), None)
-    if probed is None:
-        return
-    for record in rows:
-        if record["next_token"] >= probed["next_token"] and record["verdict"] != CK_FAILED:
-            index.mark(request.gpu, record["sha256"], CK_FAILED, f"AR probe failed: {reason}")

@@ -9,7 +9,7 @@ it never starts or stops a worker.
 
 from __future__ import annotations
 
-from launcher.checks.probe_monitor import apply_outcome
+from launcher.checks.probe_outcome import apply_outcome
 from launcher.pod.ckpt_index import FAILED as CK_FAILED
 from launcher.pod.ckpt_index import PASSED as CK_PASSED
 from launcher.pod.manifest import (BackwardsError, apply_checkpoint, relative_to_pod,
