@@ -553,6 +553,31 @@ def test_on_a_remote_backend_the_manifest_follows_each_node_push_to_the_hub(make
     assert rebuilt.entries[0]["hub_revision"] == rev
     assert not (fresh / hub_path).exists()          # the weights stay on the hub
 
+    # The launcher dies between a node's push and the manifest push that follows it: the
+    # hub's newest revision is mid-push (its manifest names the previous bytes). A rebuild
+    # takes the newest consistent revision, exactly the last manifest push, and says so.
+    backend.train(0, 50)
+    third = backend.checkpoint(0)
+    backend.train(0, 60)
+    sup.step()
+    mid_push = node_push(third)                     # ...and no supervisor step after it
+    newest, before = store.history()[:2]
+    assert newest.revision == mid_push
+    after_death = tmp_path / "after-death"
+    rev, _config, _lease = rebuild_from_hub(after_death, sup.pod.plan.config.hub.replace(
+        "file://hub", f"file://{sup.pod.pod_dir / 'hub'}"), None, on_cluster=True)
+    assert rev == before.revision        # the lease the first rebuild took, on the last manifest
+    rebuilt = read_manifest(after_death / sup.pod.plan.config.manifest)
+    assert rebuilt.entries[0]["start_token"] == second["next_token"]
+    (skipped,) = [e for e in read_events(after_death) if e["event"] == "hub_mid_push_skipped"]
+    assert skipped["skipped"] == [mid_push] and "gpu_0" in skipped["reason"]
+    # Asked for by name, the mid-push revision is refused: nothing is guessed.
+    from launcher.hub import IntegrityError
+    with pytest.raises(IntegrityError, match="other bytes than the revision holds"):
+        rebuild_from_hub(tmp_path / "named", sup.pod.plan.config.hub.replace(
+            "file://hub", f"file://{sup.pod.pod_dir / 'hub'}"), mid_push, on_cluster=True)
+    assert not (tmp_path / "named").exists()
+
 
 class ProbeRecorder:
     """Stands in for the ProbeMonitor: records what would be probed, judges nothing."""

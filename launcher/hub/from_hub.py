@@ -9,10 +9,16 @@ tokens exactly as if the old pod had been stopped there.
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
+from launcher.hub.integrity import IntegrityError
+from launcher.pod.events import EventLog
 from launcher.pod.manifest import atomic_write_text, write_manifest
 from launcher.config.podconfig import CONFIG_NAME, PodConfig, parse_devices
+
+
+MAX_WALK_BACK = 20      # revisions looked at for the newest consistent one
 
 
 def absolute_hub_url(url: str, base: Path) -> str:
@@ -49,14 +55,18 @@ def rebuild_from_hub(pod_dir: Path, url: str, revision: str | None,
         return rev, config, take_over(open_store(url, pod_dir), pod_dir)
     except BaseException:
         # Leave the directory as empty as it was, so the same command can simply be rerun.
-        for child in list(pod_dir.iterdir()):
-            if child.is_dir() and not child.is_symlink():
-                shutil.rmtree(child)
-            else:
-                child.unlink()
+        empty_dir(pod_dir)
         if created:
             pod_dir.rmdir()
         raise
+
+
+def empty_dir(pod_dir: Path) -> None:
+    for child in list(pod_dir.iterdir()):
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
 
 
 def keep_hub(pod_dir: Path, url: str, note: str) -> None:
@@ -72,12 +82,47 @@ def keep_hub(pod_dir: Path, url: str, note: str) -> None:
 
 def _rebuild(pod_dir: Path, url: str, revision: str | None,
              on_cluster: bool) -> tuple[str, PodConfig]:
+    from launcher.hub import open_store
+    store = open_store(url, pod_dir)
+    if revision is not None:
+        rev = store.resolve(revision)
+        return rev, _rebuild_at(pod_dir, url, store, rev, on_cluster)
+    # The newest revision, unless it is mid-push: on a Ray pod a node commits its checkpoint
+    # and the launcher then commits the manifest naming it; a launcher that died between
+    # the two leaves a head whose manifest names the previous bytes. The newest revision
+    # before it whose manifest names the bytes it holds is the run's last consistent state.
+    newest = store.resolve(None)
+    skipped: list[MidPush] = []
+    for entry in store.history()[:MAX_WALK_BACK]:
+        try:
+            config = _rebuild_at(pod_dir, url, store, entry.revision, on_cluster)
+        except MidPush as exc:
+            skipped.append(exc)
+            empty_dir(pod_dir)
+            continue
+        if skipped:
+            print(f"fractus-pod: the hub's newest revision {newest[:12]} is mid-push "
+                  f"({skipped[0].differing}); rebuilt from {entry.revision[:12]}, the "
+                  f"newest revision whose manifest names the bytes it holds",
+                  file=sys.stderr, flush=True)
+            EventLog(pod_dir).emit("hub_mid_push_skipped", skipped=[e.revision for e in skipped],
+                                   revision=entry.revision, reason=skipped[0].differing)
+        return entry.revision, config
+    raise skipped[0]
+
+
+class MidPush(IntegrityError):
+    """A revision whose manifest names other checkpoint bytes than the revision holds."""
+
+    def __init__(self, revision: str, differing: str):
+        super().__init__(f"revision {revision[:12]}: {differing}; refused")
+        self.revision, self.differing = revision, differing
+
+
+def _rebuild_at(pod_dir: Path, url: str, store, rev: str, on_cluster: bool) -> PodConfig:
     from launcher.errors import UserError
-    from launcher.hub import IntegrityError, open_store
     from launcher.pod.manifest import read_manifest
     from launcher.config.podconfig import load_config, write_demo_shards
-    store = open_store(url, pod_dir)
-    rev = store.resolve(revision)
     tracked = store.files(rev)
     if CONFIG_NAME not in tracked:
         raise UserError(f"revision {rev[:12]} of {url} holds no {CONFIG_NAME}: not a pod "
@@ -90,16 +135,18 @@ def _rebuild(pod_dir: Path, url: str, revision: str | None,
     manifest = read_manifest(pod_dir / config.manifest)
     if not manifest.exists:
         raise UserError(f"revision {rev[:12]} of {url} holds no manifest {config.manifest}")
-    wanted = []
+    wanted, differing = [], []
     for gpu, entry in sorted(manifest.entries.items()):
         rel = entry.checkpoint
         if not rel:
             continue
         held = tracked.get(rel)
         if held is None or held.sha256 != entry.checkpoint_sha256:
-            raise IntegrityError(f"revision {rev[:12]}: gpu_{gpu}'s manifest names {rel} "
-                                 f"with other bytes than the revision holds; refused")
+            differing.append(f"gpu_{gpu}'s manifest names {rel} with other bytes than the "
+                             f"revision holds")
         wanted.append(rel)
+    if differing:
+        raise MidPush(rev, "; ".join(differing))
     if not (on_cluster or config.ray is not None):
         store.pull(wanted, rev)
     for entry in manifest.entries.values():
@@ -112,4 +159,4 @@ def _rebuild(pod_dir: Path, url: str, revision: str | None,
                if not (pod_dir / config.shard_path(g)).is_file()]
     if missing and config.demo_data:
         write_demo_shards(pod_dir, config)
-    return rev, config
+    return config
