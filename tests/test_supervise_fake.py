@@ -335,8 +335,8 @@ def test_a_lost_node_with_no_free_device_waits_visibly_until_a_node_joins(make):
 
 def test_a_lost_node_whose_checkpoint_the_hub_lacks_fails_that_gpu(make):
     sup, backend, clock = make(stage=1, nodes={"node-a": 1, "node-b": 1})
-    sup.placement.launch_entries[0] = ManifestEntry(start_token=640,
-                                                    checkpoint="checkpoints/x.pt")
+    sup.pod.launch_entries[0] = ManifestEntry(start_token=640,
+                                              checkpoint="checkpoints/x.pt")
     sup.starter.start_all()
     backend.lose_node("node-a")
     sup.step()
@@ -616,3 +616,34 @@ def test_a_checkpoint_rotated_away_before_its_event_was_read_is_never_probed_und
     assert name == record["retained"]          # the pinned link, not the worker's name
     assert hashlib.sha256((sup.pod.pod_dir / name).read_bytes()).hexdigest() == newer["sha256"]
     assert sup.pod.index.records[(0, older["sha256"])]["retained"] is None
+
+
+def test_on_a_remote_backend_a_rollback_with_nothing_newer_passed_restores_the_launch_checkpoint(
+        make):
+    """Launched with --from-hub onto a cluster: the checkpoint each GPU resumed from is on
+    the hub (each node pulled its own), never on the head. A GPU failing before any newer
+    checkpoint passed rolls back to exactly that one, as on one machine."""
+    from launcher.pod.manifest import ManifestEntry
+    sup, backend, clock = make(stage=3)
+    backend.files_here = False                      # the nodes hold the files
+    launch = ManifestEntry(start_token=64 * TOKENS_PER_STEP,
+                           checkpoint="checkpoints/fractus_1b_gpu0.pt",
+                           checkpoint_sha256="ab" * 32, hub_revision="f" * 40, stage=3,
+                           ema_tf=5.0, lb=2.0)
+    sup.pod.manifest.entries[0] = launch.copy()
+    sup.pod.launch_entries[0] = launch.copy()
+    sup.starter.start_all()
+    assert backend.current(0).spec.start_token == launch.start_token
+    backend.train(0, 5)
+    backend.checkpoint(0)                           # pending: never vouched for
+    backend.event(0, "nan", step=70)
+    sup.step()
+    (rollback,) = events(sup, "rollback", gpu=0)
+    assert (rollback["to_token"], rollback["to_stage"]) == (launch.start_token, 2)
+    assert sup.pod.state is PodState.RUNNING and sup.pod.stage == 2
+    entry = read_manifest(sup.pod.pod_dir / sup.pod.plan.config.manifest).entries[0]
+    assert (entry.start_token, entry.checkpoint_sha256, entry.hub_revision) == (
+        launch.start_token, launch.checkpoint_sha256, launch.hub_revision)
+    restarted = backend.current(0).spec
+    assert (restarted.start_token, restarted.ckpt_revision) == (launch.start_token,
+                                                                launch.hub_revision)

@@ -16,9 +16,6 @@ from launcher.supervise.state import GpuEvent
 class NodePlacement:
     def __init__(self, pod: PodRun, starter: WorkerStarter):
         self.pod, self.starter = pod, starter
-        # Where each GPU stood at launch: its resume point after a lost node when the hub
-        # holds nothing newer of it.
-        self.launch_entries = {g: e.copy() for g, e in pod.manifest.entries.items()}
 
     def on_node_lost(self, run: GpuRun) -> None:
         pod, gpu = self.pod, run.slot.gpu
@@ -36,7 +33,7 @@ class NodePlacement:
             apply_rollback(pod.manifest, gpu, target, pod.stage)
             pod.manifest.note_hub_revision(gpu, target["hub_revision"], target["sha256"])
         else:      # where it stood at launch; no entry then: nothing kept, a fresh start
-            pod.manifest.reset_entry(gpu, self.launch_entries.get(gpu))
+            pod.manifest.reset_entry(gpu, pod.launch_entries.get(gpu))
         entry = pod.manifest.entries.get(gpu) or ManifestEntry()   # none: token 0, no file
         if entry.checkpoint and not entry.hub_revision:
             run.apply(GpuEvent.GAVE_UP)

@@ -16,7 +16,7 @@ from pathlib import Path
 from launcher.checks.probe_monitor import ProbeMonitor
 from launcher.pod.ckpt_index import CheckpointIndex
 from launcher.pod.events import EventLog
-from launcher.pod.manifest import Manifest
+from launcher.pod.manifest import Manifest, ManifestEntry
 from launcher.supervise.backend import WorkerBackend
 from launcher.supervise.gpu_run import GpuRun
 from launcher.supervise.prepare import LaunchPlan
@@ -40,6 +40,13 @@ class PodRun:
     rolled_back: bool = False            # an automatic rollback happened: never twice
     judging: bool = False                # the final probes of a clean end are running
     started_at: float = field(default_factory=time.time)
+    # Where each GPU stood at launch (the checkpoint it resumed from): on a remote backend
+    # the resume point after a lost node, or of a rollback, when nothing newer passed.
+    launch_entries: dict[int, ManifestEntry] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not self.launch_entries:
+            self.launch_entries = {g: e.copy() for g, e in self.manifest.entries.items()}
 
     @property
     def pod_dir(self) -> Path:
