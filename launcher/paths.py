@@ -49,3 +49,4 @@ SNAPSHOT_DIR = ".fractus_sync"       # hard links of the files one sync sends; n
 MERGED_PATH = "checkpoints/FRACTUS_1B_8GPU_MERGED.pt"
 HUB_SCRATCH_DIR = ".fractus_hub"     # the store's downloads in progress
 HELD_FILE = "logs/hub_lease.json"    # the hub writer lease this pod took
+NODE_LEASE_DIR = "logs/.node_lease"  # on a Ray node: the lease file of a push in flight

@@ -12,9 +12,11 @@ uses (`rebuild_from_hub`, `sync push`), and the race.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -22,7 +24,9 @@ import pytest
 from launcher.cli import main as cli_main
 from launcher.hub.from_hub import rebuild_from_hub
 from launcher.hub import open_store
-from launcher.hub.lease import HELD_FILE, LEASE_PATH, RunTakenOver, hub_lease, push_as_writer, take_over
+from launcher.hub.lease import (HELD_FILE, LEASE_PATH, RunTakenOver, hub_lease, pod_id,
+                                push_as_writer, take_over)
+from launcher.supervise.ray_node import push_as_pod
 from tests.support.hub_server import test_hub  # noqa: F401  (pytest fixture)
 from tests.test_hub_paths import add_passed
 from tests.test_hub_sync import FAST_PASS
@@ -90,7 +94,8 @@ def test_a_takeover_between_read_and_commit_refuses_the_push(kind, tmp_path, req
     new.mkdir()
     (old / "x.bin").write_bytes(b"one")
     store = open_store(url, old)
-    first = push_as_writer(store, {"x.bin": old / "x.bin"}, "first", None, old / "stage")
+    first = push_as_writer(store, {"x.bin": old / "x.bin"}, "first", None, old / "stage",
+                           pod_id(old))
     assert hub_lease(store, first)["pod_id"] == held_id(old)
     real_push = store.push
 
@@ -101,7 +106,8 @@ def test_a_takeover_between_read_and_commit_refuses_the_push(kind, tmp_path, req
     store.push = push_after_a_takeover
     (old / "x.bin").write_bytes(b"two")
     with pytest.raises(RunTakenOver) as refused:
-        push_as_writer(store, {"x.bin": old / "x.bin"}, "second", None, old / "stage")
+        push_as_writer(store, {"x.bin": old / "x.bin"}, "second", None, old / "stage",
+                       pod_id(old))
     assert str(refused.value).startswith(f"run taken over by pod {held_id(new)} at ")
     head = store.head()
     assert hub_lease(store, head)["pod_id"] == held_id(new)
@@ -139,3 +145,76 @@ def test_hf_hub_run_rebuilt_elsewhere_refuses_the_old_pods_push(test_hub, tmp_pa
     assert len(test_hub.commits("fractus/lease-run")) == commits_before
     (event,) = events_of(old, "hub_taken_over")
     assert lease["pod_id"] in event["error"]
+
+
+def test_concurrent_pushes_of_one_writer_both_land(tmp_path):
+    """Several GPUs' nodes push at once as one pod: a conflict between them (each first push
+    staging its own new lease, on the head both read) is retried, never an error."""
+    url = f"file://{tmp_path / 'hub'}"
+    writer = "head-pod-1234"
+    barrier = threading.Barrier(2, timeout=60)
+    revisions, errors = {}, []
+
+    def node_push(gpu: int) -> None:
+        workdir = tmp_path / f"node{gpu}"
+        workdir.mkdir()
+        (workdir / "ckpt.pt").write_bytes(f"gpu{gpu}".encode())
+        store = open_store(url, workdir)
+        real_push, calls = store.push, []
+
+        def push_after_both_read(*args, **kwargs):
+            if not calls:           # both pushes read the (empty) head before either commits
+                calls.append(1)
+                barrier.wait()
+            return real_push(*args, **kwargs)
+
+        store.push = push_after_both_read
+        try:
+            revisions[gpu] = push_as_writer(store, {f"ckpt{gpu}.pt": workdir / "ckpt.pt"},
+                                            f"gpu{gpu}", None, workdir / "stage", writer)
+        except Exception as exc:        # noqa: BLE001 (asserted below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=node_push, args=(gpu,)) for gpu in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors and len(revisions) == 2
+    store = open_store(url, tmp_path)
+    head = store.head()
+    assert store.read_bytes("ckpt0.pt", head) == b"gpu0"
+    assert store.read_bytes("ckpt1.pt", head) == b"gpu1"
+    assert hub_lease(store, head)["pod_id"] == writer and hub_lease(store, head)["epoch"] == 1
+    assert len(store.history()) == 2
+    assert not list((tmp_path / "node0" / "stage").iterdir())     # no lease file left
+
+
+def test_a_node_pushes_as_its_heads_pod_and_is_refused_after_a_takeover(tmp_path):
+    """A Ray node (ray_node.push_as_pod, what NodeWorker.push sends) pushes as the head's pod,
+    whose id is not on the node's disk: the commit carries the head's lease; once another
+    pod took the run over, the node's push is refused and nothing is committed."""
+    url = f"file://{tmp_path / 'hub'}"
+    head_pod, node, new = tmp_path / "head", tmp_path / "node", tmp_path / "new"
+    for folder in (head_pod, node, new):
+        folder.mkdir()
+    writer = pod_id(head_pod)
+    ckpt = node / "checkpoints" / "retained" / "gpu0.pt"
+    ckpt.parent.mkdir(parents=True)
+    ckpt.write_bytes(b"first")
+    first = push_as_pod(url, node, writer, "checkpoints/fractus_1b_gpu0.pt", ckpt,
+                        hashlib.sha256(b"first").hexdigest(), "node push")
+    store = open_store(url, head_pod)
+    assert store.head() == first
+    assert hub_lease(store, first)["pod_id"] == writer
+    assert not (node / HELD_FILE).exists()                  # the node is no pod of its own
+
+    lease = take_over(open_store(url, new), new)
+    taken = store.head()
+    ckpt.write_bytes(b"second")
+    with pytest.raises(RunTakenOver) as refused:
+        push_as_pod(url, node, writer, "checkpoints/fractus_1b_gpu0.pt", ckpt,
+                    hashlib.sha256(b"second").hexdigest(), "node push")
+    assert str(refused.value).startswith(f"run taken over by pod {lease['pod_id']} at ")
+    assert store.head() == taken
+    assert store.read_bytes("checkpoints/fractus_1b_gpu0.pt", taken) == b"first"

@@ -647,3 +647,69 @@ def test_on_a_remote_backend_a_rollback_with_nothing_newer_passed_restores_the_l
     restarted = backend.current(0).spec
     assert (restarted.start_token, restarted.ckpt_revision) == (launch.start_token,
                                                                 launch.hub_revision)
+
+
+def test_a_node_push_refused_by_a_takeover_stops_every_push_and_is_recorded(make, tmp_path):
+    """After `launch --from-hub` took the run over elsewhere, a node's push (as the head's
+    pod: launcher/supervise/ray_node.py push_as_pod) is refused; the backend reports it
+    (RayBackend._harvest_pushes), and from then on no passed checkpoint is handed to the
+    nodes to push, the launcher's manifest push stops too, and events and status say so."""
+    import time
+
+    from launcher.hub import open_store
+    from launcher.hub.lease import RunTakenOver, pod_id, take_over
+    from launcher.hub.sync import read_sync_state
+    from launcher.supervise.ray_node import push_as_pod
+    sup, backend, clock = make(stage=1)
+    sup.use_backend(backend)
+    sup.starter.start_all()
+    pod_dir = sup.pod.pod_dir
+    store = open_store(sup.pod.plan.config.hub, pod_dir)
+    hub_path = sup.pod.plan.config.checkpoint_path(0)
+
+    def node_push(event) -> str:
+        return push_as_pod(store.url, pod_dir, pod_id(pod_dir), hub_path, pod_dir / hub_path,
+                           event["sha256"], "node push")
+
+    first = passed_checkpoint(sup, backend, 0)
+    revision = node_push(first)
+    (record,) = [r for g, r in backend.passed if g == 0]
+    backend.hub[0] = {**record, "path": hub_path, "hub_revision": revision}
+    deadline = time.monotonic() + 60
+    while not events(sup, "sync_pushed", reason="manifest") and time.monotonic() < deadline:
+        sup.step()
+        time.sleep(0.05)
+    assert events(sup, "sync_pushed", reason="manifest")
+
+    new = tmp_path / "elsewhere"
+    new.mkdir()
+    lease = take_over(open_store(store.url, new), new)
+    taken = store.head()
+    backend.train(0, 50)
+    second = backend.checkpoint(0)
+    backend.train(0, 60)
+    sup.step()
+    assert len(backend.passed) == 2                 # this one was handed over, and refused:
+    with pytest.raises(RunTakenOver) as refused:
+        node_push(second)
+    backend.stop_pushes(str(refused.value))
+    for _ in range(5):
+        sup.step()
+    (event,) = events(sup, "hub_taken_over")
+    assert event["reason"] == "node push" and lease["pod_id"] in event["error"]
+    state = read_sync_state(pod_dir)
+    assert state["last_result"] == "taken_over" and lease["pod_id"] in state["taken_over"]
+
+    backend.train(0, 50)
+    third = backend.checkpoint(0)
+    backend.train(0, 60)
+    # Another GPU's push that landed before the takeover would change what the manifest
+    # names: still, the manifest push does not follow it.
+    backend.hub[0] = {**backend.passed[1][1], "path": hub_path, "hub_revision": taken}
+    for _ in range(5):
+        sup.step()
+    assert sup.pod.index.records[(0, third["sha256"])]["verdict"] == PASSED
+    assert len(backend.passed) == 2                  # no further checkpoint goes to a node
+    assert len(events(sup, "sync_pushed", reason="manifest")) == 1
+    assert store.head() == taken                     # the manifest push stopped too
+    assert len(events(sup, "hub_taken_over")) == 1

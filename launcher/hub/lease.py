@@ -26,6 +26,9 @@ from launcher.hub import HubError, PushConflict
 from launcher.pod.manifest import atomic_write_text
 
 LEASE_PATH = "fractus-pod.lease.json"    # in the hub: which pod writes this run
+# Pushes of one writer that conflict with each other (the lease unchanged) are retried on
+# the new head this many times in all: several GPUs pushing at once settle in a few.
+SAME_WRITER_ATTEMPTS = 5
 
 
 class RunTakenOver(HubError):
@@ -74,35 +77,47 @@ def taken_over_message(lease: dict) -> str:
 
 
 def _stage(lease: dict, stage_dir: Path) -> Path:
+    """The lease file a push commits, under a name of its own: pushes of one writer may run
+    at once with the same stage dir (a node's GPUs share its workdir)."""
     stage_dir.mkdir(parents=True, exist_ok=True)
-    path = stage_dir / "lease.json"
+    path = stage_dir / f"lease-{uuid.uuid4().hex[:8]}.json"
     atomic_write_text(path, json.dumps(lease, indent=2, sort_keys=True) + "\n")
     return path
 
 
-def _claim(store, me: str, stage_dir: Path) -> tuple[str | None, Path]:
-    """Before a push: (the head it must build on, the lease file to commit with it)."""
+def _writers_lease(store, me: str) -> tuple[str | None, dict]:
+    """Before a push: (the head it must build on, the lease to commit with it).
+    RunTakenOver when another pod holds the lease there."""
     head = store.head()
     lease = hub_lease(store, head)
     if lease is not None and lease["pod_id"] != me:
         raise RunTakenOver(taken_over_message(lease))
     if lease is None:           # the run's first writer under leases
         lease = {"pod_id": me, "epoch": 1, "taken_at": time.time()}
-    return head, _stage(lease, stage_dir)
+    return head, lease
 
 
 def push_as_writer(store, files: Mapping[str, Path], message: str,
-                   expected: Mapping[str, str] | None, stage_dir: Path) -> str:
-    """`store.push` of `files` as the run's one writer: RunTakenOver when another pod holds
-    the lease, before anything is sent, or when a takeover is what made the push conflict."""
-    me = pod_id(store.pod_dir)
-    base, lease_file = _claim(store, me, stage_dir)
-    try:
-        return store.push({**files, LEASE_PATH: lease_file}, message, base=base,
-                          expected=expected)
-    except PushConflict:
-        _claim(store, me, stage_dir)       # raises RunTakenOver if the lease moved
-        raise
+                   expected: Mapping[str, str] | None, stage_dir: Path, writer: str) -> str:
+    """`store.push` of `files` as the run's one writer, the pod `writer` (`pod_id` of the
+    pod's directory; a Ray node pushes as its head's pod): RunTakenOver when another pod
+    holds the lease, before anything is sent, or when a takeover is what made the push
+    conflict. A conflict with another push of the same writer (the lease still `writer`'s:
+    two first pushes each staging a new lease, several GPUs' nodes at once) is benign: the
+    push is built again on the new head, up to SAME_WRITER_ATTEMPTS in all."""
+    for attempt in range(1, SAME_WRITER_ATTEMPTS + 1):
+        base, lease = _writers_lease(store, writer)     # RunTakenOver if the lease moved
+        lease_file = _stage(lease, stage_dir)
+        try:
+            return store.push({**files, LEASE_PATH: lease_file}, message, base=base,
+                              expected=expected)
+        except PushConflict:
+            if attempt == SAME_WRITER_ATTEMPTS:
+                _writers_lease(store, writer)   # a takeover made it conflict: RunTakenOver
+                raise
+        finally:
+            lease_file.unlink(missing_ok=True)
+    raise AssertionError("the last attempt returns or raises")
 
 
 def take_over(store, pod_dir: Path) -> dict:

@@ -150,11 +150,12 @@ def send(store, snap: Snapshot, message: str) -> str:
     # The store checks each checkpoint against its recorded sha256 in the one read it makes
     # of it (IntegrityError, nothing sent or committed, if the bytes changed on disk); the
     # push carries the run's lease (RunTakenOver if another pod writes the run now).
-    from launcher.hub.lease import push_as_writer
+    from launcher.hub.lease import pod_id, push_as_writer
     size = sum(path.stat().st_size for path in snap.files.values())
     with progress(f"hub push to {store.url}: {len(snap.files)} file(s), "
                   f"{size / 1e9:.2f} GB"):
-        return push_as_writer(store, snap.files, message, snap.expected, snap.dir)
+        return push_as_writer(store, snap.files, message, snap.expected, snap.dir,
+                              pod_id(store.pod_dir))
 
 
 def record_revision(manifest: Manifest, snap: Snapshot, revision: str) -> list[int]:

@@ -195,6 +195,13 @@ class HubSync:
                                         name="hub-sync", daemon=True)
         self._thread.start()
 
+    def stop_taken_over(self, message: str, reason: str) -> None:
+        """Another pod holds the run's lease (`message`: the refused push's one line, from
+        this sync's push or a node's): no push any more; recorded once."""
+        if self.taken_over is None:
+            self.taken_over = message
+            record_taken_over(self.pod_dir, self.events, message, reason)
+
     @staticmethod
     def manifest_token(snap: Snapshot, gpu: int) -> int:
         return int(snap.manifest_doc[f"gpu_{gpu}"]["start_token"])
@@ -232,8 +239,7 @@ class HubSync:
             self.events.emit("sync_pushed", reason=reason, revision=value, tokens=tokens,
                              files=len(snap.files), seconds=seconds, hub_revision_for=noted)
         elif kind == "taken_over":
-            self.taken_over = value
-            record_taken_over(self.pod_dir, self.events, value, reason)
+            self.stop_taken_over(value, reason)
         else:
             update_sync_state(self.pod_dir, in_flight=False, last_error=value,
                               last_error_at=time.time(), last_result="error")

@@ -40,6 +40,9 @@ class WorkerBackend(ABC):
     # Whether the workers' checkpoints are on the launcher's disk (the launcher checks and
     # restores them before a restart), or on the nodes (the node does).
     files_here = True
+    # Once another pod holds the run's hub lease (launcher/hub/lease.py): the refusal's one
+    # line. A remote backend's nodes push no checkpoint any more.
+    taken_over: str | None = None
 
     def __init__(self, pod_dir: Path):
         self.pod_dir = pod_dir
@@ -89,6 +92,10 @@ class WorkerBackend(ABC):
         """Where AR probes run when the checkpoints are not on this machine (an object for
         ProbeMonitor.use_nodes); None: on this machine."""
         return None
+
+    def stop_pushes(self, message: str) -> None:
+        """Another pod writes the run now (`message`: the refusal): nothing more is pushed."""
+        self.taken_over = message
 
     def take_pushed(self) -> list[dict]:
         """Checkpoints pushed to the hub since the last call: hub_copy records plus "node"."""

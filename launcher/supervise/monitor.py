@@ -79,7 +79,8 @@ class WorkerMonitor:
                 passed = pod.index.mark(run.slot.gpu, record["sha256"], CK_PASSED,
                                         f"checks passed through step {verified} at stage "
                                         f"{pod.stage}")
-                pod.backend.on_passed(run.slot.gpu, passed)
+                if not pod.backend.taken_over:      # another pod writes the run: not pushed
+                    pod.backend.on_passed(run.slot.gpu, passed)
 
     def collect_probes(self) -> None:
         pod = self.pod

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher.hub.lease import RunTakenOver, pod_id
 from launcher.pod.events import EventLog
 from launcher.config.podconfig import PodConfig, Slot
 from launcher.supervise.backend import WorkerBackend, WorkerExit, WorkerHandle
@@ -75,6 +76,8 @@ class RayBackend(WorkerBackend):
         self.on_hub: dict[int, dict] = {}       # gpu -> newest pushed record + hub_revision
         self.pushed: list[dict] = []            # not yet taken by the supervisor
         self.hub_url = _absolute_hub(config.hub, pod_dir)
+        # The nodes push as this pod (the run's hub lease: launcher/hub/lease.py).
+        self.writer = pod_id(pod_dir) if self.hub_url else None
         self.last_round_trip = float("-inf")
 
     # ---- placement ---------------------------------------------------------------------
@@ -99,7 +102,7 @@ class RayBackend(WorkerBackend):
                 # poll, push, an AR probe and a stop can all be in flight at once
                 scheduling_strategy="SPREAD", max_concurrency=4, max_restarts=0,
                 **options).remote(gpu, self.settings.workdir, str(self.pod_dir.resolve()),
-                                  self.hub_url, list(self.config.worker))
+                                  self.hub_url, self.writer, list(self.config.worker))
             self.actors[gpu] = actor
         checkpoint = ({"path": spec.ckpt_in, "sha256": spec.ckpt_sha256,
                        "revision": spec.ckpt_revision} if spec.ckpt_in else None)
@@ -261,6 +264,10 @@ class RayBackend(WorkerBackend):
         if self.hub_url and gpu in self.actors:
             self.queued[gpu] = record        # only the newest one goes up
 
+    def stop_pushes(self, message: str) -> None:
+        super().stop_pushes(message)
+        self.queued.clear()         # checkpoints not pushed yet stay on their nodes
+
     def _push_queued(self) -> None:
         for gpu in [g for g in self.queued if g not in self.pushes]:
             record = self.queued.pop(gpu)
@@ -285,6 +292,9 @@ class RayBackend(WorkerBackend):
             except Exception as exc:         # the node, the hub: retried with the next pass
                 from launcher.hub.redact import describe_error
                 cause = getattr(exc, "cause", None) or exc
+                if isinstance(cause, RunTakenOver):   # recorded by the supervisor's sync
+                    self.stop_pushes(str(cause))
+                    continue
                 self.events.emit("sync_failed", reason="node push", gpu=gpu, node=push.node,
                                  error=describe_error(cause),
                                  seconds=round(time.time() - push.started, 2),

@@ -9,7 +9,9 @@ the pod directory on the head, where the supervisor reads them as on one machine
 Checkpoints stay on the node's disk: each checkpoint event is hard-linked at once
 (launcher.pod.ckpt_index, as on the head) so the worker's rotation cannot delete it before the
 launcher judges it; a checkpoint that passed is pushed from here to the hub, which is what
-carries weights between machines. A GPU placed on a node that lacks its checkpoint pulls
+carries weights between machines, as the head's pod (`writer`: the run's hub lease, so a
+node of a pod whose run was taken over by `launch --from-hub` elsewhere is refused,
+RunTakenOver, and overwrites nothing). A GPU placed on a node that lacks its checkpoint pulls
 it from the hub revision the launcher names (sha256-verified) before the worker starts.
 
 AR probes (launcher/checks/probe_monitor.py) of a checkpoint run here, where the file is:
@@ -31,7 +33,7 @@ import threading
 from pathlib import Path
 
 from launcher import child
-from launcher.paths import PROBE_DIR
+from launcher.paths import NODE_LEASE_DIR, PROBE_DIR
 from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex, link_or_copy, sha256_file
 from launcher.pod.manifest import relative_to_pod
 from launcher.worker.process import kill, terminate, worker_log_path
@@ -44,10 +46,11 @@ RESUME = "resume"               # a probe's name for the checkpoint the worker s
 
 class NodeWorker:
     def __init__(self, gpu: int, workdir: str, pod_dir: str, hub_url: str | None,
-                 command: list[str]):
+                 writer: str | None, command: list[str]):
         import ray
         self.node = ray.get_runtime_context().get_node_id()[:12]
         self.gpu, self.hub_url, self.command = gpu, hub_url, command
+        self.writer = writer              # the head's pod id: its nodes push as that pod
         self.pod_dir = Path(pod_dir)
         self.workdir = Path(workdir.format(node=self.node, pod=pod_dir))
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
@@ -188,15 +191,15 @@ class NodeWorker:
     # ---- the hub -------------------------------------------------------------------------
     def push(self, sha256: str, hub_path: str, message: str) -> str:
         """Push this node's retained checkpoint `sha256` to `hub_path` (checked against its
-        sha256 in the one read the push makes); older unpushed links are let go."""
-        from launcher.hub import open_store
+        sha256 in the one read the push makes); older unpushed links are let go.
+        RunTakenOver when another pod holds the run's lease."""
         record = self.index.records[(self.gpu, sha256)]
         if not record.get("retained"):
             raise RotatedAway(f"checkpoint {sha256[:12]} (token {record['next_token']:,}) was "
                               f"rotated away before node {self.node} retained it")
         local = self.workdir / record["retained"]
-        revision = open_store(self.hub_url, self.workdir).push(
-            {hub_path: local}, message, expected={hub_path: sha256})
+        revision = push_as_pod(self.hub_url, self.workdir, self.writer, hub_path, local,
+                               sha256, message)
         with self.lock:
             for older in self.index.pending(self.gpu):
                 if older["next_token"] < record["next_token"]:
@@ -220,6 +223,17 @@ class NodeWorker:
         open_store(self.hub_url, self.workdir).pull([checkpoint["path"]],
                                                     revision=checkpoint["revision"])
         return True
+
+
+def push_as_pod(hub_url: str, workdir: Path, writer: str, hub_path: str, local: Path,
+                sha256: str, message: str) -> str:
+    """Push a node's `local` checkpoint to `hub_path` (checked against `sha256`) as the pod
+    `writer`, carrying the run's lease (launcher/hub/lease.py), staged on the node's
+    `workdir`: RunTakenOver, nothing committed, once another pod holds the run."""
+    from launcher.hub import open_store
+    from launcher.hub.lease import push_as_writer
+    return push_as_writer(open_store(hub_url, workdir), {hub_path: local}, message,
+                          {hub_path: sha256}, workdir / NODE_LEASE_DIR, writer)
 
 
 class RotatedAway(RuntimeError):

@@ -156,6 +156,7 @@ class Supervisor:
         self._tend_workers()
         self._judge_pod()
         if self.sync is not None:
+            self._stop_pushes_once_taken_over()
             self.sync.tick()
         self.view.write()
         if not self.pod.running():
@@ -164,6 +165,15 @@ class Supervisor:
             self.ending.stop(self.stop_reason)
         elif deadline is not None and self.pod.clock() >= deadline:
             self.ending.stop(f"--max-time {self.pod.plan.max_time:g}s reached")
+
+    def _stop_pushes_once_taken_over(self) -> None:
+        """Another pod took the run over (launcher/hub/lease.py): whichever push was refused
+        first, a node's or the manifest's, neither the nodes nor the sync push again."""
+        backend = self.pod.backend
+        if backend.taken_over and not self.sync.taken_over:
+            self.sync.stop_taken_over(backend.taken_over, "node push")
+        elif self.sync.taken_over and not backend.taken_over:
+            backend.stop_pushes(self.sync.taken_over)
 
     def _tend_workers(self) -> None:
         pod = self.pod
