@@ -11,7 +11,7 @@
    16 stand-in workers writing one metrics line per second each (bench_launcher.py's
    stand-in), side by side in one run with the same 16 on the local backend.
    Goal: under 1 % of a core on the head.
-3. The fake-backend supervisor tests (tests/test_supervise_fake.py), wall time of pytest.
+3. The fake-backend supervisor tests (tests/test_supervise_fake*.py), wall time of pytest.
    Goal: under 10 s in total.
 
     python benchmarks/bench_ray.py [--cpu-seconds 60] [--skip-node-loss] [--skip-cpu]
@@ -137,7 +137,8 @@ def bench_cpu(root: Path, seconds: float, workers: int = 16) -> dict:
 
 def bench_fake_tests() -> dict:
     t0 = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/test_supervise_fake.py"],
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/test_supervise_fake.py",
+                           "tests/test_supervise_fake_nodes.py"],
                           cwd=REPO, capture_output=True, text=True)
     return {"wall_s": round(time.monotonic() - t0, 2),
             "summary": done.stdout.strip().splitlines()[-1]}

@@ -1,23 +1,21 @@
-"""The supervision state machine driven through a fake backend: no processes, a fake clock.
+"""The supervision state machine on one machine, driven through a fake backend: no
+processes, a fake clock (tests/support/fake_supervisor.py).
 
 Every transition of a GPU and of the pod (start, crash and restart, the restart budget,
-hang, NaN, refused settings, rollback, stop, --max-time, the canary gate, node loss with
-its resume from the hub, waiting for a node, done) is exercised through the real
-Supervisor, health checks, checkpoint index, manifest and event log.
+hang, NaN and OOM rollback, refused settings, rollback by hand, stop, --max-time, the canary
+gate, done, a clean stop's final verdicts) is exercised through the real Supervisor, health
+checks, checkpoint index, manifest and event log. Remote backends (nodes):
+test_supervise_fake_nodes.py.
 """
 
 import hashlib
 import signal
 
 import pytest
-import yaml
 
-from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex
-from launcher.pod.events import EventLog, read_events
-from launcher.pod.manifest import ManifestEntry, read_manifest
-from launcher.config.podconfig import init_pod
-from launcher.supervise.prepare import load_plan
+from launcher.pod.ckpt_index import FAILED, PASSED
 from launcher.pod.live_state import read_pod_state
+from launcher.pod.manifest import read_manifest
 from launcher.supervise.state import (
     GpuEvent,
     GpuState,
@@ -27,66 +25,14 @@ from launcher.supervise.state import (
     exit_event,
     transition,
 )
-from launcher.supervise.supervisor import Supervisor
-from tests.support.fake_backend import TOKENS_PER_STEP, FakeBackend
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture(scope="module")
-def pod_template(tmp_path_factory):
-    pod = tmp_path_factory.mktemp("template") / "pod"
-    init_pod(pod, "tiny-cpu")
-    criteria = pod / "manifests" / "trusted_loss.yaml"
-    doc = yaml.safe_load(criteria.read_text())
-    doc["probe"]["every"] = 0            # no probe processes: this module starts none
-    criteria.write_text(yaml.safe_dump(doc))
-    return pod
-
-
-@pytest.fixture
-def make(tmp_path, pod_template):
-    import shutil
-
-    def build(stage=3, nodes=None, max_time=None):
-        pod = tmp_path / "pod"
-        if not pod.exists():
-            shutil.copytree(pod_template, pod)
-        plan, manifest = load_plan(pod, stage, "cpu:2", None, max_time=max_time)
-        backend, clock = FakeBackend(pod, nodes), Clock()
-        sup = Supervisor(plan, manifest, CheckpointIndex(pod), EventLog(pod), backend=backend,
-                         clock=clock)
-        return sup, backend, clock
-    return build
-
-
-def events(sup, name, **match):
-    return [e for e in read_events(sup.pod.pod_dir) if e["event"] == name
-            and all(e.get(k) == v for k, v in match.items())]
-
-
-def pod_state(sup) -> dict:
-    """logs/pod_state.json as `status` reads it (written now: the loop throttles writes)."""
-    sup.view.write(force=True)
-    return read_pod_state(sup.pod.pod_dir)
-
-
-def passed_checkpoint(sup, backend, gpu) -> dict:
-    """Train GPU `gpu` to a checkpoint at step 50 and on to step 101, where the periodic
-    checks (every 100 steps from the first line) vouch for it."""
-    backend.train(gpu, 50)
-    event = backend.checkpoint(gpu)
-    backend.train(gpu, 51)
-    sup.step()
-    record = sup.pod.index.records[(gpu, event["sha256"])]
-    assert record["verdict"] == PASSED
-    return event
+from tests.support.fake_backend import TOKENS_PER_STEP
+from tests.support.fake_supervisor import (  # noqa: F401 (fixtures)
+    events,
+    make,
+    passed_checkpoint,
+    pod_state,
+    pod_template,
+)
 
 
 def test_the_transition_table_refuses_what_it_does_not_list():
@@ -285,81 +231,6 @@ def test_the_canary_gate_passes_or_refuses_before_anything_starts(make):
     assert state["pod_state"] == "stopped" and "canary FAILED" in state["reason"]
 
 
-def test_a_lost_node_resumes_its_gpu_on_a_free_node_from_the_hub_copy(make):
-    sup, backend, clock = make(nodes={"node-a": 1, "node-b": 2})
-    sup.starter.start_all()
-    assert [w.node for w in backend.started] == ["node-a", "node-b"]
-    on_hub = passed_checkpoint(sup, backend, 0)
-    gpu0_passed = [r for g, r in backend.passed if g == 0]
-    assert gpu0_passed and gpu0_passed[-1]["sha256"] == on_hub["sha256"]
-    backend.hub[0] = {**gpu0_passed[-1], "path": "checkpoints/fractus_1b_gpu0.pt",
-                      "hub_revision": "rev-1"}
-    backend.train(0, 20)
-    backend.checkpoint(0)                  # pending, on node-a's disk only
-    sup.step()
-    backend.lose_node("node-a")
-    sup.step()
-    run = sup.pod.runs[0]
-    assert run.state is GpuState.RUNNING and run.node == "node-b"
-    (lost,) = events(sup, "node_lost", gpu=0)
-    assert lost["node"] == "node-a"
-    (point,) = events(sup, "resume_point", gpu=0)
-    assert point["to_token"] == on_hub["next_token"] == 50 * TOKENS_PER_STEP
-    assert point["from_token"] == 121 * TOKENS_PER_STEP and point["hub_revision"] == "rev-1"
-    spec = backend.current(0).spec
-    assert (spec.start_token, spec.ckpt_sha256, spec.ckpt_revision) == \
-        (on_hub["next_token"], on_hub["sha256"], "rev-1")
-    assert sup.pod.index.pending(0) == []      # the lost node's unjudged checkpoint
-    manifest = read_manifest(sup.pod.pod_dir / sup.pod.plan.config.manifest)
-    assert manifest.entries[0]["start_token"] == on_hub["next_token"]
-    assert manifest.entries[0]["hub_revision"] == "rev-1"
-    assert sup.pod.runs[1].state is GpuState.RUNNING and len(backend.started) == 3
-
-
-def test_a_lost_node_with_no_free_device_waits_visibly_until_a_node_joins(make):
-    sup, backend, clock = make(nodes={"node-a": 1, "node-b": 1})
-    sup.starter.start_all()
-    backend.lose_node("node-a")
-    sup.step()
-    sup.step()
-    assert sup.pod.runs[0].state is GpuState.WAITING
-    assert len(events(sup, "gpu_waiting", gpu=0)) == 1          # said once
-    assert pod_state(sup)["gpus"]["0"]["state"] == "waiting"
-    # Nothing of GPU 0 was ever kept: it starts over from token 0, not from a lost file.
-    assert events(sup, "resume_point", gpu=0)[0]["to_token"] == 0
-    backend.add_node("node-c", 1)
-    sup.step()
-    assert sup.pod.runs[0].state is GpuState.RUNNING and sup.pod.runs[0].node == "node-c"
-    assert backend.current(0).spec.start_token is None
-
-
-def test_a_lost_node_whose_checkpoint_the_hub_lacks_fails_that_gpu(make):
-    sup, backend, clock = make(stage=1, nodes={"node-a": 1, "node-b": 1})
-    sup.pod.launch_entries[0] = ManifestEntry(start_token=640,
-                                              checkpoint="checkpoints/x.pt")
-    sup.starter.start_all()
-    backend.lose_node("node-a")
-    sup.step()
-    assert sup.pod.state is PodState.FAILED
-    assert "hub holds no checkpoint of GPU 0" in events(sup, "pod_failed")[0]["reason"]
-
-
-def test_a_worker_hung_on_a_node_that_stopped_answering_resumes_on_another(make):
-    sup, backend, clock = make(nodes={"node-a": 1, "node-b": 2})
-    sup.starter.start_all()
-    backend.train(0, 5)
-    backend.train(1, 5)
-    sup.step()
-    backend.silence_node("node-a")
-    clock.now += 601
-    backend.train(1, 1)
-    sup.step()
-    run = sup.pod.runs[0]
-    assert events(sup, "hang", gpu=0) and events(sup, "node_lost", gpu=0, node="node-a")
-    assert not events(sup, "worker_crash") and not run.restarts    # not counted as a crash
-    assert run.state is GpuState.RUNNING and run.node == "node-b"
-
-
 def test_an_oom_exit_fails_the_check_and_rolls_the_gpu_back(make):
     sup, backend, clock = make(stage=3)
     sup.starter.start_all()
@@ -405,22 +276,6 @@ def test_a_checkpoint_written_after_its_gpu_failed_is_failed(make):
     record = sup.pod.index.records[(0, after["sha256"])]
     assert (record["verdict"], record["reason"]) == (FAILED, "written after its GPU failed")
     assert sup.pod.state is PodState.FAILED
-
-
-def test_a_node_push_notes_its_hub_revision_where_the_manifest_names_those_bytes(make):
-    sup, backend, clock = make(nodes={"node-a": 1, "node-b": 1})
-    sup.starter.start_all()
-    good = passed_checkpoint(sup, backend, 0)
-    record = [r for g, r in backend.passed if g == 0][-1]
-    backend.push(0, record, "rev-7")
-    backend.push(1, {**record, "sha256": "f" * 64}, "rev-8")    # bytes no entry names
-    sup.step()
-    entries = read_manifest(sup.pod.pod_dir / sup.pod.plan.config.manifest).entries
-    assert entries[0]["hub_revision"] == "rev-7" and not entries.get(1, {}).get("hub_revision")
-    (mine,) = events(sup, "sync_pushed", gpu=0)
-    assert (mine["node"], mine["revision"], mine["hub_revision_for"]) == ("node-a", "rev-7", [0])
-    assert mine["tokens"] == {"0": good["next_token"]}
-    assert events(sup, "sync_pushed", gpu=1)[0]["hub_revision_for"] == []
 
 
 def test_a_rollback_asked_by_hand_goes_down_only(make):
@@ -472,113 +327,6 @@ def test_a_clean_stop_judges_each_gpus_last_checkpoint(make):
         == [PASSED, PASSED]
 
 
-@pytest.mark.parametrize("ray, words", [
-    ({"address": "127.0.0.1:6379", "workdir": "/data/pod"}, "ray.workdir must contain {node}"),
-    ({"adress": "127.0.0.1:6379"}, "unknown key(s) ['adress']"),
-    ({"workdir": "/data/{node}"}, "give the cluster's address"),
-])
-def test_a_bad_ray_section_is_refused_in_one_line_before_anything_starts(
-        tmp_path, pod_template, capsys, ray, words):
-    import shutil
-
-    from launcher.cli import main as cli_main
-    pod = tmp_path / "pod"
-    shutil.copytree(pod_template, pod)
-    config = yaml.safe_load((pod / "fractus-pod.yaml").read_text())
-    (pod / "fractus-pod.yaml").write_text(yaml.safe_dump({**config, "ray": ray}))
-    assert cli_main(["--pod-dir", str(pod), "launch", "--stage", "1"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and words in err, err
-    assert not (pod / "logs" / "events.jsonl").exists()
-
-
-def test_on_a_remote_backend_the_manifest_follows_each_node_push_to_the_hub(make, tmp_path):
-    """The nodes push the checkpoints; the launcher pushes the manifest naming them (the
-    real local hub store), once per node push, so `launch --from-hub` onto a cluster
-    resumes at the pushed tokens, the weights left on the hub."""
-    import time
-
-    from launcher.hub import open_store
-    from launcher.hub.from_hub import rebuild_from_hub
-    sup, backend, clock = make(stage=1)
-    sup.use_backend(backend)            # a remote backend: its nodes push the checkpoints
-    assert sup.sync is not None
-    sup.starter.start_all()
-    store = open_store(sup.pod.plan.config.hub, sup.pod.pod_dir)
-    hub_path = sup.pod.plan.config.checkpoint_path(0)
-
-    def node_push(event) -> str:
-        """What GPU 0's node does with its passed checkpoint (ray_node.NodeWorker.push)."""
-        revision = store.push({hub_path: sup.pod.pod_dir / hub_path}, "node push",
-                              expected={hub_path: event["sha256"]})
-        (record,) = [r for g, r in backend.passed if g == 0 and r["sha256"] == event["sha256"]]
-        backend.hub[0] = {**record, "path": hub_path, "hub_revision": revision}
-        return revision
-
-    def manifest_pushes(count: int) -> list[dict]:
-        deadline = time.monotonic() + 60
-        while len(events(sup, "sync_pushed", reason="manifest")) < count \
-                and time.monotonic() < deadline:
-            sup.step()
-            time.sleep(0.05)
-        return events(sup, "sync_pushed", reason="manifest")
-
-    for _ in range(5):
-        sup.step()
-    assert not events(sup, "sync_pushed")          # nothing on the hub yet: nothing pushed
-    first = passed_checkpoint(sup, backend, 0)
-    node_push(first)
-    (pushed,) = manifest_pushes(1)
-    assert pushed["tokens"] == {"0": first["next_token"]} and pushed["hub_revision_for"] == [0]
-    for _ in range(5):
-        sup.step()                                  # no new node push: no new manifest push
-    assert len(events(sup, "sync_pushed", reason="manifest")) == 1
-    head = store.head()
-    assert head == pushed["revision"]
-    assert {hub_path, "fractus-pod.yaml", sup.pod.plan.config.manifest} <= set(store.files(head))
-
-    backend.train(0, 50)
-    second = backend.checkpoint(0)
-    backend.train(0, 60)
-    sup.step()
-    node_push(second)
-    assert manifest_pushes(2)[-1]["tokens"] == {"0": second["next_token"]}
-
-    fresh = tmp_path / "fresh"
-    rev, _config, _lease = rebuild_from_hub(fresh, sup.pod.plan.config.hub.replace(
-        "file://hub", f"file://{sup.pod.pod_dir / 'hub'}"), None, on_cluster=True)
-    rebuilt = read_manifest(fresh / sup.pod.plan.config.manifest)
-    assert rebuilt.entries[0]["start_token"] == second["next_token"]
-    assert rebuilt.entries[0]["checkpoint_sha256"] == second["sha256"]
-    assert rebuilt.entries[0]["hub_revision"] == rev
-    assert not (fresh / hub_path).exists()          # the weights stay on the hub
-
-    # The launcher dies between a node's push and the manifest push that follows it: the
-    # hub's newest revision is mid-push (its manifest names the previous bytes). A rebuild
-    # takes the newest consistent revision, exactly the last manifest push, and says so.
-    backend.train(0, 50)
-    third = backend.checkpoint(0)
-    backend.train(0, 60)
-    sup.step()
-    mid_push = node_push(third)                     # ...and no supervisor step after it
-    newest, before = store.history()[:2]
-    assert newest.revision == mid_push
-    after_death = tmp_path / "after-death"
-    rev, _config, _lease = rebuild_from_hub(after_death, sup.pod.plan.config.hub.replace(
-        "file://hub", f"file://{sup.pod.pod_dir / 'hub'}"), None, on_cluster=True)
-    assert rev == before.revision        # the lease the first rebuild took, on the last manifest
-    rebuilt = read_manifest(after_death / sup.pod.plan.config.manifest)
-    assert rebuilt.entries[0]["start_token"] == second["next_token"]
-    (skipped,) = [e for e in read_events(after_death) if e["event"] == "hub_mid_push_skipped"]
-    assert skipped["skipped"] == [mid_push] and "gpu_0" in skipped["reason"]
-    # Asked for by name, the mid-push revision is refused: nothing is guessed.
-    from launcher.hub import IntegrityError
-    with pytest.raises(IntegrityError, match="other bytes than the revision holds"):
-        rebuild_from_hub(tmp_path / "named", sup.pod.plan.config.hub.replace(
-            "file://hub", f"file://{sup.pod.pod_dir / 'hub'}"), mid_push, on_cluster=True)
-    assert not (tmp_path / "named").exists()
-
-
 class ProbeRecorder:
     """Stands in for the ProbeMonitor: records what would be probed, judges nothing."""
 
@@ -617,99 +365,3 @@ def test_a_checkpoint_rotated_away_before_its_event_was_read_is_never_probed_und
     assert hashlib.sha256((sup.pod.pod_dir / name).read_bytes()).hexdigest() == newer["sha256"]
     assert sup.pod.index.records[(0, older["sha256"])]["retained"] is None
 
-
-def test_on_a_remote_backend_a_rollback_with_nothing_newer_passed_restores_the_launch_checkpoint(
-        make):
-    """Launched with --from-hub onto a cluster: the checkpoint each GPU resumed from is on
-    the hub (each node pulled its own), never on the head. A GPU failing before any newer
-    checkpoint passed rolls back to exactly that one, as on one machine."""
-    from launcher.pod.manifest import ManifestEntry
-    sup, backend, clock = make(stage=3)
-    backend.files_here = False                      # the nodes hold the files
-    launch = ManifestEntry(start_token=64 * TOKENS_PER_STEP,
-                           checkpoint="checkpoints/fractus_1b_gpu0.pt",
-                           checkpoint_sha256="ab" * 32, hub_revision="f" * 40, stage=3,
-                           ema_tf=5.0, lb=2.0)
-    sup.pod.manifest.entries[0] = launch.copy()
-    sup.pod.launch_entries[0] = launch.copy()
-    sup.starter.start_all()
-    assert backend.current(0).spec.start_token == launch.start_token
-    backend.train(0, 5)
-    backend.checkpoint(0)                           # pending: never vouched for
-    backend.event(0, "nan", step=70)
-    sup.step()
-    (rollback,) = events(sup, "rollback", gpu=0)
-    assert (rollback["to_token"], rollback["to_stage"]) == (launch.start_token, 2)
-    assert sup.pod.state is PodState.RUNNING and sup.pod.stage == 2
-    entry = read_manifest(sup.pod.pod_dir / sup.pod.plan.config.manifest).entries[0]
-    assert (entry.start_token, entry.checkpoint_sha256, entry.hub_revision) == (
-        launch.start_token, launch.checkpoint_sha256, launch.hub_revision)
-    restarted = backend.current(0).spec
-    assert (restarted.start_token, restarted.ckpt_revision) == (launch.start_token,
-                                                                launch.hub_revision)
-
-
-def test_a_node_push_refused_by_a_takeover_stops_every_push_and_is_recorded(make, tmp_path):
-    """After `launch --from-hub` took the run over elsewhere, a node's push (as the head's
-    pod: launcher/supervise/ray_node.py push_as_pod) is refused; the backend reports it
-    (RayBackend._harvest_pushes), and from then on no passed checkpoint is handed to the
-    nodes to push, the launcher's manifest push stops too, and events and status say so."""
-    import time
-
-    from launcher.hub import open_store
-    from launcher.hub.lease import RunTakenOver, pod_id, take_over
-    from launcher.hub.sync import read_sync_state
-    from launcher.supervise.ray_node import push_as_pod
-    sup, backend, clock = make(stage=1)
-    sup.use_backend(backend)
-    sup.starter.start_all()
-    pod_dir = sup.pod.pod_dir
-    store = open_store(sup.pod.plan.config.hub, pod_dir)
-    hub_path = sup.pod.plan.config.checkpoint_path(0)
-
-    def node_push(event) -> str:
-        return push_as_pod(store.url, pod_dir, pod_id(pod_dir), hub_path, pod_dir / hub_path,
-                           event["sha256"], "node push")
-
-    first = passed_checkpoint(sup, backend, 0)
-    revision = node_push(first)
-    (record,) = [r for g, r in backend.passed if g == 0]
-    backend.hub[0] = {**record, "path": hub_path, "hub_revision": revision}
-    deadline = time.monotonic() + 60
-    while not events(sup, "sync_pushed", reason="manifest") and time.monotonic() < deadline:
-        sup.step()
-        time.sleep(0.05)
-    assert events(sup, "sync_pushed", reason="manifest")
-
-    new = tmp_path / "elsewhere"
-    new.mkdir()
-    lease = take_over(open_store(store.url, new), new)
-    taken = store.head()
-    backend.train(0, 50)
-    second = backend.checkpoint(0)
-    backend.train(0, 60)
-    sup.step()
-    assert len(backend.passed) == 2                 # this one was handed over, and refused:
-    with pytest.raises(RunTakenOver) as refused:
-        node_push(second)
-    backend.stop_pushes(str(refused.value))
-    for _ in range(5):
-        sup.step()
-    (event,) = events(sup, "hub_taken_over")
-    assert event["reason"] == "node push" and lease["pod_id"] in event["error"]
-    state = read_sync_state(pod_dir)
-    assert state["last_result"] == "taken_over" and lease["pod_id"] in state["taken_over"]
-
-    backend.train(0, 50)
-    third = backend.checkpoint(0)
-    backend.train(0, 60)
-    # Another GPU's push that landed before the takeover would change what the manifest
-    # names: still, the manifest push does not follow it.
-    backend.hub[0] = {**backend.passed[1][1], "path": hub_path, "hub_revision": taken}
-    for _ in range(5):
-        sup.step()
-    assert sup.pod.index.records[(0, third["sha256"])]["verdict"] == PASSED
-    assert len(backend.passed) == 2                  # no further checkpoint goes to a node
-    assert len(events(sup, "sync_pushed", reason="manifest")) == 1
-    assert store.head() == taken                     # the manifest push stopped too
-    assert len(events(sup, "hub_taken_over")) == 1

@@ -1,0 +1,74 @@
+"""A real Supervisor over the fake backend (tests/support/fake_backend.py) and a fake clock:
+the fixtures and helpers the supervision-logic tests share (no processes)."""
+
+import shutil
+
+import pytest
+import yaml
+
+from launcher.config.podconfig import init_pod
+from launcher.pod.ckpt_index import PASSED, CheckpointIndex
+from launcher.pod.events import EventLog, read_events
+from launcher.pod.live_state import read_pod_state
+from launcher.supervise.prepare import load_plan
+from launcher.supervise.supervisor import Supervisor
+from tests.support.fake_backend import FakeBackend
+
+__all__ = ["Clock", "events", "make", "passed_checkpoint", "pod_state", "pod_template"]
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(scope="module")
+def pod_template(tmp_path_factory):
+    pod = tmp_path_factory.mktemp("template") / "pod"
+    init_pod(pod, "tiny-cpu")
+    criteria = pod / "manifests" / "trusted_loss.yaml"
+    doc = yaml.safe_load(criteria.read_text())
+    doc["probe"]["every"] = 0            # no probe processes: this module starts none
+    criteria.write_text(yaml.safe_dump(doc))
+    return pod
+
+
+@pytest.fixture
+def make(tmp_path, pod_template):
+    def build(stage=3, nodes=None, max_time=None):
+        pod = tmp_path / "pod"
+        if not pod.exists():
+            shutil.copytree(pod_template, pod)
+        plan, manifest = load_plan(pod, stage, "cpu:2", None, max_time=max_time)
+        backend, clock = FakeBackend(pod, nodes), Clock()
+        sup = Supervisor(plan, manifest, CheckpointIndex(pod), EventLog(pod), backend=backend,
+                         clock=clock)
+        return sup, backend, clock
+    return build
+
+
+def events(sup, name, **match):
+    return [e for e in read_events(sup.pod.pod_dir) if e["event"] == name
+            and all(e.get(k) == v for k, v in match.items())]
+
+
+def pod_state(sup) -> dict:
+    """logs/pod_state.json as `status` reads it (written now: the loop throttles writes)."""
+    sup.view.write(force=True)
+    return read_pod_state(sup.pod.pod_dir)
+
+
+def passed_checkpoint(sup, backend, gpu) -> dict:
+    """Train GPU `gpu` to a checkpoint at step 50 and on to step 101, where the periodic
+    checks (every 100 steps from the first line) vouch for it."""
+    backend.train(gpu, 50)
+    event = backend.checkpoint(gpu)
+    backend.train(gpu, 51)
+    sup.step()
+    record = sup.pod.index.records[(gpu, event["sha256"])]
+    assert record["verdict"] == PASSED
+    return event
+
