@@ -66,7 +66,11 @@ def listeners_off_loopback(pids: set[int]) -> list:
 def test_a_pod_across_two_nodes_survives_losing_them(tmp_path, cluster, launchers):
     shared = tmp_path / "shared_data"          # shards outside the pod, as on a cluster
     synth(shared, shards=2, tokens=SHARD_TOKENS, vocab=512, seed=0)
-    probes = {"every": 2, "parallel": 2, "timeout_s": 300}     # AR probes on the nodes
+    # AR probes on the nodes. The toy model's AR sits in the hundreds, far off-manifold, and
+    # jumps by several of its 4-window sigmas between close checkpoints: the tiny-cpu preset's
+    # floor (relativeBand 1.0) keeps the placement under test from failing on that noise
+    # (CI once failed the --from-hub resume on a 5.5-sigma rise).
+    probes = {"every": 2, "parallel": 2, "timeout_s": 300, "relativeBand": 1.0}
     pod = make_pod(tmp_path, {**TEST_CRITERIA, "probe": probes},
                    ray={"address": cluster.address, "resource": RESOURCE},
                    shards=str(shared / "shard_phase2_gpu{i}.npy"), demo_data=None,
