@@ -30,7 +30,14 @@ def test_kill_9_during_a_background_write_keeps_the_previous_checkpoint_and_mani
                  if p.stat().st_size > 0]
         return steps and max(steps) >= 12 and temps    # training went on past the save
 
-    wait_for(writing_step_10, 120, "GPU 0 training on while its step-10 write hangs")
+    def recorded_step_5():
+        # The launcher reads the step-5 event on its own poll: under load that can come
+        # after the worker reached step 12 (CI once read the manifest before it had).
+        path = pod / "checkpoints" / "RESUME_MANIFEST_8GPU.json"
+        return path.is_file() and "gpu_0" in manifest_json(pod)
+
+    wait_for(lambda: writing_step_10() and recorded_step_5(), 120,
+             "GPU 0 training on while its step-10 write hangs, its step 5 in the manifest")
     manifest = manifest_json(pod)["gpu_0"]
     os.kill(events_of(pod, "worker_start", gpu=0)[-1]["pid"], signal.SIGKILL)
 
