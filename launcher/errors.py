@@ -16,3 +16,11 @@ class Refused(Exception):
 
 class PodBusy(UserError):
     """Another launcher holds the pod, or a worker already runs on a requested GPU."""
+
+
+def refuse_unknown_keys(data, known, where: str) -> None:
+    """A mapping from the user's YAML may hold only `known` keys: a misspelt one is named
+    with the keys that exist (exit 2), never silently ignored."""
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise UserError(f"{where}: unknown key(s) {unknown}; known: {sorted(known)}")

@@ -35,7 +35,7 @@ from launcher.paths import CANARY_SCRATCH_DIR as SCRATCH_DIR  # noqa: F401 (re-e
 from launcher import child
 from launcher.checks.canary_compare import Tolerance, compare_approximate, compare_exact, metrics_lines
 from launcher.checks.criteria import Criteria
-from launcher.errors import UserError
+from launcher.errors import UserError, refuse_unknown_keys
 from launcher.checks.health import FAILED, INCONCLUSIVE, SUCCESSFUL
 from launcher.pod.manifest import read_manifest
 from launcher.config.podconfig import PodConfig, Slot, load_config, parse_devices
@@ -79,9 +79,7 @@ def parse_canary(section, path: Path) -> CanarySettings:
     where = f"{path}: canary"
     if not isinstance(section, dict):
         raise UserError(f"{where}: expected a mapping")
-    unknown = sorted(set(section) - {"steps", "timeout_s", "exact", "approximate"})
-    if unknown:
-        raise UserError(f"{where}: unknown key(s) {unknown}")
+    refuse_unknown_keys(section, {"steps", "timeout_s", "exact", "approximate"}, where)
     d = CanarySettings()
     exact = dict(d.exact)
     for device, tol in (section.get("exact") or {}).items():

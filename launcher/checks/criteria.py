@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher.errors import UserError
+from launcher.errors import UserError, refuse_unknown_keys
 from launcher.config.yamlfile import read_yaml
 
 
@@ -102,9 +102,7 @@ def _build(cls, where: str, data) -> object:
     if not isinstance(data, dict):
         raise UserError(f"{where}: expected a mapping, got {type(data).__name__}")
     names = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(names))
-    if unknown:
-        raise UserError(f"{where}: unknown key(s) {unknown}; known: {sorted(names)}")
+    refuse_unknown_keys(data, names, where)
     values = {}
     for key, value in data.items():
         default = getattr(cls(), key)

@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from launcher.paths import CONFIG_NAME  # noqa: F401 (re-exported)
-from launcher.errors import UserError
+from launcher.errors import UserError, refuse_unknown_keys
 from launcher.config.yamlfile import read_yaml
 
 # The repository's manifests/ directory: the default stage and criteria files.
@@ -84,9 +84,7 @@ class SyncSettings:
             if "interval" in data:
                 raise UserError(f"{source}: give interval or interval_s, not both")
             data["interval"] = data.pop("interval_s")
-        unknown = sorted(set(data) - set(cls.KEYS))
-        if unknown:
-            raise UserError(f"{source}: unknown key(s) {unknown}; known: {list(cls.KEYS)}")
+        refuse_unknown_keys(data, cls.KEYS, source)
         out = cls()
         if "interval" in data:
             out = dataclasses.replace(out, interval_s=_seconds(data["interval"], f"{source}.interval"))
@@ -170,9 +168,7 @@ def edit_yaml_values(text: str, edits: dict[tuple[str, str], object]) -> str:
 
 def _check_types(data: dict, source: str) -> None:
     fields = {f.name: f for f in dataclasses.fields(PodConfig)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise UserError(f"{source}: unknown key(s) {unknown}; known: {sorted(fields)}")
+    refuse_unknown_keys(data, fields, source)
     defaults = PodConfig()
     for key, value in data.items():
         default = getattr(defaults, key)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.errors import UserError
+from launcher.errors import UserError, refuse_unknown_keys
 
 DEFAULT_WORKDIR = "{pod}/nodes/{node}"
 
@@ -41,9 +41,7 @@ class RaySettings:
     def check(cls, data: dict | None, source: str = "ray") -> dict:
         """The `ray:` mapping's keys and values (its address may come from --ray instead)."""
         data = dict(data or {})
-        unknown = sorted(set(data) - set(cls.KEYS))
-        if unknown:
-            raise UserError(f"{source}: unknown key(s) {unknown}; known: {list(cls.KEYS)}")
+        refuse_unknown_keys(data, cls.KEYS, source)
         for key, value in data.items():
             if not isinstance(value, str) or not value:
                 raise UserError(f"{source}.{key} must be a non-empty string, got {value!r}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.errors import UserError
+from launcher.errors import UserError, refuse_unknown_keys
 from launcher.config.yamlfile import read_yaml
 
 
@@ -38,9 +38,7 @@ def parse_stages(data, source: str = "stages") -> dict[int, Stage]:
         where = f"{source}: stage {key}"
         if not isinstance(spec, dict):
             raise UserError(f"{where}: expected a mapping")
-        unknown = sorted(set(spec) - {"name", "exact", "window", "settings"})
-        if unknown:
-            raise UserError(f"{where}: unknown key(s) {unknown}")
+        refuse_unknown_keys(spec, {"name", "exact", "window", "settings"}, where)
         settings = spec.get("settings") or {}
         if not isinstance(settings, dict):
             raise UserError(f"{where}: settings must be a mapping of VAR: value")
