@@ -106,7 +106,7 @@ def test_repository_stages_follow_the_users_ramp():
     ({"stages": {1: {"window": -1}}}, "window"),
     ({"stages": {1: {"exact": "yes"}}}, "exact"),
     ({"stages": {"one": {}}}, "integer"),
-    ({"stages": {1: {"settngs": {}}}}, "unknown key(s) ['settngs']; known: ['exact', 'name', 'settings', 'window']"),
+    ({"stages": {1: {"settngs": {}}}}, r"unknown key\(s\) \['settngs'\]; known: \['exact', 'name', 'settings', 'window'\]"),
     ({}, "stages:"),
 ])
 def test_bad_stage_files(data, words):
