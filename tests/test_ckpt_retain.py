@@ -16,9 +16,9 @@ from launcher.pod.ckpt_index import CheckpointIndex
 KEEP = 9                         # name plus name.1 .. name.8, as the candidates go
 
 
-def rotate_and_save(ckpt: Path, payload: bytes) -> None:
+def rotate_and_save(ckpt: Path, payload: bytes, keep: int = KEEP) -> None:
     """The worker's save: shift name.k -> name.k+1, then the new file under `name`."""
-    for k in range(KEEP - 1, 0, -1):
+    for k in range(keep - 1, 0, -1):
         older = ckpt.with_name(f"{ckpt.name}.{k - 1}") if k > 1 else ckpt
         if older.exists():
             os.replace(older, ckpt.with_name(f"{ckpt.name}.{k}"))
@@ -65,4 +65,28 @@ def test_retaining_while_the_worker_rotates_never_crashes_nor_keeps_other_bytes(
         data = (pod / record["retained"]).read_bytes()
         assert hashlib.sha256(data).hexdigest() == record["sha256"], record
     assert len(retained) > len(records) // 2      # most events still find their bytes
+    assert not list((pod / "checkpoints").rglob("*.pin"))
+
+
+def test_an_event_read_many_saves_late_finds_its_bytes_as_far_down_as_save_keep_goes(tmp_path):
+    """A node whose poll stalled (a loaded head, an actor starting): the event of a save is
+    read after 20 more saves, with SAVE_KEEP 30 its bytes are at name.20. They are retained
+    (CI once probed such a checkpoint on a Ray node: "not retained", no verdict); past
+    SAVE_KEEP nothing is, and nothing else is kept in its place."""
+    pod = tmp_path / "pod"
+    ckpt = pod / "checkpoints" / "fractus_1b_gpu0.pt"
+    ckpt.parent.mkdir(parents=True)
+    payloads = [f"checkpoint {n} ".encode() * 64 for n in range(40)]
+    for payload in payloads[:21]:
+        rotate_and_save(ckpt, payload, keep=30)
+    index = CheckpointIndex(pod)
+    event = {"sha256": hashlib.sha256(payloads[0]).hexdigest(), "next_token": 0, "step": 0,
+             "bytes": len(payloads[0])}
+    record = index.add(0, event, stage=1, path="checkpoints/fractus_1b_gpu0.pt")
+    assert record["retained"] and (pod / record["retained"]).read_bytes() == payloads[0]
+    for payload in payloads[21:]:
+        rotate_and_save(ckpt, payload, keep=30)            # saves 1..10 fall off the end
+    gone = {"sha256": hashlib.sha256(payloads[5]).hexdigest(), "next_token": 5, "step": 5,
+            "bytes": len(payloads[5])}
+    assert index.add(0, gone, stage=1, path="checkpoints/fractus_1b_gpu0.pt")["retained"] is None
     assert not list((pod / "checkpoints").rglob("*.pin"))

@@ -170,6 +170,7 @@ def test_on_a_remote_backend_the_manifest_follows_each_node_push_to_the_hub(make
     for _ in range(5):
         sup.step()
     assert not events(sup, "sync_pushed")          # nothing on the hub yet: nothing pushed
+    assert not events(sup, "sync_skipped")         # ...and no event about it on every poll
     first = passed_checkpoint(sup, backend, 0)
     node_push(first)
     (pushed,) = manifest_pushes(1)
@@ -319,3 +320,62 @@ def test_a_node_push_refused_by_a_takeover_stops_every_push_and_is_recorded(make
     assert store.head() == taken                     # the manifest push stopped too
     assert len(events(sup, "hub_taken_over")) == 1
 
+
+
+def test_on_a_remote_backend_a_failed_manifest_push_is_retried_at_the_interval_not_every_poll(
+        make, monkeypatch):
+    """The hub refuses the manifest push that follows a node's push: one `sync_failed` that
+    says when it is retried, not a push (and an event) on every poll of the launcher."""
+    import time
+
+    import launcher.hub.sync as sync_module
+    sup, backend, clock = make(stage=1)
+    sup.use_backend(backend)
+    sup.starter.start_all()
+    hub_path = sup.pod.plan.config.checkpoint_path(0)
+    sent = []
+
+    def hub_down(store, snap, message):
+        sent.append(message)
+        raise ConnectionError("hub unreachable")
+
+    monkeypatch.setattr(sync_module, "send", hub_down)
+    first = passed_checkpoint(sup, backend, 0)
+    (record,) = [r for g, r in backend.passed if g == 0 and r["sha256"] == first["sha256"]]
+    backend.hub[0] = {**record, "path": hub_path, "hub_revision": "r1"}
+    deadline = time.monotonic() + 30
+    while not events(sup, "sync_failed") and time.monotonic() < deadline:
+        sup.step()
+        time.sleep(0.05)
+    for _ in range(20):
+        sup.step()
+        time.sleep(0.01)
+    (failed,) = events(sup, "sync_failed")
+    assert failed["reason"] == "manifest" and failed["retry"] == "at the next interval"
+    assert "hub unreachable" in failed["error"] and len(sent) == 1
+    # A newer node push is a new manifest to name: pushed at once, not at the interval.
+    backend.hub[0] = {**record, "path": hub_path, "hub_revision": "r2", "sha256": "0" * 64}
+    deadline = time.monotonic() + 30
+    while len(events(sup, "sync_failed")) < 2 and time.monotonic() < deadline:
+        sup.step()
+        time.sleep(0.05)
+    assert len(sent) == 2
+
+
+def test_on_a_remote_backend_a_checkpoint_its_node_could_not_retain_is_never_probed(make):
+    """A node read the event after its worker had rotated those bytes away (its poll
+    stalled): it says so (`retained: false`, launcher/supervise/ray_node.py) and the head
+    asks no probe of it, which would only come back "not retained" without a verdict (CI
+    saw that as the first probe of a GPU); the next checkpoint, retained, is probed."""
+    from tests.test_supervise_fake import ProbeRecorder
+    sup, backend, clock = make(nodes={"node-a": 1, "node-b": 1})
+    backend.files_here = False                      # the nodes hold the files
+    sup.starter.start_all()
+    probes = sup.pod.probes = ProbeRecorder()
+    backend.train(0, 10)
+    lost = backend.checkpoint_line(0, retained=False)
+    backend.train(0, 10)
+    kept = backend.checkpoint_line(0, retained=True)
+    sup.step()
+    assert [sha for _, _, sha in probes.requests] == [kept["sha256"]]
+    assert lost["sha256"] in {sha for (_g, sha) in sup.pod.index.records}

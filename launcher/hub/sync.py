@@ -91,7 +91,8 @@ class HubSync:
         self._thread: threading.Thread | None = None
         self._job: tuple | None = None            # (snapshot, reason, started)
         self._outcome: tuple | None = None        # ("ok", revision) or ("error", message)
-        self._last_key: tuple | None = None
+        self._last_key: tuple | None = None       # of the last push that landed
+        self._tried_key: tuple | None = None      # of the last manifest push started
         self.taken_over: str | None = None        # another pod writes the run: no more pushes
         # A remote backend's nodes push the checkpoints: gpu -> the pushed record.
         self.node_pushes: Callable[[], dict[int, dict]] | None = None
@@ -122,7 +123,14 @@ class HubSync:
         if self.busy or self.taken_over:
             return
         if self.node_pushes is not None:       # a node pushed: the manifest follows it
-            if self._pushed_key(self.node_pushes()) != self._last_key:
+            on_hub = self.node_pushes()
+            key = self._pushed_key(on_hub)
+            # Nothing on the hub yet: nothing to name. A key that failed is retried at the
+            # interval, not on every poll (a hub that is down would be hammered).
+            if on_hub and key != self._last_key and (
+                    key != self._tried_key or time.monotonic() >= self.next_due):
+                self._tried_key = key
+                self.next_due = time.monotonic() + self.settings.interval_s
                 self._start("manifest")
         elif time.monotonic() >= self.next_due:
             self.next_due = time.monotonic() + self.settings.interval_s
@@ -244,7 +252,8 @@ class HubSync:
             update_sync_state(self.pod_dir, in_flight=False, last_error=value,
                               last_error_at=time.time(), last_result="error")
             self.events.emit("sync_failed", reason=reason, error=value, seconds=seconds,
-                             retry="at the next interval" if reason == "interval" else "none")
+                             retry="at the next interval" if reason in ("interval", "manifest")
+                             else "none")
 
 
 def record_taken_over(pod_dir: Path, events: EventLog, message: str, reason: str) -> None:

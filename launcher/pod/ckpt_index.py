@@ -14,6 +14,7 @@ newest passed ones per GPU are kept.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -27,6 +28,17 @@ from launcher.pod.manifest import resolve_in_pod
 KEEP_PASSED = 2
 VERIFY_BELOW_BYTES = 256 << 20
 PENDING, PASSED, FAILED = "pending", "passed", "failed"
+
+
+def _rotated_names(source: Path) -> list[Path]:
+    """The worker's rotated copies of `source` (name.1, name.2, ... as many as SAVE_KEEP
+    keeps), oldest bytes last: an event read late may find its bytes far down the line."""
+    rotated = []
+    for path in source.parent.glob(f"{glob.escape(source.name)}.*"):
+        suffix = path.name[len(source.name) + 1:]
+        if suffix.isdigit():
+            rotated.append((int(suffix), path))
+    return [path for _k, path in sorted(rotated)]
 
 
 def link_or_copy(source: Path, target: Path) -> None:
@@ -159,19 +171,19 @@ class CheckpointIndex:
             return None
         target = self._retained_path(record["gpu"], record["next_token"], record["sha256"])
         pin = target.with_name(f".{target.name}.pin")
-        candidates = [source] + [source.with_name(f"{source.name}.{k}") for k in range(1, 9)]
-        for candidate in candidates:
-            try:
-                link_or_copy(candidate, pin)
-            except FileNotFoundError:
-                continue
-            st = pin.stat()
-            if (size is None or st.st_size == size) and (
-                    (size is not None and st.st_size > VERIFY_BELOW_BYTES)
-                    or sha256_file(pin) == record["sha256"]):
-                os.replace(pin, target)
-                return str(target.relative_to(self.pod_dir))
-            pin.unlink(missing_ok=True)
+        for _pass in range(2):     # a rotation between the listing and the look: once more
+            for candidate in [source, *_rotated_names(source)]:
+                try:
+                    link_or_copy(candidate, pin)
+                except FileNotFoundError:
+                    continue
+                st = pin.stat()
+                if (size is None or st.st_size == size) and (
+                        (size is not None and st.st_size > VERIFY_BELOW_BYTES)
+                        or sha256_file(pin) == record["sha256"]):
+                    os.replace(pin, target)
+                    return str(target.relative_to(self.pod_dir))
+                pin.unlink(missing_ok=True)
         return None
 
     def _retained_path(self, gpu: int, next_token: int, sha256: str) -> Path:

@@ -58,8 +58,12 @@ class WorkerMonitor:
             return
         if changed:
             write_manifest(pod.manifest)
-        # On a remote backend the node names the checkpoint by its sha256 (and checks it).
-        probed = probe_name(record, pod.pod_dir) if pod.backend.files_here else rel
+        # On a remote backend the node names the checkpoint by its sha256 (and checks it);
+        # one its node could not retain is not probed (as probe_name says on one machine).
+        if pod.backend.files_here:
+            probed = probe_name(record, pod.pod_dir)
+        else:
+            probed = rel if event.get("retained", True) else None
         if pod.probes is not None and probed is not None:
             pod.probes.on_checkpoint(gpu, probed, pod.plan.config.shard_path(gpu),
                                      record["sha256"], record.get("step"))

@@ -144,7 +144,7 @@ class NodeWorker:
     def _seen(self, line: bytes) -> bytes:
         """Retain a checkpoint the moment its event is read; the head gets the event
         without its size, so that a file of the same name on the head's disk is only
-        ever trusted by its sha256."""
+        ever trusted by its sha256, and with whether this node could retain it."""
         if b'"checkpoint"' not in line:
             return line
         try:
@@ -154,9 +154,11 @@ class NodeWorker:
         if event.get("event") != "checkpoint" or "sha256" not in event:
             return line
         rel = relative_to_pod(event["path"], self.workdir)
-        self.index.add(self.gpu, event, int(event.get("stage") or 0), rel)
+        record = self.index.add(self.gpu, event, int(event.get("stage") or 0), rel)
         event.pop("bytes", None)
         event["path"], event["node"] = rel, self.node
+        # Read too late to pin its bytes (rotated past SAVE_KEEP): the head probes none.
+        event["retained"] = bool(record.get("retained"))
         return (json.dumps(event) + "\n").encode()
 
     # ---- AR probes ---------------------------------------------------------------------

@@ -131,6 +131,18 @@ class FakeBackend(WorkerBackend):
         self.line(worker, event)
         return event
 
+    def checkpoint_line(self, gpu: int, retained: bool) -> dict:
+        """A checkpoint event as a Ray node hands it to the head: no file here, and whether
+        the node could retain its bytes (launcher/supervise/ray_node.py NodeWorker._seen)."""
+        worker = self.current(gpu)
+        payload = f"gpu{gpu} token{worker.next_token} on a node".encode()
+        event = {"type": "event", "event": "checkpoint", "sha256": hashlib.sha256(payload)
+                 .hexdigest(), "path": f"checkpoints/fractus_1b_gpu{gpu}.pt",
+                 "next_token": worker.next_token, "step": worker.step, "ema_tf": 5.0,
+                 "lb": 2.0, "node": worker.node, "retained": retained}
+        self.line(worker, event)
+        return event
+
     def event(self, gpu: int, name: str, **fields) -> None:
         self.line(self.current(gpu), {"type": "event", "event": name, **fields})
 
