@@ -90,3 +90,30 @@ def test_an_event_read_many_saves_late_finds_its_bytes_as_far_down_as_save_keep_
             "bytes": len(payloads[5])}
     assert index.add(0, gone, stage=1, path="checkpoints/fractus_1b_gpu0.pt")["retained"] is None
     assert not list((pod / "checkpoints").rglob("*.pin"))
+
+
+def test_a_large_checkpoint_read_late_is_not_retained_from_a_newer_save_of_the_same_size(
+        tmp_path, monkeypatch):
+    """Large files are checked by size only (hashing 8.8 GB every save is too slow) and every
+    save of a run has the same size: an event read after the next save must not pin the
+    newer bytes now under the worker's name as its own. The worker's real save reports the
+    file's mtime; the event's own bytes, now name.1, are retained."""
+    import time
+
+    import torch
+
+    import launcher.pod.ckpt_index as ckpt_index
+    from fractus.train.checkpoint import save_checkpoint
+    monkeypatch.setattr(ckpt_index, "VERIFY_BELOW_BYTES", 16)      # "large" from 16 bytes
+    pod = tmp_path / "pod"
+    ckpt = pod / "checkpoints" / "fractus_1b_gpu0.pt"
+    payload = {"model_state": {"w": torch.zeros(256)}, "next_token": 0}
+    old = save_checkpoint(payload, ckpt, keep=3)
+    old_bytes = ckpt.read_bytes()
+    time.sleep(0.05)
+    new = save_checkpoint({**payload, "model_state": {"w": torch.ones(256)}}, ckpt, keep=3)
+    assert new.bytes == old.bytes and new.sha256 != old.sha256      # the same size
+    event = {"sha256": old.sha256, "next_token": 0, "step": 0, "bytes": old.bytes,
+             "mtime_ns": old.mtime_ns}
+    record = CheckpointIndex(pod).add(0, event, stage=1, path="checkpoints/fractus_1b_gpu0.pt")
+    assert (pod / record["retained"]).read_bytes() == old_bytes

@@ -40,6 +40,9 @@ class SavedCheckpoint:
     path: str
     sha256: str
     bytes: int
+    # The file's mtime (rename and hard links keep it): with its size, what tells a
+    # launcher reading the event late these bytes from a newer save of the same size.
+    mtime_ns: int
 
 
 class _HashingWriter:
@@ -146,6 +149,7 @@ def save_checkpoint(payload: dict, path: str | os.PathLike, keep: int = 3,
             torch.save(payload, writer)
             f.flush()
             os.fsync(f.fileno())
+            mtime_ns = os.fstat(f.fileno()).st_mtime_ns
         _rotate(path, keep)
         os.replace(tmp, path)
     finally:
@@ -153,7 +157,7 @@ def save_checkpoint(payload: dict, path: str | os.PathLike, keep: int = 3,
             tmp.unlink()
     _prune(path, keep)
     _fsync_dir(path.parent)
-    return SavedCheckpoint(str(path), writer.sha256.hexdigest(), writer.bytes)
+    return SavedCheckpoint(str(path), writer.sha256.hexdigest(), writer.bytes, mtime_ns)
 
 
 def remove_stale_temps(path: str | os.PathLike) -> None:

@@ -92,7 +92,7 @@ class CheckpointIndex:
             "next_token": int(event["next_token"]), "step": event.get("step"),
             "ema_tf": event.get("ema_tf"), "lb": event.get("lb"), "stage": stage,
             "verdict": verdict, "reason": reason}
-        record["retained"] = self._retain(record, event.get("bytes"))
+        record["retained"] = self._retain(record, event.get("bytes"), event.get("mtime_ns"))
         return self._append(record)
 
     def mark(self, gpu: int, sha256: str, verdict: str, reason: str) -> dict:
@@ -152,14 +152,17 @@ class CheckpointIndex:
             pass
         return sha256_file(path)
 
-    def _retain(self, record: dict, size: int | None) -> str | None:
+    def _retain(self, record: dict, size: int | None, mtime_ns: int | None = None) -> str | None:
         """Hard-link the checkpoint's file under checkpoints/passed/gpu{i}/ at once.
 
         The worker rotates its files every SAVE_EVERY steps; linking when the event
         arrives keeps these exact bytes whatever rotation does later. The link is checked
         against the event: by sha256 for small files, by size for large ones (hashing a
-        1B checkpoint every save would cost the launcher seconds of CPU). A path outside
-        the pod is never linked.
+        1B checkpoint every save would cost the launcher seconds of CPU); all of a run's
+        large files have one size, so a large one must also have the `mtime_ns` the worker
+        reported (rename and hard links keep it; a newer save of the same size has its own),
+        except where this filesystem copies instead of linking. A path outside the pod is
+        never linked.
 
         Rotation may run while we look (name.k -> name.k+1, on a node that reads its
         worker's lines late): each candidate is pinned first (linked to a temporary
@@ -178,9 +181,11 @@ class CheckpointIndex:
                 except FileNotFoundError:
                     continue
                 st = pin.stat()
+                by_size = size is not None and st.st_size > VERIFY_BELOW_BYTES
                 if (size is None or st.st_size == size) and (
-                        (size is not None and st.st_size > VERIFY_BELOW_BYTES)
-                        or sha256_file(pin) == record["sha256"]):
+                        (by_size and (mtime_ns is None or st.st_nlink < 2
+                                      or st.st_mtime_ns == mtime_ns))
+                        or (not by_size and sha256_file(pin) == record["sha256"])):
                     os.replace(pin, target)
                     return str(target.relative_to(self.pod_dir))
                 pin.unlink(missing_ok=True)

@@ -1,0 +1,192 @@
+"""`fractus-pod launch`: validate everything, then start one worker per GPU and supervise
+them (launcher/supervise/), on this machine or on a Ray cluster; `--from-hub` first rebuilds
+an empty pod directory from the hub, `--detach` supervises in the background. Registered on
+the `fractus-pod` group by launcher/cli/main.py."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from launcher.cli.hub import pod_dir_of, pod_dir_option
+from launcher.errors import UserError
+
+
+def _parse_faults(values: tuple[str, ...]) -> dict[int, str]:
+    faults = {}
+    for value in values:
+        gpu, sep, spec = value.partition(":")
+        if not sep or not gpu.isdigit() or not spec:
+            raise UserError(f"--fault expects GPU:KIND@STEP (e.g. 1:nan@30), got {value!r}")
+        faults[int(gpu)] = spec
+    return faults
+
+
+@click.command()
+@pod_dir_option
+@click.option("--stage", type=int, default=None,
+              help="Stage of manifests/stages.yaml to run (default: the manifest's).")
+@click.option("--gpus", default=None, help="Subset of GPUs, e.g. 0,1,2 or 0-3.")
+@click.option("--devices", default=None,
+              help="cpu:N, cuda, cuda:0-7 or auto (default: the pod config's).")
+@click.option("--max-time", type=float, default=None,
+              help="Stop gracefully (every worker checkpoints) after this many seconds.")
+@click.option("--max-steps", type=click.IntRange(min=1), default=None,
+              help="Each worker stops after this many steps (per worker start).")
+@click.option("--detach", is_flag=True, help="Supervise in the background (logs/launcher.log).")
+@click.option("--from-hub", "from_hub", default=None, metavar="URL",
+              help="Rebuild this EMPTY pod directory from a hub (hf://owner/repo or "
+                   "file://DIR): config, manifest, checkpoints; then launch.")
+@click.option("--revision", default=None,
+              help="With --from-hub: the hub revision to rebuild from (default: the newest).")
+@click.option("--no-canary", is_flag=True,
+              help="Switch to a higher --stage without the canary (recorded in the events).")
+@click.option("--ray", "ray_address", default=None, metavar="ADDRESS",
+              help="Run the workers on the Ray cluster at ADDRESS (host:port), one actor per "
+                   "GPU across its nodes (default: the pod config's ray: address, else "
+                   "child processes on this machine).")
+@click.option("--fault", "faults", multiple=True, hidden=True,
+              help="Tests only: GPU:KIND@STEP fault injection on that worker's first start.")
+@click.pass_context
+def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, revision,
+           no_canary, ray_address, faults) -> None:
+    """Validate everything, then start one worker per GPU and supervise them."""
+    from launcher.pod.ckpt_index import CheckpointIndex
+    from launcher.pod.events import EventLog
+    from launcher.pod.lock import PodLock
+    from launcher.supervise.prepare import (
+        ensure_run_id,
+        load_plan,
+        never_resume_failed,
+        on_the_hub,
+        reconcile,
+        record_baselines,
+        recover_checkpoints,
+        refuse_if_busy,
+        validate,
+    )
+    from launcher.supervise.stage_switch import EarlyStop, LaunchStopped, canary_gate, current_stage
+    from launcher.supervise.supervisor import Supervisor
+    pod_dir = pod_dir_of(ctx)
+    if revision and not from_hub:
+        raise UserError("--revision goes with --from-hub (a resumed pod uses the revisions "
+                        "its manifest records)")
+    if from_hub:
+        _rebuild(pod_dir, from_hub, revision, on_cluster=ray_address is not None)
+    plan, manifest = load_plan(pod_dir, stage, devices, gpus, max_time, max_steps,
+                               _parse_faults(faults))
+    from launcher.config.ray_settings import RaySettings
+    ray_settings = RaySettings.parse(plan.config.ray, ray_address)
+    on_hub = on_the_hub(plan, manifest) if ray_settings is not None else set()
+    if plan.config.hub:
+        from launcher.hub.sync import store_for
+        try:
+            store_for(plan.config, pod_dir)    # a malformed hub: URL is refused up front
+        except ValueError as exc:
+            raise UserError(f"hub: {exc}") from None
+    lock = PodLock(pod_dir)
+    lock.acquire()
+    events = None
+    stop = EarlyStop(plan.deadline)     # `fractus-pod stop` works from here on
+    stop.install()
+    try:
+        refuse_if_busy(plan)
+        from launcher.supervise.tensorboard_events import EventsToTensorBoard
+        events = EventLog(pod_dir, mirror=EventsToTensorBoard(pod_dir))
+        index = CheckpointIndex(pod_dir)
+        reconcile(plan, manifest, index, events)
+        never_resume_failed(plan, manifest, index, events)
+        recover_checkpoints(plan, manifest, index, events, on_hub)
+        validate(plan, manifest, on_hub)
+        supervisor = Supervisor(plan, manifest, index, events)
+        try:
+            supervisor.gate(lambda: canary_gate(plan, manifest, events, no_canary, stop))
+        except LaunchStopped as exc:
+            events.emit("launch_stopped", stage=current_stage(plan, manifest), reason=str(exc))
+            click.echo(f"pod STOPPED: {exc}")
+            sys.exit(0)
+        record_baselines(plan, manifest, index, on_hub)
+        ensure_run_id(manifest)
+        if detach:
+            events.mirror.close()          # its buffered lines would be written by both processes
+            _daemonize(pod_dir)
+            events.mirror = EventsToTensorBoard(pod_dir)
+            lock.record_holder()
+        if ray_settings is not None:       # after the fork: a Ray driver does not survive one
+            supervisor.use_backend(_ray_backend(pod_dir, plan, ray_settings, events))
+        stage = plan.stages[plan.stage]
+        click.echo(f"pod {pod_dir}: stage {plan.stage} ({stage.name}), "
+                   f"{len(plan.slots)} worker(s) on {plan.slots[0].device}"
+                   + (f", for {plan.max_time:g}s" if plan.max_time else "")
+                   + "; `fractus-pod status` to watch, `fractus-pod stop` to stop")
+        supervisor.stop_reason = stop.signal       # a stop that came before supervision
+        code = supervisor.run()
+        ended = supervisor.pod
+        click.echo(f"pod {ended.state.upper()} at stage {ended.stage}"
+                   + (f": {ended.reason}" if ended.reason else ""))
+    finally:
+        if events is not None:
+            events.mirror.close()
+        lock.release()
+    sys.exit(code)
+
+
+def _ray_backend(pod_dir: Path, plan, settings, events):
+    try:
+        from launcher.supervise.ray_backend import RayBackend
+    except ImportError:
+        raise UserError("--ray needs Ray: pip install 'fractus-pod[ray]'") from None
+    try:
+        return RayBackend(pod_dir, plan.config, settings, events)
+    except ConnectionError as exc:
+        raise UserError(f"ray: cannot reach the cluster at {settings.address} "
+                        f"({' '.join(str(exc).split())[:200]}); is `ray start` running "
+                        f"there?") from None
+
+
+def _rebuild(pod_dir: Path, url: str, revision: str | None, on_cluster: bool) -> None:
+    """launch --from-hub: fill the empty pod directory from one pinned hub revision (for a
+    Ray cluster, `on_cluster`, without the weights: each node pulls its GPU's)."""
+    from launcher.pod.events import EventLog
+    from launcher.hub.from_hub import rebuild_from_hub
+    from launcher.hub import HubError
+    try:
+        rev, config, lease = rebuild_from_hub(pod_dir, url, revision, on_cluster)
+    except HubError as exc:
+        if exc.status == 404:              # no such repo or revision: the user's to fix
+            raise UserError(f"--from-hub: {exc}") from None
+        raise click.ClickException(f"--from-hub: {exc}") from None
+    except ValueError as exc:
+        raise UserError(f"--from-hub: {exc}") from None
+    weights = ("on the hub: each Ray node pulls its GPU's" if on_cluster or config.ray
+               else "pulled")
+    EventLog(pod_dir).emit("rebuilt_from_hub", hub=url, revision=rev, pod_id=lease["pod_id"],
+                           lease_epoch=lease["epoch"], previous_pod=lease["previous_pod"],
+                           weights=weights)
+    click.echo(f"rebuilt {pod_dir} from {url} at revision {rev[:12]}; this pod "
+               f"({lease['pod_id']}) now writes the run (lease epoch {lease['epoch']})")
+
+
+def _daemonize(pod_dir: Path) -> None:
+    """Double fork; the parent prints the launcher's pid and exits 0."""
+    read_fd, write_fd = os.pipe()
+    if os.fork() > 0:
+        os.close(write_fd)
+        pid = os.read(read_fd, 32).decode().strip()
+        click.echo(f"launcher running in the background (pid {pid}); "
+                   f"`fractus-pod status`, `fractus-pod stop`; log: logs/launcher.log")
+        os._exit(0)
+    os.close(read_fd)
+    os.setsid()
+    if os.fork() > 0:
+        os._exit(0)
+    os.write(write_fd, str(os.getpid()).encode())
+    os.close(write_fd)
+    log = os.open(pod_dir / "logs" / "launcher.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
