@@ -122,18 +122,55 @@ def sync_pull(ctx, revision, from_url, force, paths) -> None:
 @click.option("--out", default="checkpoints/FRACTUS_1B_8GPU_MERGED.pt", show_default=True)
 @click.pass_context
 def merge(ctx, out: str) -> None:
-    """Mean of the floating tensors of every GPU's checkpoint (streamed)."""
-    from launcher.pod.manifest import read_manifest
-    from launcher.hub.merge import merge_checkpoints
+    """Mean of the floating tensors of every GPU's checkpoint (streamed). A checkpoint not on
+    this machine (a Ray pod's are on its nodes) is read from the hub revision the manifest
+    records, one at a time."""
+    from contextlib import nullcontext
+
     from launcher.config.podconfig import load_config
+    from launcher.hub import HubError
+    from launcher.hub.merge import merge_checkpoints
+    from launcher.pod.manifest import read_manifest
     pod_dir = pod_dir_of(ctx)
     config = load_config(pod_dir)
     manifest = read_manifest(pod_dir / config.manifest)
-    paths = [pod_dir / e.checkpoint for _, e in sorted(manifest.entries.items()) if e.checkpoint]
+    paths, on_hub, missing = [], {}, []
+    for gpu, entry in sorted(manifest.entries.items()):
+        if not entry.checkpoint:
+            continue
+        if (pod_dir / entry.checkpoint).is_file():
+            paths.append(str(pod_dir / entry.checkpoint))
+        elif entry.hub_revision and entry.checkpoint_sha256 and config.hub:
+            hub_path = config.checkpoint_path(gpu)
+            paths.append(hub_path)
+            on_hub[hub_path] = entry
+        else:
+            missing.append(f"gpu_{gpu} ({entry.checkpoint})")
+    if missing:
+        raise UserError(f"merge: not on this machine and no hub revision recorded for "
+                        f"{', '.join(missing)}; run it where they are, or `fractus-pod sync "
+                        f"pull` them")
     if not paths:
         raise UserError("the manifest names no checkpoint to merge")
+    store = None
+    if on_hub:
+        from launcher.hub.sync import store_for
+        try:
+            store = store_for(config, pod_dir)
+        except ValueError as exc:
+            raise UserError(f"hub: {exc}") from None
+
+    def checkpoint(path: str):
+        if path not in on_hub:
+            return nullcontext(path)
+        entry = on_hub[path]
+        return store.fetched(path, entry.hub_revision, entry.checkpoint_sha256)
+
     try:
-        merge_checkpoints(paths, pod_dir / out)
+        merge_checkpoints(paths, pod_dir / out, fetch=checkpoint)
     except (ValueError, FileNotFoundError) as exc:
         raise UserError(f"merge: {exc}") from None
-    click.echo(f"merged {len(paths)} checkpoints -> {out}")
+    except HubError as exc:
+        raise click.ClickException(f"merge: {exc}") from None
+    click.echo(f"merged {len(paths)} checkpoints -> {out}"
+               + (f" ({len(on_hub)} read from the hub, one at a time)" if on_hub else ""))

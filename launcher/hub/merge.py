@@ -19,9 +19,10 @@ Tensors that share storage in the first checkpoint (the tied `observe.weight` /
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, ContextManager, Sequence
 
 import torch
 
@@ -67,57 +68,41 @@ def _accumulator(t: torch.Tensor) -> torch.Tensor:
     return t.to(dtype=wide, copy=True)
 
 
-def merge_checkpoints(paths: Sequence[str | Path], out_path: str | Path) -> MergeReport:
-    """Average the floating tensors of `paths[i]["model_state"]` into `out_path` (see module doc)."""
-    paths = [Path(p) for p in paths]
-    if not paths:
+def on_disk(source) -> ContextManager[Path]:
+    """A merge source that is a file here: itself."""
+    return nullcontext(Path(source))
+
+
+def merge_checkpoints(sources: Sequence, out_path: str | Path,
+                      fetch: Callable[[Any], ContextManager[Path]] = on_disk) -> MergeReport:
+    """Average the floating tensors of each source's `["model_state"]` into `out_path` (see
+    module doc). A source is a file, or what `fetch(source)` makes one for the time it is
+    read (a hub checkpoint pulled into a scratch folder, then deleted: one at a time)."""
+    if not sources:
         raise ValueError("merge needs at least one checkpoint")
-    with progress(f"merging {len(paths)} checkpoints", len(paths), "checkpoints") as task:
-        return _merge(paths, Path(out_path), task)
+    with progress(f"merging {len(sources)} checkpoints", len(sources), "checkpoints") as task:
+        return _merge(list(sources), Path(out_path), fetch, task)
 
 
-def _merge(paths: list[Path], out_path: Path, task) -> MergeReport:
-    task.update(description=f"merging: reading {paths[0].name}")
-    first_state, config = _load(paths[0])
+def _name(source) -> str:
+    return Path(str(source)).name
+
+
+def _merge(paths: list, out_path: Path, fetch, task) -> MergeReport:
+    task.update(description=f"merging: reading {_name(paths[0])}")
+    with fetch(paths[0]) as local:
+        first_state, config = _load(local)
+        merged_first = _start_sums(paths[0], first_state)
+        del first_state
+    sums, merged, aliases, spec, dropped = merged_first
     task.update(advance=1)
-    dropped = tuple(k for k in first_state if is_carried_state(k))
-    sums: dict[str, torch.Tensor] = {}  # floating keys -> running sum
-    merged: dict[str, torch.Tensor] = {}  # every kept key, in the first checkpoint's order
-    aliases: dict[str, str] = {}  # key -> earlier key sharing its storage (tied weights)
-    spec: dict[str, tuple] = {}  # key -> (shape, dtype) every checkpoint must match
-    seen_storage: dict[tuple, str] = {}
-    for key, t in first_state.items():
-        if key in dropped:
-            continue
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{paths[0]}: model_state[{key!r}] is not a tensor")
-        spec[key] = (tuple(t.shape), t.dtype)
-        skey = _storage_key(t)
-        if skey in seen_storage:
-            aliases[key] = seen_storage[skey]
-            continue
-        seen_storage[skey] = key
-        if t.is_floating_point():
-            sums[key] = _accumulator(t)
-        else:
-            merged[key] = t.clone()  # own the bytes: the mmap is released below
-    del first_state
 
     for path in paths[1:]:
-        task.update(description=f"merging: adding {path.name}")
-        state, _ = _load(path)
-        kept = {k for k in state if not is_carried_state(k)}
-        if kept != set(spec):
-            extra, missing = sorted(kept - set(spec)), sorted(set(spec) - kept)
-            raise ValueError(f"{path} does not match {paths[0]}: extra keys {extra[:5]}, missing {missing[:5]}")
-        for key, acc in sums.items():
-            t = state[key]
-            if (tuple(t.shape), t.dtype) != spec[key]:
-                raise ValueError(
-                    f"{path}: {key} is {tuple(t.shape)} {t.dtype}, expected {spec[key][0]} {spec[key][1]}"
-                )
-            acc.add_(t)  # pages this tensor in, adds, and never touches it again
-        del state
+        task.update(description=f"merging: adding {_name(path)}")
+        with fetch(path) as local:
+            state, _ = _load(local)
+            _add(path, paths[0], state, sums, spec)
+            del state
         task.update(advance=1)
 
     task.update(description=f"merging: writing {out_path.name}")
@@ -137,3 +122,44 @@ def _merge(paths: list[Path], out_path: Path, task) -> MergeReport:
     n_float = sum(1 for k in spec if k not in aliases and spec[k][1].is_floating_point)
     return MergeReport(out_path, n, n_float, len(spec) - len(aliases) - n_float, dropped)
 
+
+def _start_sums(path, first_state: dict) -> tuple:
+    """From the first checkpoint: the running sums (own copies: its file may go once read),
+    the tensors taken as they are, tied keys, and the spec every other one must match."""
+    dropped = tuple(k for k in first_state if is_carried_state(k))
+    sums: dict[str, torch.Tensor] = {}  # floating keys -> running sum
+    merged: dict[str, torch.Tensor] = {}  # every kept key, in the first checkpoint's order
+    aliases: dict[str, str] = {}  # key -> earlier key sharing its storage (tied weights)
+    spec: dict[str, tuple] = {}  # key -> (shape, dtype) every checkpoint must match
+    seen_storage: dict[tuple, str] = {}
+    for key, t in first_state.items():
+        if key in dropped:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{path}: model_state[{key!r}] is not a tensor")
+        spec[key] = (tuple(t.shape), t.dtype)
+        skey = _storage_key(t)
+        if skey in seen_storage:
+            aliases[key] = seen_storage[skey]
+            continue
+        seen_storage[skey] = key
+        if t.is_floating_point():
+            sums[key] = _accumulator(t)
+        else:
+            merged[key] = t.clone()  # own the bytes: the mmap is released below
+    return sums, merged, aliases, spec, dropped
+
+
+def _add(path, first, state: dict, sums: dict, spec: dict) -> None:
+    kept = {k for k in state if not is_carried_state(k)}
+    if kept != set(spec):
+        extra, missing = sorted(kept - set(spec)), sorted(set(spec) - kept)
+        raise ValueError(f"{path} does not match {first}: extra keys {extra[:5]}, "
+                         f"missing {missing[:5]}")
+    for key, acc in sums.items():
+        t = state[key]
+        if (tuple(t.shape), t.dtype) != spec[key]:
+            raise ValueError(
+                f"{path}: {key} is {tuple(t.shape)} {t.dtype}, expected {spec[key][0]} {spec[key][1]}"
+            )
+        acc.add_(t)  # pages this tensor in, adds, and never touches it again

@@ -13,6 +13,7 @@ import os
 import shutil
 import time
 import uuid
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +33,9 @@ class Snapshot:
     expected: dict[str, str] = field(default_factory=dict)    # hub path -> sha256 to check
     copies: dict[Path, Path] = field(default_factory=dict)    # link failed: copy src -> dest
     pushed: dict[int, tuple[str, str]] = field(default_factory=dict)  # gpu -> (path, sha256)
+    # Checkpoints already on the hub, not sent (a remote backend's nodes pushed them): hub
+    # path -> the revision holding them; a merge pulls them from there one at a time.
+    on_hub: dict[str, str] = field(default_factory=dict)
     manifest_path: str = ""
     manifest_doc: dict = field(default_factory=dict)
     merge: bool = False
@@ -115,18 +119,19 @@ def _add_manifest(snap: Snapshot, pod_dir: Path, config: PodConfig, manifest: Ma
 
 
 def take_manifest_snapshot(pod_dir: Path, config: PodConfig, manifest: Manifest,
-                           on_hub: dict[int, dict]) -> Snapshot | None:
+                           on_hub: dict[int, dict], merge: bool = False) -> Snapshot | None:
     """A remote backend's push: its nodes pushed the checkpoints (`on_hub`: gpu -> the
     pushed checkpoint-index record); the launcher sends only the manifest naming them and
-    the pod's small files, so `launch --from-hub` resumes at the pushed tokens. None
-    before the first node push."""
+    the pod's small files, so `launch --from-hub` resumes at the pushed tokens; with
+    `merge`, also their mean, read back from the hub. None before the first node push."""
     if not on_hub:
         return None
-    snap = new_snapshot(pod_dir)
+    snap = new_snapshot(pod_dir, merge)
     entries = {}
     for gpu, record in sorted(on_hub.items()):
         hub_path = config.checkpoint_path(gpu)
         snap.pushed[gpu] = (hub_path, record["sha256"])
+        snap.on_hub[hub_path] = record["hub_revision"]
         entries[gpu] = hub_entry(manifest.entries.get(gpu), record, hub_path,
                                  config.shard_path(gpu))
     snap.dir.mkdir(parents=True, exist_ok=True)
@@ -144,8 +149,17 @@ def send(store, snap: Snapshot, message: str) -> str:
     snap.files[snap.manifest_path] = manifest_file
     if snap.merge:
         from launcher.hub.merge import merge_checkpoints
-        checkpoints = [snap.files[path] for _, (path, _sha) in sorted(snap.pushed.items())]
-        merge_checkpoints(checkpoints, snap.dir / "merged.pt")
+
+        sha256_of = dict(snap.pushed.values())
+
+        def checkpoint(path: str):
+            """A checkpoint of this push, or one a node pushed, pulled from its revision."""
+            if path in snap.files:
+                return nullcontext(snap.files[path])
+            return store.fetched(path, snap.on_hub[path], sha256_of[path])
+
+        merge_checkpoints([path for _, (path, _sha) in sorted(snap.pushed.items())],
+                          snap.dir / "merged.pt", fetch=checkpoint)
         snap.files[MERGED_PATH] = snap.dir / "merged.pt"
     # The store checks each checkpoint against its recorded sha256 in the one read it makes
     # of it (IntegrityError, nothing sent or committed, if the bytes changed on disk); the

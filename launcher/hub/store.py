@@ -12,10 +12,11 @@ import logging
 import shutil
 import uuid
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Iterable, Iterator, Mapping
 
 from launcher.pod.progress import progress
 
@@ -127,14 +128,29 @@ class Store(ABC):
     def read_bytes(self, rel: str, revision: str) -> bytes | None:
         """The verified bytes of a small tracked file at a full revision id, without
         touching the pod's own files (None: the revision does not track it)."""
+        if rel not in self._index(revision):
+            return None
+        with self.fetched(rel, revision) as path:
+            return path.read_bytes()
+
+    @contextmanager
+    def fetched(self, rel: str, revision: str, sha256: str | None = None) -> Iterator[Path]:
+        """One tracked file of `revision` (a full id) in a scratch folder of its own, never
+        among the pod's files, deleted on exit: a merge of checkpoints that are only on the
+        hub reads them this way, one at a time. Verified against the revision's index, and
+        against `sha256` when given (IntegrityError: the revision holds other bytes)."""
         entry = self._index(revision).get(rel)
         if entry is None:
-            return None
+            raise HubError(f"not in revision {revision[:12]} of {self.url}: {rel}")
+        if sha256 is not None and entry.sha256 != sha256:
+            raise IntegrityError(f"{rel} at revision {revision[:12]} has sha256 "
+                                 f"{entry.sha256[:12]}..., not the recorded {sha256[:12]}...")
         scratch = self.pod_dir / SCRATCH_DIR / f"read-{uuid.uuid4().hex[:12]}"
         scratch.mkdir(parents=True)
         try:
-            self._fetch(rel, entry, revision, scratch / "file")
-            return (scratch / "file").read_bytes()
+            local = scratch / Path(rel).name       # its own name, for the errors
+            self._fetch(rel, entry, revision, local)
+            yield local
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
             try:

@@ -183,8 +183,11 @@ class HubSync:
 
     def _start(self, reason: str) -> None:
         if self.node_pushes is not None:
+            # The merged brain is read back from the hub (every GPU's checkpoint, one at a
+            # time): once, at the end of the run, not after each node's push.
             snap = take_manifest_snapshot(self.pod_dir, self.config, self.manifest,
-                                          self.node_pushes())
+                                          self.node_pushes(),
+                                          merge=self.settings.merge and reason == "stop")
         else:
             snap = take_snapshot(self.pod_dir, self.config, self.manifest, self.index,
                                  self.settings.merge)
