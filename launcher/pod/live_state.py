@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from launcher.paths import STATE_FILE, REQUEST_FILE  # noqa: F401 (re-exported)
@@ -47,7 +47,13 @@ def pod_state_dict(snapshot: PodSnapshot) -> dict:
             "stage": snapshot.stage, "stage_name": snapshot.stage_name,
             "reason": snapshot.reason, "started_at": snapshot.started_at,
             "updated_at": time.time(), "rolled_back": snapshot.rolled_back,
-            "gpus": {str(gpu): asdict(g) for gpu, g in snapshot.gpus.items()}}
+            "gpus": {str(gpu): _fields(g) for gpu, g in snapshot.gpus.items()}}
+
+
+def _fields(gpu: GpuSnapshot) -> dict:
+    """Its fields as they are: the snapshot is taken fresh for each write and holds plain
+    values, so no deep copy (dataclasses.asdict's was most of the launcher's CPU on Ray)."""
+    return {f.name: getattr(gpu, f.name) for f in fields(gpu)}
 
 
 def write_pod_state(pod_dir: Path, snapshot: PodSnapshot) -> None:
