@@ -106,7 +106,7 @@ def run_scenario(pod: Path, cluster, launcher: Launcher) -> None:
         probed = wait_for(lambda: events_of(pod, "probe", gpu=gpu), STARTUP_S,
                           f"a probe of GPU {gpu}'s checkpoint")
         assert probed[0].get("node") == first_node[gpu], probed[0]
-        assert probed[0]["status"] in ("baseline", "successful"), probed[0]
+        assert probed[0]["status"] in ("baseline", "Successful"), probed[0]
     assert not events_of(pod, "probes_off")
     wait_for(lambda: events_of(pod, "sync_pushed", gpu=0), STARTUP_S,
              "GPU 0's node pushing a passed checkpoint")
