@@ -206,3 +206,17 @@ def test_two_writers_cannot_silently_overwrite_each_other(pod, tmp_path):
     assert a.history()[0].revision == rev2 and a.history()[1].revision == rev1
     assert set(a.files(rev2)) == {MANIFEST, CKPT}
     assert a.files(rev2)[MANIFEST] == a.files(rev1)[MANIFEST]
+
+
+def test_reading_one_small_file_reads_the_revision_index_once(pod, monkeypatch):
+    """`read_bytes` (the run's lease, read before every push) reads the index once: on
+    hf:// each read is a download."""
+    store = open_store("file://hub", pod)
+    (pod / "note.txt").write_text("lease")
+    revision = store.push(["note.txt"], "one file")
+    reads = []
+    index = FileStore._index
+    monkeypatch.setattr(FileStore, "_index", lambda self, rev: reads.append(rev) or index(self, rev))
+    assert store.read_bytes("note.txt", revision) == b"lease"
+    assert reads == [revision]
+    assert store.read_bytes("absent.txt", revision) is None

@@ -169,7 +169,8 @@ class Worker:
         """Runs once the file is on disk (on the writer thread when saving in the background)."""
         self.faults.after_save(numbers["step"])
         self.log.event("checkpoint", path=saved.path, sha256=saved.sha256, bytes=saved.bytes,
-                       mtime_ns=saved.mtime_ns, **numbers, seconds=timing.seconds, stall_s=timing.stall_s)
+                       mtime_ns=saved.mtime_ns, **numbers, seconds=timing.seconds,
+                       stall_s=timing.stall_s)
         with self.stdout_lock:
             print(f"GPU {self.s.gpu_id}: saved -> {saved.path} "
                   f"(next_token={numbers['next_token']})", flush=True)

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping
+from typing import ContextManager, Iterable, Iterator, Mapping
 
 from launcher.pod.progress import progress
 
@@ -128,13 +128,14 @@ class Store(ABC):
     def read_bytes(self, rel: str, revision: str) -> bytes | None:
         """The verified bytes of a small tracked file at a full revision id, without
         touching the pod's own files (None: the revision does not track it)."""
-        if rel not in self._index(revision):
+        entry = self._index(revision).get(rel)      # one index read (a download on hf://)
+        if entry is None:
             return None
-        with self.fetched(rel, revision) as path:
+        with self._fetched(rel, entry, revision) as path:
             return path.read_bytes()
 
-    @contextmanager
-    def fetched(self, rel: str, revision: str, sha256: str | None = None) -> Iterator[Path]:
+    def fetched(self, rel: str, revision: str,
+                sha256: str | None = None) -> ContextManager[Path]:
         """One tracked file of `revision` (a full id) in a scratch folder of its own, never
         among the pod's files, deleted on exit: a merge of checkpoints that are only on the
         hub reads them this way, one at a time. Verified against the revision's index, and
@@ -145,6 +146,10 @@ class Store(ABC):
         if sha256 is not None and entry.sha256 != sha256:
             raise IntegrityError(f"{rel} at revision {revision[:12]} has sha256 "
                                  f"{entry.sha256[:12]}..., not the recorded {sha256[:12]}...")
+        return self._fetched(rel, entry, revision)
+
+    @contextmanager
+    def _fetched(self, rel: str, entry: FileEntry, revision: str) -> Iterator[Path]:
         scratch = self.pod_dir / SCRATCH_DIR / f"read-{uuid.uuid4().hex[:12]}"
         scratch.mkdir(parents=True)
         try:
