@@ -142,6 +142,28 @@ def test_a_silent_worker_is_killed_as_hung_and_restarted(make):
     assert sup.pod.runs[1].state is GpuState.RUNNING
 
 
+def test_the_first_step_has_its_own_limit_for_model_load_and_compile(make):
+    """A worker compiling its first step (no metrics line yet) is not hung at timeout_s
+    (600 s) but only past startup_timeout_s (1200 s); the event and status say which."""
+    sup, backend, clock = make()
+    sup.starter.start_all()
+    backend.train(1, 1)
+    sup.step()
+    clock.now += 1100            # GPU 0 still compiles; GPU 1 trained once, then went silent
+    sup.step()
+    assert sup.pod.runs[0].state is GpuState.RUNNING
+    (later,) = events(sup, "hang", gpu=1)
+    assert (later["phase"], later["limit_s"]) == ("training", 600)
+    clock.now += 101
+    sup.step()
+    (first,) = events(sup, "hang", gpu=0)
+    assert (first["phase"], first["limit_s"]) == ("first_step", 1200)
+    assert sup.pod.runs[0].state is GpuState.BACKOFF
+    assert sup.pod.runs[0].last_error == "hang: no metrics line for 1201s before its first " \
+                                         "step (limit 1200s)"
+    assert pod_state(sup)["gpus"]["0"]["last_error"] == sup.pod.runs[0].last_error
+
+
 @pytest.mark.parametrize("stage, code, pod_exit, words", [
     (3, 2, 2, "refused its settings"),        # bad settings: restarting cannot fix it
     (1, 3, 1, "NaN"),                         # a NaN exit at stage 1: nothing to roll back to

@@ -80,6 +80,10 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
                                _parse_faults(faults))
     from launcher.config.ray_settings import RaySettings
     ray_settings = RaySettings.parse(plan.config.ray, ray_address)
+    if ray_settings is None:        # on Ray the nodes hold the GPUs, not this machine
+        from launcher.config.gpus import check_cuda_present
+        check_cuda_present([s.gpu for s in plan.slots if s.device == "cuda"],
+                           devices or plan.config.devices)
     on_hub = on_the_hub(plan, manifest) if ray_settings is not None else set()
     if plan.config.hub:
         from launcher.hub.sync import store_for

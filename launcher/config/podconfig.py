@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import shutil
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -287,15 +285,8 @@ class Slot:
 
 
 def _visible_gpu_count() -> int:
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    try:
-        from launcher.child import child_env   # no secrets in any child's environment
-        out = subprocess.run(["nvidia-smi", "-L"], env=child_env(), capture_output=True,
-                             text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+    from launcher.config.gpus import visible_gpu_count   # nvidia-smi, else torch (absent/failing)
+    return visible_gpu_count()
 
 
 def _index_list(text: str, source: str) -> list[int]:

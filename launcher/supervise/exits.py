@@ -4,6 +4,7 @@ is one small handler, chosen from a table by the event."""
 
 from __future__ import annotations
 
+from launcher.paths import worker_log_path
 from launcher.supervise.backend import WorkerExit
 from launcher.supervise.ending import PodEnding
 from launcher.supervise.gpu_run import GpuRun
@@ -34,6 +35,8 @@ class ExitHandlers:
         if ended.node_lost:
             self.placement.on_node_lost(run)
             return
+        if ended.code and not run.error_reported:
+            run.last_error = ended.error or self.worker_said(run, ended.code)
         self.pod.events.emit("worker_exit", gpu=run.slot.gpu, code=ended.code,
                              stage=self.pod.stage,
                              **({"error": ended.error} if ended.error else {}))
@@ -46,15 +49,21 @@ class ExitHandlers:
         if silence is None:
             return
         silent_s, limit_s = silence
+        # Before its first metrics line a worker loads the model and compiles (COMPILE=1:
+        # minutes at 1B): that silence has its own, longer limit (startup_timeout_s).
+        phase = "first_step" if run.last_line_at is None else "training"
         self.pod.events.emit("hang", gpu=run.slot.gpu, pid=run.proc.pid,
-                             silent_s=round(silent_s, 2), limit_s=limit_s)
+                             silent_s=round(silent_s, 2), limit_s=limit_s, phase=phase)
         ended = self.pod.backend.kill(run.proc)
         self.monitor.drain(run)
         run.proc, run.exit_code = None, ended.code
         if ended.node_lost:
             self.placement.on_node_lost(run)
             return
-        self.restarts.crash(run, f"hang: no metrics line for {silent_s:.0f}s")
+        run.last_error = (f"hang: no metrics line for {silent_s:.0f}s "
+                          + ("before its first step" if phase == "first_step" else "")
+                          + f" (limit {limit_s:g}s)").replace("  ", " ")
+        self.restarts.crash(run, run.last_error)
 
     # ---- one handler per exit event ---------------------------------------------------
     def finished(self, run: GpuRun, ended: WorkerExit) -> None:
@@ -70,8 +79,27 @@ class ExitHandlers:
     def refused(self, run: GpuRun, ended: WorkerExit) -> None:
         run.apply(GpuEvent.REFUSED)
         gpu = run.slot.gpu
-        self.ending.fail(f"GPU {gpu}: the worker refused its settings or files (exit 2); "
-                         f"see logs/worker_gpu{gpu}.log", exit_code=2)
+        self.ending.fail(f"GPU {gpu}: the worker refused its settings or files (exit 2"
+                         + (f": {run.last_error}" if run.last_error else "")
+                         + f"); see logs/worker_gpu{gpu}.log", exit_code=2)
+
+    def worker_said(self, run: GpuRun, code: int) -> str:
+        """A worker's error without an `error` event (a refusal before its metrics file
+        opens, a crash in an import): the last line of its log, or how it ended."""
+        if code < 0:
+            return f"killed by signal {-code}"
+        if self.pod.backend.files_here:     # on Ray the log is on the worker's node
+            path = self.pod.pod_dir / worker_log_path(run.slot.gpu)
+            try:
+                with open(path, "rb") as log:
+                    log.seek(max(0, log.seek(0, 2) - 4096))
+                    lines = [s.strip() for s in log.read().decode(errors="replace").splitlines()]
+            except OSError:
+                lines = []
+            said = next((s for s in reversed(lines) if s), None)
+            if said:
+                return said[:300]
+        return f"exit code {code}"
 
     def check_exit(self, run: GpuRun, ended: WorkerExit) -> None:   # NaN or OOM: a failed check
         run.apply(GpuEvent.CHECK_EXIT)

@@ -26,7 +26,8 @@ class GpuRun:
     restart_at: float = 0.0
     exit_code: int | None = None
     last_metrics: dict | None = None
-    last_error: str | None = None
+    last_error: str | None = None        # the worker's last error (event, else its log)
+    error_reported: bool = False         # this run's worker wrote an `error` event
     verified_seen: tuple | None = None
     announced_wait: bool = False         # its gpu_waiting event is out
 

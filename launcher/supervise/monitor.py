@@ -38,7 +38,7 @@ class WorkerMonitor:
                 self.on_event[record["event"]](run, record)
 
     def on_error(self, run: GpuRun, event: dict) -> None:
-        run.last_error = str(event.get("message"))[:300]
+        run.last_error, run.error_reported = str(event.get("message"))[:300], True
 
     def on_checkpoint(self, run: GpuRun, event: dict) -> None:
         pod, gpu = self.pod, run.slot.gpu

@@ -51,7 +51,7 @@ class WorkerStarter:
         run.proc = pod.backend.start(spec)
         run.apply(GpuEvent.STARTED)
         run.exit_code, run.node = None, run.proc.node
-        run.started_at, run.last_line_at = pod.clock(), None
+        run.started_at, run.last_line_at, run.error_reported = pod.clock(), None, False
         pod.events.emit("worker_start", gpu=gpu, pid=run.proc.pid, stage=pod.stage,
                         start_token=spec.start_token, checkpoint=spec.ckpt_in,
                         fault=spec.fault, **({"node": run.node} if run.node else {}))
