@@ -75,16 +75,22 @@ def test_switch_up_runs_the_canary_then_launches_at_the_new_stage(pod):
     assert status_json(pod)["canary"]["status"] == "Successful"
 
 
-def test_a_wrong_stage_fails_the_canary_and_nothing_switches(pod, tmp_path):
+def stage_2_runs_a_plugin_kernel(pod: Path, tmp_path: Path, source: str, impl: str) -> dict:
+    """Stage 2 (still marked exact) selects `impl`, which `source` registers in every
+    process started with the returned environment (a sitecustomize on PYTHONPATH)."""
     plugin = tmp_path / "plugin"
     plugin.mkdir()
-    (plugin / "sitecustomize.py").write_text(WRONG_KERNEL)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (str(plugin), os.environ.get("PYTHONPATH")) if p))
+    (plugin / "sitecustomize.py").write_text(source)
     stages_file = pod / load_config(pod).stages
     table = yaml.safe_load(stages_file.read_text())
-    table["stages"][2]["settings"]["FRACTUS_ATTN_IMPL"] = "halfcarry"   # still marked exact
+    table["stages"][2]["settings"]["FRACTUS_ATTN_IMPL"] = impl
     stages_file.write_text(yaml.safe_dump(table))
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (str(plugin), os.environ.get("PYTHONPATH")) if p))
+
+
+def test_a_wrong_stage_fails_the_canary_and_nothing_switches(pod, tmp_path):
+    env = stage_2_runs_a_plugin_kernel(pod, tmp_path, WRONG_KERNEL, "halfcarry")
     manifest_before = (pod / load_config(pod).manifest).read_bytes()
     starts_before = len(events_of(pod, "worker_start"))
 
@@ -106,6 +112,42 @@ def test_a_wrong_stage_fails_the_canary_and_nothing_switches(pod, tmp_path):
     assert report["canary"]["reason"] == canary["reason"]
     human = fractus_pod(pod, "status").stdout
     assert "last canary" in human and "Failed" in human
+
+
+# A kernel that does not fit: the step raises what CUDA raises when the card is full, so the
+# worker's real out-of-memory path runs (oom event, exit 4) in a CPU test.
+OOM_KERNEL = '''
+import torch
+from fractus.nn import attention
+
+
+def does_not_fit(q, k, v, S0, z0):
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has "
+                                 "a total capacity of 139.72 GiB of which 1.20 GiB is free.")
+
+
+attention.register_attention_impl("doesnotfit", does_not_fit)
+'''
+
+
+def test_out_of_memory_at_the_new_stage_is_refused_as_such(pod, tmp_path):
+    env = stage_2_runs_a_plugin_kernel(pod, tmp_path, OOM_KERNEL, "doesnotfit")
+    manifest_before = (pod / load_config(pod).manifest).read_bytes()
+    starts_before = len(events_of(pod, "worker_start"))
+
+    done = fractus_pod(pod, "launch", "--stage", "2", "--gpus", "0", "--max-steps", "2", env=env)
+
+    assert done.returncode == 1, done.stdout + done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "canary FAILED: stage 2 does not fit in memory: stage 2 ran out of memory at " \
+           "step 4 (exit 4): CUDA out of memory. Tried to allocate 20.00 GiB" in line
+    assert "the pod stays on stage 1 (nothing switched)" in line and "BATCH" in line
+    (canary,) = events_of(pod, "canary")
+    assert canary["status"] == "Failed" and canary["out_of_memory"]
+    assert (pod / load_config(pod).manifest).read_bytes() == manifest_before
+    assert len(events_of(pod, "worker_start")) == starts_before
+    report = status_json(pod)
+    assert report["stage"] == 1 and "ran out of memory" in report["canary"]["reason"]
 
 
 def test_a_canary_that_cannot_judge_refuses_with_its_own_message(pod):

@@ -43,6 +43,7 @@ from launcher.pod.progress import progress
 from launcher.config.stages import Stage, get_stage, load_stages
 from launcher.worker.process import WorkerSpec, build_env, read_records, worker_command
 
+EXIT_OOM = 4                     # the worker's out-of-memory exit (docs/WORKER.md)
 KEEP_RUNS = 5                    # canary run directories kept (metrics + logs, no weights)
 WATCH_S = 0.5                    # how often a running canary shows progress, looks for a stop
 
@@ -124,6 +125,7 @@ class CanaryResult:
     start_token: int | None = None
     scratch: str | None = None
     interrupted: str | None = None   # why the canary was cut short (a stop, --max-time)
+    out_of_memory: bool = False      # stage N's run did not fit (its worker's oom exit)
 
     def to_dict(self) -> dict:
         """JSON-ready, e.g. the fields of a `canary` event in logs/events.jsonl."""
@@ -199,6 +201,11 @@ class _Run:
         if self.code == 0:
             return None
         events = [r for r in self.records() if r.get("event") in ("nan", "oom", "error")]
+        if self.out_of_memory():
+            oom = events[-1] if events and events[-1].get("event") == "oom" else {}
+            where = f" at step {oom['step']}" if oom.get("step") else ""
+            return (f"{self.name} ran out of memory{where} (exit {self.code}): "
+                    f"{str(oom.get('message', 'no oom event'))[:300]}")
         if events:
             detail = events[-1].get("message", events[-1].get("event"))
         else:
@@ -206,6 +213,11 @@ class _Run:
                      .splitlines() if s.strip()] if (self.run_dir / "worker.log").exists() else []
             detail = lines[-1] if lines else "no output"
         return f"{self.name} worker exited {self.code}: {str(detail)[:300]}"
+
+
+    def out_of_memory(self) -> bool:
+        """The worker's out-of-memory exit (4; an `oom` event when its metrics file was open)."""
+        return self.code == EXIT_OOM and not self.interrupted and not self.timed_out
 
 
 def _start(run: _Run, command: list[str], env: dict, cwd: Path) -> None:
@@ -347,6 +359,7 @@ def run_canary(pod_dir: str | Path, gpu: int, from_stage: int, to_stage: int,
         result.reason = f"cannot judge stage {to_stage}: the reference run failed: {ref_fail}"
     elif new_fail:
         result.status, result.reason = FAILED, new_fail
+        result.out_of_memory = runs[1].out_of_memory()
     else:
         names = (runs[0].name, runs[1].name)
         if exact:

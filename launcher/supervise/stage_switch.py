@@ -76,6 +76,10 @@ def canary_gate(plan, manifest, events, no_canary: bool, stop: EarlyStop) -> Non
         print(f"canary passed in {result.seconds:.1f}s: {result.reason}", flush=True)
         return
     stays = f"the pod stays on stage {current} (nothing switched)"
+    if result.out_of_memory:
+        raise Refused(f"canary FAILED: stage {plan.stage} does not fit in memory: "
+                      f"{result.reason}; {stays}; lower stage {plan.stage}'s BATCH in "
+                      f"{plan.config.stages}")
     if result.status == "Failed":
         raise Refused(f"canary FAILED: stage {plan.stage} does not continue stage "
                                    f"{current}'s curve: {result.reason}; {stays}")
