@@ -17,6 +17,7 @@ same disk all at once vs one after another (should a pod's workers stagger their
     python benchmarks/bench_async_save.py --preset tiny
     python benchmarks/bench_async_save.py --preset 1b      # ~18 GB of RAM, ~20 GB of disk
     python benchmarks/bench_async_save.py --preset 1b --n-layers 4   # its shape, 1/4 of the blocks
+    python benchmarks/bench_async_save.py --preset 1b --device cuda  # from the GPU, pinned host buffers
     python benchmarks/bench_async_save.py --stagger 4 --stagger-mb 1024
 """
 
@@ -65,7 +66,7 @@ class RssSampler:
         return max(self.peak, self.rss())
 
 
-def build_state(preset: str, batch: int, n_layers: int | None = None):
+def build_state(preset: str, batch: int, n_layers: int | None = None, device: str = "cpu"):
     import dataclasses
 
     import torch
@@ -77,29 +78,32 @@ def build_state(preset: str, batch: int, n_layers: int | None = None):
         config = dataclasses.replace(config, n_layers=n_layers)
     model = ContinuousThoughtEngine.from_config(config)
     model.reset_thought(batch)
+    model = model.to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=7e-4, momentum=0.9)
     for p in model.parameters():   # momentum as after a first step, without holding gradients
         optimizer.state[p]["momentum_buffer"] = torch.full_like(p, 1e-3)
     return model, optimizer
 
 
-def side_by_side(preset: str, batch: int, threads: int, n_layers: int | None = None) -> dict:
+def side_by_side(preset: str, batch: int, threads: int, n_layers: int | None = None,
+                 device: str = "cpu") -> dict:
     import torch
     from fractus.train.async_save import AsyncCheckpointer, HostSnapshot
     from fractus.train.checkpoint import save_checkpoint, training_payload
     from fractus.train.env import WorkerSettings
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
-    model, optimizer = build_state(preset, batch, n_layers)
+    model, optimizer = build_state(preset, batch, n_layers, device)
     build_s = time.perf_counter() - t0
-    device, settings = torch.device("cpu"), WorkerSettings.from_env({})
+    # On CUDA the snapshot goes to pinned host buffers, queued on the training stream.
+    device, settings = torch.device(device), WorkerSettings.from_env({})
     sampler = RssSampler()
 
     def payload(step: int) -> dict:
         return training_payload(model, optimizer, settings, next_token=step * 512, step=step,
                                 ema_tf=1.0, ema_ss=None, device=device, shard="bench")
 
-    out = {"preset": preset, "n_layers": n_layers,
+    out = {"preset": preset, "n_layers": n_layers, "device": str(device),
            "params": sum(p.numel() for p in model.parameters()),
            "build_s": build_s, "threads": threads}
     with tempfile.TemporaryDirectory(dir=REPO) as tmp:
@@ -182,8 +186,11 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-layers", type=int, help="the preset with this many blocks")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda: state on the GPU, "
+                    "snapshot into pinned host memory")
     ap.add_argument("--stagger", type=int, default=0, help="K writer processes (instead)")
     ap.add_argument("--stagger-mb", type=int, default=512)
+    ap.add_argument("--timeout", type=float, default=7200, help="seconds for the measurement")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if args.stagger:
@@ -200,7 +207,8 @@ def main() -> None:
     else:
         result = common.run_cell("benchmarks.bench_async_save", "side_by_side",
                                  {"preset": args.preset, "batch": args.batch,
-                                  "threads": args.threads, "n_layers": args.n_layers}, 7200)
+                                  "threads": args.threads, "n_layers": args.n_layers,
+                                  "device": args.device}, args.timeout)
         print(json.dumps(result, indent=1))
         if "error" not in result:
             blocks = f", {args.n_layers} blocks" if args.n_layers else ""

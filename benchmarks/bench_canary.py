@@ -47,7 +47,7 @@ def make_pod(root: Path, model: str, seq: int, device: str, train_steps: int) ->
     pod = root / "pod"
     init_pod(pod, "tiny-cpu")
     config = load_config(pod)
-    config.model, config.env = model, {"SEQ": str(seq)}
+    config.model, config.env = model, {**config.env, "SEQ": str(seq)}   # the preset's fresh start kept
     config.devices = "cpu:1" if device == "cpu" else "cuda:0"
     write_config(pod, config, "bench")
     vocab = model_config(model).vocab_size

@@ -259,6 +259,16 @@ def test_sampler_frequencies_follow_softmax(monkeypatch, cdf_block):
     """Two interleaved row types, each with its own distribution; V=8, one token of exactly
     zero weight. Small cdf blocks (3 columns) exercise the block boundaries."""
     monkeypatch.setattr(ce, "_CDF_BLOCK", cdf_block)
+    _check_sampler_frequencies("cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_sampler_frequencies_follow_softmax():
+    """The worker's SS sampler on the GPU (its own generator there) draws the same law."""
+    _check_sampler_frequencies("cuda")
+
+
+def _check_sampler_frequencies(device: str) -> None:
     vocab, d, temperature = 8, 4, 0.9
     g = torch.Generator().manual_seed(13)
     W = torch.randn(vocab, d, generator=g, dtype=torch.float64)
@@ -266,8 +276,8 @@ def test_sampler_frequencies_follow_softmax(monkeypatch, cdf_block):
     kinds = torch.tensor([[1.0, 0.3, -0.5, 0.8], [1.0, -1.2, 0.9, 0.1]], dtype=torch.float64)
     draws_per_kind = 3000
     h = kinds.repeat(draws_per_kind, 1)  # rows alternate kind 0, kind 1
-    tokens = sample_tokens_chunked(h, W, temperature, ce_chunk=256,
-                                   generator=torch.Generator().manual_seed(14))
+    tokens = sample_tokens_chunked(h.to(device), W.to(device), temperature, ce_chunk=256,
+                                   generator=torch.Generator(device).manual_seed(14)).cpu()
     probs = torch.softmax(kinds @ W.T / temperature, dim=-1)
     for kind in range(2):
         counts = torch.bincount(tokens[kind::2], minlength=vocab).double()

@@ -105,6 +105,33 @@ def test_tick_chunk_train_ce_equals_dense_ce_and_its_gradients():
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_train_step_matches_cpu_in_fp32_and_within_the_bf16_band():
+    """The worker's step on CUDA: float32 (TF32 off) equals the CPU's to float rounding;
+    under bf16 autocast the loss stays within the canary's cuda band (1e-2 relative)."""
+    obs, targets = tokens(2, 20), tokens(2, 20, seed=2)
+
+    def step(model, device, autocast):
+        model = model.to(device)
+        model.reset_thought(2)
+        model.set_gate_temperature(2.5)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            ce, lb = model.tick_chunk_train_ce(obs.to(device), targets.to(device), ce_chunk=7)
+        (ce + 0.02 * lb).backward()
+        return ce.float().cpu(), {n: p.grad.float().cpu() for n, p in model.named_parameters()
+                                  if p.grad is not None}
+
+    cpu_model = make_engine()
+    ref_ce, ref_grads = step(cpu_model, "cpu", False)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ce32, grads32 = step(clone_engine(cpu_model), "cuda", False)
+    torch.testing.assert_close(ce32, ref_ce, rtol=1e-4, atol=1e-5)
+    for name, grad in ref_grads.items():
+        torch.testing.assert_close(grads32[name], grad, rtol=1e-3, atol=1e-5, msg=name)
+    ce16, _ = step(clone_engine(cpu_model), "cuda", True)
+    assert abs(float(ce16) - float(ref_ce)) <= 1e-2 * abs(float(ref_ce))
+
+
 def test_carry_state_roundtrip_gives_identical_next_chunk():
     model = make_engine()
     model.reset_thought(2)

@@ -1,6 +1,6 @@
 """ACCUM=1 with CE_CHUNK=0 is the reference v1 step, bit for bit.
 
-The reference loop is transcribed here from MODEL.md ("The training step"), independently of
+The reference loop (tests/support/v1_step.py) is transcribed from MODEL.md, independently of
 fractus/train: the same seed, the same engine, SGD(momentum 0.9) with its own zero_grad /
 backward / clip 1.0 / step per pass, the SS coin from python `random`, then the multinomial
 draw, then `torch.rand(B, SEQ)` for the mask. The worker runs as a real subprocess on the
@@ -11,15 +11,13 @@ import random
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
+from tests.support.v1_step import V1Settings
+from tests.support.v1_step import reference_loop as v1_loop
 from tests.support.worker_utils import (events, load_ckpt, read_jsonl, run_worker, worker_env,
                                         write_synth_shard)
 
 B, SEQ, LR, SS_RATE, SS_PROB, LB_COEF, GATE_TEMP, SEED = 2, 16, 0.05, 0.5, 0.2, 0.02, 2.5, 1234
-# v1's code computes the EMA weight as (1 - 0.98), one ulp away from the 0.02 of MODEL.md;
-# the reference code wins, and the worker's EMA continues v1's curve bit for bit.
-EMA_BETA = 0.98
 START, STEPS = 37, 6  # 37 is not a multiple of B*SEQ: the worker must not round it
 
 
@@ -43,37 +41,9 @@ def reference_loop(ckpt_path, tokens: torch.Tensor):
     eng = ContinuousThoughtEngine.from_checkpoint(str(ckpt_path))
     eng.set_gate_temperature(GATE_TEMP)
     opt = torch.optim.SGD(eng.parameters(), lr=LR, momentum=0.9)
-    p, ema_tf, ema_ss, ss_passes = START, None, None, 0
-    for _ in range(STEPS):
-        chunk = tokens[p:p + B * SEQ].view(B, SEQ)
-        target = tokens[p + 1:p + B * SEQ + 1].view(B, SEQ)
-        logits, lb = eng.tick_chunk_train(chunk)
-        ce = F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1))
-        loss = ce + LB_COEF * lb
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(eng.parameters(), 1.0)
-        opt.step()
-        ema_tf = ce.item() if ema_tf is None else EMA_BETA * ema_tf + (1 - EMA_BETA) * ce.item()
-        if random.random() < SS_RATE:
-            ss_passes += 1
-            with torch.no_grad():
-                probs = torch.softmax(logits.detach().float().reshape(-1, logits.size(-1)) / 0.9, -1)
-                sampled = torch.multinomial(probs, 1).view(B, SEQ)
-            use = torch.rand(B, SEQ) < SS_PROB
-            use[:, 0] = False
-            prev = torch.cat([chunk[:, :1], sampled[:, :-1]], dim=1)
-            mixed = torch.where(use, prev, chunk)
-            logits2, lb2 = eng.tick_chunk_train(mixed)
-            ce2 = F.cross_entropy(logits2.reshape(-1, logits2.size(-1)), target.reshape(-1))
-            loss2 = 0.5 * ce2 + LB_COEF * lb2
-            opt.zero_grad(set_to_none=True)
-            loss2.backward()
-            torch.nn.utils.clip_grad_norm_(eng.parameters(), 1.0)
-            opt.step()
-            ema_ss = ce2.item() if ema_ss is None else EMA_BETA * ema_ss + (1 - EMA_BETA) * ce2.item()
-        p += B * SEQ
-    return eng, opt, p, ema_tf, ema_ss, ss_passes
+    run = v1_loop(eng, opt, tokens, START, STEPS,
+                  V1Settings(B, SEQ, LR, SS_RATE, SS_PROB, LB_COEF))
+    return eng, opt, run.next_token, run.ema_tf, run.ema_ss, run.ss_passes
 
 
 def test_worker_step_is_the_reference_step(tmp_path):
