@@ -50,7 +50,7 @@ class TokenShard:
     def _open_npy(path: Path) -> np.ndarray:
         try:
             tokens = np.load(path, mmap_mode="r")
-        except (ValueError, OSError) as e:
+        except (ValueError, OSError, EOFError) as e:   # EOFError: an empty or cut file
             raise ShardError(f"shard {path}: not a readable .npy file ({e})") from None
         if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
             raise ShardError(f"shard {path}: expected a 1-D integer array, "

@@ -22,6 +22,10 @@ import torch
 from .config import EngineConfig
 
 COMPILED_PREFIX = "_orig_mod."
+# torch.save writes every record of its zip stored (uncompressed); only a foreign or hostile
+# file deflates one. A deflated record may declare at most this many bytes: a 6 MB file
+# whose pickle record inflated to 6 GiB passed the launcher's pre-start check.
+MAX_INFLATED_RECORD = 64 << 20
 
 
 class CheckpointLoadError(ValueError):
@@ -39,6 +43,7 @@ def read_checkpoint(source, map_location="cpu", mmap: bool = False) -> dict:
         return source
     if not isinstance(source, (str, os.PathLike)):
         raise ValueError(f"expected a checkpoint path or dict, got {type(source).__name__}")
+    check_zip_directory(source)
     try:
         try:
             return torch.load(source, map_location=map_location, weights_only=True, mmap=mmap)
@@ -51,6 +56,55 @@ def read_checkpoint(source, map_location="cpu", mmap: bool = False) -> dict:
     except Exception as exc:
         raise CheckpointLoadError(f"cannot load checkpoint {source}: "
                                   f"{describe_load_error(exc)}") from None
+
+
+def check_zip_directory(path) -> None:
+    """Refuse (CheckpointLoadError) a zip whose directory declares a record that would
+    inflate past MAX_INFLATED_RECORD, or a stored record larger than its bytes: read from
+    the central directory alone, before any record is read. Files in torch's pre-zip
+    format have no directory and pass to torch.load."""
+    import zipfile
+    try:
+        if not zipfile.is_zipfile(path):
+            return
+        with zipfile.ZipFile(path) as archive:
+            records = archive.infolist()
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return          # torch.load reports what is wrong with it
+    for info in records:
+        inflates = info.compress_type != zipfile.ZIP_STORED and \
+            info.file_size > MAX_INFLATED_RECORD
+        stored_lies = info.compress_type == zipfile.ZIP_STORED and \
+            info.file_size != info.compress_size
+        if inflates or stored_lies:
+            raise CheckpointLoadError(
+                f"cannot load checkpoint {path}: record {info.filename} declares "
+                f"{info.file_size:,} bytes from {info.compress_size:,} (torch writes records "
+                f"stored, not compressed); not a checkpoint to trust")
+
+
+def state_mismatch(config: EngineConfig, state: dict) -> str | None:
+    """How `state` (a model_state) differs from the model `config` builds, by parameter
+    names and shapes (carried buffers aside), or None when it fits. The model is built on
+    the meta device: no memory, no weights read."""
+    from .continuous_engine import ContinuousThoughtEngine
+    with torch.device("meta"):
+        model = ContinuousThoughtEngine.from_config(config)
+    fixed = {k: v for k, v in model.state_dict().items() if not _is_carried(k)}
+    return _mismatch(fixed, strip_compiled_prefix(state))
+
+
+def _mismatch(fixed: dict, state: dict) -> str | None:
+    given = {k: v for k, v in state.items() if not _is_carried(k)}
+    missing = sorted(set(fixed) - set(given))
+    unexpected = sorted(set(given) - set(fixed))
+    misshaped = [f"{k} {tuple(given[k].shape)} != {tuple(fixed[k].shape)}"
+                 for k in sorted(set(fixed) & set(given))
+                 if not isinstance(given[k], torch.Tensor) or given[k].shape != fixed[k].shape]
+    parts = [f"{what} {names[:5]}" + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+             for what, names in (("missing", missing), ("unexpected", unexpected),
+                                 ("mis-shaped", misshaped)) if names]
+    return ", ".join(parts) or None
 
 
 def describe_load_error(exc: BaseException) -> str:
@@ -126,15 +180,10 @@ def load_engine(cls, source, map_location="cpu", batch_size: int | None = None,
     state = strip_compiled_prefix(ckpt["model_state"])
 
     fixed = {k: v for k, v in model.state_dict().items() if not _is_carried(k)}
-    given = {k: v for k, v in state.items() if not _is_carried(k)}
-    missing = sorted(set(fixed) - set(given))
-    unexpected = sorted(set(given) - set(fixed))
-    misshaped = [f"{k} {tuple(given[k].shape)} != {tuple(fixed[k].shape)}"
-                 for k in sorted(set(fixed) & set(given)) if given[k].shape != fixed[k].shape]
-    if missing or unexpected or misshaped:
-        raise ValueError("checkpoint does not match the model config: "
-                         f"missing {missing}, unexpected {unexpected}, mis-shaped {misshaped}")
-    model.load_state_dict(given, strict=False)
+    mismatch = _mismatch(fixed, state)
+    if mismatch:
+        raise ValueError(f"checkpoint does not match the model config: {mismatch}")
+    model.load_state_dict({k: v for k, v in state.items() if not _is_carried(k)}, strict=False)
 
     carried = {k: v for k, v in state.items() if _is_carried(k) and k != "last_lb_loss"}
     want = set(model.carry_state())

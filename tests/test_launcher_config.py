@@ -58,11 +58,11 @@ def test_unknown_preset_and_missing_config_are_user_errors(tmp_path):
 
 @pytest.mark.parametrize("patch, words", [
     ({"batch": 4}, "unknown key"),
-    ({"save_every": "often"}, "save_every must be a int"),
-    ({"log_every": 0}, "log_every must be >= 1"),
+    ({"save_every": "often"}, "save_every must be an integer"),
+    ({"log_every": 0}, "log_every must be between 1 and"),
     ({"shards": "data/shard.npy"}, "must contain {i}"),
     ({"devices": "tpu:4"}, "devices"),
-    ({"env": ["SEQ=32"]}, "env must be a dict"),
+    ({"env": ["SEQ=32"]}, "env must be a mapping"),
 ])
 def test_bad_config_values_are_one_line_user_errors(tmp_path, patch, words):
     init_pod(tmp_path, "tiny-cpu")

@@ -21,6 +21,8 @@ Nothing here switches anything: the caller switches only when `result.passed`.
 
 from __future__ import annotations
 
+import math
+
 import shutil
 import subprocess
 import tempfile
@@ -103,8 +105,9 @@ def parse_canary(section, path: Path) -> CanarySettings:
 
 
 def _number(where: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise UserError(f"{where}: expected a number >= 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not 0 <= value < math.inf:
+        raise UserError(f"{where}: expected a finite number >= 0, got {value!r}")
     return float(value)
 
 

@@ -9,6 +9,7 @@ they are parsed (and their keys checked) by launcher/checks/canary.py and launch
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -110,9 +111,12 @@ def _build(cls, where: str, data) -> object:
             values[key] = None
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise UserError(f"{where}.{key}: expected a number, got {value!r}")
-        if value < 0:
-            raise UserError(f"{where}.{key}: must be >= 0, got {value}")
+            raise UserError(f"{where}.{key}: expected a number, got {value!r}; the default "
+                            f"is {default!r}")
+        # Finite: a NaN tolerance or an infinite band is a check that can never fail.
+        if not 0 <= value < math.inf:
+            raise UserError(f"{where}.{key}: must be a finite number >= 0, got {value}; the "
+                            f"default is {default!r}")
         is_int_field = isinstance(default, int) and not isinstance(default, bool)
         if is_int_field and value != int(value):
             raise UserError(f"{where}.{key}: expected an integer, got {value!r}")

@@ -92,8 +92,9 @@ class SyncSettings:
             out = dataclasses.replace(out, merge=data["merge"])
         if "attempts" in data:
             value = data["attempts"]
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise UserError(f"{source}.attempts must be an integer >= 1, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100:
+                raise UserError(f"{source}.attempts must be an integer from 1 to 100, got "
+                                f"{value!r}")
             out = dataclasses.replace(out, attempts=value)
         if "backoff_s" in data:
             out = dataclasses.replace(out, backoff_s=_seconds(data["backoff_s"],
@@ -104,7 +105,7 @@ class SyncSettings:
 _UNITS = {"s": 1, "m": 60, "h": 3600}
 
 
-def _seconds(value, what: str, minimum: float = 0.1) -> float:
+def _seconds(value, what: str, minimum: float = 0.1, maximum: float = 30 * 86400) -> float:
     """A duration: a number of seconds, or a string like "90s", "30m", "1h"."""
     seconds = None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -114,9 +115,9 @@ def _seconds(value, what: str, minimum: float = 0.1) -> float:
             seconds = float(value[:-1]) * _UNITS[value[-1]]
         except ValueError:
             seconds = None
-    if seconds is None or not seconds >= minimum:
-        raise UserError(f"{what} must be a duration >= {minimum:g}s (e.g. 3600, \"30m\", "
-                        f"\"1h\"), got {value!r}")
+    if seconds is None or not minimum <= seconds <= maximum:
+        raise UserError(f"{what} must be a duration from {minimum:g}s to {maximum:g}s (e.g. "
+                        f"3600, \"30m\", \"1h\"), got {value!r}")
     return seconds
 
 
@@ -164,6 +165,54 @@ def edit_yaml_values(text: str, edits: dict[tuple[str, str], object]) -> str:
     return "".join(out)
 
 
+# Every number of the pod config, with the range it must lie in (inclusive): a negative
+# poll interval made the launcher crash after it said the pod runs; NaN passes `< 0`.
+NUMERIC_RANGES: dict[str, tuple[float, float]] = {
+    "save_every": (0, 10**9),
+    "save_keep": (1, 1000),
+    "log_every": (1, 10**9),
+    "poll_interval_s": (0.05, 3600),
+    "stop_grace_s": (0, 86400),
+}
+# A path template may hold {i} only (no other field, format spec or conversion: "{i}_{j}"
+# and "{i}{" crashed `format`, and a width spec like "{i:>999999999}" would allocate).
+_TEMPLATE_FIELDS = ("i",)
+
+
+def _check_template(key: str, value: str, source: str) -> None:
+    import string
+    fix = f"write it like {getattr(PodConfig(), key)!r}, with {{i}} for the GPU index"
+    try:
+        parts = list(string.Formatter().parse(value))
+    except ValueError as exc:
+        raise UserError(f"{source}: {key} {value!r} is not a path template ({exc}); {fix}") \
+            from None
+    fields = [(name, spec, conversion) for _, name, spec, conversion in parts
+              if name is not None]
+    if not any(name == "i" for name, _, _ in fields):
+        raise UserError(f"{source}: {key} must contain {{i}} (the GPU index), got {value!r}; "
+                        f"{fix}")
+    for name, spec, conversion in fields:
+        if name not in _TEMPLATE_FIELDS or spec or conversion:
+            shown = "{" + name + (f"!{conversion}" if conversion else "") + \
+                (f":{spec}" if spec else "") + "}"
+            raise UserError(f"{source}: {key} {value!r} holds {shown}; only {{i}} may be "
+                            f"used (write a literal brace as {{{{ or }}}}); {fix}")
+
+
+def _check_env(env: dict, source: str) -> None:
+    """env: names worker settings only (fractus/train/env.py is the list): a misspelt one
+    would reach no worker while the person believes it set."""
+    from fractus.train.env import ENV_VARS
+    for name, value in env.items():
+        if not isinstance(name, str) or name not in ENV_VARS:
+            raise UserError(f"{source}: env: {name!r} is not a worker setting; remove it or "
+                            f"use one of {', '.join(ENV_VARS)} (docs/WORKER.md)")
+        if isinstance(value, (dict, list)) or value is None:
+            raise UserError(f"{source}: env: {name} must be a string or number, got "
+                            f"{value!r}")
+
+
 def _check_types(data: dict, source: str) -> None:
     fields = {f.name: f for f in dataclasses.fields(PodConfig)}
     refuse_unknown_keys(data, fields, source)
@@ -176,19 +225,68 @@ def _check_types(data: dict, source: str) -> None:
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             continue
         if isinstance(value, bool) or not isinstance(value, expected):
-            raise UserError(f"{source}: {key} must be a {expected.__name__}, got {value!r}")
-    for key in ("save_every", "save_keep", "log_every"):
-        if key in data and data[key] < (0 if key == "save_every" else 1):
-            raise UserError(f"{source}: {key} must be >= {0 if key == 'save_every' else 1}")
+            raise UserError(f"{source}: {key} must be {_KIND[expected]}, got {value!r}")
+    for key, (low, high) in NUMERIC_RANGES.items():
+        if key in data and not low <= data[key] <= high:
+            raise UserError(f"{source}: {key} must be between {low:g} and {high:g}, got "
+                            f"{data[key]!r}; the default is {getattr(defaults, key)!r}")
     for key in ("shards", "checkpoints"):
-        if key in data and "{i}" not in data[key]:
-            raise UserError(f"{source}: {key} must contain {{i}} (the GPU index), "
-                            f"got {data[key]!r}")
+        if key in data:
+            _check_template(key, data[key], source)
+    if "env" in data:
+        _check_env(data["env"], source)
+    if data.get("hub") is not None:
+        _check_hub_url(data["hub"], source)
+    if data.get("demo_data") is not None:
+        _check_demo_data(data["demo_data"], source)
+
+
+# demo_data: the synthetic shards `init` writes (tokens per shard, vocabulary, seed).
+DEMO_DATA_RANGES = {"tokens": (1, 10**9), "vocab": (2, 1 << 20), "seed": (0, 2**32 - 1)}
+
+
+def _check_demo_data(demo: dict, source: str) -> None:
+    refuse_unknown_keys(demo, DEMO_DATA_RANGES, f"{source}: demo_data")
+    for key, (low, high) in DEMO_DATA_RANGES.items():
+        value = demo.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise UserError(f"{source}: demo_data.{key} must be an integer from {low} to "
+                            f"{high}, got {value!r}")
+
+
+def check_model(pod_dir: Path, config: PodConfig) -> None:
+    """`model:` names a preset or a constructor file the worker can build (it reads the
+    same name, in the pod directory): refused before any worker starts, not by each."""
+    from fractus.config import PRESETS as MODEL_PRESETS, load_config as load_model
+    name = config.model
+    if name in MODEL_PRESETS:
+        return
+    path = Path(name) if Path(name).is_absolute() else pod_dir / name
+    try:
+        load_model(str(path))
+    except (ValueError, TypeError, OSError, yaml.YAMLError) as exc:
+        reason = " ".join(str(exc).split())[:200]
+        raise UserError(f"{pod_dir / CONFIG_NAME}: model {name!r} cannot be built ({reason}); "
+                        f"use one of {sorted(MODEL_PRESETS)} or a .json/.yaml of the model's "
+                        f"constructor keywords") from None
+
+
+# How a type is named in a refusal ("must be an integer", never "must be a int").
+_KIND = {int: "an integer", float: "a number", str: "a string", list: "a list",
+         dict: "a mapping"}
+
+
+def _check_hub_url(url: str, source: str) -> None:
+    """The hub's scheme, checked when the config is read (status, sync, launch alike)."""
+    if not (url.startswith("file://") and len(url) > len("file://")) and \
+            not (url.startswith("hf://") and len(url) > len("hf://")):
+        raise UserError(f"{source}: hub must be file://DIR or hf://OWNER/REPO, got {url!r}; "
+                        f"fix hub: or remove it")
 
 
 def load_config(pod_dir: Path) -> PodConfig:
     path = pod_dir / CONFIG_NAME
-    if not path.is_file():
+    if not path.exists():
         raise UserError(f"no {CONFIG_NAME} in {pod_dir}: run `fractus-pod init` first")
     data = read_yaml(path, "pod config") or {}
     if not isinstance(data, dict):
@@ -252,7 +350,9 @@ def init_pod(pod_dir: Path, preset: str, force: bool = False) -> tuple[list[Path
 def missing_shards_fix(pod_dir: Path, missing: list[str]) -> str:
     """What is missing and how to fix it: said by `init` as the next step, by `launch` as
     its refusal."""
-    return (f"{len(missing)} token shard(s) missing: {', '.join(missing)}; put them there, or "
+    shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4
+                                      else "")
+    return (f"{len(missing)} token shard(s) missing: {shown}; put them there, or "
             f"set `shards:` in {pod_dir / CONFIG_NAME} to where they are (a path with {{i}} "
             f"for the GPU)")
 
@@ -289,16 +389,32 @@ def _visible_gpu_count() -> int:
     return visible_gpu_count()
 
 
+# Bounds of a devices string: no machine has more GPUs than this, and CPU workers beyond
+# it would only thrash (cuda:0-99999999999 once built a list until memory ran out).
+MAX_GPU_INDEX = 1023
+MAX_CPU_WORKERS = 256
+
+
+def _index(text: str, whole: str, source: str) -> int:
+    # ASCII digits only: str.isdigit() is true for "²" and "١", which int() then refuses.
+    if not re.fullmatch(r"[0-9]+", text) or int(text) > MAX_GPU_INDEX:
+        raise UserError(f"{source}: bad GPU list {whole!r}; write indices 0..{MAX_GPU_INDEX} "
+                        f"as e.g. 0,1,2 or 0-7")
+    return int(text)
+
+
 def _index_list(text: str, source: str) -> list[int]:
     out: list[int] = []
     for part in text.split(","):
-        part = part.strip()
-        lo, dash, hi = part.partition("-")
-        if not lo.isdigit() or (dash and not hi.isdigit()):
-            raise UserError(f"{source}: bad GPU list {text!r} (expected e.g. 0,1,2 or 0-7)")
-        out.extend(range(int(lo), int(hi) + 1) if dash else [int(lo)])
+        lo, dash, hi = part.strip().partition("-")
+        first = _index(lo.strip(), text, source)
+        last = _index(hi.strip(), text, source) if dash else first
+        if last < first:
+            raise UserError(f"{source}: range {part.strip()!r} in {text!r} runs backwards; "
+                            f"write it low-high ({last}-{first})")
+        out.extend(range(first, last + 1))
     if len(set(out)) != len(out):
-        raise UserError(f"{source}: GPU listed twice in {text!r}")
+        raise UserError(f"{source}: GPU listed twice in {text!r}; list each once")
     return out
 
 
@@ -310,8 +426,9 @@ def parse_devices(spec: str, gpus: str | None = None) -> list[Slot]:
         count = _visible_gpu_count()
         slots = [Slot(i, "cuda") for i in range(count)] or [Slot(i, "cpu") for i in range(2)]
     elif kind == "cpu":
-        if not rest.isdigit() or int(rest) < 1:
-            raise UserError(f"devices: expected cpu:N with N >= 1, got {spec!r}")
+        if not re.fullmatch(r"[0-9]+", rest) or not 1 <= int(rest) <= MAX_CPU_WORKERS:
+            raise UserError(f"devices: expected cpu:N with N from 1 to {MAX_CPU_WORKERS}, got "
+                            f"{spec!r}; e.g. cpu:2")
         slots = [Slot(i, "cpu") for i in range(int(rest))]
     elif kind == "cuda":
         indices = _index_list(rest, "devices") if rest else list(range(_visible_gpu_count()))
@@ -319,12 +436,14 @@ def parse_devices(spec: str, gpus: str | None = None) -> list[Slot]:
             raise UserError("devices: cuda requested but no GPU is visible (try --devices cpu:2)")
         slots = [Slot(i, "cuda") for i in indices]
     else:
-        raise UserError(f"devices: expected auto, cpu:N or cuda[:LIST], got {spec!r}")
+        raise UserError(f"devices: expected auto, cpu:N or cuda[:LIST], got {spec!r}; e.g. "
+                        f"cpu:2 or cuda:0-7")
     if gpus:
         wanted = _index_list(gpus, "--gpus")
         have = {s.gpu for s in slots}
         missing = [g for g in wanted if g not in have]
         if missing:
-            raise UserError(f"--gpus {gpus}: GPU(s) {missing} not in devices {spec!r}")
+            raise UserError(f"--gpus {gpus}: GPU(s) {missing} not in devices {spec!r}; pick "
+                            f"from {sorted(have)} or change devices")
         slots = [s for s in slots if s.gpu in wanted]
     return slots

@@ -1,4 +1,13 @@
-"""Reading the pod's YAML files, with a user mistake reported as one line."""
+"""Reading the YAML files a person writes (fractus-pod.yaml, stages, criteria), with a user
+mistake reported as one line.
+
+One bounded reader for all of them: a pod's files are a few kilobytes, so anything far past
+that is a mistake or an attack. The file's size is capped before it is read, and the parsed
+document is measured before any Python object is built: an alias bomb ("billion laughs", a
+few hundred bytes that expand to gigabytes) is refused by the number of nodes it would
+expand to, and a document nested deeper than any config is refused before a recursive
+walk of it could overflow the stack.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +17,107 @@ import yaml
 
 from launcher.errors import UserError
 
+MAX_BYTES = 1 << 20          # 1 MiB: the largest criteria file is ~6 KB
+MAX_NODES = 100_000          # scalars, lists and mappings after aliases are expanded
+MAX_DEPTH = 64               # nesting of lists/mappings; the files use 3
+
 
 def read_yaml(path: str | Path, what: str):
-    """The parsed document (None for an empty file); UserError if missing or not YAML."""
+    """The parsed document (None for an empty file); UserError if missing, not a readable
+    file, not UTF-8, not YAML, or past the bounds above."""
     path = Path(path)
     try:
-        return yaml.safe_load(path.read_text())
+        with open(path, "rb") as f:
+            raw = f.read(MAX_BYTES + 1)
     except FileNotFoundError:
         raise UserError(f"{what} not found: {path}") from None
+    except IsADirectoryError:
+        raise UserError(f"{what} {path} is a directory, not a file; point to the YAML file") \
+            from None
+    except OSError as exc:
+        raise UserError(f"{what} {path}: cannot read it ({exc.strerror}); fix its permissions "
+                        f"or point to another file") from None
+    if len(raw) > MAX_BYTES:
+        raise UserError(f"{path}: {what} is larger than {MAX_BYTES >> 20} MiB; a config is a "
+                        f"few KB, so point to the right file")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise UserError(f"{path}: line {line}: byte 0x{raw[exc.start]:02X} is not UTF-8; "
+                        f"save the file as UTF-8") from None
+    return parse_yaml(text, str(path))
+
+
+def parse_yaml(text: str, source: str):
+    """`text` parsed with the bounds of this module (for YAML that came from elsewhere, e.g.
+    a hub's copy of fractus-pod.yaml)."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_size(node, source)
+        return loader.construct_document(node)
     except yaml.YAMLError as exc:
-        raise UserError(f"{path}: invalid YAML ({str(exc).splitlines()[0]})") from None
+        raise UserError(f"{source}: invalid YAML ({_describe(exc)})") from None
+    except RecursionError:     # PyYAML's composer recurses once per level, before our walk
+        raise UserError(f"{source}: nested deeper than {MAX_DEPTH} levels; the settings "
+                        f"nest 3 levels, so flatten it") from None
+    finally:
+        loader.dispose()
+
+
+def _describe(exc: yaml.YAMLError) -> str:
+    """The problem and where: PyYAML's first line lacks the line number."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or getattr(exc, "context", None) or \
+        str(exc).splitlines()[0]
+    if mark is None:
+        return problem
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+
+
+def _check_size(root: yaml.Node, source: str) -> None:
+    """Refuse a document whose expanded node count passes MAX_NODES, whose nesting passes
+    MAX_DEPTH, or that contains itself (an anchor used inside its own node). Each node is
+    measured once (memoised by identity), so a bomb costs as much as its text, not its
+    expansion."""
+    size: dict[int, int] = {}
+    depth_of: dict[int, int] = {}
+    on_path: set[int] = set()
+
+    def measure(node: yaml.Node, depth: int) -> tuple[int, int]:
+        key = id(node)
+        if key in size:
+            return size[key], depth_of[key]
+        if key in on_path:
+            raise UserError(f"{source}: invalid YAML (an anchor is used inside itself at "
+                            f"line {node.start_mark.line + 1}); remove that alias")
+        if depth > MAX_DEPTH:
+            raise UserError(f"{source}: nested deeper than {MAX_DEPTH} levels at line "
+                            f"{node.start_mark.line + 1}; the settings nest 3 levels, so "
+                            f"flatten it")
+        children: list = []
+        if isinstance(node, yaml.SequenceNode):
+            children = node.value
+        elif isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        on_path.add(key)
+        total, deepest = 1, 0
+        for child in children:
+            child_size, child_depth = measure(child, depth + 1)
+            total += child_size
+            deepest = max(deepest, child_depth + 1)
+            if total > MAX_NODES:
+                raise UserError(f"{source}: expands to more than {MAX_NODES:,} values "
+                                f"(aliases repeated inside aliases?); write the values out")
+            if depth + deepest > MAX_DEPTH:
+                raise UserError(f"{source}: nested deeper than {MAX_DEPTH} levels at line "
+                                f"{node.start_mark.line + 1}; the settings nest 3 levels, so "
+                                f"flatten it")
+        on_path.discard(key)
+        size[key], depth_of[key] = total, deepest
+        return total, deepest
+
+    measure(root, 0)

@@ -73,8 +73,9 @@ def keep_hub(pod_dir: Path, url: str, note: str) -> None:
     """A config pulled from a store keeps pointing at that store: its `hub:` may be relative
     to the pod that pushed it (file://hub), which means nothing here."""
     import yaml
+    from launcher.config.yamlfile import read_yaml
     path = pod_dir / CONFIG_NAME
-    data = yaml.safe_load(path.read_text()) or {}
+    data = read_yaml(path, "the hub's pod config") or {}
     if isinstance(data, dict) and data.get("hub") != url:
         data["hub"] = url
         atomic_write_text(path, f"# {note}\n" + yaml.safe_dump(data, sort_keys=False))

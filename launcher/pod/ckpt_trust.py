@@ -27,11 +27,16 @@ class CheckpointIdentity:
     next_token: int | None     # full (v2) checkpoints only: the exact resume token
 
 
-def read_identity(path: Path) -> CheckpointIdentity:
+def read_identity(path: Path, model: str | None = None,
+                  pod_dir: Path | None = None) -> CheckpointIdentity:
     """Load the file weights-only and read its identity. ValueError (one line) when it is
-    not a loadable Fractus checkpoint."""
+    not a loadable Fractus checkpoint, or, given the pod's `model` (its preset or file,
+    relative to `pod_dir`), when its config or its tensors' names and shapes are not that
+    model's (the worker would refuse it after starting)."""
     from fractus.train.checkpoint import is_full, load_checkpoint
     ck = load_checkpoint(path)
+    if model is not None:
+        _check_model_fit(ck, model, pod_dir)
     config = ck.get("config") if isinstance(ck.get("config"), dict) else {}
     train_state = ck.get("train_state") if is_full(ck) and isinstance(ck["train_state"], dict) \
         else {}
@@ -44,16 +49,44 @@ def read_identity(path: Path) -> CheckpointIdentity:
         next_token=next_token if isinstance(next_token, int) else None)
 
 
-def check_entry(manifest: Manifest, pod_dir: Path, gpu: int, shard_of) -> None:
+def _check_model_fit(ck: dict, model: str, pod_dir: Path | None) -> None:
+    """The worker builds `model` and loads the file into it: its config must be that model's
+    and its tensors must fit it (compared by shape on the meta device, no weights read)."""
+    from fractus.config import PRESETS, EngineConfig, load_config
+    from fractus.legacy import state_mismatch
+    if model in PRESETS or pod_dir is None or Path(model).is_absolute():
+        wanted = load_config(model)
+    else:
+        wanted = load_config(str(pod_dir / model))
+    stored = ck.get("config")
+    if stored is not None:
+        try:
+            stored = EngineConfig.from_dict(stored)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"its model config does not load ({exc})") from None
+        if stored != wanted:
+            raise ValueError(f"it was written for another model than the pod's model: "
+                             f"{model!r}")
+    state = ck.get("model_state")
+    if not isinstance(state, dict):
+        raise ValueError("its model_state is not a mapping of tensors")
+    mismatch = state_mismatch(wanted, state)
+    if mismatch:
+        raise ValueError(f"its tensors do not fit model {model!r} ({mismatch})")
+
+
+def check_entry(manifest: Manifest, pod_dir: Path, gpu: int, shard_of,
+                model: str | None = None) -> None:
     """Refuse (ManifestError, one line) a named checkpoint that is not GPU `gpu`'s own at
-    the entry's start_token. `shard_of(gpu)` is the config's shard path."""
+    the entry's start_token. `shard_of(gpu)` is the config's shard path; `model`, the
+    pod's model, which the file's tensors must fit."""
     entry = manifest.entries.get(gpu)
     name = entry.checkpoint if entry else None
     if not name:
         return
     where = f"manifest {manifest.path}: gpu_{gpu} checkpoint {name}"
     try:
-        found = read_identity(pod_dir / name)
+        found = read_identity(pod_dir / name, model, pod_dir)
     except ValueError as exc:
         raise ManifestError(f"{where} is not usable ({exc}); restore the file or roll the "
                             f"GPU back") from None

@@ -21,17 +21,34 @@ class PodLock:
     def __init__(self, pod_dir: Path):
         self.path = pod_dir / LOCK_FILE
         self._fd: int | None = None
+        # What the lock file held before this launcher took it (None: there was none) and
+        # whether logs/ was made here: a refused launch puts both back (release(restore)).
+        self._before: bytes | None = None
+        self._made_dir = False
 
     def acquire(self) -> None:
+        self._made_dir = not self.path.parent.exists()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        while True:
+            try:
+                with open(self.path, "rb") as f:
+                    self._before = f.read()
+            except FileNotFoundError:
+                self._before = None
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                info = read_holder(self.path.parents[1]) or {}
+                raise PodBusy(f"another launcher (pid {info.get('pid', '?')}) holds this pod "
+                              f"({self.path}); stop it first with `fractus-pod stop`") from None
+            if _same_file(fd, self.path):
+                break
+            # A refused launch removed the file it had created between our open and our
+            # flock: the lock we hold is on a file nobody else will open. Take the new one.
+            fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
-            info = read_holder(self.path.parents[1]) or {}
-            raise PodBusy(f"another launcher (pid {info.get('pid', '?')}) holds this pod "
-                          f"({self.path}); stop it first with `fractus-pod stop`") from None
         self._fd = fd
         self.record_holder()
 
@@ -41,7 +58,21 @@ class PodLock:
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, json.dumps({"pid": os.getpid(), "since": time.time()}).encode(), 0)
 
-    def release(self) -> None:
+    def release(self, restore: bool = False) -> None:
+        """Unlock. `restore`: a refused launch leaves the pod byte for byte as it was, so
+        the lock file gets back what it held (or goes, with a logs/ made for it) first,
+        while still locked."""
+        if self._fd is not None and restore:
+            if self._before is None:
+                self.path.unlink(missing_ok=True)
+                if self._made_dir:
+                    try:
+                        self.path.parent.rmdir()
+                    except OSError:
+                        pass        # something else was written there meanwhile
+            else:
+                os.ftruncate(self._fd, 0)
+                os.pwrite(self._fd, self._before, 0)
         if self._fd is not None:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
@@ -53,6 +84,13 @@ class PodLock:
 
     def __exit__(self, *exc):
         self.release()
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
 
 
 def read_holder(pod_dir: Path) -> dict | None:

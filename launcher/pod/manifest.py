@@ -26,7 +26,11 @@ from launcher.errors import UserError
 from launcher.files import atomic_write_bytes, atomic_write_text  # noqa: F401 (re-exported)
 from launcher.pod.manifest_entry import ENTRY_FIELDS, EntryError, ManifestEntry  # noqa: F401
 
-_CURRENT_KEY = re.compile(r"^gpu_(\d+)$")
+_CURRENT_KEY = re.compile(r"gpu_([0-9]+)", re.ASCII)
+_ASCII_INDEX = re.compile(r"[0-9]+", re.ASCII)
+# A manifest is a few small objects per GPU; deeper nesting is a mistake, and a very deep one
+# overflowed the stack (RecursionError) in the parser or in a later copy of the entry.
+MAX_DEPTH = 32
 # Top-level field naming this run; every checkpoint a worker of the run writes records it.
 RUN_ID_KEY = "run_id"
 
@@ -123,19 +127,58 @@ def _no_duplicate_keys(pairs):
     return seen
 
 
+def _numeric_not_ascii(key: str) -> bool:
+    """A key that looks like a GPU's but whose index is other digits ("gpu_١", "gpu_²"): it
+    was read as GPU 1 once and written back renamed; refused, not kept as a foreign field."""
+    index = key[len("gpu_"):] if key.startswith("gpu_") else ""
+    return bool(index) and all(ch.isnumeric() for ch in index)
+
+
+def _refuse_constant(name: str):
+    raise ManifestError(f"{name} is not JSON (write a number, or null)")
+
+
+def _depth(value, limit: int) -> int:
+    """Nesting depth of parsed JSON, walked without recursion; stops past `limit`."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            if deepest > limit:
+                return deepest
+            stack.extend((child, depth + 1) for child in
+                         (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
 def read_manifest(path: str | Path) -> Manifest:
     """Parse either layout; a missing file is an empty manifest (a fresh pod)."""
     path = Path(path)
     if not path.exists():
         return Manifest(path)
+    if path.is_dir():
+        raise ManifestError(f"manifest {path} is a directory, not a file; set manifest: in "
+                            f"fractus-pod.yaml to the JSON file")
     try:
-        data = json.loads(path.read_text(), object_pairs_hook=_no_duplicate_keys)
+        data = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_no_duplicate_keys,
+                          parse_constant=_refuse_constant)
     except ManifestError as exc:
         raise ManifestError(f"manifest {path}: {exc}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ManifestError(f"manifest {path}: invalid JSON ({exc})") from None
+        raise ManifestError(f"manifest {path}: invalid JSON ({exc}); fix it, or restore it "
+                            f"with `fractus-pod sync pull`") from None
+    except RecursionError:
+        raise ManifestError(f"manifest {path}: nested deeper than {MAX_DEPTH} levels; remove "
+                            f"the deeply nested field") from None
+    except OSError as exc:
+        raise ManifestError(f"manifest {path}: cannot read it ({exc.strerror}); fix its "
+                            f"permissions") from None
     if not isinstance(data, dict):
         raise ManifestError(f"manifest {path}: expected a JSON object at the top level")
+    if _depth(data, MAX_DEPTH) > MAX_DEPTH:
+        raise ManifestError(f"manifest {path}: nested deeper than {MAX_DEPTH} levels; remove "
+                            f"the deeply nested field")
 
     manifest = Manifest(path, exists=True)
     sources: dict[int, str] = {}
@@ -151,14 +194,22 @@ def read_manifest(path: str | Path) -> Manifest:
         raw_entries[gpu] = entry
 
     for key, value in data.items():
-        match = _CURRENT_KEY.match(key)
+        match = _CURRENT_KEY.fullmatch(key)
         if match:
             add(key, int(match.group(1)), value)
-        elif key == "gpus" and isinstance(value, dict):
+        elif _numeric_not_ascii(key):
+            raise ManifestError(f"manifest {path}: key {key!r} is not a GPU index; name GPUs "
+                                f"gpu_0, gpu_1, ... (ASCII digits)")
+        elif key == "gpus":
+            if not isinstance(value, dict):
+                raise ManifestError(f"manifest {path}: gpus must be an object of GPU index -> "
+                                    f"entry (e.g. {{\"0\": {{\"start_token\": 0}}}}), got "
+                                    f"{type(value).__name__}")
             manifest.layout, manifest.gpus_at = "older", len(manifest.extra)
             for sub, entry in value.items():
-                if not str(sub).isdigit():
-                    raise ManifestError(f"manifest {path}: gpus key {sub!r} is not a GPU index")
+                if not _ASCII_INDEX.fullmatch(sub):
+                    raise ManifestError(f"manifest {path}: gpus key {sub!r} is not a GPU "
+                                        f"index; use \"0\", \"1\", ... (ASCII digits)")
                 add(f"gpus.{sub}", int(sub), entry)
         else:
             manifest.extra[key] = value
@@ -196,7 +247,8 @@ def validate_for_launch(manifest: Manifest, pod_dir: Path, gpus: list[int],
                                 f"shards: in fractus-pod.yaml name the manifest's shard")
         shard = pod_dir / (named or shard_path_of(gpu))
         if not shard.is_file():
-            raise ManifestError(f"shard for GPU {gpu} not found: {shard}")
+            raise ManifestError(f"shard for GPU {gpu} not found: {shard}; put it there or fix "
+                                f"shards: in fractus-pod.yaml")
         if entry is None:
             continue
         length = shard_length_of(shard)
@@ -212,10 +264,23 @@ def validate_for_launch(manifest: Manifest, pod_dir: Path, gpus: list[int],
                                     "live inside the pod (copy the file in and name it "
                                     "relative to the pod)") from None
         if ckpt and gpu not in on_hub and not (pod_dir / ckpt).is_file():
-            raise ManifestError(f"{where}: gpu_{gpu} checkpoint {ckpt} does not exist")
+            raise ManifestError(checkpoint_not_a_file(where, gpu, ckpt, pod_dir))
         if entry.start_token > 0 and not ckpt:
             raise ManifestError(f"{where}: gpu_{gpu} has progress (start_token "
                                 f"{entry.start_token}) but names no checkpoint")
+
+
+def checkpoint_not_a_file(where: str, gpu: int, name: str, pod_dir: Path) -> str:
+    """The refusal for a named checkpoint that is no regular file, saying what is there."""
+    path = pod_dir / name
+    if path.is_dir():
+        found = "is a directory, not a checkpoint file"
+    elif path.exists():
+        found = "is not a regular file (a FIFO, socket or device)"
+    else:
+        found = "does not exist"
+    return (f"{where}: gpu_{gpu} checkpoint {name} {found}; put the file back, or roll the "
+            f"GPU back with `fractus-pod rollback --gpu {gpu} --to-stage N`")
 
 
 def write_manifest(manifest: Manifest) -> None:

@@ -10,6 +10,7 @@ in the user's own order and a field read or recorded as null stays null.
 from __future__ import annotations
 
 import copy
+import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -24,7 +25,9 @@ CHECKPOINT_FIELDS = ("checkpoint", "checkpoint_sha256", "ema_tf", "lb", "hub_rev
 
 
 def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    # Finite: JSON has no NaN or Infinity, but 1e400 parses as inf.
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+        math.isfinite(value)
 
 
 # What each field must hold when present (null allowed where a GPU may not have it yet).

@@ -9,12 +9,11 @@ exit 2) and nothing is started.
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import numpy as np
 
 from launcher.pod.ckpt_index import PASSED, CheckpointIndex, sha256_file
 from launcher.pod.ckpt_trust import check_entry
@@ -33,7 +32,14 @@ from launcher.pod.manifest import (
     validate_for_launch,
     write_manifest,
 )
-from launcher.config.podconfig import PodConfig, Slot, load_config, missing_shards_fix, parse_devices
+from launcher.config.podconfig import (
+    PodConfig,
+    Slot,
+    check_model,
+    load_config,
+    missing_shards_fix,
+    parse_devices,
+)
 from launcher.hub.recover import recover_all
 from launcher.config.stages import Stage, get_stage, load_stages
 from launcher.worker.process import busy_cuda_gpus, metrics_path, read_records, running_workers
@@ -58,23 +64,30 @@ class LaunchPlan:
 
 
 def shard_length(path: Path) -> int:
-    """Tokens in a shard; .npy headers are read without loading the data."""
-    if path.suffix == ".npy":
-        try:
-            return int(np.load(path, mmap_mode="r").shape[0])
-        except (ValueError, OSError) as exc:
-            raise ManifestError(f"shard {path}: not a readable .npy file ({exc})") from None
+    """Tokens in a shard, read the way the worker reads it (fractus.data.TokenShard: .npy
+    headers and .pt files memory-mapped, never loaded whole): a shard the worker would
+    refuse (2-D, float, empty file) is refused here, before anything starts."""
     from fractus.data import ShardError, TokenShard
     try:
         return len(TokenShard(path))
     except ShardError as exc:
-        raise ManifestError(str(exc)) from None
+        raise ManifestError(f"{exc}; write the GPU's tokens there as a 1-D integer array "
+                            f"(e.g. np.save(path, tokens.astype(np.uint16)))") from None
+
+
+def shard_kind_problem(path: Path) -> str | None:
+    """Why `path` is no shard file though something is there (None: a file, or nothing)."""
+    if not path.exists() or path.is_file():
+        return None
+    kind = "a directory" if path.is_dir() else "not a regular file (a FIFO, socket or device)"
+    return f"shard {path} is {kind}; put the GPU's token file there"
 
 
 def load_plan(pod_dir: Path, stage: int | None, devices: str | None, gpus: str | None,
               max_time: float | None = None, max_steps: int | None = None,
               faults: dict | None = None) -> tuple[LaunchPlan, Manifest]:
     config = load_config(pod_dir)
+    check_model(pod_dir, config)
     stages = load_stages(pod_dir / config.stages)
     trusted = load_trusted_loss(pod_dir / config.criteria)
     slots = parse_devices(devices or config.devices, gpus)
@@ -83,8 +96,9 @@ def load_plan(pod_dir: Path, stage: int | None, devices: str | None, gpus: str |
     if stage is None:
         stage = manifest.recorded_stage() or 1
     check_worker_settings(stages, stage, config, pod_dir / config.stages)
-    if max_time is not None and max_time <= 0:
-        raise UserError(f"--max-time must be > 0 seconds, got {max_time}")
+    if max_time is not None and not 0 < max_time < math.inf:
+        raise UserError(f"--max-time must be a number of seconds > 0, got {max_time}; e.g. "
+                        f"--max-time 3600")
     for gpu in (faults or {}):
         if gpu not in {s.gpu for s in slots}:
             raise UserError(f"--fault names GPU {gpu}, which this launch does not run")
@@ -196,7 +210,8 @@ def validate(plan: LaunchPlan, manifest: Manifest, on_hub: set[int] = frozenset(
     refuse_fresh_starts(plan, manifest)
     for slot in plan.slots:
         if slot.gpu not in on_hub:
-            check_entry(manifest, plan.pod_dir, slot.gpu, plan.config.shard_path)
+            check_entry(manifest, plan.pod_dir, slot.gpu, plan.config.shard_path,
+                        plan.config.model)
 
 
 def refuse_fresh_starts(plan: LaunchPlan, manifest: Manifest) -> None:
@@ -227,15 +242,24 @@ def ensure_run_id(manifest: Manifest) -> None:
 
 
 def _refuse_missing_shards(plan: LaunchPlan, manifest: Manifest) -> None:
-    """Every missing shard in one line, with the fix (a new pod's first launch meets this)."""
-    missing = []
+    """Every missing shard in one line, with the fix (a new pod's first launch meets this);
+    then each shard read as the worker will read it, entry or not."""
+    missing, present = [], []
     for slot in plan.slots:
         entry = manifest.entries.get(slot.gpu)
         rel = (entry.shard if entry else None) or plan.config.shard_path(slot.gpu)
+        problem = shard_kind_problem(plan.pod_dir / rel)
+        if problem:
+            raise UserError(problem)
         if not (plan.pod_dir / rel).is_file():
             missing.append(str(rel))
+        else:
+            present.append(plan.pod_dir / rel)
     if missing:
         raise UserError(missing_shards_fix(plan.pod_dir, missing))
+    for path in present:
+        if shard_length(path) == 0:
+            raise UserError(f"shard {path} holds no tokens; put the GPU's tokens there")
 
 
 def record_baselines(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,

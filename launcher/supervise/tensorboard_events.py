@@ -21,7 +21,10 @@ class EventsToTensorBoard:
     the launcher's own write, never on a writer thread of its own."""
 
     def __init__(self, pod_dir: Path):
-        self._file = EventFile(pod_dir / TENSORBOARD_RUN)
+        self._run_dir = pod_dir / TENSORBOARD_RUN
+        # Opened at the first event: a launch refused before it records anything leaves no
+        # empty event file behind (a refusal leaves the pod as it was).
+        self._file: EventFile | None = None
 
     def __call__(self, record: dict) -> None:
         from tensorboard.compat.proto.event_pb2 import Event
@@ -29,8 +32,12 @@ class EventsToTensorBoard:
         fields = {k: v for k, v in record.items() if k not in ("ts", "event")}
         # Markdown: the event name in bold, its fields as inline code.
         text = f"**{record['event']}** `{json.dumps(fields, default=str)}`"
+        if self._file is None:
+            self._file = EventFile(self._run_dir)
         self._file.write(Event(wall_time=record["ts"], step=int(record["ts"]),
                                summary=text_summary(f"events/{record['event']}", text)))
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
+            self._file = None
