@@ -78,6 +78,9 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
         _rebuild(pod_dir, from_hub, revision, on_cluster=ray_address is not None)
     plan, manifest = load_plan(pod_dir, stage, devices, gpus, max_time, max_steps,
                                _parse_faults(faults))
+    from launcher.supervise.canary_budget import split_budget
+    budget = split_budget(plan, not no_canary and (current_stage(plan, manifest) or plan.stage)
+                          < plan.stage)
     from launcher.config.ray_settings import RaySettings
     ray_settings = RaySettings.parse(plan.config.ray, ray_address)
     if ray_settings is None:        # on Ray the nodes hold the GPUs, not this machine
@@ -97,15 +100,21 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
     stop = EarlyStop(plan.deadline)     # `fractus-pod stop` works from here on
     stop.install()
     try:
-        refuse_if_busy(plan)
         from launcher.supervise.tensorboard_events import EventsToTensorBoard
-        events = EventLog(pod_dir, mirror=EventsToTensorBoard(pod_dir))
-        index = CheckpointIndex(pod_dir)
-        reconcile(plan, manifest, index, events)
-        never_resume_failed(plan, manifest, index, events)
-        recover_checkpoints(plan, manifest, index, events, on_hub)
-        validate(plan, manifest, on_hub)
+        try:
+            refuse_if_busy(plan)
+            events = EventLog(pod_dir, mirror=EventsToTensorBoard(pod_dir))
+            index = CheckpointIndex(pod_dir)
+            reconcile(plan, manifest, index, events)
+            never_resume_failed(plan, manifest, index, events)
+            recover_checkpoints(plan, manifest, index, events, on_hub)
+            validate(plan, manifest, on_hub)
+        except UserError:
+            lock.release(restore=True)     # a refusal leaves the pod as it was
+            raise
         supervisor = Supervisor(plan, manifest, index, events)
+        if budget:
+            click.echo(budget)
         try:
             supervisor.gate(lambda: canary_gate(plan, manifest, events, no_canary, stop))
         except LaunchStopped as exc:
