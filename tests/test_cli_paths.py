@@ -57,8 +57,14 @@ def test_every_error_has_the_same_prefix(tmp_path):
     assert "--no-such-option" in usage and "fractus-pod status --help" in usage
     missing = one_error_line(fractus_pod("stop", "--pod-dir", str(tmp_path / "absent")))
     assert "fractus-pod init" in missing
-    # A failure that is not the user's (exit 1) carries the same prefix.
-    hub_error = fractus_pod("--pod-dir", str(pod), "sync", "pull", "--revision", "0" * 40)
+    # A failure that is not the user's (exit 1: a store whose commit record is corrupt)
+    # carries the same prefix.
+    head = "a" * 64
+    (pod / "hub" / "refs").mkdir(parents=True)
+    (pod / "hub" / "refs" / "main").write_text(head)
+    (pod / "hub" / "commits").mkdir()
+    (pod / "hub" / "commits" / f"{head}.json").write_text("{}")
+    hub_error = fractus_pod("--pod-dir", str(pod), "sync", "pull")
     assert hub_error.returncode == 1, hub_error.stdout + hub_error.stderr
     assert hub_error.stderr.startswith("error: ") and "Error:" not in hub_error.stderr
 
@@ -89,7 +95,7 @@ def test_init_1b_names_the_missing_shards_and_the_fix(tmp_path):
     (next_line,) = [line for line in done.stdout.splitlines() if line.startswith("next:")]
     for i in range(8):
         assert f"data/shard_phase2_gpu{i}.npy" in next_line
-    assert "shards:" in next_line and "launch --stage 1" in next_line
+    assert "shards:" in next_line and "launch --stage N" in next_line and "1 to 5" in next_line
     # The launch the hint leads to says the same: every missing shard, and the fix.
     refused = one_error_line(fractus_pod("--pod-dir", str(pod), "launch", "--stage", "1",
                                          "--devices", "cpu:2"))

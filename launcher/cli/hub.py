@@ -4,6 +4,7 @@ the `fractus-pod` group by launcher/cli/main.py."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import click
@@ -15,8 +16,43 @@ POD_DIR_HELP = "Pod working directory (default: $FRACTUS_POD_DIR or the current 
 
 
 def pod_dir_of(ctx: click.Context) -> Path:
-    """The --pod-dir of the `fractus-pod` group (launcher/cli/main.py), absolute."""
-    return Path(ctx.obj["pod_dir"]).resolve()
+    """The --pod-dir of the `fractus-pod` group (launcher/cli/main.py), absolute. The
+    pod's logs/hub.log then receives the hub's retries (see log_hub_retries)."""
+    pod_dir = Path(ctx.obj["pod_dir"]).resolve()
+    log_hub_retries(pod_dir)
+    return pod_dir
+
+
+def log_hub_retries(pod_dir: Path) -> None:
+    """Every retry of a hub call goes to logs/hub.log (created at its first line), not to
+    the terminal: a failing push printed 6 to 47 warnings there; now one line per failed
+    operation (launcher/hub/retry.py)."""
+    logger = logging.getLogger("launcher.hub")
+    for old in [h for h in logger.handlers if getattr(h, "fractus_pod_log", False)]:
+        logger.removeHandler(old)       # another pod's, or this one's from an earlier call
+        old.close()
+    to_file = _DelayedFileHandler(pod_dir / "logs" / "hub.log")
+    to_file.setLevel(logging.INFO)
+    to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    to_stderr = logging.StreamHandler()         # the give-up line, on today's stderr
+    to_stderr.setLevel(logging.WARNING)
+    for handler in (to_file, to_stderr):
+        handler.fractus_pod_log = True
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
+class _DelayedFileHandler(logging.FileHandler):
+    """A FileHandler that makes logs/ only when it writes (a refusal writes nothing)."""
+
+    def __init__(self, path: Path):
+        super().__init__(path, delay=True)
+        self._dir = path.parent
+
+    def emit(self, record) -> None:
+        if self.stream is None:
+            self._dir.mkdir(parents=True, exist_ok=True)
+        super().emit(record)
 
 
 def pod_dir_option(command):
@@ -36,8 +72,8 @@ def sync() -> None:
 
 
 def _hub_errors(fn):
-    """Hub failures are one line: a bad URL or path is a user error (exit 2), a network or
-    integrity failure exit 1. The hub's messages never contain the token."""
+    """Hub failures are one line: a bad URL or path, or a store, revision or file that is not
+    there (404) is a user error (exit 2), a network or integrity failure exit 1. The hub's messages never contain the token."""
     import functools
 
     @functools.wraps(fn)
@@ -46,6 +82,8 @@ def _hub_errors(fn):
         try:
             return fn(*args, **kwargs)
         except HubError as exc:
+            if exc.status == 404:          # no such store, revision or file: as launch does
+                raise UserError(str(exc)) from None
             raise click.ClickException(str(exc)) from None
         except ValueError as exc:
             raise UserError(str(exc)) from None
@@ -80,7 +118,8 @@ def sync_history(ctx) -> None:
 
 @sync.command("push")
 @pod_dir_option
-@click.option("--message", "-m", default="fractus-pod sync push")
+@click.option("--message", "-m", default="fractus-pod sync push", show_default=True,
+              help="The revision's message (shown by `sync history`).")
 @click.pass_context
 @_hub_errors
 def sync_push(ctx, message: str) -> None:

@@ -157,7 +157,8 @@ class HfStore(Store):
                 raise HubError(f"unknown revision {rev!r} in {self.url} (or the repo is missing)", 404) from None
             raise
         if not info.sha:
-            raise HubError(f"{self.url} has no revisions yet")
+            raise HubError(f"{self.url} has no revisions yet; push one first with "
+                           f"`fractus-pod sync push`", 404)
         return info.sha
 
     def _index(self, revision: str) -> dict[str, FileEntry]:

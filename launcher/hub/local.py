@@ -63,20 +63,25 @@ class FileStore(Store):
             return None
 
     def resolve(self, revision: str | None) -> str:
+        if not self.root.is_dir():     # a wrong folder, not an empty store: the user's to fix
+            raise HubError(f"no hub store at {self.root}; check the path of {self.url} (a "
+                           f"relative file:// path is taken from the pod directory)", status=404)
         if revision is None:
             head = self.head()
             if head is None:
-                raise HubError(f"{self.url} has no revisions yet")
+                raise HubError(f"{self.url} has no revisions yet; push one first with "
+                               f"`fractus-pod sync push`", status=404)
             return head
         if revision == BRANCH:
             return self.resolve(None)
         rev = revision.lower()
+        fix = "`fractus-pod sync history` lists them"
         if len(rev) < MIN_PREFIX or any(c not in "0123456789abcdef" for c in rev):
-            raise HubError(f"unknown revision {revision!r} in {self.url}")
+            raise HubError(f"unknown revision {revision!r} in {self.url}; {fix}", status=404)
         found = [p.stem for p in (self.root / "commits").glob(f"{rev}*.json")]
         if len(found) != 1:
             what = "ambiguous" if found else "unknown"
-            raise HubError(f"{what} revision {revision!r} in {self.url}")
+            raise HubError(f"{what} revision {revision!r} in {self.url}; {fix}", status=404)
         return found[0]
 
     def _record(self, rev: str) -> dict:

@@ -24,7 +24,8 @@ def _live_files(pod_dir: Path, config: PodConfig) -> dict[str, str]:
         return live
     for gpu, entry in entries.items():
         if entry.checkpoint:
-            live[entry.checkpoint] = f"GPU {gpu}'s resume point (token {entry.start_token:,})"
+            live[entry.checkpoint] = (f"GPU {gpu}'s resume point (token "
+                                      f"{entry.start_token:,}) in the manifest")
     return live
 
 
@@ -35,7 +36,7 @@ def _refuse_overwriting_live(pod_dir: Path, config: PodConfig, wanted: list[str]
     for rel in wanted:
         if rel in live and (pod_dir / rel).exists() and not matches(pod_dir / rel, index[rel]):
             raise UserError(
-                f"refusing to overwrite {rel}, {live[rel]} in the manifest, with other bytes "
+                f"refusing to overwrite {rel}, {live[rel]}, with other bytes "
                 f"from revision {revision[:12]}: add --force to replace it (the manifest keeps "
                 f"its record and `status` flags the difference), or pull into a new folder: "
                 f"fractus-pod --pod-dir NEW sync pull --from {url}")
@@ -68,8 +69,15 @@ def pull_into_pod(pod_dir: Path, url: str | None, revision: str | None, paths: l
     if config is not None and not force:
         _refuse_overwriting_live(pod_dir, config, [p for p in wanted if p in index], index,
                                  revision, url)
+    made = not pod_dir.exists()
     pod_dir.mkdir(parents=True, exist_ok=True)
-    pulled = store.pull(wanted, revision)
+    try:
+        pulled = store.pull(wanted, revision)
+    except BaseException:
+        if made:             # a refused pull into a new folder leaves no folder behind
+            from launcher.hub.store import remove_empty_dirs
+            remove_empty_dirs(pod_dir, pod_dir.parent)
+        raise
     if CONFIG_NAME in pulled:
         keep_hub(pod_dir, url, f"pulled from {url} at revision {revision}")
     return url, revision, pulled

@@ -97,10 +97,13 @@ def with_retries(
                 raise
             failures += 1
             if failures >= policy.attempts:
-                log.warning("hub: %s failed (%s); giving up after %d attempts", what, describe(exc), failures)
+                # The one line a person sees per failed operation (stderr); each retry
+                # before it is in logs/hub.log (INFO, launcher/cli/hub.py).
+                log.warning("hub: %s failed (%s); gave up after %d attempts (each in "
+                            "logs/hub.log)", what, describe(exc), failures)
                 raise
             wait = policy.delay(failures)
-            log.warning(
+            log.info(
                 "hub: %s failed (%s); retry %d/%d in %.1fs",
                 what, describe(exc), failures, policy.attempts - 1, wait,
             )

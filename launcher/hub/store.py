@@ -9,6 +9,7 @@ downloads into the pod directory and only installs bytes whose sha256 matches th
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import uuid
 from abc import ABC, abstractmethod
@@ -27,6 +28,7 @@ from .integrity import (
     HubError,
     IntegrityError,
     confine,
+    fsync_dir,
     matches,
     pod_relpath,
 )
@@ -111,18 +113,33 @@ class Store(ABC):
         if missing:
             raise HubError(f"not in revision {rev[:12]} of {self.url}: {', '.join(missing)}")
         out: dict[str, Path] = {}
-        with progress(f"hub pull {rev[:12]}", sum(index[rel].size for rel in wanted),
-                      "bytes") as task:
-            for rel in wanted:
-                task.update(description=f"hub pull {rev[:12]}: {rel}")
-                dest = self._destination(rel)
-                if matches(dest, index[rel]):
-                    log.info("hub: %s already matches revision %s", rel, rev[:12])
-                else:
-                    self._fetch(rel, index[rel], rev, dest)
-                    log.info("hub: pulled %s at revision %s", rel, rev[:12])
-                out[rel] = dest
-                task.update(advance=index[rel].size)
+        # Staged, then committed: every file is fetched and verified into a scratch folder
+        # first, and moved into the pod only when all of them are. A refused checkpoint used
+        # to leave the manifest already installed, naming a file that was not.
+        stage = self.pod_dir / SCRATCH_DIR / f"pull-{uuid.uuid4().hex[:12]}"
+        staged: dict[str, Path] = {}
+        try:
+            with progress(f"hub pull {rev[:12]}", sum(index[rel].size for rel in wanted),
+                          "bytes") as task:
+                for rel in wanted:
+                    task.update(description=f"hub pull {rev[:12]}: {rel}")
+                    dest = self._destination(rel)
+                    if matches(dest, index[rel]):
+                        log.info("hub: %s already matches revision %s", rel, rev[:12])
+                    else:
+                        staged[rel] = stage / rel
+                        staged[rel].parent.mkdir(parents=True, exist_ok=True)
+                        self._fetch(rel, index[rel], rev, staged[rel])
+                    out[rel] = dest
+                    task.update(advance=index[rel].size)
+            for rel, path in staged.items():
+                out[rel].parent.mkdir(parents=True, exist_ok=True)
+                os.replace(path, out[rel])
+                fsync_dir(out[rel].parent)
+                log.info("hub: pulled %s at revision %s", rel, rev[:12])
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+            remove_empty_dirs(stage.parent, self.pod_dir)
         return out
 
     def read_bytes(self, rel: str, revision: str) -> bytes | None:
@@ -200,6 +217,17 @@ class Store(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r}, pod_dir={str(self.pod_dir)!r})"
+
+
+def remove_empty_dirs(path: Path, upto: Path) -> None:
+    """Remove `path` and its parents below `upto` while they are empty (scratch folders an
+    operation made; one another operation still uses stays)."""
+    while path != upto and upto in path.parents:
+        try:
+            path.rmdir()
+        except OSError:
+            return
+        path = path.parent
 
 
 def open_store(
