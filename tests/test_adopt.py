@@ -233,3 +233,19 @@ def test_launch_refuses_a_fresh_start_and_a_shard_other_than_the_manifests(tmp_p
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "gpu_0 trained on shard data/shard_gpu1.pt but the pod config's shards: names " \
            "data/shard_gpu0.pt" in line
+
+
+def test_adopting_a_stage_3_run_suggests_the_launch_that_resumes_stage_3(tmp_path, capsys):
+    """It used to suggest `launch --stage 1` (issue 16, item 14): plain `launch` resumes the
+    stage the manifest records."""
+    run = v1_run(tmp_path / "run")
+    path = run / "checkpoints/RESUME_MANIFEST_8GPU.json"
+    manifest = json.loads(path.read_text())
+    for entry in manifest.values():
+        entry["stage"] = 3
+    path.write_text(json.dumps(manifest))
+    assert adopt(run, "--devices", "cpu:2", "--manifest",
+                 "checkpoints/RESUME_MANIFEST_8GPU.json") == 0
+    (next_line,) = [line for line in capsys.readouterr().out.splitlines()
+                    if line.startswith("next:")]
+    assert next_line.endswith("launch (resumes at stage 3, the stage the manifest records)")

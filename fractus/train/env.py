@@ -6,7 +6,8 @@ fails before anything is loaded or written, with one line naming the variable:
 
     error: BATCH must be an integer >= 1, got 'x'
 
-Variables of the v1 trainer (scripts/fast4gpu_boost.py), same names, same defaults:
+Variables of the v1 trainer (scripts/fast4gpu_boost.py of the user's repository
+AFKmoney/fractus-cte, not in this one), same names, same defaults:
 GPU_ID, BATCH, SEQ, LR, SS_RATE, SS_PROB, LB_COEF, GATE_TEMP, START_TOKEN, SHARD (default
 data/shard_gpu{i}.pt, then .npy), CKPT_IN (default: the GPU's file, then the merged brain),
 CKPT_OUT. Read by v2 only (v1 never read them): CE_CHUNK, FRACTUS_ATTN_IMPL, COMPILE, ACCUM,

@@ -15,10 +15,10 @@ windows differs from it by window noise alone with standard error
 so a rise counts only past k * sigma, and never below a floor (band nats, or
 relativeBand x |baseline| when set): the floor is all there is when the spread is zero or
 unknown (a baseline given as a bare number). The trusted-loss rules a probe can judge
-(the user's docs/TRUSTED_LOSS.md): uniform guessing over V tokens scores ln(V); a free run
-with AR above ln(V) and ARacc <= offManifoldAcc is off-manifold. A probe off-manifold
-against a measured baseline (a probe's, not a bare number) that beat the uniform guess
-(AR <= ln(V)) fails whatever the rise; a
+(docs/TRUSTED_LOSS.md of the user's repository AFKmoney/fractus-cte): uniform guessing over
+V tokens scores ln(V); a free run with AR above ln(V) and ARacc <= offManifoldAcc is
+off-manifold. A probe off-manifold against a measured baseline (a probe's, not a bare
+number) that beat the uniform guess (AR <= ln(V)) fails whatever the rise; a
 baseline above ln(V) never was on the manifold (whatever a hit or two of ARacc says), so
 there the noise decides; the state is named in every reason.
 
@@ -153,8 +153,10 @@ def parse_probe(section, path: Path) -> tuple[ProbeTolerance, ProbeSchedule]:
     for key, value in section.items():
         if key not in _TOLERANCE_KEYS or (value is None and key == "relativeBand"):
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-            raise UserError(f"{path}: probe.{key}: expected a number >= 0, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not 0 <= value < math.inf:
+            raise UserError(f"{path}: probe.{key}: expected a finite number >= 0, got "
+                            f"{value!r}")
         values[key] = float(value)
     return ProbeTolerance(**values), schedule
 
@@ -166,7 +168,8 @@ def _schedule_values(path: Path, section: dict) -> dict:
             continue
         value = section[key]
         least = 0 if key == "every" else 1
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= least \
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not least <= value < math.inf \
                 or (kind is int and value != int(value)):
             raise UserError(f"{path}: probe.{key}: expected "
                             f"{'an integer' if kind is int else 'a number'} >= {least}, "
@@ -237,7 +240,21 @@ def probe_verdict(result, baseline, tolerance: ProbeTolerance = ProbeTolerance()
 
 
 class ProbeUnavailable(RuntimeError):
-    """The probe process could not produce a result (the check is Inconclusive)."""
+    """The probe process could not produce a result (the check is Inconclusive).
+    `bad_input`: it refused its checkpoint or shard (exit 2, fractus/eval/probe.py)."""
+
+    bad_input = False
+
+
+class ProbeRefusedInput(ProbeUnavailable):
+    """The probe exited 2: the checkpoint or shard it was given is unusable (`detail`: its
+    own one-line reason)."""
+
+    bad_input = True
+
+    def __init__(self, message: str, detail: str):
+        super().__init__(message)
+        self.detail = detail
 
 
 class ProbeLost(ProbeUnavailable):
@@ -272,8 +289,10 @@ def run_probe_process(checkpoint: str | Path, shard: str | Path, head: int | Non
         raise ProbeUnavailable(f"probe timed out after {timeout_s:g} s") from None
     if done.returncode != 0:
         lines = [s for s in done.stderr.splitlines() if s.strip()]
-        raise ProbeUnavailable(f"probe exited {done.returncode}: "
-                               f"{lines[-1][:300] if lines else 'no output'}")
+        last = lines[-1][:300] if lines else "no output"
+        if done.returncode == 2:
+            raise ProbeRefusedInput(f"probe exited 2: {last}", last.removeprefix("error: "))
+        raise ProbeUnavailable(f"probe exited {done.returncode}: {last}")
     for line in reversed(done.stdout.splitlines()):
         try:
             record = json.loads(line)

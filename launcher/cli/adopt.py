@@ -33,4 +33,7 @@ def adopt(ctx, devices, model, init_new_from, manifest) -> None:
     click.echo(f"adopted {len(adoption.gpus)} GPU(s): fractus-pod.yaml names these files; "
                f"manifest {adoption.manifest.path.relative_to(pod_dir)}; originals kept "
                f"under checkpoints/adopted/")
-    click.echo(f"next: fractus-pod --pod-dir {pod_dir} launch --stage 1")
+    stage = adoption.manifest.recorded_stage()
+    click.echo(f"next: fractus-pod --pod-dir {pod_dir} launch"
+               + (f" (resumes at stage {stage}, the stage the manifest records)" if stage
+                  else " --stage 1"))

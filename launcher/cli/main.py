@@ -65,7 +65,11 @@ def init(ctx, preset: str, force: bool, no_data: bool) -> None:
         for p in write_demo_shards(pod_dir, config):
             click.echo(f"wrote {Path(p).relative_to(pod_dir)} "
                        f"(synthetic, {config.demo_data['tokens']:,} tokens)")
-    launch_cmd = f"fractus-pod --pod-dir {pod_dir} launch --stage 1"
+    from launcher.config.stages import load_stages
+    numbers = sorted(load_stages(pod_dir / config.stages))
+    launch_cmd = (f"fractus-pod --pod-dir {pod_dir} launch --stage N (N: a stage of "
+                  f"{config.stages}, {numbers[0]} to {numbers[-1]}; a new pod starts at any, "
+                  f"a later switch up runs the canary)")
     missing = missing_shards(pod_dir, config)
     click.echo(f"next: {missing_shards_fix(pod_dir, missing)}; then {launch_cmd}" if missing
                else f"next: {launch_cmd}")
@@ -142,7 +146,9 @@ def stop(ctx, timeout) -> None:
 
 @cli.command()
 @pod_dir_option
-@click.option("--to-stage", type=click.IntRange(min=1), required=True)
+@click.option("--to-stage", type=click.IntRange(min=1), required=True,
+              help="The stage to go back to (a stage of manifests/stages.yaml below the "
+                   "pod's; the next launch runs it).")
 @click.option("--gpu", "gpus", type=int, multiple=True,
               help="Restore this GPU's newest passed checkpoint (repeatable). Without it, "
                    "only the stage changes and every GPU keeps its progress.")

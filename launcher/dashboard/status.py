@@ -144,7 +144,8 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8) -> dict:
         "launcher_pid": (holder or {}).get("pid") if holder is not None else None,
         "pod_state": pod_state.upper() if pod_state != "not running" else pod_state,
         "stage": current_stage(state, manifest),
-        "stage_name": last_state.get("stage_name") if state else None,
+        "stage_name": (last_state.get("stage_name") if state else None)
+        or _stage_name(pod_dir, config, current_stage(state, manifest)),
         "reason": last_state.get("reason"),
         "uptime_s": now - state["started_at"] if state and state.get("started_at") else None,
         "manifest_error": manifest_error,
@@ -155,6 +156,20 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8) -> dict:
         "sync": _sync_report(pod_dir, config, now),
         "canary": _canary_report(pod_dir),
     }
+
+
+def _stage_name(pod_dir: Path, config, stage: int | None) -> str | None:
+    """The name stages.yaml gives `stage` (None: no stage, or a file that does not parse:
+    status still shows the rest)."""
+    from launcher.config.stages import load_stages
+    from launcher.errors import UserError
+    if stage is None:
+        return None
+    try:
+        found = load_stages(pod_dir / config.stages).get(stage)
+    except UserError:
+        return None
+    return found.name if found else None
 
 
 def _checkpoint_problem(pod_dir: Path, gpu: int, entry: ManifestEntry,

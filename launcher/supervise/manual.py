@@ -169,6 +169,10 @@ def probe_pod(pod_dir: Path, gpu: int | None = None, checkpoint: str | None = No
         result = run_probe_process(ckpt_path, shard_path, head=head, device=device,
                                    timeout_s=timeout_s, cwd=pod_dir, model=config.model)
     except ProbeUnavailable as exc:
+        if exc.bad_input:          # its checkpoint or shard: the user's to fix (exit 2)
+            raise UserError(f"cannot probe {ckpt_path.name} on {shard_path.name}: {exc.detail}; "
+                            f"give a Fractus checkpoint and a 1-D integer token shard") \
+                from None
         raise ProbeFailed(str(exc)) from None
     baselines = read_baselines(pod_dir)
     baseline, source = Baseline.of(baseline_ar), "--baseline-ar"
