@@ -273,3 +273,10 @@ def test_init_suggests_a_stage_the_readme_may_run(tmp_path, capsys):
     assert cli_main(["--pod-dir", str(tmp_path / "p"), "init", "--no-data"]) == 0
     out = capsys.readouterr().out
     assert "launch --stage N" in out and "1 to 5" in out and "--stage 1" not in out
+
+
+def test_many_missing_shards_are_one_short_line(pod, capsys):
+    """cpu:100000 printed one line of 20,000 characters; up to eight shards are named."""
+    edit_config(pod, devices="cpu:30")
+    line = refused(pod, capsys)
+    assert "28 token shard(s) missing" in line and "and 20 more" in line, line

@@ -129,7 +129,8 @@ def parse_criteria(data: dict, source: str = "criteria") -> Criteria:
         raise UserError(f"{source}: expected a mapping with 'checks' and 'supervision'")
     unknown = sorted(set(data) - {"checks", "supervision", *OTHER_SECTIONS})
     if unknown:
-        raise UserError(f"{source}: unknown top-level key(s) {unknown}")
+        raise UserError(f"{source}: unknown top-level key(s) {unknown}; known: "
+                        f"{['checks', 'supervision', *OTHER_SECTIONS]}")
     checks = data.get("checks") or {}
     supervision = data.get("supervision") or {}
     for section, known in (("checks", CHECKS), ("supervision", _SUPERVISION_CLASSES)):

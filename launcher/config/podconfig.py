@@ -290,7 +290,8 @@ def load_config(pod_dir: Path) -> PodConfig:
         raise UserError(f"no {CONFIG_NAME} in {pod_dir}: run `fractus-pod init` first")
     data = read_yaml(path, "pod config") or {}
     if not isinstance(data, dict):
-        raise UserError(f"{path}: expected a mapping of settings")
+        raise UserError(f"{path}: expected a mapping of settings (key: value lines); "
+                        f"`fractus-pod init --force` writes a fresh one")
     _check_types(data, str(path))
     config = PodConfig(**data)
     config.env = {str(k): str(v) for k, v in config.env.items()}
@@ -350,7 +351,8 @@ def init_pod(pod_dir: Path, preset: str, force: bool = False) -> tuple[list[Path
 def missing_shards_fix(pod_dir: Path, missing: list[str]) -> str:
     """What is missing and how to fix it: said by `init` as the next step, by `launch` as
     its refusal."""
-    shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4
+    # Up to a production pod's eight named, then a count: one line stays readable.
+    shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8
                                       else "")
     return (f"{len(missing)} token shard(s) missing: {shown}; put them there, or "
             f"set `shards:` in {pod_dir / CONFIG_NAME} to where they are (a path with {{i}} "

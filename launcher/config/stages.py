@@ -45,7 +45,8 @@ def parse_stages(data, source: str = "stages") -> dict[int, Stage]:
         if known is not None:
             bad = sorted(set(settings) - known)
             if bad:
-                raise UserError(f"{where}: settings {bad} are not worker settings")
+                raise UserError(f"{where}: settings {bad} are not worker settings; use the "
+                                f"names in docs/WORKER.md (e.g. BATCH, CE_CHUNK)")
         window = spec.get("window", 0)
         if isinstance(window, bool) or not isinstance(window, int) or window < 0:
             raise UserError(f"{where}: window must be an integer >= 0, got {window!r}")
@@ -56,7 +57,8 @@ def parse_stages(data, source: str = "stages") -> dict[int, Stage]:
                             exact=exact, window=window,
                             settings={str(k): _env_value(v) for k, v in settings.items()})
     if not stages:
-        raise UserError(f"{source}: no stages defined")
+        raise UserError(f"{source}: no stages defined; start from the repository's "
+                        f"manifests/stages.yaml")
     expected = list(range(1, len(stages) + 1))
     if sorted(stages) != expected:
         raise UserError(f"{source}: stages must be numbered 1..{len(stages)} without gaps, "
@@ -76,5 +78,6 @@ def load_stages(path: str | Path) -> dict[int, Stage]:
 
 def get_stage(stages: dict[int, Stage], number: int) -> Stage:
     if number not in stages:
-        raise UserError(f"unknown stage {number}: this pod defines stages 1..{max(stages)}")
+        raise UserError(f"unknown stage {number}: this pod defines stages 1..{max(stages)}; "
+                        f"pick one of them, or add stage {number} to the stages file")
     return stages[number]

@@ -30,7 +30,9 @@ def read_yaml(path: str | Path, what: str):
         with open(path, "rb") as f:
             raw = f.read(MAX_BYTES + 1)
     except FileNotFoundError:
-        raise UserError(f"{what} not found: {path}") from None
+        raise UserError(f"{what} not found: {path}; put it there or fix the path that names "
+                        f"it (fractus-pod.yaml's stages:/criteria:, or `fractus-pod init`)") \
+            from None
     except IsADirectoryError:
         raise UserError(f"{what} {path} is a directory, not a file; point to the YAML file") \
             from None

@@ -122,7 +122,7 @@ def _no_duplicate_keys(pairs):
     seen = {}
     for key, value in pairs:
         if key in seen:
-            raise ManifestError(f"key {key!r} appears twice")
+            raise ManifestError(f"key {key!r} appears twice; keep one of them")
         seen[key] = value
     return seen
 
@@ -175,7 +175,9 @@ def read_manifest(path: str | Path) -> Manifest:
         raise ManifestError(f"manifest {path}: cannot read it ({exc.strerror}); fix its "
                             f"permissions") from None
     if not isinstance(data, dict):
-        raise ManifestError(f"manifest {path}: expected a JSON object at the top level")
+        raise ManifestError(f"manifest {path}: expected a JSON object at the top level "
+                            f"(e.g. {{\"gpu_0\": {{\"start_token\": 0}}}}); see docs/LAUNCHER.md, "
+                            f"The manifest")
     if _depth(data, MAX_DEPTH) > MAX_DEPTH:
         raise ManifestError(f"manifest {path}: nested deeper than {MAX_DEPTH} levels; remove "
                             f"the deeply nested field")
@@ -186,10 +188,11 @@ def read_manifest(path: str | Path) -> Manifest:
 
     def add(gpu_key: str, gpu: int, entry) -> None:
         if not isinstance(entry, dict):
-            raise ManifestError(f"manifest {path}: {gpu_key} must be an object")
+            raise ManifestError(f"manifest {path}: {gpu_key} must be an object (e.g. "
+                                f"{{\"start_token\": 0}})")
         if gpu in sources:
             raise ManifestError(f"manifest {path}: GPU {gpu} is listed twice "
-                                f"({sources[gpu]} and {gpu_key})")
+                                f"({sources[gpu]} and {gpu_key}); keep one of them")
         sources[gpu] = gpu_key
         raw_entries[gpu] = entry
 

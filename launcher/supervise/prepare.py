@@ -101,7 +101,8 @@ def load_plan(pod_dir: Path, stage: int | None, devices: str | None, gpus: str |
                         f"--max-time 3600")
     for gpu in (faults or {}):
         if gpu not in {s.gpu for s in slots}:
-            raise UserError(f"--fault names GPU {gpu}, which this launch does not run")
+            raise UserError(f"--fault names GPU {gpu}, which this launch does not run; name "
+                            f"one of {sorted(s.gpu for s in slots)}")
     plan = LaunchPlan(pod_dir, config, stages, trusted.criteria, stage, slots, max_time,
                       max_steps, dict(faults or {}),
                       None if max_time is None else time.monotonic() + max_time, trusted)
