@@ -240,7 +240,8 @@ def test_a_refusal_after_the_lock_restores_an_existing_lock_file(pod, capsys):
     """A pod that ran before has logs/launcher.lock and a launcher TensorBoard run: both stay
     as they were (the refusal used to rewrite the one and add a 40-byte file to the other)."""
     (pod / "logs/launcher.lock").write_text('{"pid": 1, "since": 0}')
-    np.save(pod / SHARD0, np.zeros(10, dtype=np.float32))
+    (pod / "logs/tb/launcher").mkdir(parents=True)
+    (pod / SHARD0).unlink()                 # refused after the lock, by the old code too
     refused(pod, capsys)
 
 
