@@ -26,7 +26,7 @@ import psutil
 import pytest
 import torch
 
-from tests.support.ray_cluster import (RESOURCE, add_node, local_cluster, node_of,
+from tests.support.ray_cluster import (LOOPBACK, RESOURCE, add_node, local_cluster, node_of,
                                        ray_process_table)
 from fractus.data import synth
 from tests.test_launcher_e2e import (REPO, SHARD_TOKENS, TEST_CRITERIA, TOKENS_PER_STEP,
@@ -36,6 +36,8 @@ from tests.test_launcher_e2e import (REPO, SHARD_TOKENS, TEST_CRITERIA, TOKENS_P
 __all__ = ["launchers"]
 
 STARTUP_S = 600          # a loaded 2-core machine: Ray and torch imports are slow
+# A lost node's GPU is placed again fence_s + stop_grace_s + 5 s after its last heartbeat.
+FENCE_S = 5.0
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +74,9 @@ def test_a_pod_across_two_nodes_survives_losing_them(tmp_path, cluster, launcher
     # (CI once failed the --from-hub resume on a 5.5-sigma rise).
     probes = {"every": 2, "parallel": 2, "timeout_s": 300, "relativeBand": 1.0}
     pod = make_pod(tmp_path, {**TEST_CRITERIA, "probe": probes},
-                   ray={"address": cluster.address, "resource": RESOURCE},
+                   ray={"address": cluster.address, "resource": RESOURCE, "fence_s": FENCE_S},
                    shards=str(shared / "shard_phase2_gpu{i}.npy"), demo_data=None,
-                   save_keep=1000)     # the resumed node's pulled file is never rotated away
+                   save_keep=1000, stop_grace_s=10.0)     # the resumed node's pulled file is never rotated away
     launcher = Launcher(pod, "--stage", "1")
     launchers.append(launcher)        # its teardown kills every worker it placed
     run_scenario(pod, cluster, launcher)
@@ -275,3 +277,81 @@ def test_a_call_that_fails_on_a_node_crashes_its_worker_not_the_launcher(tmp_pat
                          grace_s=20)
         finally:
             backend.close()
+
+
+ENV_RESOURCE = "fractus_env_gpu"         # only the node this test adds offers it
+NODE_ENV = {"START_TOKEN": "999999", "FORCE_START_TOKEN": "1", "SEED": "77",
+            "NODE_API_KEY": "node-secret-value"}
+
+
+def node_records(workdir: str, gpu: int) -> list[dict]:
+    """The worker's metrics lines on its node's own disk."""
+    from launcher.worker.process import read_records
+    return read_records(Path(workdir) / "logs" / f"metrics_gpu{gpu}.jsonl")
+
+
+def wait_gone(pid: int, timeout: float, what: str) -> float:
+    """Wait until `pid` has exited (or is a zombie); the time it was seen gone."""
+    def gone():
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+    wait_for(gone, timeout, what)
+    return time.time()
+
+
+def test_a_node_scrubs_its_env_and_fences_its_worker(tmp_path, cluster, launchers):
+    """On a node whose raylet's environment holds worker settings and a secret: none of
+    them reaches the worker (issue 16 item 2). Its actor's process killed: Ray reports the
+    actor dead while its worker still saves (SIGTERM from its dead parent); the GPU is
+    declared lost and placed again only once that worker is gone (item 29: never two
+    workers of one GPU). The launcher killed with -9: the node hears no heartbeat for
+    fence_s, SIGTERMs its worker, which writes its final checkpoint on the node and exits
+    (item 32; an owned actor's worker was SIGKILLed by Ray within 0.5 s)."""
+    node = cluster.add_node(num_cpus=1, resources={ENV_RESOURCE: 1}, node_ip_address=LOOPBACK,
+                            env_vars=NODE_ENV)
+    try:
+        pod = make_pod(tmp_path, ray={"address": cluster.address, "resource": ENV_RESOURCE,
+                                      "fence_s": FENCE_S},
+                       stop_grace_s=8.0, save_keep=1000)
+        launcher = Launcher(pod, "--stage", "1", "--gpus", "0")
+        launchers.append(launcher)
+        (placed,) = wait_for(lambda: events_of(pod, "worker_placed", gpu=0), STARTUP_S,
+                             "the worker placed on the node")
+        environ = psutil.Process(placed["pid"]).environ()
+        leaked = {k: v for k, v in NODE_ENV.items() if environ.get(k) == v}
+        assert not leaked, leaked
+        assert "NODE_API_KEY" not in environ and "FORCE_START_TOKEN" not in environ
+
+        # The actor's process killed: its worker saves on SIGTERM while Ray reports the
+        # actor dead at once; the GPU is lost only after that worker is gone.
+        wait_for(lambda: worker_records(pod, 0, "checkpoint"), STARTUP_S, "a checkpoint")
+        os.kill(psutil.Process(placed["pid"]).ppid(), signal.SIGKILL)
+        old_gone = wait_gone(placed["pid"], 120, "the orphaned worker's exit")
+        (lost,) = wait_for(lambda: events_of(pod, "node_lost", gpu=0), 120, "the lost GPU")
+        assert old_gone < lost["ts"]
+        (unreachable,) = events_of(pod, "node_unreachable", gpu=0)   # said at once
+        assert unreachable["ts"] < old_gone
+        old_saves = [r for r in node_records(placed["workdir"], 0)
+                     if r.get("event") == "checkpoint"]
+        assert old_saves and max(r["ts"] for r in old_saves) < lost["ts"]
+        again = wait_for(lambda: after(events_of(pod, "worker_placed", gpu=0), lost["ts"]),
+                         300, "the GPU placed again")[0]
+        wait_for(lambda: [r for r in after(node_records(again["workdir"], 0), again["ts"])
+                          if r.get("type") == "metrics"], STARTUP_S, "the new worker training")
+
+        # The launcher killed: the node fences its worker, which saves on its way out.
+        killed = time.time()
+        os.kill(launcher.proc.pid, signal.SIGKILL)
+        gone = wait_gone(again["pid"], FENCE_S + 8.0 + 60, "the fenced worker's exit")
+        assert gone - killed >= FENCE_S           # it trained on until the fence
+        ending = after(node_records(again["workdir"], 0), killed)
+        (done,) = [r for r in ending if r.get("event") == "done"]
+        assert done["reason"] != "max_steps"
+        final = [r for r in ending if r.get("event") == "checkpoint"]
+        assert final and final[-1]["next_token"] == done["next_token"], ending
+        log = (Path(again["workdir"]) / "logs" / "worker_gpu0.log").read_text()
+        assert "fenced: no heartbeat from the launcher" in log
+    finally:
+        cluster.remove_node(node, allow_graceful=False)

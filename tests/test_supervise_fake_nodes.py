@@ -120,6 +120,9 @@ def test_a_node_push_notes_its_hub_revision_where_the_manifest_names_those_bytes
     ({"address": "127.0.0.1:6379", "workdir": "/data/pod"}, "ray.workdir must contain {node}"),
     ({"adress": "127.0.0.1:6379"}, "unknown key(s) ['adress']"),
     ({"workdir": "/data/{node}"}, "give the cluster's address"),
+    ({"address": "127.0.0.1:6379", "fence_s": 1}, "ray.fence_s must be a number of seconds "
+                                                  "from 5 to 3600, got 1"),
+    ({"address": "127.0.0.1:6379", "fence_s": ".nan"}, "ray.fence_s must be a number"),
 ])
 def test_a_bad_ray_section_is_refused_in_one_line_before_anything_starts(
         tmp_path, pod_template, capsys, ray, words):

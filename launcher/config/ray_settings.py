@@ -21,8 +21,14 @@ class RaySettings:
     # The resource one worker takes: none means one GPU (cuda devices) or one CPU (cpu);
     # a custom resource (`ray start --resources='{"fractus_gpu": 8}'`) for the CPU demo.
     resource: str | None = None
+    # Fencing (launcher/supervise/ray_fence.py): a node that has not heard from the launcher
+    # for this long stops its worker (it saves; SIGKILL after stop_grace_s); a lost node's
+    # GPUs are placed again only after fence_s + stop_grace_s (+5 s) without an answer.
+    fence_s: float = 60.0
 
-    KEYS = ("address", "workdir", "resource")
+    KEYS = ("address", "workdir", "resource", "fence_s")
+    TEXT_KEYS = ("address", "workdir", "resource")
+    FENCE_RANGE_S = (5.0, 3600.0)    # above a few heartbeats (2 s); below an hour
 
     @classmethod
     def parse(cls, data: dict | None, address: str | None = None,
@@ -35,15 +41,23 @@ class RaySettings:
         if not address:
             raise UserError(f"{source}: give the cluster's address (ray: {{address: HOST:PORT}} "
                             f"or launch --ray HOST:PORT)")
-        return cls(address, data.get("workdir", DEFAULT_WORKDIR), data.get("resource"))
+        return cls(address, data.get("workdir", DEFAULT_WORKDIR), data.get("resource"),
+                   float(data.get("fence_s", cls.fence_s)))
 
     @classmethod
     def check(cls, data: dict | None, source: str = "ray") -> dict:
         """The `ray:` mapping's keys and values (its address may come from --ray instead)."""
         data = dict(data or {})
         refuse_unknown_keys(data, cls.KEYS, source)
+        if "fence_s" in data:
+            low, high = cls.FENCE_RANGE_S
+            value = data["fence_s"]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not low <= value <= high:
+                raise UserError(f"{source}.fence_s must be a number of seconds from {low:g} "
+                                f"to {high:g}, got {value!r}")
         for key, value in data.items():
-            if not isinstance(value, str) or not value:
+            if key in cls.TEXT_KEYS and (not isinstance(value, str) or not value):
                 raise UserError(f"{source}.{key} must be a non-empty string, got {value!r}")
         if "{node}" not in data.get("workdir", DEFAULT_WORKDIR):
             raise UserError(f"{source}.workdir must contain {{node}} (each node its own "

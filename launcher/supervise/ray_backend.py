@@ -12,14 +12,16 @@ pushed to the hub by the node that holds it (`on_passed`); the launcher notes th
 revision (`take_pushed`). AR probes run on the node that holds the checkpoint (`NodeProbes`).
 
 A node lost (Ray reports the GPU's actor dead: `ActorDiedError`) ends the GPU's worker
-with `WorkerExit(node_lost=True)`; the supervisor then resumes the GPU from its newest
-passed checkpoint on the hub (`hub_copy`) on a node with a free device (`can_place`), or
-it waits until a node joins.
+with `WorkerExit(node_lost=True)` once the node has fenced itself for certain
+(launcher/supervise/ray_fence.py: no heartbeat for `fence_s`, then the worker's grace); the
+supervisor then resumes the GPU from its newest passed checkpoint on the hub (`hub_copy`)
+on a node with a free device (`can_place`), or it waits until a node joins.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from launcher.hub.lease import RunTakenOver, pod_id
 from launcher.pod.events import EventLog
 from launcher.config.podconfig import PodConfig, Slot
 from launcher.supervise.backend import WorkerBackend, WorkerExit, WorkerHandle
+from launcher.supervise.ray_fence import NAMESPACE, Heartbeat, actor_prefix, end_orphans
 from launcher.supervise.ray_node import NodeWorker
 from launcher.config.ray_settings import RaySettings
 from launcher.worker.process import WorkerSpec, build_env, worker_log_path
@@ -46,6 +49,7 @@ class RayHandle(WorkerHandle):
     start_ref: object = None          # the actor's start() until it answers
     poll_ref: object = None           # the poll in flight (never dropped: it carries lines)
     ended: WorkerExit | None = None
+    lost_after: float | None = None   # Ray reported its actor dead: lost at this time
 
 
 @dataclass
@@ -66,9 +70,15 @@ class RayBackend(WorkerBackend):
         super().__init__(pod_dir)
         self.ray, self.config, self.settings, self.events = ray, config, settings, events
         if not ray.is_initialized():
-            ray.init(address=settings.address, log_to_driver=False, logging_level="WARNING",
-                     configure_logging=False)
+            ray.init(address=settings.address, namespace=NAMESPACE, log_to_driver=False,
+                     logging_level="WARNING", configure_logging=False)
         self.actor_class = ray.remote(NodeWorker)
+        self.actor_prefix = actor_prefix(pod_dir)
+        for orphan in end_orphans(ray, self.actor_prefix, config.stop_grace_s,
+                                  config.stop_grace_s + CALL_TIMEOUT_S):
+            events.emit("orphan_stopped", **orphan,
+                        reason="a node actor of this pod's previous launcher, still running: "
+                               "stopped (its worker saved) before any worker starts")
         self.handles: dict[int, RayHandle] = {}
         self.actors: dict[int, object] = {}
         self.queued: dict[int, dict] = {}       # gpu -> newest passed record to push
@@ -79,6 +89,7 @@ class RayBackend(WorkerBackend):
         # The nodes push as this pod (the run's hub lease: launcher/hub/lease.py).
         self.writer = pod_id(pod_dir) if self.hub_url else None
         self.last_round_trip = float("-inf")
+        self.heartbeat = Heartbeat(ray, self.actors, settings.fence_s, config.stop_grace_s)
 
     # ---- placement ---------------------------------------------------------------------
     def _resource(self, slot: Slot) -> tuple[str, dict]:
@@ -99,10 +110,14 @@ class RayBackend(WorkerBackend):
         if actor is None:              # first start, or its node was lost: a new actor
             _, options = self._resource(spec.slot)
             actor = self.actor_class.options(
-                # poll, push, an AR probe and a stop can all be in flight at once
-                scheduling_strategy="SPREAD", max_concurrency=4, max_restarts=0,
+                # poll, push, an AR probe, a stop and a heartbeat can all be in flight at once
+                scheduling_strategy="SPREAD", max_concurrency=5, max_restarts=0,
+                # outlives a launcher killed with -9 until it fences (its worker's final
+                # save); named, so that the next launcher of this pod finds it
+                lifetime="detached", name=f"{self.actor_prefix}gpu{gpu}-{uuid.uuid4().hex[:8]}",
                 **options).remote(gpu, self.settings.workdir, str(self.pod_dir.resolve()),
-                                  self.hub_url, self.writer, list(self.config.worker))
+                                  self.hub_url, self.writer, list(self.config.worker),
+                                  self.settings.fence_s, self.config.stop_grace_s)
             self.actors[gpu] = actor
         checkpoint = ({"path": spec.ckpt_in, "sha256": spec.ckpt_sha256,
                        "revision": spec.ckpt_revision} if spec.ckpt_in else None)
@@ -117,7 +132,9 @@ class RayBackend(WorkerBackend):
         if not force and time.monotonic() - self.last_round_trip < ROUND_TRIP_S:
             return
         self.last_round_trip = time.monotonic()
-        live = [h for h in self.handles.values() if h.ended is None]
+        for handle in [h for h in self.handles.values() if h.lost_after and not h.ended]:
+            self._lost(handle)          # declared lost once its node has fenced itself
+        live = [h for h in self.handles.values() if h.ended is None and h.lost_after is None]
         self._placed([h for h in live if h.start_ref is not None])
         for handle in live:
             if handle.start_ref is None and handle.ended is None and handle.poll_ref is None:
@@ -160,6 +177,7 @@ class RayBackend(WorkerBackend):
                 handle.ended = WorkerExit(1, error=error)
                 continue
             handle.pid, handle.node = info["pid"], info["node"]
+            self.heartbeat.heard(handle.actor)
             self.events.emit("worker_placed", gpu=handle.gpu, node=info["node"],
                              pid=info["pid"], workdir=info["workdir"])
             if info["pulled"]:
@@ -215,10 +233,22 @@ class RayBackend(WorkerBackend):
         with open(path, "a") as log:
             log.write(f"[fractus-pod {time.strftime('%Y-%m-%d %H:%M:%S')}] {scrub(text)}\n")
 
-    def _lost(self, handle: RayHandle) -> WorkerExit:
-        handle.ended = WorkerExit(None, node_lost=True)
-        self.actors.pop(handle.gpu, None)
-        self.queued.pop(handle.gpu, None)
+    def _lost(self, handle: RayHandle, at_once: bool = False) -> WorkerExit | None:
+        """Ray reported the GPU's actor dead. Its node may only be cut off (a partition, a
+        stopped raylet) with its worker still training: the GPU is declared lost once that
+        node has fenced itself for certain (Heartbeat.lost_after), not before; `at_once`
+        when the pod stops anyway (nothing is placed again)."""
+        if handle.lost_after is None:
+            handle.lost_after = self.heartbeat.lost_after(handle.actor)
+            self.actors.pop(handle.gpu, None)
+            self.queued.pop(handle.gpu, None)
+            wait = max(0.0, handle.lost_after - time.monotonic())
+            self.events.emit("node_unreachable", gpu=handle.gpu, node=handle.node,
+                             fenced_within_s=round(wait, 1),
+                             reason="Ray reports its actor dead; the GPU is placed again "
+                                    "once its node has stopped the worker for certain")
+        if at_once or time.monotonic() >= handle.lost_after:
+            handle.ended = WorkerExit(None, node_lost=True)
         return handle.ended
 
     def poll(self, handle: RayHandle) -> WorkerExit | None:
@@ -232,6 +262,8 @@ class RayBackend(WorkerBackend):
         """Collect the polls in flight (their lines), then `call(actor)` on each, which
         returns (exit code, its last lines)."""
         for handle in handles:
+            if handle.lost_after is not None and handle.ended is None:
+                self._lost(handle, at_once=True)
             if handle.poll_ref is not None:
                 ref, handle.poll_ref = handle.poll_ref, None
                 self._take(handle, ref)
@@ -243,12 +275,14 @@ class RayBackend(WorkerBackend):
                 if ready:
                     self._placed([handle])
                 else:
-                    self._lost(handle)
+                    self._lost(handle, at_once=True)
                 if handle.ended is None:
                     refs[handle.gpu] = call(handle.actor)
         for handle in handles:
             if handle.gpu in refs:
                 self._take(handle, refs[handle.gpu])
+                if handle.lost_after is not None:
+                    self._lost(handle, at_once=True)
             if handle.ended is None:
                 handle.ended = WorkerExit(-9)
         return {h.gpu: h.ended for h in handles}
@@ -323,6 +357,7 @@ class RayBackend(WorkerBackend):
         while self.pushes and not abandoned() and time.monotonic() < deadline:
             self._harvest_pushes(timeout=0.5)
             self._push_queued()
+        self.heartbeat.close()
         for actor in self.actors.values():
             self.ray.kill(actor)
         self.actors.clear()

@@ -20,6 +20,16 @@ handed back to the launcher, which judges it. A checkpoint is named `sha256:HEX`
 retained link of one this actor saw), or `resume`: the one its worker started from,
 linked at start because the worker saves over it.
 
+Fencing: a node that stops hearing from its launcher stops its worker. The launcher sends
+every actor a heartbeat every few seconds (RayBackend); an actor that has heard nothing for
+`fence_s` (a partition, a SIGSTOPped raylet, the launcher killed) SIGTERMs its worker (the
+worker saves its final checkpoint on this disk and exits; SIGKILL after `grace_s`) and then
+exits itself. The launcher counts the same deadline from its last answered heartbeat and
+places the GPU elsewhere only after it, so two workers never train one GPU. The actors are
+detached (a driver that dies does not take them down with a SIGKILL of every child, which is
+what Ray does to an owned actor): a launcher killed with -9 leaves each worker its final
+save, within fence_s + grace_s.
+
 Imported on the nodes by Ray; imports nothing of Ray at module level.
 """
 
@@ -30,23 +40,25 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 from launcher import child
 from launcher.paths import NODE_LEASE_DIR, PROBE_DIR
 from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex, link_or_copy, sha256_file
 from launcher.pod.manifest import relative_to_pod
-from launcher.worker.process import kill, terminate, worker_log_path
+from launcher.worker.process import kill, terminate, worker_env, worker_log_path
 
 # Settings resolved against the node's directory, else the head's pod directory (the same
 # machine or a shared filesystem): shards and a model file are the user's to place.
 NODE_LOCAL_INPUTS = ("SHARD", "MODEL")
 RESUME = "resume"               # a probe's name for the checkpoint the worker started from
+FENCE_CHECK_S = 1.0             # how often an actor looks at its last heartbeat
 
 
 class NodeWorker:
     def __init__(self, gpu: int, workdir: str, pod_dir: str, hub_url: str | None,
-                 writer: str | None, command: list[str]):
+                 writer: str | None, command: list[str], fence_s: float, grace_s: float):
         import ray
         self.node = ray.get_runtime_context().get_node_id()[:12]
         self.gpu, self.hub_url, self.command = gpu, hub_url, command
@@ -63,6 +75,9 @@ class NodeWorker:
         # Set once start() has placed the worker: the actor's methods run on several
         # threads, and a probe of the resume checkpoint must wait for its pull and hold.
         self.placed = threading.Event()
+        self.fence_s, self.grace_s = fence_s, grace_s
+        self.heard = time.monotonic()     # the launcher's last call (heartbeat or start)
+        threading.Thread(target=self._fence, name="fence", daemon=True).start()
 
     # ---- the worker --------------------------------------------------------------------
     def start(self, settings: dict[str, str], checkpoint: dict | None, cuda: bool) -> dict:
@@ -75,11 +90,11 @@ class NodeWorker:
 
     def _start(self, settings: dict[str, str], checkpoint: dict | None, cuda: bool) -> dict:
         import ray
+        self.heard = time.monotonic()
         pulled = self._ensure_checkpoint(checkpoint) if checkpoint else False
         if checkpoint:
             self._hold_resume(self.workdir / checkpoint["path"])
-        env = {name: value for name, value in os.environ.items() if name not in settings}
-        env.update(settings)
+        env = worker_env(os.environ, settings)    # scrubbed here, on the node's own environment
         for name in NODE_LOCAL_INPUTS:
             if env.get(name):
                 env[name] = self._input(env[name])
@@ -95,6 +110,32 @@ class NodeWorker:
                                         stderr=subprocess.STDOUT, death_signal=signal.SIGTERM)
         return {"pid": self.proc.pid, "node": self.node, "workdir": str(self.workdir),
                 "pulled": pulled}
+
+    def heartbeat(self) -> None:
+        """The launcher is there (RayBackend's heartbeat thread, every HEARTBEAT_S)."""
+        self.heard = time.monotonic()
+
+    def _fence(self) -> None:
+        """Stop the worker, then this actor, once the launcher has been silent for fence_s:
+        the launcher places the GPU elsewhere after the same deadline (plus grace_s) counted
+        from its side, so the two never overlap."""
+        while time.monotonic() - self.heard < self.fence_s:
+            time.sleep(FENCE_CHECK_S)
+        silent = time.monotonic() - self.heard
+        proc = self.proc
+        self._note(f"fenced: no heartbeat from the launcher for {silent:.0f}s (fence_s "
+                   f"{self.fence_s:g}); stopping the worker (SIGTERM: it saves its final "
+                   f"checkpoint on this node; SIGKILL after {self.grace_s:g}s)")
+        if proc is not None:
+            terminate([proc], self.grace_s)
+            self._note(f"fenced: worker pid {proc.pid} ended with code {proc.returncode}; "
+                       f"the actor exits")
+        os._exit(0)        # nobody will call it again: its resources go back to the cluster
+
+    def _note(self, text: str) -> None:
+        """A line in the GPU's worker log on this node."""
+        with open(self.workdir / worker_log_path(self.gpu), "a") as log:
+            log.write(f"[fractus-pod {time.strftime('%Y-%m-%d %H:%M:%S')}] {text}\n")
 
     def _input(self, value: str) -> str:
         """A file setting as this node finds it: in its own directory, else the head's pod

@@ -13,6 +13,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 import psutil
 
@@ -49,11 +50,8 @@ class WorkerSpec:
 def build_env(config: PodConfig, spec: WorkerSpec, base: dict | None = None) -> dict:
     """The worker's environment: stage settings, then the pod's overrides, then identity;
     never the hub's settings, token or other secrets (launcher.child.child_env)."""
-    env = dict(os.environ if base is None else base)
-    for name in _worker_env_names():     # a stray BATCH=... in the shell must not leak in
-        env.pop(name, None)
     gpu = spec.slot.gpu
-    env.update(spec.stage_settings)
+    env = dict(spec.stage_settings)
     env.update(config.env)
     env.update({
         "GPU_ID": str(gpu),
@@ -85,7 +83,16 @@ def build_env(config: PodConfig, spec: WorkerSpec, base: dict | None = None) -> 
         env["STAGE"] = str(spec.stage)
     if spec.run_id:
         env["RUN_ID"] = spec.run_id
-    return child.child_env(env)
+    return worker_env(os.environ if base is None else base, env)
+
+
+def worker_env(base: Mapping[str, str], settings: Mapping[str, str]) -> dict:
+    """`settings` (the launcher's, build_env) over `base`, the environment of the machine the
+    worker runs on (a Ray node's own, on that node), without any worker variable of `base`
+    (a stray BATCH=... or START_TOKEN=... in a shell or a raylet's environment must not leak
+    in) and scrubbed like every child's (launcher.child.child_env)."""
+    names = set(_worker_env_names())
+    return child.child_env({k: v for k, v in base.items() if k not in names}, **settings)
 
 
 def worker_command(config: PodConfig) -> list[str]:
