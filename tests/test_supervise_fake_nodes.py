@@ -382,3 +382,40 @@ def test_on_a_remote_backend_a_checkpoint_its_node_could_not_retain_is_never_pro
     sup.step()
     assert [sha for _, _, sha in probes.requests] == [kept["sha256"]]
     assert lost["sha256"] in {sha for (_g, sha) in sup.pod.index.records}
+
+
+def test_status_of_a_ray_pod_shows_what_a_waiting_gpu_resumes_from(make):
+    """`status` on a Ray pod (issue 16 item 33): checkpoints live on the nodes, so none is
+    'missing' from the head; the checkpoint age comes from the nodes' checkpoint events; a
+    GPU waiting for a node shows no node, no pid and none of its lost worker's numbers, but
+    the point it resumes from."""
+    from launcher.dashboard.status import collect
+    from launcher.pod.lock import PodLock
+    sup, backend, clock = make(nodes={"node-a": 1, "node-b": 1})
+    backend.files_here = False               # as RayBackend: the files are on the nodes
+    sup.starter.start_all()
+    on_hub = passed_checkpoint(sup, backend, 0)
+    backend.hub[0] = {**on_hub, "path": "checkpoints/fractus_1b_gpu0.pt",
+                      "hub_revision": "rev-1"}
+    backend.train(0, 20)
+    for gpu in (0, 1):            # on the nodes' disks only
+        (sup.pod.pod_dir / "checkpoints" / f"fractus_1b_gpu{gpu}.pt").unlink(missing_ok=True)
+    backend.checkpoint_line(1, retained=True)
+    sup.step()
+    with PodLock(sup.pod.pod_dir):           # as a running launcher holds it
+        pod_state(sup)
+        rows = collect(sup.pod.pod_dir, sup.pod.plan.config)["gpus"]
+        assert [r["checkpoint_problem"] for r in rows] == [None, None]
+        assert rows[1]["checkpoint_age_s"] is not None
+        assert rows[0]["node"] == "node-a"
+
+        backend.lose_node("node-a")
+        sup.step()
+        assert sup.pod.runs[0].state is GpuState.WAITING
+        pod_state(sup)
+        waiting = collect(sup.pod.pod_dir, sup.pod.plan.config)["gpus"][0]
+    assert waiting["state"] == "waiting"
+    assert waiting["node"] is None and waiting["pid"] is None
+    assert waiting["next_token"] == on_hub["next_token"] and waiting["tok_s"] is None
+    assert waiting["checkpoint_problem"] is None
+    assert waiting["checkpoint_age_s"] is not None       # the hub copy it resumes from

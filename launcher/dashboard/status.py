@@ -29,6 +29,11 @@ TAIL_BYTES = 64 * 1024
 
 def last_metrics(path: Path) -> dict | None:
     """The newest metrics record of a METRICS file, reading only its tail."""
+    return last_record(path, lambda record: record.get("type") == "metrics")
+
+
+def last_record(path: Path, wanted) -> dict | None:
+    """The newest record of a METRICS file for which `wanted(record)`, reading its tail."""
     try:
         with open(path, "rb") as f:
             f.seek(0, 2)
@@ -42,7 +47,7 @@ def last_metrics(path: Path) -> dict | None:
             record = json.loads(line)
         except (json.JSONDecodeError, UnicodeDecodeError):
             continue
-        if isinstance(record, dict) and record.get("type") == "metrics":
+        if isinstance(record, dict) and wanted(record):
             return record
     return None
 
@@ -83,6 +88,8 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8) -> dict:
     unrun = sorted(set(entries) - set(gpus))
     index = CheckpointIndex(pod_dir)
     gpu_states = (state or {}).get("gpus", {})
+    # A Ray pod: each checkpoint is on its node's disk, none on this one by design.
+    on_nodes = bool(last_state.get("checkpoints_on_nodes")) or config.ray is not None
     last_gpu_states = last_state.get("gpus", {})     # verdicts survive the launcher
     rows = []
     for gpu in gpus:
@@ -92,6 +99,8 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8) -> dict:
         metrics = last_metrics(pod_dir / metrics_path(gpu)) or {}
         if state and metrics.get("ts", 0) < state.get("started_at", 0):
             metrics = {}          # a line from before this launch: not this run's numbers
+        if live.get("state") == "waiting":
+            metrics = {}          # its lost worker's: it resumes at the manifest's point
         shard = (entry and entry.shard) or config.shard_path(gpu)
         length = _shard_len(pod_dir, shard)
         # Running: the worker's newest line is the truth; stopped: the manifest is (the
@@ -100,8 +109,12 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8) -> dict:
         if next_token is None:
             next_token = entry.start_token if entry else metrics.get("next_token")
         entry = entry or NOT_LISTED
-        ckpt = pod_dir / entry.checkpoint if entry.checkpoint else None
-        ckpt_age = now - ckpt.stat().st_mtime if ckpt is not None and ckpt.exists() else None
+        if on_nodes:
+            ckpt_age = _node_checkpoint_age(pod_dir, gpu, entry, live, now)
+        else:
+            ckpt = pod_dir / entry.checkpoint if entry.checkpoint else None
+            ckpt_age = now - ckpt.stat().st_mtime if ckpt is not None and ckpt.exists() \
+                else None
         pid, node = live.get("pid"), live.get("node")
         verdict, reason = last.get("verdict"), last.get("reason")
         if state is None and verdict in (PENDING, RUNNING):
@@ -128,7 +141,8 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8) -> dict:
             "metrics_age_s": now - metrics["ts"] if metrics.get("ts") else None,
             "checkpoint": entry.checkpoint,
             "checkpoint_age_s": ckpt_age,
-            "checkpoint_problem": _checkpoint_problem(pod_dir, gpu, entry, index),
+            "checkpoint_problem": None if on_nodes
+            else _checkpoint_problem(pod_dir, gpu, entry, index),
             "hub_revision": entry.hub_revision,
             "verdict": verdict,
             "reason": reason,
@@ -170,6 +184,20 @@ def _stage_name(pod_dir: Path, config, stage: int | None) -> str | None:
     except UserError:
         return None
     return found.name if found else None
+
+
+def _node_checkpoint_age(pod_dir: Path, gpu: int, entry: ManifestEntry, live: dict,
+                         now: float) -> float | None:
+    """A Ray pod's checkpoint age, from the checkpoint events its nodes sent to the head:
+    the newest save, or for a GPU waiting for a node the checkpoint it resumes from."""
+    def wanted(record: dict) -> bool:
+        return record.get("event") == "checkpoint" and (
+            live.get("state") != "waiting" or record.get("sha256") == entry.checkpoint_sha256)
+    record = last_record(pod_dir / metrics_path(gpu), wanted)
+    if record is None:
+        return None
+    saved = record["mtime_ns"] / 1e9 if record.get("mtime_ns") else record.get("ts")
+    return now - saved if isinstance(saved, (int, float)) else None
 
 
 def _checkpoint_problem(pod_dir: Path, gpu: int, entry: ManifestEntry,

@@ -40,6 +40,8 @@ class PodSnapshot:
     started_at: float
     rolled_back: bool
     gpus: dict[int, GpuSnapshot]
+    # The checkpoints are on the nodes (a Ray pod), not on this machine's disk.
+    checkpoints_on_nodes: bool = False
 
 
 def pod_state_dict(snapshot: PodSnapshot) -> dict:
@@ -47,6 +49,7 @@ def pod_state_dict(snapshot: PodSnapshot) -> dict:
             "stage": snapshot.stage, "stage_name": snapshot.stage_name,
             "reason": snapshot.reason, "started_at": snapshot.started_at,
             "updated_at": time.time(), "rolled_back": snapshot.rolled_back,
+            "checkpoints_on_nodes": snapshot.checkpoints_on_nodes,
             "gpus": {str(gpu): _fields(g) for gpu, g in snapshot.gpus.items()}}
 
 

@@ -11,6 +11,7 @@ from fractus.train.disk import disk_full
 from launcher.pod.live_state import GpuSnapshot, PodSnapshot, write_pod_state
 from launcher.supervise.gpu_run import GpuRun
 from launcher.supervise.pod_run import PodRun
+from launcher.supervise.state import GpuState
 
 JUDGING = "judging"      # what `status` shows while a clean end's final probes run
 
@@ -21,14 +22,18 @@ def snapshot(pod: PodRun) -> PodSnapshot:
         pod_state=JUDGING if pod.judging else str(pod.state), stage=pod.stage,
         stage_name=pod.plan.stages[pod.stage].name, reason=pod.reason,
         started_at=pod.started_at, rolled_back=pod.rolled_back,
-        gpus={gpu: gpu_snapshot(run) for gpu, run in pod.runs.items()})
+        gpus={gpu: gpu_snapshot(run) for gpu, run in pod.runs.items()},
+        checkpoints_on_nodes=not pod.backend.files_here)
 
 
 def gpu_snapshot(run: GpuRun) -> GpuSnapshot:
     verdict = run.health.verdict() if run.health else None
+    # A GPU waiting for a node has no worker and no node: not the ones it lost.
+    waiting = run.state is GpuState.WAITING
     return GpuSnapshot(
-        pid=run.proc.pid if run.proc is not None else None, device=run.slot.device,
-        node=run.node, state=str(run.state), exit_code=run.exit_code,
+        pid=run.proc.pid if run.proc is not None and not waiting else None,
+        device=run.slot.device, node=None if waiting else run.node, state=str(run.state),
+        exit_code=run.exit_code,
         restarts=len(run.restarts), verdict=verdict.phase if verdict else None,
         reason=verdict.reason if verdict else None,
         checks=verdict.checks if verdict else {}, last_error=run.last_error)

@@ -13,6 +13,7 @@ import itertools
 import json
 import os
 import signal
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -127,7 +128,7 @@ class FakeBackend(WorkerBackend):
         event = {"type": "event", "event": "checkpoint", "path": str(path),
                  "sha256": hashlib.sha256(payload).hexdigest(), "bytes": len(payload),
                  "next_token": worker.next_token, "step": worker.step, "ema_tf": ema_tf,
-                 "lb": 2.0}
+                 "lb": 2.0, "ts": time.time()}
         self.line(worker, event)
         return event
 
@@ -139,7 +140,7 @@ class FakeBackend(WorkerBackend):
         event = {"type": "event", "event": "checkpoint", "sha256": hashlib.sha256(payload)
                  .hexdigest(), "path": f"checkpoints/fractus_1b_gpu{gpu}.pt",
                  "next_token": worker.next_token, "step": worker.step, "ema_tf": 5.0,
-                 "lb": 2.0, "node": worker.node, "retained": retained}
+                 "lb": 2.0, "node": worker.node, "retained": retained, "ts": time.time()}
         self.line(worker, event)
         return event
 
