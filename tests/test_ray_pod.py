@@ -353,5 +353,7 @@ def test_a_node_scrubs_its_env_and_fences_its_worker(tmp_path, cluster, launcher
         assert final and final[-1]["next_token"] == done["next_token"], ending
         log = (Path(again["workdir"]) / "logs" / "worker_gpu0.log").read_text()
         assert "fenced: no heartbeat from the launcher" in log
+        # Ray's messages about the killed actor never reached the launcher's log (item 33).
+        assert "(raylet)" not in launcher.output() and "state-dump" not in launcher.output()
     finally:
         cluster.remove_node(node, allow_graceful=False)

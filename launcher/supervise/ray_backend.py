@@ -72,6 +72,11 @@ class RayBackend(WorkerBackend):
         if not ray.is_initialized():
             ray.init(address=settings.address, namespace=NAMESPACE, log_to_driver=False,
                      logging_level="WARNING", configure_logging=False)
+        # The cluster's own messages to every driver (a raylet's death with 20 lines of
+        # its `[state-dump]` log, a worker's) printed raw into the launcher's log at each
+        # loss; the events say what happened to which GPU (node_unreachable, node_lost).
+        # Ray's one switch for it (ray.util.rpdb uses it); the `ray` extra pins Ray.
+        ray._private.worker._worker_logs_enabled = False
         self.actor_class = ray.remote(NodeWorker)
         self.actor_prefix = actor_prefix(pod_dir)
         for orphan in end_orphans(ray, self.actor_prefix, config.stop_grace_s,
