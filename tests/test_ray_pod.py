@@ -76,7 +76,9 @@ def test_a_pod_across_two_nodes_survives_losing_them(tmp_path, cluster, launcher
     pod = make_pod(tmp_path, {**TEST_CRITERIA, "probe": probes},
                    ray={"address": cluster.address, "resource": RESOURCE, "fence_s": FENCE_S},
                    shards=str(shared / "shard_phase2_gpu{i}.npy"), demo_data=None,
-                   save_keep=1000, stop_grace_s=10.0)     # the resumed node's pulled file is never rotated away
+                   # save_keep: the resumed node's pulled file is never rotated away;
+                   # stop_grace_s: part of the wait before a lost node's GPU moves (fencing)
+                   save_keep=1000, stop_grace_s=10.0)
     launcher = Launcher(pod, "--stage", "1")
     launchers.append(launcher)        # its teardown kills every worker it placed
     run_scenario(pod, cluster, launcher)

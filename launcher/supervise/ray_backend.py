@@ -9,7 +9,8 @@ Once per poll the launcher collects every actor's new metrics lines in one round
 appends them to logs/metrics_gpu{i}.jsonl in the pod directory, so checks, verdicts,
 rollback and the manifest work exactly as on one machine. A checkpoint that passes is
 pushed to the hub by the node that holds it (`on_passed`); the launcher notes the
-revision (`take_pushed`). AR probes run on the node that holds the checkpoint (`NodeProbes`).
+revision (`take_pushed`). AR probes run on the node that holds the checkpoint (`NodeProbes`,
+launcher/supervise/ray_probes.py).
 
 A node lost (Ray reports the GPU's actor dead: `ActorDiedError`) ends the GPU's worker
 with `WorkerExit(node_lost=True)` once the node has fenced itself for certain
@@ -238,21 +239,24 @@ class RayBackend(WorkerBackend):
         with open(path, "a") as log:
             log.write(f"[fractus-pod {time.strftime('%Y-%m-%d %H:%M:%S')}] {scrub(text)}\n")
 
-    def _lost(self, handle: RayHandle, at_once: bool = False) -> WorkerExit | None:
+    def _lost(self, handle: RayHandle, wait: bool = False) -> WorkerExit | None:
         """Ray reported the GPU's actor dead. Its node may only be cut off (a partition, a
         stopped raylet) with its worker still training: the GPU is declared lost once that
-        node has fenced itself for certain (Heartbeat.lost_after), not before; `at_once`
-        when the pod stops anyway (nothing is placed again)."""
+        node has fenced itself for certain (Heartbeat.lost_after), not before; `wait`: block
+        until then (a stop or kill must return an exit, and a rollback or a hang's restart
+        would otherwise place the GPU again while the node may still train it)."""
         if handle.lost_after is None:
             handle.lost_after = self.heartbeat.lost_after(handle.actor)
             self.actors.pop(handle.gpu, None)
             self.queued.pop(handle.gpu, None)
-            wait = max(0.0, handle.lost_after - time.monotonic())
+            within = max(0.0, handle.lost_after - time.monotonic())
             self.events.emit("node_unreachable", gpu=handle.gpu, node=handle.node,
-                             fenced_within_s=round(wait, 1),
+                             fenced_within_s=round(within, 1),
                              reason="Ray reports its actor dead; the GPU is placed again "
                                     "once its node has stopped the worker for certain")
-        if at_once or time.monotonic() >= handle.lost_after:
+        if wait:
+            time.sleep(max(0.0, handle.lost_after - time.monotonic()))
+        if time.monotonic() >= handle.lost_after:
             handle.ended = WorkerExit(None, node_lost=True)
         return handle.ended
 
@@ -268,7 +272,7 @@ class RayBackend(WorkerBackend):
         returns (exit code, its last lines)."""
         for handle in handles:
             if handle.lost_after is not None and handle.ended is None:
-                self._lost(handle, at_once=True)
+                self._lost(handle, wait=True)
             if handle.poll_ref is not None:
                 ref, handle.poll_ref = handle.poll_ref, None
                 self._take(handle, ref)
@@ -280,14 +284,14 @@ class RayBackend(WorkerBackend):
                 if ready:
                     self._placed([handle])
                 else:
-                    self._lost(handle, at_once=True)
+                    self._lost(handle, wait=True)
                 if handle.ended is None:
                     refs[handle.gpu] = call(handle.actor)
         for handle in handles:
             if handle.gpu in refs:
                 self._take(handle, refs[handle.gpu])
                 if handle.lost_after is not None:
-                    self._lost(handle, at_once=True)
+                    self._lost(handle, wait=True)
             if handle.ended is None:
                 handle.ended = WorkerExit(-9)
         return {h.gpu: h.ended for h in handles}
@@ -351,7 +355,8 @@ class RayBackend(WorkerBackend):
     def hub_copy(self, gpu: int) -> dict | None:
         return self.on_hub.get(gpu)
 
-    def node_probes(self) -> "NodeProbes":
+    def node_probes(self):
+        from launcher.supervise.ray_probes import NodeProbes
         return NodeProbes(self)
 
     def close(self, abandoned=lambda: False) -> None:
@@ -367,40 +372,6 @@ class RayBackend(WorkerBackend):
             self.ray.kill(actor)
         self.actors.clear()
         self.ray.shutdown()
-
-
-class NodeProbes:
-    """ProbeMonitor.use_nodes for Ray: each AR probe runs on the node of its GPU's actor,
-    which holds the checkpoint (launcher/supervise/ray_node.py: NodeWorker.probe)."""
-
-    def __init__(self, backend: RayBackend):
-        self.backend = backend
-
-    def hold(self, gpu: int, checkpoint: str, sha256: str | None) -> str | None:
-        """The node's name for it: it retains every checkpoint it saw (by sha256) and the
-        one its worker resumed from (ProbeMonitor asks for that one as "resume")."""
-        from launcher.supervise.ray_node import RESUME
-        if sha256 == RESUME:
-            return RESUME
-        return f"sha256:{sha256}" if sha256 else None
-
-    def run(self, request, *, timeout_s: float, **options) -> dict:
-        """Blocking (ProbeMonitor's probe thread): the node's result dict."""
-        from launcher.checks.probe_check import ProbeLost, ProbeUnavailable
-        ray = self.backend.ray
-        actor = self.backend.actors.get(request.gpu)
-        if actor is None:
-            raise ProbeLost(f"GPU {request.gpu} has no node now")
-        ref = actor.probe.remote(request.checkpoint, request.shard, timeout_s=timeout_s,
-                                 **options)
-        try:
-            return ray.get(ref, timeout=timeout_s + CALL_TIMEOUT_S)
-        except ray.exceptions.RayActorError:
-            raise ProbeLost(f"GPU {request.gpu}'s node was lost during the probe") from None
-        except ray.exceptions.RayError as exc:
-            cause = getattr(exc, "cause", None)
-            raise ProbeUnavailable(str(cause) if isinstance(cause, ProbeUnavailable)
-                                   else remote_error(exc)) from None
 
 
 def remote_error(exc: Exception) -> str:

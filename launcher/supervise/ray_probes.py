@@ -1,0 +1,39 @@
+"""AR probes on the Ray nodes: `NodeProbes`, ProbeMonitor.use_nodes for RayBackend."""
+
+from __future__ import annotations
+
+from launcher.supervise.ray_backend import CALL_TIMEOUT_S, RayBackend, remote_error
+
+
+class NodeProbes:
+    """ProbeMonitor.use_nodes for Ray: each AR probe runs on the node of its GPU's actor,
+    which holds the checkpoint (launcher/supervise/ray_node.py: NodeWorker.probe)."""
+
+    def __init__(self, backend: RayBackend):
+        self.backend = backend
+
+    def hold(self, gpu: int, checkpoint: str, sha256: str | None) -> str | None:
+        """The node's name for it: it retains every checkpoint it saw (by sha256) and the
+        one its worker resumed from (ProbeMonitor asks for that one as "resume")."""
+        from launcher.supervise.ray_node import RESUME
+        if sha256 == RESUME:
+            return RESUME
+        return f"sha256:{sha256}" if sha256 else None
+
+    def run(self, request, *, timeout_s: float, **options) -> dict:
+        """Blocking (ProbeMonitor's probe thread): the node's result dict."""
+        from launcher.checks.probe_check import ProbeLost, ProbeUnavailable
+        ray = self.backend.ray
+        actor = self.backend.actors.get(request.gpu)
+        if actor is None:
+            raise ProbeLost(f"GPU {request.gpu} has no node now")
+        ref = actor.probe.remote(request.checkpoint, request.shard, timeout_s=timeout_s,
+                                 **options)
+        try:
+            return ray.get(ref, timeout=timeout_s + CALL_TIMEOUT_S)
+        except ray.exceptions.RayActorError:
+            raise ProbeLost(f"GPU {request.gpu}'s node was lost during the probe") from None
+        except ray.exceptions.RayError as exc:
+            cause = getattr(exc, "cause", None)
+            raise ProbeUnavailable(str(cause) if isinstance(cause, ProbeUnavailable)
+                                   else remote_error(exc)) from None
