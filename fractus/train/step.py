@@ -45,6 +45,18 @@ class NonFiniteError(RuntimeError):
         super().__init__(f"non-finite loss or gradient at step {step}: {values}")
 
 
+def read_finite(step: int, watched: dict, grad_norm: torch.Tensor) -> dict:
+    """The watched scalars and the gradient norm as floats ("grad_norm" last), read to the
+    host in one sync; NonFiniteError unless every one is finite. The hot path's finiteness
+    check (benchmarks/bench_engine.py states its share of a step)."""
+    tensors = [t.detach().float().reshape(()) for t in watched.values()]
+    numbers = torch.stack(tensors + [grad_norm.detach().float().reshape(())]).tolist()
+    values = dict(zip([*watched, "grad_norm"], numbers))
+    if not all(math.isfinite(v) for v in values.values()):
+        raise NonFiniteError(step, values)
+    return values
+
+
 class InjectedCompileError(RuntimeError):
     """Stands in for a torch.compile failure (FRACTUS_FAULT=compile@S)."""
 
@@ -140,11 +152,7 @@ class TrainStep:
     def _clip_check_step(self, step: int, watched: dict) -> float:
         """Clip, refuse non-finite values before the weights move, then SGD step."""
         norm = torch.nn.utils.clip_grad_norm_(self.params, CLIP_NORM)
-        tensors = [t.detach().float().reshape(()) for t in watched.values()]
-        numbers = torch.stack(tensors + [norm.detach().float().reshape(())]).tolist()  # one sync
-        values = dict(zip([*watched, "grad_norm"], numbers))
-        if not all(math.isfinite(v) for v in values.values()):
-            raise NonFiniteError(step, values)
+        values = read_finite(step, watched, norm)
         self.optimizer.step()
         self.optimizer_steps += 1
         return values["grad_norm"]
