@@ -80,11 +80,14 @@ def init(ctx, preset: str, force: bool, no_data: bool) -> None:
 @pod_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--watch", is_flag=True, help="Refresh every 2 s until Ctrl-C.")
+@click.option("--wide", is_flag=True,
+              help="Every column in full, however wide (default: the columns that fit the "
+                   "terminal, one line per GPU).")
 @click.pass_context
-def status(ctx, as_json: bool, watch: bool) -> None:
+def status(ctx, as_json: bool, watch: bool, wide: bool) -> None:
     """Per GPU: liveness, stage, progress, losses, speed, memory, checkpoint, verdict."""
     from launcher.config.podconfig import load_config
-    from launcher.dashboard.status import collect, render
+    from launcher.dashboard.status import StatusView, collect
     pod_dir = pod_dir_of(ctx)
     config = load_config(pod_dir)
     if as_json:
@@ -95,15 +98,21 @@ def status(ctx, as_json: bool, watch: bool) -> None:
             time.sleep(2)
     from rich.console import Console
     console = Console(width=None if sys.stdout.isatty() else 200)
+
+    def view() -> StatusView:
+        shown = StatusView(collect(pod_dir, config), wide=wide)
+        if wide:       # past the terminal's edge, as `kubectl get -o wide` does
+            console.width = max(console.width, shown.natural_width())
+        return shown
     if not watch:
-        console.print(render(collect(pod_dir, config)))
+        console.print(view())
         return
     from rich.live import Live
     try:
-        with Live(render(collect(pod_dir, config)), console=console, refresh_per_second=1) as live:
+        with Live(view(), console=console, refresh_per_second=1) as live:
             while True:
                 time.sleep(2)
-                live.update(render(collect(pod_dir, config)))
+                live.update(view())
     except KeyboardInterrupt:
         pass
 

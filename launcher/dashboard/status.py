@@ -22,9 +22,11 @@ from launcher.pod.lock import read_holder
 from launcher.pod.manifest import ManifestEntry, ManifestError, current_stage, read_manifest
 from launcher.config.podconfig import PodConfig, parse_devices
 from launcher.pod.live_state import read_pod_state
+from launcher.dashboard.status_table import age as _age, fmt as _fmt, gpu_table, natural_width
 from launcher.worker.process import metrics_path
 
 TAIL_BYTES = 64 * 1024
+WIDE_EVENT_CHARS = 400    # `status --wide`: an event line in full, up to this
 
 
 def last_metrics(path: Path) -> dict | None:
@@ -266,27 +268,24 @@ def _held(tokens: dict | None) -> str:
                                    sorted(tokens.items(), key=lambda kv: int(kv[0])))
 
 
-def _fmt(value, spec: str = "", none: str = "-") -> str:
-    if value is None:
-        return none
-    return format(value, spec) if spec else str(value)
+class StatusView:
+    """The report as a rich renderable, laid out at render time for the console's width
+    (so `status --watch` follows a resized terminal); `wide`: every column in full."""
+
+    def __init__(self, report: dict, wide: bool = False):
+        self.report, self.wide = report, wide
+
+    def natural_width(self) -> int:
+        return natural_width(self.report["gpus"])
+
+    def __rich_console__(self, console, options):
+        yield render(self.report, None if self.wide else options.max_width)
 
 
-def _age(seconds) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m"
-    return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
-
-
-def render(report: dict):
-    """A rich renderable: pod header, per-GPU table, recent events."""
+def render(report: dict, width: int | None = None):
+    """A rich renderable: pod header, per-GPU table (fitted to `width`; None: every column
+    in full), recent events (one line each, cut with an ellipsis unless the width is None)."""
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
 
     head = (f"pod {report['pod_dir']}: {report['pod_state']}"
@@ -303,20 +302,7 @@ def render(report: dict):
         names = ", ".join(f"gpu_{g}" for g in report["manifest_unrun_gpus"])
         parts.append(Text(f"manifest also lists {names}, which this pod's devices "
                           f"({report['devices']}) do not run: kept, not shown", style="yellow"))
-    table = Table(show_header=True, header_style="bold")
-    for col in ("GPU", "pid", "NODE", "state", "stage", "next_token", "shard %", "ema_tf", "ema_ss",
-                "lb", "tok/s", "mem GB", "ckpt age", "hub rev", "verdict", "reason"):
-        table.add_column(col, overflow="fold")
-    for r in report["gpus"]:
-        pid = f"{r['pid']}{'' if r['alive'] else ' (dead)'}" if r["pid"] else "-"
-        table.add_row(str(r["gpu"]), pid, _fmt(r.get("node"))[:12], r["state"], _fmt(r["stage"]),
-                      _fmt(r["next_token"], ","), _fmt(r["shard_pct"], ".2f"),
-                      _fmt(r["ema_tf"], ".4f"), _fmt(r["ema_ss"], ".4f"), _fmt(r["lb"], ".3f"),
-                      _fmt(r["tok_s"], ".0f"), _fmt(r["mem_gb"], ".2f"),
-                      _age(r["checkpoint_age_s"]), _fmt(r["hub_revision"])[:12],
-                      _fmt(r["verdict"]) + (" (last run)" if r["verdict_from_last_run"] else ""),
-                      _fmt(r["reason"]))
-    parts.append(table)
+    parts.append(gpu_table(report["gpus"], width))
     for r in report["gpus"]:
         if r.get("last_error"):
             parts.append(Text(f"GPU {r['gpu']} last error: {r['last_error']}", style="red"))
@@ -353,5 +339,9 @@ def render(report: dict):
         for e in report["events"]:
             when = time.strftime("%H:%M:%S", time.localtime(e.get("ts", 0)))
             rest = {k: v for k, v in e.items() if k not in ("ts", "event")}
-            parts.append(Text(f"  {when} {e.get('event')} {json.dumps(rest, default=str)[:160]}"))
+            line = f"  {when} {e.get('event')} {json.dumps(rest, default=str)}"
+            if width is None and len(line) > WIDE_EVENT_CHARS:   # a canary's per-step rows
+                line = line[:WIDE_EVENT_CHARS - 1] + "…"
+            # Cut to the line with an ellipsis: a cut JSON object must look cut.
+            parts.append(Text(line, no_wrap=width is not None, overflow="ellipsis"))
     return Group(*parts)
