@@ -55,7 +55,7 @@ def test_data_holds_every_gpu_curve_markers_stages_and_status(pod, dashboards):
         assert ys.count(None) == sum(1 for line in (pod / "logs" / f"metrics_gpu{gpu}.jsonl")
                                      .read_text().splitlines() if '"event": "start"' in line)
     kinds = {m["kind"] for m in data["markers"]}
-    assert {"rollback", "stage", "canary", "hub_push", "probe"} <= kinds
+    assert {"rollback", "stage", "canary", "hub_push", "verdicts"} <= kinds
     (rollback,) = [m for m in data["markers"] if m["kind"] == "rollback" and m["gpu"] == 1
                    and "rollback" in m["label"]]
     assert rollback["label"] == "GPU 1 rollback stage 3 -> 2"

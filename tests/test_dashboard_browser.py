@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -102,6 +103,9 @@ def test_dashboard_page_in_chromium(tmp_path, browser):
         kinds = [li.get_attribute("data-kind") for li in
                  browser.find_elements("css selector", "#markers li")]
         assert "rollback" in kinds and "hub_push" in kinds and "stage" in kinds
+        times = [li.text.split(" ")[0] for li in
+                 browser.find_elements("css selector", "#markers li")]
+        assert all(re.fullmatch(r"\d\d:\d\d:\d\d", t) for t in times), times  # as status
         hits, height = browser.execute_script(ROLLBACK_PIXELS, *ROLLBACK_RGB)
         assert hits > 0.5 * height, (hits, height)
         rows = browser.find_elements("css selector", "#gpu-table tbody tr")

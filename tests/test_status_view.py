@@ -1,6 +1,7 @@
-"""`fractus-pod status` as a person reads it (issue 16, items 10 and 11): the table fits 80,
-120 and 200 columns with one line per GPU, `--wide` shows every column in full, and an event
-line cut to the width ends in an ellipsis."""
+"""`fractus-pod status` and the dashboard's words as a person reads them (issue 16, items 10
+and 11): the table fits 80, 120 and 200 columns with one line per GPU, `--wide` shows every
+column in full, an event line cut to the width ends in an ellipsis, the dashboard's markers
+round their floats and call the final verdicts what they are."""
 
 from __future__ import annotations
 
@@ -92,3 +93,14 @@ def test_status_cli_wide_option(tmp_path, capsys):
     for column in COLUMNS:
         if column.header != "NODE":          # a pod on one machine has no node column
             assert f" {column.header} " in f" {header} ", column.header
+
+
+def test_dashboard_markers_round_floats_and_name_final_verdicts():
+    from launcher.dashboard.timeline import MARKER_COLORS, markers
+    probe, final = markers([
+        {"ts": 1.0, "event": "probe", "gpu": 1, "status": "Successful", "ar": 1078.066162109375},
+        {"ts": 2.0, "event": "final_verdicts", "stage": 2, "verdicts": {
+            "0": {"step": 100, "verdict": "passed"}, "1": {"step": 90, "verdict": "failed"}}}])
+    assert probe["label"] == "GPU 1 probe Successful AR=1078.0662"
+    assert final["kind"] != "probe" and final["kind"] in MARKER_COLORS
+    assert final["label"] == "final verdicts: GPU 0 passed, GPU 1 failed"

@@ -14,11 +14,17 @@ MARKER_KINDS = {
     "rollback": "rollback", "check_failed": "rollback",
     "stage_change": "stage",
     "canary": "canary", "canary_skipped": "canary",
-    "probe": "probe", "final_verdicts": "probe",
+    "probe": "probe", "final_verdicts": "verdicts",
     "sync_pushed": "hub_push",
 }
 MARKER_COLORS = {"restart": "#ff7f0e", "rollback": "#d62728", "stage": "#7f7f7f",
-                 "canary": "#9467bd", "probe": "#17becf", "hub_push": "#2ca02c"}
+                 "canary": "#9467bd", "probe": "#17becf", "verdicts": "#bcbd22",
+                 "hub_push": "#2ca02c"}
+
+
+def _number(value, spec: str) -> str:
+    """A float as people read it (AR=1078.0662, not 1078.066162109375)."""
+    return format(value, spec) if isinstance(value, float) else str(value)
 
 
 def _label(event: dict) -> str:
@@ -34,9 +40,12 @@ def _label(event: dict) -> str:
         verdict = event.get("status") or "skipped"
         return (f"canary {event.get('from_stage')} -> {event.get('to_stage')}: {verdict}")
     if name == "probe":
-        return f"{gpu}probe {event.get('status')} AR={event.get('ar')}"
-    if name == "final_verdicts":
-        return "final verdicts"
+        return f"{gpu}probe {event.get('status')} AR={_number(event.get('ar'), '.4f')}"
+    if name == "final_verdicts":          # the checks' verdicts at a clean end, not a probe
+        verdicts = event.get("verdicts") if isinstance(event.get("verdicts"), dict) else {}
+        return "final verdicts: " + (", ".join(
+            f"GPU {g} {v.get('verdict') if isinstance(v, dict) else v}"
+            for g, v in sorted(verdicts.items(), key=lambda kv: str(kv[0]))) or "none")
     if name == "sync_pushed":
         return f"hub push {str(event.get('revision') or '')[:12]}"
     if name == "hang":

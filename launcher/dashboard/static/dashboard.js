@@ -86,6 +86,12 @@ function drawCurves(d) {
   }
 }
 
+// 24-hour clock times, as `status` prints them (toLocaleTimeString is 12-hour in en-US).
+function clock(date) {
+  return [date.getHours(), date.getMinutes(), date.getSeconds()]
+    .map(n => String(n).padStart(2, "0")).join(":");
+}
+
 function fmt(v, digits) {
   if (v === null || v === undefined) return "-";
   return typeof v === "number" && digits !== undefined ? v.toFixed(digits) : String(v);
@@ -151,7 +157,7 @@ function drawMarkers(d) {
   list.replaceChildren(...d.markers.slice().reverse().map(m => {
     const li = document.createElement("li");
     li.dataset.kind = m.kind;
-    const when = new Date(m.ts * 1000).toLocaleTimeString();
+    const when = clock(new Date(m.ts * 1000));
     const b = text("b", m.kind);
     b.style.color = d.marker_colors[m.kind];
     li.append(text("span", `${when} `), b, text("span", m.label));
@@ -182,7 +188,7 @@ async function poll() {
       if (state.readyMs === undefined) state.readyMs = performance.now();  // page ready
     }
     document.getElementById("updated").textContent =
-      `updated ${new Date().toLocaleTimeString()}`;
+      `updated ${clock(new Date())}`;
   } catch (err) {
     document.getElementById("updated").textContent = `dashboard unreachable: ${err}`;
   }
