@@ -104,3 +104,25 @@ def test_dashboard_markers_round_floats_and_name_final_verdicts():
     assert probe["label"] == "GPU 1 probe Successful AR=1078.0662"
     assert final["kind"] != "probe" and final["kind"] in MARKER_COLORS
     assert final["label"] == "final verdicts: GPU 0 passed, GPU 1 failed"
+
+
+def test_rollback_by_hand_leaves_no_stale_verdict_and_names_both_stages(tmp_path, capsys):
+    """The recorded pod stopped at stage 2 mid-window ("Incomplete (last run) ... 759/800
+    steps"); after `rollback --to-stage 1` that window is no verdict of the pod any more."""
+    from launcher.dashboard.timeline import markers
+    from launcher.pod.events import read_events
+    pod = copy_recorded_pod(tmp_path / "pod")
+    before = collect(pod, load_config(pod))
+    assert before["gpus"][0]["verdict"] == "Incomplete"
+    assert cli_main(["--pod-dir", str(pod), "rollback", "--to-stage", "1"]) == 0
+    report = collect(pod, load_config(pod))
+    assert report["stage"] == 1
+    for row in report["gpus"]:
+        assert row["stage"] == 1
+        assert row["verdict"] is None and not row["verdict_from_last_run"], row
+        assert "no check yet at stage 1" in row["reason"] and "800" not in row["reason"]
+    capsys.readouterr()
+    assert cli_main(["--pod-dir", str(pod), "status"]) == 0
+    assert "Incomplete" not in capsys.readouterr().out
+    change = [e for e in read_events(pod) if e["event"] == "stage_change"][-1]
+    assert markers([change])[0]["label"] == "stage 2 -> 1"

@@ -93,6 +93,7 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8) -> dict:
     # A Ray pod: each checkpoint is on its node's disk, none on this one by design.
     on_nodes = bool(last_state.get("checkpoints_on_nodes")) or config.ray is not None
     last_gpu_states = last_state.get("gpus", {})     # verdicts survive the launcher
+    last_stage = last_state.get("stage")               # ... and are of this stage
     rows = []
     for gpu in gpus:
         entry = entries.get(gpu)
@@ -119,7 +120,12 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8) -> dict:
                 else None
         pid, node = live.get("pid"), live.get("node")
         verdict, reason = last.get("verdict"), last.get("reason")
-        if state is None and verdict in (PENDING, RUNNING):
+        if state is None and verdict is not None and entry.stage is not None \
+                and last_stage is not None and entry.stage != last_stage:
+            # A rollback by hand since: the last run judged a stage this GPU has left.
+            verdict, reason = None, (f"no check yet at stage {entry.stage} (the last run's "
+                                     f"verdicts were of stage {last_stage})")
+        elif state is None and verdict in (PENDING, RUNNING):
             # Nothing measures any more: the last run's checks stopped where it stopped.
             verdict, reason = "Incomplete", f"the last run stopped at {reason}"
         rows.append({
@@ -150,7 +156,7 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8) -> dict:
             "reason": reason,
             "restarts": last.get("restarts", 0),
             "last_error": last.get("last_error"),
-            "verdict_from_last_run": state is None and bool(last),
+            "verdict_from_last_run": state is None and bool(last) and verdict is not None,
         })
     pod_state = (state or {}).get("pod_state") if holder is not None else None
     if pod_state is None:

@@ -34,8 +34,10 @@ def _label(event: dict) -> str:
         return f"{gpu}rollback stage {event.get('from_stage')} -> {event.get('to_stage')}"
     if name == "check_failed":
         return f"{gpu}check failed: {event.get('reason') or event.get('checks') or ''}"
-    if name == "stage_change":
-        return f"stage {event.get('from_stage')} -> {event.get('to_stage')}"
+    if name == "stage_change":   # from_stage: a launch's is the list of stages it found
+        was = event.get("from_stage")
+        was = "/".join(map(str, was)) if isinstance(was, list) else was
+        return f"stage {was} -> {event.get('to_stage')}"
     if name in ("canary", "canary_skipped"):
         verdict = event.get("status") or "skipped"
         return (f"canary {event.get('from_stage')} -> {event.get('to_stage')}: {verdict}")

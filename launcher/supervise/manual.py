@@ -61,10 +61,12 @@ def manual_rollback(pod_dir: Path, to_stage: int, gpus: list[int]) -> str:
                         reason="by hand", automatic=False)
             apply_rollback(manifest, gpu, target, to_stage)
             lines.append(f"GPU {gpu}: restored token {target['next_token']:,} ({target['path']})")
+        from_stage = current_stage(None, manifest)
         manifest.set_stage(to_stage)
         if manifest.entries:
             write_manifest(manifest)
-        events.emit("stage_change", to_stage=to_stage, reason="rollback by hand")
+        events.emit("stage_change", from_stage=from_stage, to_stage=to_stage,
+                    reason="rollback by hand")
     lines.append(f"pod set to stage {to_stage}; resume with `fractus-pod launch --stage {to_stage}`")
     return "\n".join(lines)
 
