@@ -197,16 +197,30 @@ def _field(result, key: str):
         else value
 
 
-def manifold_note(result, tolerance: ProbeTolerance) -> str:
-    """Where the free run stands against the uniform guess: '' when the probe does not say."""
+def manifold_note(result, tolerance: ProbeTolerance, baseline: Baseline | None = None,
+                  passed: bool = False) -> str:
+    """Where the free run stands against the uniform guess: '' when the probe does not say.
+    `passed`: the probe is Successful, so a free run above ln(V) is said with why that is
+    no failure (a verdict and its words agree)."""
     vocab, ar, acc = _field(result, "vocab_size"), _field(result, "ar"), _field(result, "ar_acc")
     if not isinstance(vocab, float) or not isinstance(ar, float) or not math.isfinite(ar):
         return ""
     level = uniform_ar(int(vocab))
-    side = "above" if ar > level else "at or below"
+    if ar <= level:
+        return f"; AR at or below the uniform guess ln(V) {level:.2f}"
     off = tolerance.off_manifold(ar, acc, int(vocab))
-    state = f"; off-manifold (ARacc {acc:.3f})" if off else ""
-    return f"; AR {side} the uniform guess ln(V) {level:.2f}{state}"
+    hits = f", ARacc {acc:.3f}" if isinstance(acc, float) else ""
+    if not passed:
+        return f"; AR above the uniform guess ln(V) {level:.2f}" + (
+            f"; off-manifold (ARacc {acc:.3f})" if off else "")
+    if baseline is not None and baseline.ar > level:
+        return (f"; the model does not generate yet: like its baseline, its free run scores "
+                f"above the uniform guess ln(V) {level:.2f}{hits}, so only the rise is judged")
+    if off:      # only against a baseline that records no free run (a bare number)
+        return (f"; its free run scores above the uniform guess ln(V) {level:.2f}{hits}, "
+                f"but the baseline (a bare AR) records no free run to compare: only the "
+                f"rise is judged")
+    return f"; AR above the uniform guess ln(V) {level:.2f}, still generating{hits}"
 
 
 def probe_verdict(result, baseline, tolerance: ProbeTolerance = ProbeTolerance(),
@@ -232,11 +246,14 @@ def probe_verdict(result, baseline, tolerance: ProbeTolerance = ProbeTolerance()
     rows = len(_field(result, "ar_rows") or ()) or int(_field(result, "rows") or 1)
     limit, how = tolerance.limit(base, rows)
     rise = ar - base.ar
+    # The limit is a rise over the baseline, said as one (with relativeBand 1 it equals
+    # the baseline, which read as an AR limit of the baseline itself).
     if rise > limit:
         return FAILED, (f"AR {ar:.4f} above baseline {base.ar:.4f} by {rise:.4f} > "
-                        f"{limit:.4f} ({how}){note}")
-    return SUCCESSFUL, (f"AR {ar:.4f} vs baseline {base.ar:.4f} ({rise:+.4f}, "
-                        f"limit {limit:.4f}, {how}){note}")
+                        f"{limit:.4f} allowed ({how}){note}")
+    return SUCCESSFUL, (f"AR {ar:.4f} vs baseline {base.ar:.4f}: rise {rise:+.4f} within "
+                        f"the {limit:.4f} allowed ({how})"
+                        f"{manifold_note(result, tolerance, base, passed=True)}")
 
 
 class ProbeUnavailable(RuntimeError):
