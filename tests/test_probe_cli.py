@@ -103,3 +103,32 @@ def test_bad_input_is_one_line_and_exit_2(pod, args, message):
     assert done.returncode == 2, done.stdout + done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert message in line and done.stdout == ""
+
+
+def test_a_checkpoint_without_a_train_head_is_probed_where_the_output_says(pod):
+    """Issue 16 item 3: `probe --checkpoint MERGED.pt --shard data/shard...` on the merged
+    brain (no train head) exited 2 "no train head ... pass --head", an option the pod
+    command did not have. Now: the manifest head of the GPU training on that shard, said;
+    --head chooses; a shard no GPU trains on starts at 0."""
+    import torch
+    entry = read_manifest(pod / load_config(pod).manifest).entries[0]
+    saved = torch.load(pod / entry["checkpoint"], weights_only=True)
+    brain = pod / "checkpoints" / "BRAIN_MERGED.pt"
+    torch.save(saved["model_state"], brain)          # a bare state_dict: no head, no config
+    done = fractus_pod(pod, "probe", "--checkpoint", str(brain), "--shard", entry["shard"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (f"the checkpoint records no train head: probed from GPU 0's manifest head, "
+            f"token {entry['start_token']:,} (choose another with --head)") in done.stdout
+    report = probe_json(pod, "--checkpoint", str(brain), "--shard", entry["shard"])
+    assert report["start"] == entry["start_token"] and report["next_token"] is None
+    chosen = probe_json(pod, "--checkpoint", str(brain), "--shard", entry["shard"],
+                        "--head", "640")
+    assert chosen["start"] == 640 and "head_note" not in chosen
+    # A full checkpoint keeps the head it records; --gpu takes --head too.
+    recorded = probe_json(pod, "--checkpoint", entry["checkpoint"], "--shard", entry["shard"])
+    assert recorded["start"] == entry["start_token"] and "head_note" not in recorded
+    assert probe_json(pod, "--gpu", "0", "--head", "640")["start"] == 640
+    other = pod / "data" / "other_shard.npy"
+    other.write_bytes((pod / entry["shard"]).read_bytes())
+    report = probe_json(pod, "--checkpoint", str(brain), "--shard", str(other))
+    assert report["start"] == 0 and "the start of the shard" in report["head_note"]

@@ -12,7 +12,7 @@ launcher calibrates its verdict (launcher/checks/probe_check.py). Deterministic:
 the model runs in float32 on the CPU unless told otherwise.
 
 Any checkpoint the worker trains from: fractus-pod's full checkpoints, v1 files (their head
-is config.tokens_processed), the merged brain and bare state_dicts (no head: pass --head;
+is config.tokens_processed), the merged brain and bare state_dicts (no head: pass --head or --default-head;
 no config: pass --model, the pod's model), `_orig_mod.` prefixes or not (fractus/legacy.py).
 
     python -m fractus.eval.probe --checkpoint checkpoints/fractus_1b_gpu0.pt --shard data/shard_phase2_gpu0.npy --json
@@ -94,12 +94,15 @@ def run_probe(model: ContinuousThoughtEngine, windows: torch.Tensor, cfg: ProbeC
 
 def probe_checkpoint(checkpoint, shard_path, cfg: ProbeConfig = ProbeConfig(),
                      head: int | None = None, device: str = "cpu",
-                     model_config: EngineConfig | None = None) -> ProbeResult:
+                     model_config: EngineConfig | None = None,
+                     default_head: int | None = None) -> ProbeResult:
     """Probe a checkpoint (path or loaded dict) on a shard, at `head`, else the train head
-    the checkpoint records. `model_config` builds a file that carries no config."""
+    the checkpoint records, else `default_head` (for a file that records none: the merged
+    brain, a bare state_dict). `model_config` builds a file that carries no config."""
     ckpt = as_engine_checkpoint(read_checkpoint(checkpoint), model_config)
     next_token = train_head(ckpt)
     head = next_token if head is None else head
+    head = default_head if head is None else head
     if head is None:
         raise ValueError("no train head: the checkpoint records none (train_state.next_token, "
                          "or v1's config.tokens_processed); pass --head")
@@ -117,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--shard", required=True)
     ap.add_argument("--head", type=int, help="train head (default: the one the checkpoint records)")
+    ap.add_argument("--default-head", type=int,
+                    help="train head when the checkpoint records none (the merged brain)")
     ap.add_argument("--model", help="preset or .json/.yaml config for a checkpoint that carries "
                                     "none (a bare state_dict)")
     ap.add_argument("--rows", type=int, default=ProbeConfig.rows)
@@ -127,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model_config = load_config(args.model) if args.model else None
         result = probe_checkpoint(args.checkpoint, args.shard, ProbeConfig(rows=args.rows),
-                                  args.head, args.device, model_config)
+                                  args.head, args.device, model_config, args.default_head)
     except (ValueError, ShardError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

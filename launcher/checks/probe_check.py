@@ -282,16 +282,19 @@ class ProbeLost(ProbeUnavailable):
 def run_probe_process(checkpoint: str | Path, shard: str | Path, head: int | None = None,
                       rows: int | None = None, device: str = "cpu", timeout_s: float = 900,
                       cwd: str | Path | None = None, threads: int = 1,
-                      model: str | None = None) -> dict:
+                      model: str | None = None, default_head: int | None = None) -> dict:
     """`python -m fractus.eval.probe --json` in a child process -> its result dict
     (ar, ar_acc, cold_tf, start, rows, next_token, ar_rows, vocab_size). `head`: where
     the windows start when the checkpoint records no train head (the merged brain) or
-    another one; `model`: the config of a checkpoint that carries none (a bare
+    another one; `default_head`: where they start when the checkpoint records none and
+    no `head` is given; `model`: the config of a checkpoint that carries none (a bare
     state_dict; a preset or a file relative to `cwd`). Raises ProbeUnavailable."""
     command = ["python", "-m", "fractus.eval.probe", "--checkpoint", str(checkpoint),
                "--shard", str(shard), "--device", device, "--json"]
     if head is not None:
         command += ["--head", str(head)]
+    if default_head is not None:
+        command += ["--default-head", str(default_head)]
     if rows is not None:
         command += ["--rows", str(rows)]
     if model is not None:

@@ -174,6 +174,10 @@ def rollback(ctx, to_stage: int, gpus: tuple[int, ...]) -> None:
               help="Probe this GPU's newest checkpoint on its shard (default: GPU 0).")
 @click.option("--checkpoint", default=None, help="Probe this checkpoint file instead.")
 @click.option("--shard", default=None, help="Token shard (default: the GPU's).")
+@click.option("--head", type=click.IntRange(min=0), default=None,
+              help="Shard position the probe windows start at (default: the GPU's manifest "
+                   "head; for --checkpoint, the head it records, else the manifest head of "
+                   "the GPU training on --shard, else 0).")
 @click.option("--baseline-ar", type=float, default=None,
               help="Judge AR against this (default: the baseline recorded for the GPU's stage).")
 @click.option("--record-baseline", is_flag=True,
@@ -182,13 +186,13 @@ def rollback(ctx, to_stage: int, gpus: tuple[int, ...]) -> None:
 @click.option("--timeout", type=float, default=900, show_default=True, help="Seconds.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
-def probe(ctx, gpu, checkpoint, shard, baseline_ar, record_baseline, device, timeout,
+def probe(ctx, gpu, checkpoint, shard, head, baseline_ar, record_baseline, device, timeout,
           as_json) -> None:
     """The trusted-loss AR probe in a child process: AR, ARacc, cold TF (and a verdict)."""
     from launcher.supervise.manual import ProbeFailed, probe_pod
     try:
         report = probe_pod(pod_dir_of(ctx), gpu, checkpoint, shard, baseline_ar, record_baseline,
-                           device, timeout)
+                           device, timeout, head)
     except ProbeFailed as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:
@@ -200,7 +204,7 @@ def probe(ctx, gpu, checkpoint, shard, baseline_ar, record_baseline, device, tim
         if "verdict" in report:
             click.echo(f"{report['verdict']}: {report['reason']} "
                        f"(baseline {report['baseline_source']})")
-        for line in (report.get("hint"), report.get("note")):
+        for line in (report.get("head_note"), report.get("hint"), report.get("note")):
             if line:
                 click.echo(line)
     if report.get("verdict") == "Failed":

@@ -13,6 +13,7 @@ from launcher.errors import UserError
 from launcher.pod.events import EventLog
 from launcher.pod.lock import PodLock, read_holder
 from launcher.pod.manifest import (
+    ManifestError,
     apply_rollback,
     atomic_write_text,
     current_stage,
@@ -138,6 +139,23 @@ def _probe_files(pod_dir: Path, config, gpu: int | None, checkpoint: str | None,
     return gpu, entry.stage if entry else None, ckpt, shard_path, head
 
 
+def _shard_head(pod_dir: Path, config, shard_path: Path) -> tuple[int, str]:
+    """(head, what it is) for a checkpoint that records no train head (the merged brain),
+    probed on `shard_path`: the manifest head of the GPU that trains on that shard, else
+    the shard's start."""
+    try:
+        manifest = read_manifest(pod_dir / config.manifest)
+        gpus = {s.gpu for s in parse_devices(config.devices)} | set(manifest.entries)
+    except (ManifestError, UserError):
+        return 0, "the start of the shard"
+    for gpu in sorted(gpus):
+        entry = manifest.entries.get(gpu)
+        rel = (entry and entry.shard) or config.shard_path(gpu)
+        if (pod_dir / rel).resolve() == shard_path and entry and entry.start_token is not None:
+            return entry.start_token, f"GPU {gpu}'s manifest head, token {entry.start_token:,}"
+    return 0, "the start of the shard (no GPU of the manifest trains on it)"
+
+
 def _no_baseline_hint(gpu: int | None, stage: int | None) -> str:
     if gpu is not None and stage is not None:
         return (f"no baseline for GPU {gpu} at stage {stage}, so no verdict: record this "
@@ -149,11 +167,14 @@ def _no_baseline_hint(gpu: int | None, stage: int | None) -> str:
 def probe_pod(pod_dir: Path, gpu: int | None = None, checkpoint: str | None = None,
               shard: str | None = None, baseline_ar: float | None = None,
               record_baseline: bool = False, device: str = "cpu",
-              timeout_s: float = 900) -> dict:
+              timeout_s: float = 900, head: int | None = None) -> dict:
     """Probe GPU `gpu`'s newest checkpoint on its shard (or `checkpoint` on `shard`) in a
     child process, and judge it against `baseline_ar` (a bare number: its noise unknown),
-    else the baseline recorded for the GPU's stage (with its windows' spread). Returns the
-    probe's numbers plus what was probed and the verdict, or a hint when there is none."""
+    else the baseline recorded for the GPU's stage (with its windows' spread). `head`: where
+    the windows start (default: the GPU's manifest head; for `checkpoint`, the head it
+    records, else that of the GPU training on `shard`, else the shard's start: said in
+    `head_note`). Returns the probe's numbers plus what was probed and the verdict, or a
+    hint when there is none."""
     from launcher.checks.probe_check import (
         Baseline,
         ProbeUnavailable,
@@ -162,14 +183,17 @@ def probe_pod(pod_dir: Path, gpu: int | None = None, checkpoint: str | None = No
         run_probe_process,
     )
     config = load_config(pod_dir)
-    gpu, stage, ckpt_path, shard_path, head = _probe_files(pod_dir, config, gpu, checkpoint,
-                                                           shard)
+    gpu, stage, ckpt_path, shard_path, gpu_head = _probe_files(pod_dir, config, gpu,
+                                                               checkpoint, shard)
+    default_head, default_what = (_shard_head(pod_dir, config, shard_path)
+                                  if checkpoint is not None else (None, ""))
     if record_baseline and stage is None:
         raise UserError("--record-baseline needs --gpu of a GPU whose stage the manifest records")
     tolerance = load_probe_tolerance(pod_dir / config.criteria)
     try:
-        result = run_probe_process(ckpt_path, shard_path, head=head, device=device,
-                                   timeout_s=timeout_s, cwd=pod_dir, model=config.model)
+        result = run_probe_process(ckpt_path, shard_path, head=gpu_head if head is None
+                                   else head, device=device, timeout_s=timeout_s, cwd=pod_dir,
+                                   model=config.model, default_head=default_head)
     except ProbeUnavailable as exc:
         if exc.bad_input:          # its checkpoint or shard: the user's to fix (exit 2)
             raise UserError(f"cannot probe {ckpt_path.name} on {shard_path.name}: {exc.detail}; "
@@ -184,6 +208,9 @@ def probe_pod(pod_dir: Path, gpu: int | None = None, checkpoint: str | None = No
     report = {"gpu": gpu, "stage": stage, "checkpoint": str(ckpt_path), "shard": str(shard_path),
               **result, "baseline_ar": baseline.ar if baseline else None,
               "baseline_source": source if baseline else None}
+    if head is None and default_head is not None and result.get("next_token") is None:
+        report["head_note"] = (f"the checkpoint records no train head: probed from "
+                               f"{default_what} (choose another with --head)")
     if baseline is not None:
         report["verdict"], report["reason"] = probe_verdict(result, baseline, tolerance)
     elif not record_baseline:
