@@ -72,11 +72,18 @@ def test_from_hub_takes_the_run_over_and_the_old_pod_stops_pushing(tmp_path):
     status = json.loads(fractus_pod(old, "status", "--json").stdout)
     assert status["sync"]["taken_over"].startswith(f"run taken over by pod {held_id(new)}")
     table = fractus_pod(old, "status").stdout
-    assert f"run taken over by pod {held_id(new)}" in table
+    # The headline says it, under the pod's line (before: one line after the table).
+    assert table.splitlines()[1].startswith(f"HUB TAKEN OVER: run taken over by pod "
+                                            f"{held_id(new)}"), table
 
     # Its launcher: trains, is refused at its push, says so, and pushes no more.
     done = fractus_pod(old, "launch", "--gpus", "0", "--max-steps", "2")
     assert done.returncode == 0, done.stdout + done.stderr
+    # Its last words say so (before: "final push to file://hub", "pod STOPPED", as if pushed).
+    last = done.stdout.splitlines()[-1]
+    assert last.startswith("hub ") and "NOT updated: run taken over by pod " in last, last
+    if "final push to" in done.stderr:
+        assert "REFUSED: run taken over by pod" in done.stderr, done.stderr
     taken = [e for e in events_of(old, "hub_taken_over") if e["reason"] != "by hand"]
     assert len(taken) == 1 and held_id(new) in taken[0]["error"]
     assert store.head() == head

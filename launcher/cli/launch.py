@@ -140,6 +140,10 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
         ended = supervisor.pod
         click.echo(f"pod {ended.state.upper()} at stage {ended.stage}"
                    + (f": {ended.reason}" if ended.reason else ""))
+        taken_over = supervisor.sync.taken_over if supervisor.sync is not None else None
+        if taken_over:           # the last thing said: this pod's progress is not on the hub
+            click.echo(f"hub {plan.config.hub} NOT updated: {taken_over}; this pod's newest "
+                       f"checkpoints are only in {pod_dir}")
     finally:
         if events is not None:
             events.mirror.close()

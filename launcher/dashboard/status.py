@@ -300,6 +300,8 @@ def render(report: dict, width: int | None = None):
             + (f"  uptime {_age(report['uptime_s'])}" if report.get("uptime_s") else "")
             + (f"  launcher pid {report['launcher_pid']}" if report.get("launcher_pid") else ""))
     parts = [Text(head, style="bold")]
+    if (report.get("sync") or {}).get("taken_over"):      # first, where a person looks
+        parts.append(Text(f"HUB TAKEN OVER: {report['sync']['taken_over']}", style="bold red"))
     if report.get("reason"):
         parts.append(Text(f"reason: {report['reason']}"))
     if report.get("manifest_error"):
@@ -325,9 +327,7 @@ def render(report: dict, width: int | None = None):
                 + _held(sync.get("last_pushed_tokens"))
                 + (" ; pushing now" if sync.get("in_flight") else ""))
         parts.append(Text(line))
-        if sync.get("taken_over"):
-            parts.append(Text(f"hub: {sync['taken_over']}", style="red"))
-        elif sync.get("last_error"):
+        if sync.get("last_error") and not sync.get("taken_over"):   # (that one is on top)
             parts.append(Text(f"hub last error ({_age(sync['last_error_age_s'])} ago"
                               + (", since succeeded" if sync.get("last_result") == "ok" else "")
                               + f"): {sync['last_error']}",

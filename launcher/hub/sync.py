@@ -158,6 +158,9 @@ class HubSync:
                   file=sys.stderr, flush=True)
         if not self._wait(abandoned):
             return
+        if self.taken_over:          # the line above promised a push: say how it ended
+            print(f"fractus-pod: final push to {self.config.hub} REFUSED: {self.taken_over}",
+                  file=sys.stderr, flush=True)
         try:
             (self.pod_dir / SNAPSHOT_DIR).rmdir()    # only when no other push is using it
         except OSError:
