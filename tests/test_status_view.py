@@ -126,3 +126,37 @@ def test_rollback_by_hand_leaves_no_stale_verdict_and_names_both_stages(tmp_path
     assert "Incomplete" not in capsys.readouterr().out
     change = [e for e in read_events(pod) if e["event"] == "stage_change"][-1]
     assert markers([change])[0]["label"] == "stage 2 -> 1"
+
+
+def test_a_workers_newer_save_is_no_replaced_checkpoint(tmp_path):
+    """Issue 16 item 4: `status` while a pod ran warned "does not hold the bytes the
+    manifest records ... replaced after the launcher recorded it" in 10 of 25 polls of a
+    healthy pod: the worker had saved again (and rotated) between the manifest's write and
+    status's read. A real worker saves past the manifest's record here; only bytes that are
+    no save of the worker past it (an older checkpoint put back, a copy) still warn."""
+    import subprocess
+
+    from launcher.config.podconfig import Slot
+    from launcher.config.stages import load_stages
+    from launcher.pod.manifest import read_manifest
+    from launcher.worker.process import WorkerSpec, build_env, worker_command
+    from tests.support.pods import stage1_pod
+    pod = stage1_pod(tmp_path / "pod", steps=3)
+    config = load_config(pod)
+    entry = read_manifest(pod / config.manifest).entries[0]
+    live = pod / entry.checkpoint
+    recorded_bytes = live.read_bytes()
+    assert collect(pod, config)["gpus"][0]["checkpoint_problem"] is None
+    # The worker trains on from its file and saves again; the manifest is not rewritten
+    # (no launcher reads the event).
+    env = build_env(config, WorkerSpec(Slot(0, "cpu"), load_stages(pod / config.stages)[1].settings,
+                                       max_steps=6))
+    subprocess.run(worker_command(config), cwd=pod, env=env, check=True, capture_output=True,
+                   timeout=300)
+    assert live.read_bytes() != recorded_bytes
+    assert collect(pod, config)["gpus"][0]["checkpoint_problem"] is None
+    # Bytes no save of the worker holds are a replacement.
+    newer = live.read_bytes()
+    live.write_bytes(newer[:-1] + bytes([newer[-1] ^ 1]))
+    problem = collect(pod, config)["gpus"][0]["checkpoint_problem"]
+    assert problem and "does not hold the bytes the manifest records" in problem

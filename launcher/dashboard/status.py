@@ -227,8 +227,30 @@ def _checkpoint_problem(pod_dir: Path, gpu: int, entry: ManifestEntry,
         return f"{rel} cannot be read: {exc.strerror or exc}"
     if actual == recorded or any(r["sha256"] == actual for r in index.pending(gpu)):
         return None     # (or a newer checkpoint the running launcher is recording)
+    if _newer_save(pod_dir, gpu, actual, entry.start_token or 0):
+        # The worker's own save past the recorded one, read between its rotation and the
+        # launcher's record of it (index and manifest were read before the hashing): no
+        # replacement. 10 of 25 polls of a healthy pod warned here. An older checkpoint
+        # put back (`sync pull --force` of an old revision) still warns.
+        return None
     return (f"{rel} does not hold the bytes the manifest records (sha256 {actual[:12]}..., "
             f"manifest {recorded[:12]}...): it was replaced after the launcher recorded it")
+
+
+def _newer_save(pod_dir: Path, gpu: int, sha256: str, recorded_token: int) -> bool:
+    """Whether these bytes are a save of the GPU's worker past `recorded_token`: in the
+    checkpoint index read now, or in a checkpoint event of the worker's METRICS file's tail
+    (read after the file was hashed, so the event of the save that was hashed is written
+    by then; an older save is in the index)."""
+    if any(r["sha256"] == sha256 and r["next_token"] > recorded_token
+           for r in CheckpointIndex(pod_dir).for_gpu(gpu)):
+        return True
+
+    def newer(record: dict) -> bool:
+        token = record.get("next_token")
+        return (record.get("event") == "checkpoint" and record.get("sha256") == sha256
+                and isinstance(token, int) and token > recorded_token)
+    return last_record(pod_dir / metrics_path(gpu), newer) is not None
 
 
 def _canary_report(pod_dir: Path) -> dict | None:
