@@ -42,15 +42,25 @@ def test_data_holds_every_gpu_curve_markers_stages_and_status(pod, dashboards):
     before = _snapshot(pod)
     dash = DashboardProcess(pod)
     dashboards.append(dash)
-    status, body = dash.get("/api/data?points=4000")
+    status, body = dash.get("/api/data?points=4000&x=time")
     assert status == 200
+    timed = json.loads(body)
+    assert timed["x"]["mode"] == "time" and timed["x"]["gaps"] == []   # no pause > IDLE_S
+    first = min(json.loads(line)["ts"] for gpu in (0, 1)
+                for line in open(pod / "logs" / f"metrics_gpu{gpu}.jsonl"))
+    status, body = dash.get("/api/data?points=4000")      # tokens trained on x: the default
     data = json.loads(body)
+    assert data["x"]["mode"] == "tokens"
     for gpu in (0, 1):
         records = _metrics(pod, gpu)
         assert data["lines"][str(gpu)] == len(records)
-        xs, ys = data["curves"]["ema_tf"][str(gpu)]
+        xs, ys = timed["curves"]["ema_tf"][str(gpu)]
         drawn = [(x, y) for x, y in zip(xs, ys) if y is not None]
-        assert drawn == [(pytest.approx(r["ts"]), pytest.approx(r["ema_tf"])) for r in records]
+        assert drawn == [(pytest.approx(r["ts"] - first, abs=1e-3), pytest.approx(r["ema_tf"]))
+                         for r in records]
+        xs, ys = data["curves"]["ema_tf"][str(gpu)]
+        assert [y for y in ys if y is not None] == pytest.approx([r["ema_tf"] for r in records])
+        assert xs == sorted(xs) and len(set(xs)) == len(xs)     # one x per line, growing
         # a worker restart is a gap (null), not a line across the pause
         assert ys.count(None) == sum(1 for line in (pod / "logs" / f"metrics_gpu{gpu}.jsonl")
                                      .read_text().splitlines() if '"event": "start"' in line)
@@ -60,6 +70,8 @@ def test_data_holds_every_gpu_curve_markers_stages_and_status(pod, dashboards):
                    and "rollback" in m["label"]]
     assert rollback["label"] == "GPU 1 rollback stage 3 -> 2"
     assert [w["stage"] for w in data["stages"]] == [1, 2, 3, 2]
+    assert all(w["x0"] <= w["x1"] for w in data["stages"]) and len(data["runs"]) == 3
+    assert all("x" in m for m in data["markers"])
     assert [r["gpu"] for r in data["status"]["gpus"]] == [0, 1]
     assert data["status"]["gpus"][1]["hub_revision"].startswith("7d0491ed")
     # the unchanged answer while no file moved; a full one after a line is appended
@@ -70,7 +82,8 @@ def test_data_holds_every_gpu_curve_markers_stages_and_status(pod, dashboards):
         f.write(json.dumps({**last, "ts": last["ts"] + 1, "step": last["step"] + 2}) + "\n")
     data2 = json.loads(dash.get(f"/api/data?version={data['version']}")[1])
     assert data2["lines"]["0"] == data["lines"]["0"] + 1
-    assert data2["curves"]["ema_tf"]["0"][0][-1] == pytest.approx(last["ts"] + 1)
+    assert len(data2["curves"]["ema_tf"]["0"][0]) == len(data["curves"]["ema_tf"]["0"][0]) + 1
+    assert data2["curves"]["ema_tf"]["0"][0][-1] > data["curves"]["ema_tf"]["0"][0][-1]
     after = _snapshot(pod)
     after.pop("logs/metrics_gpu0.jsonl"), before.pop("logs/metrics_gpu0.jsonl")
     assert after == before                 # read-only: nothing else written or touched

@@ -71,7 +71,7 @@ return out;
 ROLLBACK_PIXELS = """
 const u = window.dashboard.charts.ema_tf, d = window.dashboard.data;
 const m = d.markers.find(m => m.kind === "rollback");
-const x = Math.round(u.valToPos(m.ts, "x", true));
+const x = Math.round(u.valToPos(m.x, "x", true));
 const px = u.ctx.getImageData(x, u.bbox.top, 1, u.bbox.height).data;
 let hits = 0;
 for (let i = 0; i < px.length; i += 4) {
@@ -113,6 +113,20 @@ def test_dashboard_page_in_chromium(tmp_path, browser):
         assert "7d0491ed2631" in rows[1].text            # the hub revision, as `status`
         SCREENSHOT.parent.mkdir(exist_ok=True)
         browser.save_screenshot(str(SCREENSHOT))
+        # x: the tokens trained (the default), labelled so; the clock on request.
+        assert browser.execute_script("return window.dashboard.data.x.mode") == "tokens"
+        assert "tokens trained" in browser.execute_script(
+            "return window.dashboard.charts.ema_tf.axes[0].label")
+        from selenium.webdriver.support.ui import Select
+        Select(browser.find_element("id", "x-mode")).select_by_value("time")
+        wait_js(browser, "return window.dashboard.data.x.mode === 'time' && "
+                         "window.dashboard.charts.ema_tf.xMode === 'time'", 30, "the time axis")
+        charts = browser.execute_script(CHART_STATE)
+        for name in ("ema_tf", "lb", "tok_s"):         # the same lines on the other axis
+            assert [s["points"] for s in charts[name]] == [lines[0], lines[1]], name
+        hits, height = browser.execute_script(ROLLBACK_PIXELS, *ROLLBACK_RGB)
+        assert hits > 0.5 * height, (hits, height)
+        browser.save_screenshot(str(SCREENSHOT.with_name("dashboard_time.png")))
 
         # Live: a metrics line appended to GPU 1's file appears without a reload.
         path = pod / "logs" / "metrics_gpu1.jsonl"
@@ -121,10 +135,11 @@ def test_dashboard_page_in_chromium(tmp_path, browser):
         new_ts = last["ts"] + 3.0
         with open(path, "a") as f:
             f.write(json.dumps({**last, "ts": new_ts, "step": last["step"] + 2,
+                                "next_token": last["next_token"] + 64,
                                 "ema_tf": last["ema_tf"] - 0.5}) + "\n")
-        wait_js(browser, "const u = window.dashboard.charts.ema_tf;"
-                         f"return Math.abs(u.data[0][u.data[0].length - 1] - {new_ts!r}) < 1e-3;",
-                30, "the appended point")
+        wait_js(browser, "const u = window.dashboard.charts.ema_tf; return u.data[2]"
+                         ".filter(v => v !== null && v !== undefined).length === "
+                         f"{lines[1] + 1};", 30, "the appended point")
         charts = browser.execute_script(CHART_STATE)
         assert [s["points"] for s in charts["ema_tf"]] == [lines[0], lines[1] + 1]
     finally:

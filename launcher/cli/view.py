@@ -51,8 +51,13 @@ def dashboard(ctx, port: int, host: str) -> None:
               help="Pixels.")
 @click.option("--height", type=click.IntRange(240, 8000), default=1200, show_default=True,
               help="Pixels.")
+@click.option("--x", "x_mode", type=click.Choice(["tokens", "time"]), default="tokens",
+              show_default=True,
+              help="x axis: the tokens the pod trained (idle time takes no width; run "
+                   "starts marked), or the clock with idle gaps cut (marked with their "
+                   "length).")
 @click.pass_context
-def plot(ctx, out: str, width: int, height: int) -> None:
+def plot(ctx, out: str, width: int, height: int, x_mode: str) -> None:
     """The dashboard's curves as one PNG (ema_tf, lb, tok/s per GPU, stages, markers)."""
     from pathlib import Path
 
@@ -62,7 +67,7 @@ def plot(ctx, out: str, width: int, height: int) -> None:
     if not target.parent.is_dir():
         raise UserError(f"--out {out}: folder {target.parent} does not exist; create it or "
                         f"choose another --out")
-    lines = plot_pod(pod_dir, target, width, height)
+    lines = plot_pod(pod_dir, target, width, height, x_mode)
     if not lines:
         raise UserError(f"no metrics lines under {pod_dir}/logs yet: nothing to plot "
                         f"(check --pod-dir)")

@@ -35,14 +35,15 @@ def _number(value) -> float:
 
 
 class GpuSeries:
-    """One GPU's metrics lines as columns: ts, step, and each of CURVES (NaN for null),
-    plus a NaN row at each worker start."""
+    """One GPU's metrics lines as columns: ts, step, next_token and each of CURVES (NaN for
+    null), plus a row at each worker start: its ts and the token it starts from, NaN
+    elsewhere."""
 
     def __init__(self, path: Path):
         self.path = path
         self._offset = 0
         self._chunks: list[np.ndarray] = []
-        self._columns: np.ndarray | None = None     # rows: ts, step, *CURVES
+        self._columns: np.ndarray | None = None     # rows: ts, step, next_token, *CURVES
 
     def refresh(self) -> bool:
         """Read what was appended; True if new metrics lines came."""
@@ -65,12 +66,15 @@ class GpuSeries:
             return False
         # One json.loads for the whole batch: the C parser, not a Python call per line.
         records = json.loads(b"[" + b",".join(lines) + b"]")
-        # A start event is a row of NaN at its time: no line drawn across a restart's gap.
-        nan_row = [math.nan] * (1 + len(CURVES))
+        # A start event is a row of NaN at its time: no line drawn across a restart's gap
+        # (its next_token says where the run starts: the tokens each run trained).
+        nan_row = [math.nan] * len(CURVES)
         rows = np.array([[_number(r.get("ts"))]
-                         + ([_number(r.get(name)) for name in ("step",) + CURVES]
-                            if r.get("type") == "metrics" else nan_row) for r in records],
-                        dtype=np.float64)
+                         + ([_number(r.get("step")), _number(r.get("next_token"))]
+                            + [_number(r.get(name)) for name in CURVES]
+                            if r.get("type") == "metrics"
+                            else [math.nan, _number(r.get("next_token"))] + nan_row)
+                         for r in records], dtype=np.float64)
         self._chunks.append(rows.T)
         self._columns = None
         return True
@@ -79,7 +83,7 @@ class GpuSeries:
     def columns(self) -> np.ndarray:
         if self._columns is None:
             self._columns = (np.concatenate(self._chunks, axis=1) if self._chunks
-                             else np.empty((2 + len(CURVES), 0)))
+                             else np.empty((3 + len(CURVES), 0)))
             self._chunks = [self._columns]
         return self._columns
 
@@ -94,11 +98,22 @@ class GpuSeries:
     def newest_ts(self) -> float | None:
         return float(self.columns[0, -1]) if len(self) else None
 
+    def trained(self) -> tuple[np.ndarray, np.ndarray]:
+        """(ts, tokens) of each row: the tokens this GPU trained since its first line, over
+        all its runs (a run counts from the token it started at; a rollback does not count
+        back), so it only grows."""
+        cols = self.columns
+        starts = np.isnan(cols[1])
+        token = cols[2]
+        previous = np.concatenate([[np.nan], token[:-1]])
+        step = np.where(starts | np.isnan(previous) | np.isnan(token), 0.0, token - previous)
+        return cols[0], np.cumsum(np.maximum(step, 0.0))
+
     def curve(self, name: str, max_points: int) -> tuple[np.ndarray, np.ndarray]:
         """(ts, values) of one curve, at most about max_points of them (see downsample)."""
         cols = self.columns
         restarts = np.flatnonzero(np.isnan(cols[1]))
-        return downsample(cols[0], cols[2 + CURVES.index(name)], max_points, keep=restarts)
+        return downsample(cols[0], cols[3 + CURVES.index(name)], max_points, keep=restarts)
 
 
 def downsample(x: np.ndarray, y: np.ndarray, max_points: int,

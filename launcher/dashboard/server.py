@@ -2,9 +2,12 @@
 
 GET /            the page (static/index.html: uPlot, vendored, no build step)
 GET /static/NAME one of the files shipped in static/
-GET /api/data?points=N&version=V
+GET /api/data?points=N&x=tokens|time&version=V
                  everything the page draws: per-GPU curves (downsampled here to about N
-                 points each), markers and stage windows, and the `status` report. While
+                 points each) on the x axis asked for (launcher/dashboard/xaxis.py: the
+                 pod's tokens trained, the default, or the clock with idle gaps cut),
+                 markers, run starts and stage windows with their x, idle gaps, and the
+                 `status` report. While
                  nothing the page shows has changed since version V it answers only
                  {"version": V, "unchanged": true}, so an idle pod costs a few stat calls
                  per poll.
@@ -26,6 +29,7 @@ from urllib.parse import parse_qs, urlparse
 
 from launcher.dashboard.series import PodSeries, metrics_files
 from launcher.dashboard.timeline import MARKER_COLORS, read_timeline
+from launcher.dashboard.xaxis import X_MODES, pod_axis
 from launcher.pod.events import EVENTS_FILE
 
 STATIC_DIR = Path(__file__).with_name("static")
@@ -60,20 +64,23 @@ class DashboardData:
                 parts.append("-")
         return format(hash(tuple(parts)) & (2**63 - 1), "x")
 
-    def payload(self, points: int) -> dict:
+    def payload(self, points: int, x_mode: str = X_MODES[0]) -> dict:
         from launcher.dashboard.status import collect
         with self._lock:
             version = self.version()
             self.series.refresh()
             curves = self.series.curves(points)
+            axis = pod_axis(self.series, x_mode)
             return {
                 "version": version,
                 "now": time.time(),
                 "lines": {str(gpu): s.metrics_lines for gpu, s in self.series.gpus.items()},
-                "curves": {name: {str(gpu): [_floats(x), _floats(y)]
-                                  for gpu, (x, y) in per_gpu.items()}
+                "x": {"mode": axis.mode, "label": axis.label, "knots": axis.knots(),
+                      "gaps": list(axis.gaps)},
+                "curves": {name: {str(gpu): [_floats(axis.at(ts)), _floats(y)]
+                                  for gpu, (ts, y) in per_gpu.items()}
                            for name, per_gpu in curves.items()},
-                **read_timeline(self.pod_dir, self.series.newest_ts),
+                **read_timeline(self.pod_dir, self.series.newest_ts, axis),
                 "marker_colors": MARKER_COLORS,
                 "status": collect(self.pod_dir, self.config),
             }
@@ -118,11 +125,14 @@ class DashboardHandler(BaseHTTPRequestHandler):
         except ValueError:
             points = DEFAULT_POINTS
         points = min(max(points, 16), MAX_POINTS)
+        x_mode = query.get("x", [X_MODES[0]])[0]
+        if x_mode not in X_MODES:
+            x_mode = X_MODES[0]
         known = query.get("version", [None])[0]
         if known is not None and known == self.data.version():
             body = _scrubbed_json({"version": known, "unchanged": True})
         else:
-            body = _scrubbed_json(self.data.payload(points))
+            body = _scrubbed_json(self.data.payload(points, x_mode))
         self._send(HTTPStatus.OK, body, "application/json")
 
     def _send(self, status: HTTPStatus, body: bytes, kind: str) -> None:

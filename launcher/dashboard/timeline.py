@@ -80,6 +80,21 @@ def stage_windows(events: list[dict], until: float | None) -> list[dict]:
     return windows
 
 
-def read_timeline(pod_dir: Path, until: float | None) -> dict:
+def run_starts(events: list[dict]) -> list[float]:
+    """When each run (each `launch` of the launcher) started."""
+    return [e["ts"] for e in events if e.get("event") == "launch" and e.get("ts") is not None]
+
+
+def read_timeline(pod_dir: Path, until: float | None, axis=None) -> dict:
+    """Markers, stage windows and run starts; with an `axis` (launcher/dashboard/xaxis.py)
+    each also carries its x: markers and runs "x", stage windows "x0" and "x1"."""
     events = read_events(pod_dir)
-    return {"markers": markers(events), "stages": stage_windows(events, until)}
+    timeline = {"markers": markers(events), "stages": stage_windows(events, until),
+                "runs": [{"ts": ts} for ts in run_starts(events)]}
+    if axis is not None:
+        for item in timeline["markers"] + timeline["runs"]:
+            item["x"] = float(axis.at(item["ts"]))
+        for window in timeline["stages"]:
+            window["x0"], window["x1"] = (float(v) for v in axis.at([window["start"],
+                                                                     window["end"]]))
+    return timeline

@@ -9,28 +9,69 @@ const GPU_COLORS = ["#1f77b4", "#e377c2", "#8c564b", "#bcbd22", "#17a2b8", "#6f4
 const STAGE_FILLS = ["rgba(66,133,244,0.07)", "rgba(251,188,5,0.10)",
                      "rgba(52,168,83,0.08)", "rgba(234,67,53,0.07)", "rgba(120,120,120,0.08)"];
 
-const state = { version: null, data: null, charts: {}, lastRender: 0 };
+const state = { version: null, data: null, charts: {}, lastRender: 0, xMode: "tokens" };
 window.dashboard = state;          // for people poking in the console, and for the tests
 
 function chartWidth(el) { return Math.max(300, el.clientWidth - 16); }
 
-// Stage windows behind the curves, then every marker as a vertical line.
+// The x axis (launcher/dashboard/xaxis.py): the pod's tokens trained, or the clock with
+// idle gaps cut; `knots` ([x, ts] pairs) give the clock time of an x.
+function clockAt(x) {
+  const k = state.data.x.knots;
+  let i = 1;
+  while (i < k.length - 1 && k[i][0] < x) i++;
+  const [x0, t0] = k[i - 1], [x1, t1] = k[i];
+  return t0 + (x1 === x0 ? 0 : (x - x0) * (t1 - t0) / (x1 - x0));
+}
+function tokens(n) {
+  const a = Math.abs(n);
+  return a >= 1e9 ? `${(n / 1e9).toFixed(2)}G` : a >= 1e6 ? `${(n / 1e6).toFixed(2)}M`
+       : a >= 1e3 ? `${(n / 1e3).toFixed(1)}k` : `${Math.round(n)}`;
+}
+function xLabel(x) {
+  return state.data.x.mode === "time" ? clock(new Date(clockAt(x) * 1000)) : tokens(x);
+}
+function idle(seconds) {
+  const s = Math.floor(seconds);
+  return s < 7200 ? `idle ${Math.floor(s / 60)}m`
+       : `idle ${Math.floor(s / 3600)}h${String(Math.floor((s % 3600) / 60)).padStart(2, "0")}m`;
+}
+
+// Stage windows behind the curves (their labels at the bottom, clear of the legend), run
+// starts and idle gaps, then every marker as a vertical line.
 function timelinePlugin() {
   return {
     hooks: {
       drawClear: [u => {
         const d = state.data; if (!d) return;
-        const ctx = u.ctx, top = u.bbox.top, h = u.bbox.height;
+        const ctx = u.ctx, top = u.bbox.top, h = u.bbox.height, px = devicePixelRatio;
         ctx.save();
-        ctx.font = `${11 * devicePixelRatio}px system-ui, sans-serif`;
+        ctx.font = `${11 * px}px system-ui, sans-serif`;
         for (const w of d.stages) {
-          const x0 = Math.max(u.bbox.left, u.valToPos(w.start, "x", true));
-          const x1 = Math.min(u.bbox.left + u.bbox.width, u.valToPos(w.end, "x", true));
+          const x0 = Math.max(u.bbox.left, u.valToPos(w.x0, "x", true));
+          const x1 = Math.min(u.bbox.left + u.bbox.width, u.valToPos(w.x1, "x", true));
           if (x1 <= x0) continue;
           ctx.fillStyle = STAGE_FILLS[(w.stage - 1) % STAGE_FILLS.length];
           ctx.fillRect(x0, top, x1 - x0, h);
           ctx.fillStyle = "#666";
-          ctx.fillText(`stage ${w.stage}`, x0 + 4 * devicePixelRatio, top + 12 * devicePixelRatio);
+          ctx.fillText(`stage ${w.stage}`, x0 + 4 * px, top + h - 4 * px);
+        }
+        ctx.strokeStyle = "#999"; ctx.fillStyle = "#777"; ctx.lineWidth = px;
+        d.runs.forEach((r, i) => {
+          const x = Math.round(u.valToPos(r.x, "x", true));
+          if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) return;
+          ctx.setLineDash([2 * px, 3 * px]);
+          ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, top + h); ctx.stroke();
+          ctx.fillText(`run ${i + 1}`, x + 3 * px, top + 12 * px);
+        });
+        for (const g of d.x.gaps) {
+          const x = Math.round(u.valToPos(g.x, "x", true));
+          if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
+          ctx.setLineDash([]);
+          ctx.fillStyle = "rgba(0,0,0,0.06)";
+          ctx.fillRect(x - 3 * px, top, 6 * px, h);
+          ctx.fillStyle = "#555";
+          ctx.fillText(idle(g.seconds), x + 5 * px, top + 26 * px);
         }
         ctx.restore();
       }],
@@ -38,8 +79,11 @@ function timelinePlugin() {
         const d = state.data; if (!d) return;
         const ctx = u.ctx, top = u.bbox.top, h = u.bbox.height;
         ctx.save();
-        for (const m of d.markers) {
-          const x = Math.round(u.valToPos(m.ts, "x", true));
+        // Rollbacks last, on top: a stage change at the same x must not hide one.
+        const order = d.markers.filter(m => m.kind !== "rollback")
+          .concat(d.markers.filter(m => m.kind === "rollback"));
+        for (const m of order) {
+          const x = Math.round(u.valToPos(m.x, "x", true));
           if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
           const rollback = m.kind === "rollback";
           ctx.strokeStyle = d.marker_colors[m.kind] || "#000";
@@ -59,16 +103,19 @@ function buildChart(name, gpus, aligned) {
   if (old) old.destroy();
   const opts = {
     width: chartWidth(el), height: 220,
-    scales: { x: { time: true } },
-    series: [{}].concat(gpus.map(g => ({
+    scales: { x: { time: false } },
+    series: [{ label: state.data.x.label, value: (u, v) => v === null ? "-" : xLabel(v) }]
+      .concat(gpus.map(g => ({
       label: `gpu${g}`, stroke: GPU_COLORS[g % GPU_COLORS.length], width: 1.5,
       spanGaps: false, points: { show: false },   // null: a restart's gap
     }))),
-    axes: [{}, { size: 60 }],
+    axes: [{ values: (u, splits) => splits.map(xLabel), label: state.data.x.label,
+             labelSize: 18 }, { size: 60 }],
     plugins: [timelinePlugin()],
   };
   const chart = new uPlot(opts, aligned, el);
   chart.gpus = gpus;
+  chart.xMode = state.data.x.mode;
   state.charts[name] = chart;
 }
 
@@ -81,7 +128,8 @@ function drawCurves(d) {
     // it, so no line is drawn across the pause.
     const aligned = tables.length ? uPlot.join(tables, tables.map(() => [0, 2])) : [[]];
     const chart = state.charts[name];
-    if (chart && chart.gpus.join() === gpus.join()) chart.setData(aligned);
+    if (chart && chart.gpus.join() === gpus.join() && chart.xMode === d.x.mode)
+      chart.setData(aligned);
     else buildChart(name, gpus, aligned);
   }
 }
@@ -177,11 +225,13 @@ function drawMarkers(d) {
 
 async function poll() {
   const points = Math.min(4000, Math.max(200, window.innerWidth));
-  const url = `/api/data?points=${points}` + (state.version ? `&version=${state.version}` : "");
+  const mode = state.xMode;
+  const url = `/api/data?points=${points}&x=${mode}` +
+    (state.version ? `&version=${state.version}` : "");
   try {
     const res = await fetch(url, { cache: "no-store" });
     const d = await res.json();
-    if (!d.unchanged) {
+    if (!d.unchanged && mode === state.xMode) {    // (an answer for the old axis: dropped)
       state.data = d; state.version = d.version;
       drawCurves(d); drawStatus(d); drawMarkers(d);
       state.lastRender = Date.now();
@@ -192,8 +242,17 @@ async function poll() {
   } catch (err) {
     document.getElementById("updated").textContent = `dashboard unreachable: ${err}`;
   }
-  setTimeout(poll, POLL_MS);
+  clearTimeout(state.timer);
+  state.timer = setTimeout(poll, POLL_MS);
 }
+
+// The x axis selector: a new choice asks for everything again, at once.
+document.getElementById("x-mode").addEventListener("change", ev => {
+  state.xMode = ev.target.value;
+  state.version = null;
+  clearTimeout(state.timer);
+  poll();
+});
 
 window.addEventListener("resize", () => {
   for (const [name, chart] of Object.entries(state.charts)) {
