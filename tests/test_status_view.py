@@ -35,7 +35,7 @@ def report(tmp_path):
                        "verdict": "Successful", "reason": LONG_REASON,
                        "verdict_from_last_run": False} for gpu in range(8)]
     report["events"] = [{"ts": 1_700_000_000 + i, "event": "canary", "gpu": 0,
-                         "seconds": 12.5, "rows": list(range(40))} for i in range(3)]
+                         "ar": 1078.066162109375, "rows": list(range(40))} for i in range(3)]
     return report
 
 
@@ -83,6 +83,7 @@ def test_event_lines_cut_with_an_ellipsis(report):
     assert len(events) == 3
     for line in events:
         assert len(line) <= 100 and line.endswith("\u2026"), line
+        assert '"ar": 1078.0662,' in line                     # floats rounded
 
 
 def test_status_cli_wide_option(tmp_path, capsys):

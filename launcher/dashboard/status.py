@@ -296,6 +296,17 @@ def _held(tokens: dict | None) -> str:
                                    sorted(tokens.items(), key=lambda kv: int(kv[0])))
 
 
+def _rounded(value):
+    """An event's floats as people read them (AR 1078.0662, not 1078.066162109375)."""
+    if isinstance(value, float):
+        return round(value, 4)
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    return value
+
+
 class StatusView:
     """The report as a rich renderable, laid out at render time for the console's width
     (so `status --watch` follows a resized terminal); `wide`: every column in full."""
@@ -367,7 +378,7 @@ def render(report: dict, width: int | None = None):
         for e in report["events"]:
             when = time.strftime("%H:%M:%S", time.localtime(e.get("ts", 0)))
             rest = {k: v for k, v in e.items() if k not in ("ts", "event")}
-            line = f"  {when} {e.get('event')} {json.dumps(rest, default=str)}"
+            line = f"  {when} {e.get('event')} {json.dumps(_rounded(rest), default=str)}"
             if width is None and len(line) > WIDE_EVENT_CHARS:   # a canary's per-step rows
                 line = line[:WIDE_EVENT_CHARS - 1] + "…"
             # Cut to the line with an ellipsis: a cut JSON object must look cut.
