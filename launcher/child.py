@@ -17,6 +17,13 @@ each one gets the same three guarantees:
   whole launcher is killed, its threads exit one after another and a child can still get the
   signal more than once; the worker ignores a repeated SIGTERM when it was started with
   `FRACTUS_PARENT_DEATH_SIGNAL=SIGTERM` (the launcher's own escalation is SIGKILL).
+
+**Fork safety.** `launch --detach` forks the launcher after the canary has already started
+children: a forked process has only the forking thread, so the spawner is recreated in the
+child of every fork (`os.register_at_fork`), and a start that still does not happen within
+`SPAWN_TIMEOUT_S` raises instead of waiting for ever. Between fork and exec the child runs
+only `prctl` through a function pointer resolved once at import: `dlopen` (ctypes.CDLL) there
+can deadlock on a lock another launcher thread held at the fork.
 """
 
 from __future__ import annotations
@@ -39,7 +46,36 @@ SECRET_ENV_PARTS = ("SECRET", "PASSWORD", "API_KEY", "ACCESS_KEY", "AUTH_TOKEN",
 SECRET_ENV_NAMES = ("GITHUB_TOKEN", "GH_TOKEN")
 INTERPRETER_NAMES = ("python", "python3")
 
-_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="child-spawner")
+# Starting a process takes milliseconds; a minute means the spawner thread is gone.
+SPAWN_TIMEOUT_S = 60.0
+
+
+def _new_spawner() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="child-spawner")
+
+
+def _respawner_after_fork() -> None:
+    # The forked copy of the executor believes its (now absent) thread is idle and would
+    # queue every start for ever; the old one is dropped, not shut down (that would join
+    # a thread that does not exist here).
+    global _SPAWNER
+    _SPAWNER = _new_spawner()
+
+
+_SPAWNER = _new_spawner()
+os.register_at_fork(after_in_child=_respawner_after_fork)
+
+
+def _load_prctl():
+    """libc's prctl, resolved in the launcher (never between fork and exec); None off Linux."""
+    if sys.platform != "linux":
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    prctl.argtypes, prctl.restype = [ctypes.c_int, ctypes.c_ulong], ctypes.c_int
+    return prctl
+
+
+_PRCTL = _load_prctl()
 
 
 def python_command(*args: str) -> list[str]:
@@ -74,8 +110,7 @@ def _die_with_parent(parent_pid: int, death_signal: int):
     """Runs in the child before exec: `death_signal` when the launcher dies, and exit at
     once if the launcher is already gone (it died between fork and here)."""
     def hook():
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, death_signal)
+        _PRCTL(PR_SET_PDEATHSIG, death_signal)
         if os.getppid() != parent_pid:
             os._exit(1)
     return hook
@@ -90,14 +125,18 @@ def spawn(command: Sequence[str], *, cwd, env: Mapping[str, str],
     env = child_env(env)
     if death_signal == signal.SIGTERM:
         env[PARENT_DEATH_ENV] = "SIGTERM"
-    preexec = _die_with_parent(os.getpid(), death_signal) if sys.platform == "linux" else None
+    preexec = _die_with_parent(os.getpid(), death_signal) if _PRCTL is not None else None
     argv = resolve_command(command)
 
     def start() -> subprocess.Popen:
         return subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout,
                                 stderr=stderr, start_new_session=new_session,
                                 preexec_fn=preexec)
-    return _SPAWNER.submit(start).result()
+    try:
+        return _SPAWNER.submit(start).result(timeout=SPAWN_TIMEOUT_S)
+    except TimeoutError:
+        raise TimeoutError(f"could not start {argv[0]} within {SPAWN_TIMEOUT_S:g}s: the "
+                           f"launcher's child-spawner thread is not running") from None
 
 
 def run(command: Sequence[str], *, cwd, env: Mapping[str, str],

@@ -9,13 +9,17 @@ stage table for stage 2.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -25,7 +29,7 @@ from launcher.config.podconfig import Slot, load_config
 from launcher.worker.process import WorkerSpec, build_env
 from tests.test_canary import WRONG_KERNEL
 from tests.test_launcher_e2e import (REPO, TEST_CRITERIA, TOKENS_PER_STEP, events_of, make_pod,
-                                     manifest_json)
+                                     manifest_json, wait_for, worker_records)
 
 CANARY_STEPS = 3
 CRITERIA = {**TEST_CRITERIA, "canary": {"steps": CANARY_STEPS, "timeout_s": 120},
@@ -73,6 +77,31 @@ def test_switch_up_runs_the_canary_then_launches_at_the_new_stage(pod):
     assert start["stage"] == 2
     assert manifest_json(pod)["gpu_0"]["stage"] == 2
     assert status_json(pod)["canary"]["status"] == "Successful"
+
+
+def test_a_detached_switch_up_starts_its_workers_after_the_canary(pod):
+    """--detach forks after the canary has started its children through the launcher's
+    child spawner: the daemon must still start the workers (it used to wait for ever on
+    the forked copy of the spawner, whose thread the fork does not carry)."""
+    done = fractus_pod(pod, "launch", "--stage", "2", "--gpus", "0", "--max-steps", "2",
+                       "--detach")
+    assert done.returncode == 0, done.stdout + done.stderr
+    daemon_pid = int(re.search(r"\(pid (\d+)\)", done.stdout).group(1))
+    try:
+        daemon = psutil.Process(daemon_pid)
+        (canary,) = events_of(pod, "canary")
+        assert canary["passed"]                 # the canary ran before the fork
+        wait_for(lambda: not daemon.is_running() or daemon.status() == psutil.STATUS_ZOMBIE,
+                 300, "the detached launcher to run its workers to the end")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(daemon_pid, signal.SIGKILL)
+    (start,) = [e for e in events_of(pod, "worker_start") if e["ts"] > canary["ts"]]
+    assert start["stage"] == 2
+    (done_event,) = [e for e in worker_records(pod, 0, "done") if e["ts"] > start["ts"]]
+    assert done_event["reason"] == "max_steps"
+    assert manifest_json(pod)["gpu_0"]["stage"] == 2
+    assert "pod DONE" in (pod / "logs" / "launcher.log").read_text()
 
 
 def stage_2_runs_a_plugin_kernel(pod: Path, tmp_path: Path, source: str, impl: str) -> dict:
