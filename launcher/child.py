@@ -4,11 +4,16 @@ each one gets the same three guarantees:
 - **fractus-pod's engine, whatever the working directory.** Python runs in safe-path mode
   (`-P`): neither the working directory (`-m`) nor a script's folder goes on `sys.path`, so a
   user's own `fractus/` package in their run directory is never imported in place of ours.
-- **A scrubbed environment.** Hugging Face settings and secrets (`HF_*`, `HUGGING_FACE_*`) and
-  anything named like a secret (`*SECRET*`, `*PASSWORD*`, `*API_KEY*`, `*ACCESS_TOKEN*`, ...,
-  `GITHUB_TOKEN`) are removed:
-  only the launcher talks to the hub, and a child's environment can be read by any process of
-  the same user (`/proc/PID/environ`) or printed in a crash dump.
+- **Only the environment it needs.** A child inherits from the launcher's environment only
+  the names on an allow-list (`child_env`): the worker's contract (fractus/train/env.py) and
+  `FRACTUS_*`, the system's essentials (PATH, HOME, locale, TMPDIR, PYTHONPATH, thread
+  counts, ...), the CUDA/NCCL/torch family, and what the pod config names (its `env:` keys and
+  `pass_env:`), passed as `keep`. A secret nobody thought to name (AWS_SESSION_TOKEN,
+  DATABASE_URL) is never on the list, and a family name that looks like one (`*SECRET*`,
+  `*PASSWORD*`, `*_TOKEN`, ...) is dropped unless the pod config names it. Hugging Face
+  settings (`HF_*`, `HUGGING_FACE_*`) never pass: only the launcher talks to the hub, and a
+  child's environment can be read by any process of the same user (`/proc/PID/environ`) or
+  printed in a crash dump.
 - **It dies with the launcher.** `PR_SET_PDEATHSIG`: workers get SIGTERM (they checkpoint and
   exit), every other child SIGKILL (a probe or canary result nobody will read). The kernel
   sends that signal each time the *thread* that forked the child exits and the child is
@@ -34,16 +39,33 @@ import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from typing import IO, Mapping, Sequence
+from typing import IO, Collection, Mapping, Sequence
 
-from fractus.train.env import PARENT_DEATH_ENV
+from fractus.train.env import ENV_VARS, PARENT_DEATH_ENV
 
 PR_SET_PDEATHSIG = 1
-SECRET_ENV_PREFIXES = ("HF_", "HUGGING_FACE_")
-# Not a bare "TOKEN": START_TOKEN and FORCE_START_TOKEN are worker settings.
+# The hub's settings and token: never in a child, whatever names them.
+HUB_ENV_PREFIXES = ("HF_", "HUGGING_FACE_")
+# Names that look like a secret: dropped even inside an allowed family (NCCL_..._PASSWORD),
+# unless the pod config names them. Not a bare "TOKEN": START_TOKEN is a worker setting.
 SECRET_ENV_PARTS = ("SECRET", "PASSWORD", "API_KEY", "ACCESS_KEY", "AUTH_TOKEN",
-                    "ACCESS_TOKEN", "API_TOKEN")
+                    "ACCESS_TOKEN", "API_TOKEN", "SESSION_TOKEN", "CREDENTIAL")
 SECRET_ENV_NAMES = ("GITHUB_TOKEN", "GH_TOKEN")
+
+# What a child may inherit from the launcher's environment besides the worker contract
+# (ENV_VARS): what the OS, Python, the BLAS/OpenMP runtimes and CUDA/NCCL/torch read.
+SYSTEM_ENV_NAMES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "HOSTNAME", "TERM", "TZ", "LANG",
+    "LANGUAGE", "TMPDIR", "TEMP", "TMP", "XDG_CACHE_HOME", "XDG_RUNTIME_DIR",
+    "LD_LIBRARY_PATH", "VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONPATH", "PYTHONHOME",
+    "PYTHONUNBUFFERED", "PYTHONIOENCODING", "PYTHONHASHSEED", "PYTHONFAULTHANDLER",
+    "PYTHONDONTWRITEBYTECODE", "PYTHONWARNINGS", "PYTHONUTF8", "PYTHONMALLOC",
+    PARENT_DEATH_ENV})
+SYSTEM_ENV_PREFIXES = (
+    "LC_", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "GOTO_", "BLIS_",             # locale, threads
+    "CUDA_", "CUDNN_", "CUBLAS", "NCCL_", "NVIDIA_", "NV_", "GLOO_",          # GPUs
+    "TORCH", "PYTORCH_", "TRITON_",                           # TORCH_*, TORCHINDUCTOR_*, ...
+    "FRACTUS_")                                                             # our own
 INTERPRETER_NAMES = ("python", "python3")
 
 # Starting a process takes milliseconds; a minute means the spawner thread is gone.
@@ -93,17 +115,34 @@ def resolve_command(command: Sequence[str]) -> list[str]:
     return command
 
 
+def is_hub_name(name: str) -> bool:
+    return name.upper().startswith(HUB_ENV_PREFIXES)
+
+
 def is_secret_name(name: str) -> bool:
     upper = name.upper()
-    return (upper.startswith(SECRET_ENV_PREFIXES) or upper in SECRET_ENV_NAMES
+    return (is_hub_name(name) or upper in SECRET_ENV_NAMES
             or any(part in upper for part in SECRET_ENV_PARTS))
 
 
-def child_env(base: Mapping[str, str] | None = None, **overrides: str) -> dict[str, str]:
-    """`base` (default: the launcher's environment) plus `overrides`, without secrets."""
+def is_allowed_name(name: str, keep: Collection[str] = ()) -> bool:
+    """Whether a child may get variable `name`; `keep`: the names the pod config gives."""
+    if is_hub_name(name):
+        return False
+    if name in keep:
+        return True
+    known = name in ENV_VARS or name in SYSTEM_ENV_NAMES or name.startswith(SYSTEM_ENV_PREFIXES)
+    return known and not is_secret_name(name)
+
+
+def child_env(base: Mapping[str, str] | None = None, keep: Collection[str] = (),
+              **overrides: str) -> dict[str, str]:
+    """`base` (default: the launcher's environment) plus `overrides`, only the allowed names
+    (see the module docstring). The one scrub of every child's environment, on this machine
+    and on a Ray node."""
     env = dict(os.environ if base is None else base)
     env.update(overrides)
-    return {name: value for name, value in env.items() if not is_secret_name(name)}
+    return {name: value for name, value in env.items() if is_allowed_name(name, keep)}
 
 
 def _die_with_parent(parent_pid: int, death_signal: int):
@@ -116,13 +155,13 @@ def _die_with_parent(parent_pid: int, death_signal: int):
     return hook
 
 
-def spawn(command: Sequence[str], *, cwd, env: Mapping[str, str],
+def spawn(command: Sequence[str], *, cwd, env: Mapping[str, str], keep: Collection[str] = (),
           stdout: int | IO | None = subprocess.DEVNULL, stderr: int | IO | None = None,
           death_signal: int = signal.SIGKILL, new_session: bool = True) -> subprocess.Popen:
-    """Start `command` (resolved, see resolve_command) with a scrubbed copy of `env`, from the
-    spawner thread. `new_session`: its own process group (Ctrl-C reaches only the launcher,
+    """Start `command` (resolved, see resolve_command) with a scrubbed copy of `env` (`keep`:
+    the names the pod config gives, see child_env), from the spawner thread. `new_session`: its own process group (Ctrl-C reaches only the launcher,
     which stops children cleanly; killpg reaches a child's helpers)."""
-    env = child_env(env)
+    env = child_env(env, keep)
     if death_signal == signal.SIGTERM:
         env[PARENT_DEATH_ENV] = "SIGTERM"
     preexec = _die_with_parent(os.getpid(), death_signal) if _PRCTL is not None else None

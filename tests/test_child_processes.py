@@ -27,14 +27,29 @@ import pytest
 from launcher.child import child_env, resolve_command
 from tests.support.pods import stage1_pod
 from tests.support.v1_run import add_decoy_package
-from tests.test_launcher_e2e import (TEST_CRITERIA, Launcher, events_of, launchers, make_pod,
-                                     wait_for, worker_records)
+from tests.test_launcher_e2e import (SEQ, TEST_CRITERIA, Launcher, events_of, launchers,
+                                     make_pod, wait_for, worker_records)
 
 __all__ = ["launchers"]   # the fixture, imported for pytest
 from tests.support.worker_utils import (REPO_ROOT, events, read_jsonl, worker_env,
                                         write_synth_shard)
 
 SECRET = "hf_secret_value_for_the_scrub_test"
+# Secrets no name list guessed (issue 16 item 16): only an allow-list keeps them out.
+UNNAMED_SECRETS = {"AWS_SESSION_TOKEN": "aws-session-secret", "NPM_TOKEN": "npm-secret",
+                   "DATABASE_URL": "postgres://user:db-password-secret@db.example:5432/app"}
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    """A live process's environment as the kernel holds it (what any same-user process reads)."""
+    entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(entry.decode().split("=", 1) for entry in entries if b"=" in entry)
+
+
+def assert_no_secret(environ: dict[str, str]) -> None:
+    assert not {"HF_TOKEN", "GITHUB_TOKEN", *UNNAMED_SECRETS} & set(environ), sorted(environ)
+    text = "\0".join(environ.values())
+    assert SECRET not in text and not [v for v in UNNAMED_SECRETS.values() if v in text]
 
 
 def start_stand_in(script: str, cwd: Path, env: dict) -> subprocess.Popen:
@@ -75,6 +90,20 @@ def cleanup():
             os.killpg(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def test_child_env_passes_only_allowed_names():
+    base = {**UNNAMED_SECRETS, "HF_TOKEN": SECRET, "PATH": "/bin", "HOME": "/root",
+            "LC_ALL": "C", "OMP_NUM_THREADS": "1", "NCCL_DEBUG": "INFO",
+            "TORCHINDUCTOR_CACHE_DIR": "/tmp/x", "BATCH": "2", "NCCL_IB_PASSWORD": "x",
+            "MY_TRACKER_URL": "u", "CUSTOM_KEY": "k"}
+    env = child_env(base)
+    assert set(env) == {"PATH", "HOME", "LC_ALL", "OMP_NUM_THREADS", "NCCL_DEBUG",
+                        "TORCHINDUCTOR_CACHE_DIR", "BATCH"}
+    # What the pod config names passes, a secret-like name too (the user said so); the
+    # hub's never.
+    kept = child_env(base, keep={"MY_TRACKER_URL", "CUSTOM_KEY", "HF_TOKEN"})
+    assert {"MY_TRACKER_URL", "CUSTOM_KEY"} <= set(kept) and "HF_TOKEN" not in kept
 
 
 def test_probe_child_imports_our_engine_gets_no_secret_and_dies_with_its_launcher(
@@ -171,11 +200,17 @@ def test_worker_writes_its_final_checkpoint_through_repeated_parent_death_signal
 def test_killed_launcher_with_a_probe_running_every_worker_checkpoints_and_the_probe_dies(
         tmp_path, launchers, monkeypatch):
     """The real launcher, killed -9 while a probe thread waits on its probe child: every
-    worker writes its final checkpoint, the probe (which never saw HF_TOKEN) dies too."""
+    worker writes its final checkpoint, the probe (which never saw a secret) dies too. The
+    children get only allowed names: secrets nobody listed stay out, the system's and the
+    pod config's names (`env:`, `pass_env:`) pass."""
     monkeypatch.setenv("HF_TOKEN", SECRET)                 # the launcher's own environment
+    for name, value in {**UNNAMED_SECRETS, "GITHUB_TOKEN": SECRET}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("MY_TRACKER_URL", "http://tracker.local")     # pass_env: names it
+    monkeypatch.setenv("LC_TIME", "C.UTF-8")
     criteria = {**TEST_CRITERIA, "probe": {"every": 1, "relativeBand": 100.0, "parallel": 1,
                                            "timeout_s": 600}}
-    pod = make_pod(tmp_path, criteria)
+    pod = make_pod(tmp_path, criteria, pass_env=["MY_TRACKER_URL"])
     add_decoy_package(pod)
     launcher = Launcher(pod, "--stage", "1")
     launchers.append(launcher)
@@ -183,9 +218,17 @@ def test_killed_launcher_with_a_probe_running_every_worker_checkpoints_and_the_p
         wait_for(lambda: worker_records(pod, gpu, "checkpoint"), 120, "checkpoints")
     probe = wait_for(lambda: child_running(psutil.Process(launcher.proc.pid),
                                            "fractus.eval.probe"), 120, "a probe child")
-    assert "HF_TOKEN" not in probe.environ() and "-P" in probe.cmdline()
+    assert "-P" in probe.cmdline()
+    probe_env = environ_of(probe.pid)
+    assert_no_secret(probe_env)
+    assert probe_env["LC_TIME"] == "C.UTF-8" and "PATH" in probe_env
     workers = [psutil.Process(e["pid"]) for e in events_of(pod, "worker_start")]
-    assert all("HF_TOKEN" not in w.environ() for w in workers)
+    for worker in workers:
+        worker_env_now = environ_of(worker.pid)
+        assert_no_secret(worker_env_now)
+        assert worker_env_now["MY_TRACKER_URL"] == "http://tracker.local"
+        assert worker_env_now["LC_TIME"] == "C.UTF-8" and "PATH" in worker_env_now
+        assert worker_env_now["SEQ"] == str(SEQ)              # the pod config's env:
     killed_at = time.time()
     launcher.proc.kill()
     launcher.proc.wait()

@@ -107,12 +107,13 @@ def test_stop_while_a_worker_compiles_is_graceful_and_the_switch_stays_recorded(
     assert status["stage"] == 2                           # the next plain launch resumes there
 
 
-# A probe that takes long (the 1B model's final probes take minutes), once the test says so.
+# A probe that takes long (the 1B model's final probes take minutes), once the test says so
+# (FRACTUS_*: a name children inherit, launcher/child.py).
 SLOW_PROBE = '''
 import os, sys, time
-_marker = os.environ.get("SLOW_PROBE_MARKER")
+_marker = os.environ.get("FRACTUS_TEST_SLOW_PROBE_MARKER")
 if _marker and "--checkpoint" in sys.argv and os.path.exists(_marker):
-    time.sleep(float(os.environ["SLOW_PROBE_S"]))
+    time.sleep(float(os.environ["FRACTUS_TEST_SLOW_PROBE_S"]))
 '''
 
 
@@ -129,8 +130,8 @@ def test_stop_waits_through_the_final_probes(pod, tmp_path, launchers, monkeypat
     plugin.mkdir()
     (plugin / "sitecustomize.py").write_text(SLOW_PROBE)
     monkeypatch.setenv("PYTHONPATH", f"{plugin}:{REPO}")
-    monkeypatch.setenv("SLOW_PROBE_MARKER", str(marker))
-    monkeypatch.setenv("SLOW_PROBE_S", "55")
+    monkeypatch.setenv("FRACTUS_TEST_SLOW_PROBE_MARKER", str(marker))
+    monkeypatch.setenv("FRACTUS_TEST_SLOW_PROBE_S", "55")
     starts_before = len(events_of(pod, "worker_start"))
     launcher = Launcher(pod, "--gpus", "0")
     launchers.append(launcher)

@@ -43,7 +43,8 @@ from launcher.pod.manifest import read_manifest
 from launcher.config.podconfig import PodConfig, Slot, load_config, parse_devices
 from launcher.pod.progress import progress
 from launcher.config.stages import Stage, get_stage, load_stages
-from launcher.worker.process import WorkerSpec, build_env, read_records, worker_command
+from launcher.worker.process import (WorkerSpec, build_env, pod_env_names, read_records,
+                                     worker_command)
 
 EXIT_OOM = 4                     # the worker's out-of-memory exit (docs/WORKER.md)
 KEEP_RUNS = 5                    # canary run directories kept (metrics + logs, no weights)
@@ -223,12 +224,12 @@ class _Run:
         return self.code == EXIT_OOM and not self.interrupted and not self.timed_out
 
 
-def _start(run: _Run, command: list[str], env: dict, cwd: Path) -> None:
+def _start(run: _Run, command: list[str], env: dict, cwd: Path, keep: set[str]) -> None:
     run.run_dir.mkdir(parents=True, exist_ok=True)
     with open(run.run_dir / "worker.log", "wb") as log:
         try:
-            run.proc = child.spawn(command, cwd=cwd, env=env, stdout=log,  # own group: killpg
-                                   stderr=subprocess.STDOUT)
+            run.proc = child.spawn(command, cwd=cwd, env=env, keep=keep,  # own group: killpg
+                                   stdout=log, stderr=subprocess.STDOUT)
         except OSError as exc:
             raise UserError(f"canary: cannot start the worker command {command}: {exc}") from None
 
@@ -261,7 +262,7 @@ def _wait(run: _Run, deadline: float, watch=None,
     run.interrupted, run.timed_out = stop, not stop
 
 
-def _execute(runs: list[_Run], envs: list[dict], command: list[str], cwd: Path,
+def _execute(runs: list[_Run], envs: list[dict], command: list[str], keep: set[str], cwd: Path,
              parallel: bool, deadline: float, watch=None,
              should_stop: Callable[[], str | None] = lambda: None) -> None:
     """Run the reference (runs[0]) and stage-N workers; none is left behind on any exit."""
@@ -269,7 +270,7 @@ def _execute(runs: list[_Run], envs: list[dict], command: list[str], cwd: Path,
         for run, env in zip(runs, envs):
             if not parallel and run is runs[1] and runs[0].failure():
                 break                      # nothing to compare stage N with
-            _start(run, command, env, cwd)
+            _start(run, command, env, cwd, keep)
             if not parallel:
                 _wait(run, deadline, watch, should_stop)
         for run in runs:
@@ -344,7 +345,7 @@ def run_canary(pod_dir: str | Path, gpu: int, from_stage: int, to_stage: int,
             for run, stage in zip(runs, (ref_stage, new_stage))]
     title = f"canary stage {from_stage} -> {to_stage} on GPU {gpu}"
     with progress(title, 2 * steps, "steps") as task:
-        _execute(runs, envs, worker_command(config), pod_dir, parallel,
+        _execute(runs, envs, worker_command(config), pod_env_names(config), pod_dir, parallel,
                  time.monotonic() + timeout_s, watch=lambda: _show_steps(task, title, runs, steps),
                  should_stop=should_stop)
         _show_steps(task, title, runs, steps)

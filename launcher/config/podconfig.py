@@ -37,6 +37,9 @@ class PodConfig:
     worker: list = field(default_factory=lambda: ["python", "-u", "-m", "fractus.train.worker"])
     # Extra worker settings for every GPU and stage (e.g. SEQ for a small demo model).
     env: dict = field(default_factory=dict)
+    # Names of the launcher's environment variables every worker also gets (its allow-list,
+    # launcher/child.py, passes only the worker contract, system and CUDA/torch names).
+    pass_env: list = field(default_factory=list)
     save_every: int = 800
     save_keep: int = 3
     log_every: int = 40
@@ -284,6 +287,20 @@ def _check_hub_url(url: str, source: str) -> None:
                         f"fix hub: or remove it")
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _check_pass_env(names: list, source: str) -> None:
+    from launcher.child import is_hub_name
+    for name in names:
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+            raise UserError(f"{source}: pass_env entries must be variable names like "
+                            f"WANDB_API_KEY, got {name!r}")
+        if is_hub_name(name):
+            raise UserError(f"{source}: pass_env: {name} is the hub's (only the launcher "
+                            f"talks to the hub); remove it from pass_env")
+
+
 def load_config(pod_dir: Path) -> PodConfig:
     path = pod_dir / CONFIG_NAME
     if not path.exists():
@@ -295,6 +312,7 @@ def load_config(pod_dir: Path) -> PodConfig:
     _check_types(data, str(path))
     config = PodConfig(**data)
     config.env = {str(k): str(v) for k, v in config.env.items()}
+    _check_pass_env(config.pass_env, str(path))
     SyncSettings.parse(config.sync, f"{path}: sync")    # fail early on a bad sync policy
     from launcher.config.ray_settings import RaySettings
     RaySettings.check(config.ray, source=f"{path}: ray")

@@ -13,7 +13,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Collection, Mapping
 
 import psutil
 
@@ -47,9 +47,15 @@ class WorkerSpec:
     ckpt_revision: str | None = None
 
 
+def pod_env_names(config: PodConfig) -> set[str]:
+    """The variable names the pod config gives its workers (child_env's `keep`)."""
+    return set(config.env) | set(config.pass_env)
+
+
 def build_env(config: PodConfig, spec: WorkerSpec, base: dict | None = None) -> dict:
     """The worker's environment: stage settings, then the pod's overrides, then identity;
-    never the hub's settings, token or other secrets (launcher.child.child_env)."""
+    from `base` only the allowed names, never the hub's settings, token or other secrets
+    (launcher.child.child_env)."""
     gpu = spec.slot.gpu
     env = dict(spec.stage_settings)
     env.update(config.env)
@@ -83,16 +89,19 @@ def build_env(config: PodConfig, spec: WorkerSpec, base: dict | None = None) -> 
         env["STAGE"] = str(spec.stage)
     if spec.run_id:
         env["RUN_ID"] = spec.run_id
-    return worker_env(os.environ if base is None else base, env)
+    return worker_env(os.environ if base is None else base, env, keep=pod_env_names(config))
 
 
-def worker_env(base: Mapping[str, str], settings: Mapping[str, str]) -> dict:
+def worker_env(base: Mapping[str, str], settings: Mapping[str, str],
+               keep: Collection[str] = ()) -> dict:
     """`settings` (the launcher's, build_env) over `base`, the environment of the machine the
     worker runs on (a Ray node's own, on that node), without any worker variable of `base`
     (a stray BATCH=... or START_TOKEN=... in a shell or a raylet's environment must not leak
-    in) and scrubbed like every child's (launcher.child.child_env)."""
+    in) and scrubbed like every child's (launcher.child.child_env: only allowed names, and
+    `keep`, the names the pod config gives)."""
     names = set(_worker_env_names())
-    return child.child_env({k: v for k, v in base.items() if k not in names}, **settings)
+    return child.child_env({k: v for k, v in base.items() if k not in names}, keep=keep,
+                           **settings)
 
 
 def worker_command(config: PodConfig) -> list[str]:
@@ -106,7 +115,7 @@ def spawn(config: PodConfig, pod_dir: Path, spec: WorkerSpec) -> subprocess.Pope
     log = open(pod_dir / worker_log_path(spec.slot.gpu), "ab")
     try:
         return child.spawn(worker_command(config), cwd=pod_dir, env=build_env(config, spec),
-                           stdout=log, stderr=subprocess.STDOUT, death_signal=signal.SIGTERM)
+                           keep=pod_env_names(config), stdout=log, stderr=subprocess.STDOUT, death_signal=signal.SIGTERM)
     finally:
         log.close()
 
