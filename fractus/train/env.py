@@ -228,3 +228,7 @@ ENV_DEFAULTS: dict[str, object] = {
     f.metadata["env"]: f.default for f in dataclasses.fields(WorkerSettings)}
 ENV_DOCS: dict[str, str] = {
     f.metadata["env"]: f.metadata["doc"] for f in dataclasses.fields(WorkerSettings)}
+# The variables that name files (read or written by the worker): a pod rebuilt from a hub
+# takes them only inside the pod (launcher/hub/config_trust.py).
+PATH_VARS: tuple[str, ...] = ("SHARD", "CKPT_IN", "CKPT_OUT", "METRICS", "TB_DIR", "MODEL")
+assert set(PATH_VARS) <= set(ENV_VARS)

@@ -42,6 +42,9 @@ def _parse_faults(values: tuple[str, ...]) -> dict[int, str]:
                    "file://DIR): config, manifest, checkpoints; then launch.")
 @click.option("--revision", default=None,
               help="With --from-hub: the hub revision to rebuild from (default: the newest).")
+@click.option("--trust-hub-config", is_flag=True,
+              help="With --from-hub: take the hub config's worker command, env and paths "
+                   "outside the pod as they are (refused otherwise: they run on this machine).")
 @click.option("--no-canary", is_flag=True,
               help="Switch to a higher --stage without the canary (recorded in the events).")
 @click.option("--ray", "ray_address", default=None, metavar="ADDRESS",
@@ -52,7 +55,7 @@ def _parse_faults(values: tuple[str, ...]) -> dict[int, str]:
               help="Tests only: GPU:KIND@STEP fault injection on that worker's first start.")
 @click.pass_context
 def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, revision,
-           no_canary, ray_address, faults) -> None:
+           trust_hub_config, no_canary, ray_address, faults) -> None:
     """Validate everything, then start one worker per GPU and supervise them."""
     from launcher.pod.ckpt_index import CheckpointIndex
     from launcher.pod.events import EventLog
@@ -74,8 +77,12 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
     if revision and not from_hub:
         raise UserError("--revision goes with --from-hub (a resumed pod uses the revisions "
                         "its manifest records)")
+    if trust_hub_config and not from_hub:
+        raise UserError("--trust-hub-config goes with --from-hub (a pod's own "
+                        "fractus-pod.yaml is always taken as it is)")
     if from_hub:
-        _rebuild(pod_dir, from_hub, revision, on_cluster=ray_address is not None)
+        _rebuild(pod_dir, from_hub, revision, on_cluster=ray_address is not None,
+                 trust_config=trust_hub_config)
     plan, manifest = load_plan(pod_dir, stage, devices, gpus, max_time, max_steps,
                                _parse_faults(faults))
     from launcher.supervise.canary_budget import split_budget
@@ -164,14 +171,15 @@ def _ray_backend(pod_dir: Path, plan, settings, events):
                         f"there?") from None
 
 
-def _rebuild(pod_dir: Path, url: str, revision: str | None, on_cluster: bool) -> None:
+def _rebuild(pod_dir: Path, url: str, revision: str | None, on_cluster: bool,
+             trust_config: bool) -> None:
     """launch --from-hub: fill the empty pod directory from one pinned hub revision (for a
     Ray cluster, `on_cluster`, without the weights: each node pulls its GPU's)."""
     from launcher.pod.events import EventLog
     from launcher.hub.from_hub import rebuild_from_hub
     from launcher.hub import HubError
     try:
-        rev, config, lease = rebuild_from_hub(pod_dir, url, revision, on_cluster)
+        rev, config, lease = rebuild_from_hub(pod_dir, url, revision, on_cluster, trust_config)
     except HubError as exc:
         if exc.status == 404:              # no such repo or revision: the user's to fix
             raise UserError(f"--from-hub: {exc}") from None

@@ -31,7 +31,8 @@ def absolute_hub_url(url: str, base: Path) -> str:
 
 
 def rebuild_from_hub(pod_dir: Path, url: str, revision: str | None,
-                     on_cluster: bool = False) -> tuple[str, PodConfig, dict]:
+                     on_cluster: bool = False,
+                     trust_config: bool = False) -> tuple[str, PodConfig, dict]:
     """Fill an EMPTY pod directory from one pinned hub revision: config, stage/criteria
     files, manifest and the checkpoints it names (each verified by sha256 against the hub
     index AND the manifest). Shards come from the config's own path; the tiny preset's
@@ -40,6 +41,8 @@ def rebuild_from_hub(pod_dir: Path, url: str, revision: str | None,
     For a pod whose workers run on a Ray cluster (`on_cluster`, or `ray:` in the pulled
     config) the weights stay on the hub: the manifest names them at the revision, and each
     node pulls its GPU's checkpoint when it starts the worker (verified there).
+    A config that would run or write anything on this machine (launcher/hub/config_trust.py)
+    is refused unless `trust_config` (the user's --trust-hub-config).
     Returns (revision, config, the lease taken)."""
     from launcher.errors import UserError
     if pod_dir.exists() and (not pod_dir.is_dir() or any(pod_dir.iterdir())):
@@ -49,7 +52,7 @@ def rebuild_from_hub(pod_dir: Path, url: str, revision: str | None,
     created = not pod_dir.exists()
     pod_dir.mkdir(parents=True, exist_ok=True)
     try:
-        rev, config = _rebuild(pod_dir, url, revision, on_cluster)
+        rev, config = _rebuild(pod_dir, url, revision, on_cluster, trust_config)
         from launcher.hub import open_store
         from launcher.hub.lease import take_over
         return rev, config, take_over(open_store(url, pod_dir), pod_dir)
@@ -81,13 +84,13 @@ def keep_hub(pod_dir: Path, url: str, note: str) -> None:
         atomic_write_text(path, f"# {note}\n" + yaml.safe_dump(data, sort_keys=False))
 
 
-def _rebuild(pod_dir: Path, url: str, revision: str | None,
-             on_cluster: bool) -> tuple[str, PodConfig]:
+def _rebuild(pod_dir: Path, url: str, revision: str | None, on_cluster: bool,
+             trust_config: bool) -> tuple[str, PodConfig]:
     from launcher.hub import open_store
     store = open_store(url, pod_dir)
     if revision is not None:
         rev = store.resolve(revision)
-        return rev, _rebuild_at(pod_dir, url, store, rev, on_cluster)
+        return rev, _rebuild_at(pod_dir, url, store, rev, on_cluster, trust_config)
     # The newest revision, unless it is mid-push: on a Ray pod a node commits its checkpoint
     # and the launcher then commits the manifest naming it; a launcher that died between
     # the two leaves a head whose manifest names the previous bytes. The newest revision
@@ -96,7 +99,7 @@ def _rebuild(pod_dir: Path, url: str, revision: str | None,
     skipped: list[MidPush] = []
     for entry in store.history()[:MAX_WALK_BACK]:
         try:
-            config = _rebuild_at(pod_dir, url, store, entry.revision, on_cluster)
+            config = _rebuild_at(pod_dir, url, store, entry.revision, on_cluster, trust_config)
         except MidPush as exc:
             skipped.append(exc)
             empty_dir(pod_dir)
@@ -120,10 +123,13 @@ class MidPush(IntegrityError):
         self.revision, self.differing = revision, differing
 
 
-def _rebuild_at(pod_dir: Path, url: str, store, rev: str, on_cluster: bool) -> PodConfig:
+def _rebuild_at(pod_dir: Path, url: str, store, rev: str, on_cluster: bool,
+                trust_config: bool) -> PodConfig:
     from launcher.errors import UserError
     from launcher.pod.manifest import read_manifest
     from launcher.config.podconfig import load_config, write_demo_shards
+    from launcher.config.stages import load_stages
+    from launcher.hub.config_trust import refusal, untrusted_config, untrusted_stages
     tracked = store.files(rev)
     if CONFIG_NAME not in tracked:
         raise UserError(f"revision {rev[:12]} of {url} holds no {CONFIG_NAME}: not a pod "
@@ -131,8 +137,13 @@ def _rebuild_at(pod_dir: Path, url: str, store, rev: str, on_cluster: bool) -> P
     store.pull([CONFIG_NAME], rev)
     keep_hub(pod_dir, url, f"rebuilt from {url} at revision {rev}")
     config = load_config(pod_dir)
+    if not trust_config and (found := untrusted_config(config, pod_dir)):
+        raise UserError(refusal(url, found))      # before anything else is pulled
     store.pull([p for p in (config.manifest, config.stages, config.criteria, config.model)
                 if p in tracked], rev)
+    if not trust_config and config.stages in tracked and \
+            (found := untrusted_stages(load_stages(pod_dir / config.stages), pod_dir)):
+        raise UserError(refusal(url, found))
     manifest = read_manifest(pod_dir / config.manifest)
     if not manifest.exists:
         raise UserError(f"revision {rev[:12]} of {url} holds no manifest {config.manifest}")

@@ -1,0 +1,101 @@
+"""`launch --from-hub` takes nothing executable from the hub without the local user's
+`--trust-hub-config` (issue 16 item 15): a hub whose fractus-pod.yaml sets a worker command
+and an env entry is refused with one line naming them, the new directory is left empty and
+the hub's command never runs; with the flag the user takes them as they are.
+
+Real processes: the CLI as a child process, a file:// hub store pushed by a real pod.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from launcher.config.podconfig import PodConfig
+from launcher.config.stages import Stage
+from launcher.hub import open_store
+from launcher.hub.config_trust import untrusted_config, untrusted_stages
+from tests.test_hub_sync import FAST_PASS
+from tests.test_launcher_e2e import REPO, events_of, kill_workers, make_pod
+
+HOSTILE_WORKER = ["/bin/sh", "-c", "echo ran > MARKER; exit 2"]
+
+
+def fractus_pod(pod: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run([sys.executable, "-m", "launcher.cli", "--pod-dir", str(pod),
+                               *args], cwd=REPO, capture_output=True, text=True,
+                              timeout=timeout)
+    finally:
+        if pod.is_dir():
+            kill_workers(pod)
+
+
+@pytest.fixture
+def hostile_hub(tmp_path) -> str:
+    """A file:// hub of a real run whose newest revision's pod config, committed by whoever
+    can write the hub, runs a command and preloads a library."""
+    old = make_pod(tmp_path / "a", criteria=FAST_PASS)          # hub: file://hub (in the pod)
+    done = fractus_pod(old, "launch", "--stage", "1", "--gpus", "0", "--max-steps", "3")
+    assert done.returncode == 0, done.stdout + done.stderr
+    config = yaml.safe_load((old / "fractus-pod.yaml").read_text())
+    config["worker"] = HOSTILE_WORKER
+    config["env"]["LD_PRELOAD"] = "libevil.so"
+    (old / "fractus-pod.yaml").write_text(yaml.safe_dump(config))
+    url = f"file://{old / 'hub'}"
+    open_store(url, old).push({"fractus-pod.yaml": old / "fractus-pod.yaml"}, "a new worker")
+    return url
+
+
+def test_a_hub_config_that_would_run_code_is_refused_unless_trusted(hostile_hub, tmp_path):
+    new = tmp_path / "new" / "pod"
+    done = fractus_pod(new, "launch", "--from-hub", hostile_hub, "--gpus", "0",
+                       "--max-steps", "1")
+    assert done.returncode == 2, done.stdout + done.stderr
+    (line,) = done.stderr.strip().splitlines()                 # one line, no traceback
+    assert line.startswith("error: --from-hub: ")
+    assert "worker: ['/bin/sh', '-c'" in line and "env: LD_PRELOAD" in line
+    assert "--trust-hub-config" in line
+    assert not new.exists() or not any(new.iterdir())          # nothing taken, nothing ran
+    assert not (REPO / "MARKER").exists()
+
+    # The user says so: the hub's command is theirs to run (the positive control).
+    done = fractus_pod(new, "launch", "--from-hub", hostile_hub, "--gpus", "0",
+                       "--max-steps", "1", "--trust-hub-config")
+    assert (new / "MARKER").is_file(), done.stdout + done.stderr
+    assert (new / "MARKER").read_text() == "ran\n"
+    assert events_of(new, "rebuilt_from_hub")
+
+
+def test_trust_hub_config_goes_with_from_hub(tmp_path):
+    done = fractus_pod(tmp_path / "pod", "launch", "--trust-hub-config")
+    assert done.returncode == 2 and "--trust-hub-config goes with --from-hub" in done.stderr
+
+
+def test_paths_outside_the_pod_and_foreign_env_are_named(tmp_path):
+    pod = tmp_path / "pod"
+    pod.mkdir()
+    assert untrusted_config(PodConfig(env={"SEQ": "32", "BATCH": "2"}), pod) == []
+    hostile = PodConfig(manifest="../elsewhere/manifest.json",
+                        checkpoints="/home/someone/ckpt_{i}.pt", stages="manifests/s.yaml",
+                        model="../model.json", env={"PYTHONPATH": "/x", "CKPT_IN": "/etc/x.pt"},
+                        pass_env=["AWS_SESSION_TOKEN"])
+    found = untrusted_config(hostile, pod)
+    assert found == ["env: PYTHONPATH (not worker settings)", "env: CKPT_IN outside the pod",
+                     "pass_env: AWS_SESSION_TOKEN",
+                     "manifest: ../elsewhere/manifest.json outside the pod",
+                     "checkpoints: /home/someone/ckpt_0.pt outside the pod",
+                     "model: ../model.json outside the pod"]
+    # Shards may live outside the pod (a shared data directory, read only) unless the
+    # config would synthesise them there.
+    shared = PodConfig(shards="/data/shard_{i}.npy")
+    assert untrusted_config(shared, pod) == []
+    assert untrusted_config(PodConfig(shards="/data/shard_{i}.npy", demo_data={"tokens": 1}),
+                            pod) == ["shards: /data/shard_0.npy outside the pod"]
+    stages = {1: Stage(1, "one", False, 0, {"BATCH": "2"}),
+              2: Stage(2, "two", False, 0, {"CKPT_OUT": "../../x.pt", "MODEL": "tiny"})}
+    assert untrusted_stages(stages, pod) == ["stage 2 settings: CKPT_OUT outside the pod"]
