@@ -163,28 +163,37 @@ def sync_pull(ctx, revision, from_url, force, paths) -> None:
 def merge(ctx, out: str) -> None:
     """Mean of the floating tensors of every GPU's checkpoint (streamed). A checkpoint not on
     this machine (a Ray pod's are on its nodes) is read from the hub revision the manifest
-    records, one at a time."""
+    records, one at a time. The launch's trust rules hold: each file inside the pod, the
+    GPU's own (GPU, shard, run, token), every tensor finite."""
     from contextlib import nullcontext
 
     from launcher.config.podconfig import load_config
     from launcher.hub import HubError
     from launcher.hub.merge import merge_checkpoints
-    from launcher.pod.manifest import read_manifest
+    from launcher.pod.ckpt_trust import check_entry
+    from launcher.pod.manifest import read_manifest, resolve_in_pod
     pod_dir = pod_dir_of(ctx)
     config = load_config(pod_dir)
     manifest = read_manifest(pod_dir / config.manifest)
-    paths, on_hub, missing = [], {}, []
+    paths, on_hub, missing, gpu_of = [], {}, [], {}
     for gpu, entry in sorted(manifest.entries.items()):
         if not entry.checkpoint:
             continue
-        if (pod_dir / entry.checkpoint).is_file():
-            paths.append(str(pod_dir / entry.checkpoint))
+        try:
+            local = resolve_in_pod(entry.checkpoint, pod_dir)
+        except ValueError as exc:
+            raise UserError(f"merge: gpu_{gpu} checkpoint {exc}; checkpoints must live inside "
+                            f"the pod (copy the file in and name it relative to the pod)") from None
+        if local.is_file():
+            paths.append(str(local))
         elif entry.hub_revision and entry.checkpoint_sha256 and config.hub:
             hub_path = config.checkpoint_path(gpu)
             paths.append(hub_path)
             on_hub[hub_path] = entry
         else:
             missing.append(f"gpu_{gpu} ({entry.checkpoint})")
+            continue
+        gpu_of[paths[-1]] = gpu
     if missing:
         raise UserError(f"merge: not on this machine and no hub revision recorded for "
                         f"{', '.join(missing)}; run it where they are, or `fractus-pod sync "
@@ -205,8 +214,11 @@ def merge(ctx, out: str) -> None:
         entry = on_hub[path]
         return store.fetched(path, entry.hub_revision, entry.checkpoint_sha256)
 
+    def its_own(path: str, local: Path) -> None:
+        check_entry(manifest, pod_dir, gpu_of[path], config.shard_path, path=local)
+
     try:
-        merge_checkpoints(paths, pod_dir / out, fetch=checkpoint)
+        merge_checkpoints(paths, pod_dir / out, fetch=checkpoint, verify=its_own)
     except (ValueError, FileNotFoundError) as exc:
         raise UserError(f"merge: {exc}") from None
     except HubError as exc:

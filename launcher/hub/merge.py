@@ -15,11 +15,15 @@ when it is closed. The process holds the running sums (one checkpoint's worth, i
 wider) plus the one checkpoint being read: about two checkpoints, whatever the number of GPUs.
 Tensors that share storage in the first checkpoint (the tied `observe.weight` /
 `output_head.weight`) stay shared in the output. The file is written atomically.
+
+Trust (the launch's rules): a tensor holding NaN or Inf is refused (NotFinite: a mean with
+it is no brain, and nothing is written), and `verify(source, local_file)`, given by the
+caller, refuses a checkpoint that is not the GPU's own (launcher.pod.ckpt_trust).
 """
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Sequence
@@ -51,6 +55,16 @@ class MergeReport:
     dropped: tuple[str, ...]  # carried-state keys left out
 
 
+class NotFinite(ValueError):
+    """A checkpoint tensor holds NaN or Inf."""
+
+
+def _refuse_non_finite(path, key: str, t: torch.Tensor) -> None:
+    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        raise NotFinite(f"{_name(path)}: {key} holds NaN or Inf; a mean with it is no brain: "
+                        f"roll that GPU back to a passed checkpoint, then merge")
+
+
 def _load(path: Path) -> tuple[dict, dict]:
     ckpt = read_checkpoint(path, mmap=True)     # CheckpointLoadError: one line, a ValueError
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get("model_state"), dict):
@@ -74,14 +88,28 @@ def on_disk(source) -> ContextManager[Path]:
 
 
 def merge_checkpoints(sources: Sequence, out_path: str | Path,
-                      fetch: Callable[[Any], ContextManager[Path]] = on_disk) -> MergeReport:
+                      fetch: Callable[[Any], ContextManager[Path]] = on_disk,
+                      verify: Callable[[Any, Path], None] | None = None) -> MergeReport:
     """Average the floating tensors of each source's `["model_state"]` into `out_path` (see
     module doc). A source is a file, or what `fetch(source)` makes one for the time it is
-    read (a hub checkpoint pulled into a scratch folder, then deleted: one at a time)."""
+    read (a hub checkpoint pulled into a scratch folder, then deleted: one at a time);
+    `verify(source, file)` runs before it is read and raises to refuse it."""
     if not sources:
         raise ValueError("merge needs at least one checkpoint")
     with progress(f"merging {len(sources)} checkpoints", len(sources), "checkpoints") as task:
-        return _merge(list(sources), Path(out_path), fetch, task)
+        return _merge(list(sources), Path(out_path), _verified(fetch, verify), task)
+
+
+def _verified(fetch, verify):
+    if verify is None:
+        return fetch
+
+    @contextmanager
+    def checked(source):
+        with fetch(source) as local:
+            verify(source, Path(local))
+            yield local
+    return checked
 
 
 def _name(source) -> str:
@@ -144,6 +172,7 @@ def _start_sums(path, first_state: dict) -> tuple:
             continue
         seen_storage[skey] = key
         if t.is_floating_point():
+            _refuse_non_finite(path, key, t)
             sums[key] = _accumulator(t)
         else:
             merged[key] = t.clone()  # own the bytes: the mmap is released below
@@ -162,4 +191,5 @@ def _add(path, first, state: dict, sums: dict, spec: dict) -> None:
             raise ValueError(
                 f"{path}: {key} is {tuple(t.shape)} {t.dtype}, expected {spec[key][0]} {spec[key][1]}"
             )
+        _refuse_non_finite(path, key, t)
         acc.add_(t)  # pages this tensor in, adds, and never touches it again

@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 import uuid
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher.errors import UserError
 from launcher.paths import MERGED_PATH, SNAPSHOT_DIR
 from launcher.pod.ckpt_index import CheckpointIndex
 from launcher.pod.manifest import Manifest, ManifestEntry, atomic_write_text
@@ -38,6 +40,8 @@ class Snapshot:
     on_hub: dict[str, str] = field(default_factory=dict)
     manifest_path: str = ""
     manifest_doc: dict = field(default_factory=dict)
+    # The manifest the push sends: each merged checkpoint must be its GPU's own entry's.
+    manifest: Manifest | None = None
     merge: bool = False
 
     def key(self) -> tuple:
@@ -113,7 +117,8 @@ def _add_manifest(snap: Snapshot, pod_dir: Path, config: PodConfig, manifest: Ma
                   entries: dict[int, ManifestEntry]) -> None:
     """The manifest naming `entries`, and the pod's small files, join the snapshot."""
     snap.manifest_path = config.manifest
-    snap.manifest_doc = Manifest(Path(config.manifest), entries, dict(manifest.extra)).to_json()
+    snap.manifest = Manifest(Path(config.manifest), entries, dict(manifest.extra))
+    snap.manifest_doc = snap.manifest.to_json()
     for rel in pod_files(pod_dir, config):
         snap.files[rel] = pod_dir / rel
 
@@ -149,8 +154,10 @@ def send(store, snap: Snapshot, message: str) -> str:
     snap.files[snap.manifest_path] = manifest_file
     if snap.merge:
         from launcher.hub.merge import merge_checkpoints
+        from launcher.pod.ckpt_trust import check_entry
 
         sha256_of = dict(snap.pushed.values())
+        gpu_of = {path: gpu for gpu, (path, _sha) in snap.pushed.items()}
 
         def checkpoint(path: str):
             """A checkpoint of this push, or one a node pushed, pulled from its revision."""
@@ -158,9 +165,19 @@ def send(store, snap: Snapshot, message: str) -> str:
                 return nullcontext(snap.files[path])
             return store.fetched(path, snap.on_hub[path], sha256_of[path])
 
-        merge_checkpoints([path for _, (path, _sha) in sorted(snap.pushed.items())],
-                          snap.dir / "merged.pt", fetch=checkpoint)
-        snap.files[MERGED_PATH] = snap.dir / "merged.pt"
+        def its_own(path: str, local: Path) -> None:
+            """The launch's identity rules (GPU, shard, run, token) against the pushed entry."""
+            entries = snap.manifest.entries
+            check_entry(snap.manifest, store.pod_dir, gpu_of[path],
+                        lambda gpu: entries[gpu].shard, path=local)
+
+        try:
+            merge_checkpoints([path for _, (path, _sha) in sorted(snap.pushed.items())],
+                              snap.dir / "merged.pt", fetch=checkpoint, verify=its_own)
+            snap.files[MERGED_PATH] = snap.dir / "merged.pt"
+        except (ValueError, UserError) as exc:
+            # A brain not to trust is not pushed; the checkpoints still are.
+            print(f"fractus-pod: merged brain not pushed: {exc}", file=sys.stderr, flush=True)
     # The store checks each checkpoint against its recorded sha256 in the one read it makes
     # of it (IntegrityError, nothing sent or committed, if the bytes changed on disk); the
     # push carries the run's lease (RunTakenOver if another pod writes the run now).

@@ -76,17 +76,18 @@ def _check_model_fit(ck: dict, model: str, pod_dir: Path | None) -> None:
 
 
 def check_entry(manifest: Manifest, pod_dir: Path, gpu: int, shard_of,
-                model: str | None = None) -> None:
+                model: str | None = None, path: Path | None = None) -> None:
     """Refuse (ManifestError, one line) a named checkpoint that is not GPU `gpu`'s own at
     the entry's start_token. `shard_of(gpu)` is the config's shard path; `model`, the
-    pod's model, which the file's tensors must fit."""
+    pod's model, which the file's tensors must fit; `path` the file to read when it is not
+    the named one in the pod (a hub copy fetched for a merge)."""
     entry = manifest.entries.get(gpu)
     name = entry.checkpoint if entry else None
     if not name:
         return
     where = f"manifest {manifest.path}: gpu_{gpu} checkpoint {name}"
     try:
-        found = read_identity(pod_dir / name, model, pod_dir)
+        found = read_identity(path or pod_dir / name, model, pod_dir)
     except ValueError as exc:
         raise ManifestError(f"{where} is not usable ({exc}); restore the file or roll the "
                             f"GPU back") from None
