@@ -1,6 +1,6 @@
 """`launch --from-hub` takes nothing executable from the hub without the local user's
 `--trust-hub-config` (issue 16 item 15): a hub whose fractus-pod.yaml sets a worker command
-and an env entry is refused with one line naming them, the new directory is left empty and
+and an env entry naming a file outside the pod is refused with one line naming them, the new directory is left empty and
 the hub's command never runs; with the flag the user takes them as they are.
 
 Real processes: the CLI as a child process, a file:// hub store pushed by a real pod.
@@ -38,13 +38,13 @@ def fractus_pod(pod: Path, *args: str, timeout: float = 240) -> subprocess.Compl
 @pytest.fixture
 def hostile_hub(tmp_path) -> str:
     """A file:// hub of a real run whose newest revision's pod config, committed by whoever
-    can write the hub, runs a command and preloads a library."""
+    can write the hub, runs a command and points a worker setting outside the pod."""
     old = make_pod(tmp_path / "a", criteria=FAST_PASS)          # hub: file://hub (in the pod)
     done = fractus_pod(old, "launch", "--stage", "1", "--gpus", "0", "--max-steps", "3")
     assert done.returncode == 0, done.stdout + done.stderr
     config = yaml.safe_load((old / "fractus-pod.yaml").read_text())
     config["worker"] = HOSTILE_WORKER
-    config["env"]["LD_PRELOAD"] = "libevil.so"
+    config["env"]["CKPT_IN"] = str(tmp_path / "elsewhere.pt")
     (old / "fractus-pod.yaml").write_text(yaml.safe_dump(config))
     url = f"file://{old / 'hub'}"
     open_store(url, old).push({"fractus-pod.yaml": old / "fractus-pod.yaml"}, "a new worker")
@@ -58,7 +58,7 @@ def test_a_hub_config_that_would_run_code_is_refused_unless_trusted(hostile_hub,
     assert done.returncode == 2, done.stdout + done.stderr
     (line,) = done.stderr.strip().splitlines()                 # one line, no traceback
     assert line.startswith("error: --from-hub: ")
-    assert "worker: ['/bin/sh', '-c'" in line and "env: LD_PRELOAD" in line
+    assert "worker: ['/bin/sh', '-c'" in line and "env: CKPT_IN outside the pod" in line
     assert "--trust-hub-config" in line
     assert not new.exists() or not any(new.iterdir())          # nothing taken, nothing ran
     assert not (REPO / "MARKER").exists()
@@ -76,16 +76,16 @@ def test_trust_hub_config_goes_with_from_hub(tmp_path):
     assert done.returncode == 2 and "--trust-hub-config goes with --from-hub" in done.stderr
 
 
-def test_paths_outside_the_pod_and_foreign_env_are_named(tmp_path):
+def test_paths_outside_the_pod_and_passed_env_are_named(tmp_path):
     pod = tmp_path / "pod"
     pod.mkdir()
     assert untrusted_config(PodConfig(env={"SEQ": "32", "BATCH": "2"}), pod) == []
     hostile = PodConfig(manifest="../elsewhere/manifest.json",
                         checkpoints="/home/someone/ckpt_{i}.pt", stages="manifests/s.yaml",
-                        model="../model.json", env={"PYTHONPATH": "/x", "CKPT_IN": "/etc/x.pt"},
+                        model="../model.json", env={"CKPT_IN": "/etc/x.pt"},
                         pass_env=["AWS_SESSION_TOKEN"])
     found = untrusted_config(hostile, pod)
-    assert found == ["env: PYTHONPATH (not worker settings)", "env: CKPT_IN outside the pod",
+    assert found == ["env: CKPT_IN outside the pod",
                      "pass_env: AWS_SESSION_TOKEN",
                      "manifest: ../elsewhere/manifest.json outside the pod",
                      "checkpoints: /home/someone/ckpt_0.pt outside the pod",

@@ -6,8 +6,8 @@ fractus-pod.yaml is data (model, cadence, worker settings) except for what it wo
 where it would write on this machine:
 
 - `worker:` other than fractus-pod's own worker command;
-- `env:` names outside the worker contract (fractus/train/env.py: LD_PRELOAD, PYTHONPATH, ...
-  run code), and `pass_env:` (the local environment handed to children);
+- `pass_env:` (the local environment handed to children; `env:` itself holds worker
+  settings only, launcher/config/podconfig.py refuses any other name such as LD_PRELOAD);
 - paths outside the new pod: the manifest, checkpoints, stage and criteria files and a model
   file (the rebuild and the run write or read them there), the shards when the config would
   synthesise them, and file-naming worker settings (CKPT_IN, ...) in `env:` or a stage.
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fractus.train.env import ENV_VARS, PATH_VARS
+from fractus.train.env import PATH_VARS
 from launcher.config.podconfig import PodConfig
 from launcher.config.stages import Stage
 from launcher.pod.manifest import resolve_in_pod
@@ -51,9 +51,6 @@ def untrusted_config(config: PodConfig, pod_dir: Path) -> list[str]:
     found = []
     if config.worker != PodConfig().worker:
         found.append(f"worker: {config.worker}")
-    foreign = sorted(set(config.env) - set(ENV_VARS))
-    if foreign:
-        found.append(f"env: {', '.join(foreign)} (not worker settings)")
     outside = _outside_settings(pod_dir, config.env)
     if outside:
         found.append(f"env: {', '.join(outside)} outside the pod")
