@@ -283,7 +283,8 @@ def test_a_call_that_fails_on_a_node_crashes_its_worker_not_the_launcher(tmp_pat
 
 ENV_RESOURCE = "fractus_env_gpu"         # only the node this test adds offers it
 NODE_ENV = {"START_TOKEN": "999999", "FORCE_START_TOKEN": "1", "SEED": "77",
-            "NODE_API_KEY": "node-secret-value"}
+            "NODE_API_KEY": "node-secret-value", "SITE_SCRATCH": "/node/scratch"}
+PASSED_ON_NODE = "SITE_SCRATCH"     # the pod config's pass_env: taken from the node's own env
 
 
 def node_records(workdir: str, gpu: int) -> list[dict]:
@@ -292,15 +293,24 @@ def node_records(workdir: str, gpu: int) -> list[dict]:
     return read_records(Path(workdir) / "logs" / f"metrics_gpu{gpu}.jsonl")
 
 
-def wait_gone(pid: int, timeout: float, what: str) -> float:
-    """Wait until `pid` has exited (or is a zombie); the time it was seen gone."""
+def wait_gone(pid: int, timeout: float, what: str) -> tuple[float, float]:
+    """Wait until `pid` has exited (or is a zombie): the last time it was seen alive and the
+    first time it was seen gone (it exited between the two; a loaded machine polls late, so
+    "exited before X" is asserted on the first, "lived until X" on the second)."""
+    last_alive = time.time()
+
     def gone():
+        nonlocal last_alive
+        now = time.time()
         try:
-            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
         except psutil.NoSuchProcess:
             return True
+        last_alive = now
+        return False
     wait_for(gone, timeout, what)
-    return time.time()
+    return last_alive, time.time()
 
 
 def test_a_node_scrubs_its_env_and_fences_its_worker(tmp_path, cluster, launchers):
@@ -316,23 +326,25 @@ def test_a_node_scrubs_its_env_and_fences_its_worker(tmp_path, cluster, launcher
     try:
         pod = make_pod(tmp_path, ray={"address": cluster.address, "resource": ENV_RESOURCE,
                                       "fence_s": FENCE_S},
-                       stop_grace_s=8.0, save_keep=1000)
+                       stop_grace_s=8.0, save_keep=1000, pass_env=[PASSED_ON_NODE])
         launcher = Launcher(pod, "--stage", "1", "--gpus", "0")
         launchers.append(launcher)
         (placed,) = wait_for(lambda: events_of(pod, "worker_placed", gpu=0), STARTUP_S,
                              "the worker placed on the node")
         environ = psutil.Process(placed["pid"]).environ()
-        leaked = {k: v for k, v in NODE_ENV.items() if environ.get(k) == v}
+        leaked = {k: v for k, v in NODE_ENV.items()
+                  if environ.get(k) == v and k != PASSED_ON_NODE}
         assert not leaked, leaked
+        assert environ.get(PASSED_ON_NODE) == NODE_ENV[PASSED_ON_NODE]
         assert "NODE_API_KEY" not in environ and "FORCE_START_TOKEN" not in environ
 
         # The actor's process killed: its worker saves on SIGTERM while Ray reports the
         # actor dead at once; the GPU is lost only after that worker is gone.
         wait_for(lambda: worker_records(pod, 0, "checkpoint"), STARTUP_S, "a checkpoint")
         os.kill(psutil.Process(placed["pid"]).ppid(), signal.SIGKILL)
-        old_gone = wait_gone(placed["pid"], 120, "the orphaned worker's exit")
+        old_alive, old_gone = wait_gone(placed["pid"], 120, "the orphaned worker's exit")
         (lost,) = wait_for(lambda: events_of(pod, "node_lost", gpu=0), 120, "the lost GPU")
-        assert old_gone < lost["ts"]
+        assert old_alive < lost["ts"]
         (unreachable,) = events_of(pod, "node_unreachable", gpu=0)   # said at once
         assert unreachable["ts"] < old_gone
         old_saves = [r for r in node_records(placed["workdir"], 0)
@@ -346,8 +358,8 @@ def test_a_node_scrubs_its_env_and_fences_its_worker(tmp_path, cluster, launcher
         # The launcher killed: the node fences its worker, which saves on its way out.
         killed = time.time()
         os.kill(launcher.proc.pid, signal.SIGKILL)
-        gone = wait_gone(again["pid"], FENCE_S + 8.0 + 60, "the fenced worker's exit")
-        assert gone - killed >= FENCE_S           # it trained on until the fence
+        alive, _ = wait_gone(again["pid"], FENCE_S + 8.0 + 60, "the fenced worker's exit")
+        assert alive - killed >= FENCE_S          # it trained on until the fence
         ending = after(node_records(again["workdir"], 0), killed)
         (done,) = [r for r in ending if r.get("event") == "done"]
         assert done["reason"] != "max_steps"

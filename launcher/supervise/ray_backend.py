@@ -33,7 +33,7 @@ from launcher.supervise.backend import WorkerBackend, WorkerExit, WorkerHandle
 from launcher.supervise.ray_fence import NAMESPACE, Heartbeat, actor_prefix, end_orphans
 from launcher.supervise.ray_node import NodeWorker
 from launcher.config.ray_settings import RaySettings
-from launcher.worker.process import WorkerSpec, build_env, worker_log_path
+from launcher.worker.process import WorkerSpec, build_env, pod_env_names, worker_log_path
 
 POLL_WAIT_S = 5.0          # a node slower than this to answer is asked again next poll
 # At most one round trip to the nodes every 2 s, whatever the pod's poll_interval_s: each
@@ -129,7 +129,8 @@ class RayBackend(WorkerBackend):
                        "revision": spec.ckpt_revision} if spec.ckpt_in else None)
         handle = RayHandle(gpu, None, None, actor=actor)
         handle.start_ref = actor.start.remote(build_env(self.config, spec, base={}),
-                                              checkpoint, spec.slot.device == "cuda")
+                                              checkpoint, spec.slot.device == "cuda",
+                                              sorted(pod_env_names(self.config)))
         self.handles[gpu] = handle
         return handle
 

@@ -80,21 +80,25 @@ class NodeWorker:
         threading.Thread(target=self._fence, name="fence", daemon=True).start()
 
     # ---- the worker --------------------------------------------------------------------
-    def start(self, settings: dict[str, str], checkpoint: dict | None, cuda: bool) -> dict:
+    def start(self, settings: dict[str, str], checkpoint: dict | None, cuda: bool,
+              keep: list[str] = ()) -> dict:
         """Start the worker with `settings` (the launcher's worker environment); first pull
         `checkpoint` ({"path", "sha256", "revision"}) from the hub if this disk lacks it."""
         try:
-            return self._start(settings, checkpoint, cuda)
+            return self._start(settings, checkpoint, cuda, keep)
         finally:
             self.placed.set()       # a probe waiting for the start goes on, whatever it did
 
-    def _start(self, settings: dict[str, str], checkpoint: dict | None, cuda: bool) -> dict:
+    def _start(self, settings: dict[str, str], checkpoint: dict | None, cuda: bool,
+               keep: list[str]) -> dict:
         import ray
         self.heard = time.monotonic()
         pulled = self._ensure_checkpoint(checkpoint) if checkpoint else False
         if checkpoint:
             self._hold_resume(self.workdir / checkpoint["path"])
-        env = worker_env(os.environ, settings)    # scrubbed here, on the node's own environment
+        # Scrubbed here, on the node's own environment; `keep`: the names the pod config
+        # passes (pass_env), taken from this node's environment as on one machine.
+        env = worker_env(os.environ, settings, keep=keep)
         for name in NODE_LOCAL_INPUTS:
             if env.get(name):
                 env[name] = self._input(env[name])
@@ -106,8 +110,9 @@ class NodeWorker:
             self.partial = b""
             log_path = self.workdir / worker_log_path(self.gpu)
             with open(log_path, "ab") as log:
-                self.proc = child.spawn(self.command, cwd=self.workdir, env=env, stdout=log,
-                                        stderr=subprocess.STDOUT, death_signal=signal.SIGTERM)
+                self.proc = child.spawn(self.command, cwd=self.workdir, env=env, keep=keep,
+                                        stdout=log, stderr=subprocess.STDOUT,
+                                        death_signal=signal.SIGTERM)
         return {"pid": self.proc.pid, "node": self.node, "workdir": str(self.workdir),
                 "pulled": pulled}
 
