@@ -97,3 +97,32 @@ def test_passed_checkpoints_all_gone_refuses_the_launch(tmp_path, capsys):
     assert "gpu_0: the manifest named checkpoints/ck1.pt, marked failed" in line
     assert "no passed checkpoint of it is left intact" in line
     assert (pod / MANIFEST).read_bytes() == before and not events_of(pod, "worker_start")
+
+
+def test_a_fresh_gpu_that_fails_before_anything_passed_relaunches_at_token_0(tmp_path, capsys):
+    """Issue 16 item 22. Seen: NaN on a fresh pod before any checkpoint passed; the failure
+    moved the entry to token 0 but the GPU's own file still held the failed checkpoint, so
+    the next plain launch named it (v1's default) and refused: "resumes at token 9600 but
+    the entry's start_token is 0". The GPU starts over, as documented, with nothing to edit."""
+    slow = {**TEST_CRITERIA, "checks": {name: {**spec, "interval": 100, "initialDelay": 100}
+                                         if spec.get("interval") else spec
+                                         for name, spec in TEST_CRITERIA["checks"].items()}}
+    pod = make_pod(tmp_path, criteria=slow)      # the checks vouch for nothing before step 100
+    args = ["--pod-dir", str(pod), "launch", "--stage", "1", "--gpus", "0"]
+    assert cli_main([*args, "--fault", "0:nan@8"]) == 1, capsys.readouterr()
+    failed = [r for r in CheckpointIndex(pod).for_gpu(0) if r["verdict"] == FAILED]
+    assert failed and not [r for r in CheckpointIndex(pod).for_gpu(0)
+                           if r["verdict"] == PASSED]
+    (restored,) = events_of(pod, "manifest_restored", gpu=0)
+    assert restored["to_token"] == 0
+    entry = read_manifest(pod / MANIFEST).entries[0]
+    assert entry.start_token == 0 and entry.checkpoint is None
+    capsys.readouterr()
+    assert cli_main([*args, "--max-steps", "2"]) == 0, capsys.readouterr()
+    start = events_of(pod, "worker_start", gpu=0)[-1]
+    assert start["start_token"] == 0 and start["checkpoint"] is None
+    done = [r for r in CheckpointIndex(pod).for_gpu(0) if r["next_token"] == 2 * 32]
+    assert done, "the relaunch did not train from token 0"
+    # The failed bytes are kept aside for a person, under a name nothing resumes from.
+    assert "checkpoints/fractus_1b_gpu0.pt" in restored["set_aside"]
+    assert (pod / "checkpoints" / "fractus_1b_gpu0.pt.failed").is_file()

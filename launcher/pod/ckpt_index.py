@@ -30,7 +30,7 @@ VERIFY_BELOW_BYTES = 256 << 20
 PENDING, PASSED, FAILED = "pending", "passed", "failed"
 
 
-def _rotated_names(source: Path) -> list[Path]:
+def rotated_names(source: Path) -> list[Path]:
     """The worker's rotated copies of `source` (name.1, name.2, ... as many as SAVE_KEEP
     keeps), oldest bytes last: an event read late may find its bytes far down the line."""
     rotated = []
@@ -175,7 +175,7 @@ class CheckpointIndex:
         target = self._retained_path(record["gpu"], record["next_token"], record["sha256"])
         pin = target.with_name(f".{target.name}.pin")
         for _pass in range(2):     # a rotation between the listing and the look: once more
-            for candidate in [source, *_rotated_names(source)]:
+            for candidate in [source, *rotated_names(source)]:
                 try:
                     link_or_copy(candidate, pin)
                 except FileNotFoundError:

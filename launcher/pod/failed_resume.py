@@ -7,13 +7,20 @@ would resume from it. So, when the pod fails and again before every launch, an e
 names a failed checkpoint is moved to the GPU's newest passed one (the exact bytes, verified
 by sha256), keeping its stage, and a `manifest_restored` event says from where to where.
 A GPU with no passed checkpoint ever (it started fresh and nothing it wrote passed) goes
-back to token 0 with no checkpoint: where it began. One that had passed checkpoints none
+back to token 0 with no checkpoint: where it began. Its own checkpoint file (and the worker's
+rotated copies of it) hold only that failed work, and both the launch (v1's default: an
+entry naming no checkpoint resumes from the GPU's own file) and the worker (CKPT_IN unset:
+CKPT_OUT first) would resume from them, so they are renamed aside (`NAME.failed`), never
+deleted: the start-over is what the next launch does, with nothing to edit. One that had passed checkpoints none
 of which is left intact on disk cannot resume: the launch is refused (UserError, one line).
 """
 
 from __future__ import annotations
 
-from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex, sha256_file
+import os
+from pathlib import Path
+
+from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex, rotated_names, sha256_file
 from launcher.errors import UserError
 from launcher.pod.events import EventLog
 from launcher.pod.manifest import Manifest, apply_rollback
@@ -38,12 +45,25 @@ def failed_record(manifest: Manifest, index: CheckpointIndex, gpu: int) -> dict 
     return record if record is not None and record["verdict"] == FAILED else None
 
 
+def set_aside(pod_dir: Path, own_file: str) -> list[str]:
+    """Rename a GPU's own checkpoint file and its rotated copies to `NAME.failed` (kept for
+    a person to look at; nothing resumes from that name). Returns the names moved."""
+    moved = []
+    source = pod_dir / own_file
+    for path in [source, *rotated_names(source)]:
+        if path.is_file():
+            os.replace(path, path.with_name(f"{path.name}.failed"))
+            moved.append(str(path.relative_to(pod_dir)))
+    return moved
+
+
 def restore_passed(manifest: Manifest, index: CheckpointIndex, events: EventLog,
-                   gpus, refuse: bool) -> bool:
+                   gpus, refuse: bool, own_file_of) -> bool:
     """Move every entry of `gpus` that names a failed checkpoint to where it may resume.
     True when the manifest changed (the caller writes it). A GPU with nothing to resume
     from raises UserError when `refuse` (at launch), else keeps its entry (the next launch
-    refuses it) and records a `manifest_unrestorable` event."""
+    refuses it) and records a `manifest_unrestorable` event. `own_file_of(gpu)`: the GPU's
+    own checkpoint file (the pod config's), set aside when the GPU starts over."""
     changed = False
     for gpu in gpus:
         failed = failed_record(manifest, index, gpu)
@@ -57,8 +77,9 @@ def restore_passed(manifest: Manifest, index: CheckpointIndex, events: EventLog,
                         to_token=target["next_token"], checkpoint=target["path"], reason=why)
             apply_rollback(manifest, gpu, target, entry.stage or target.get("stage"))
         elif not any(r["verdict"] == PASSED for r in index.for_gpu(gpu)):
+            moved = set_aside(index.pod_dir, own_file_of(gpu))
             events.emit("manifest_restored", gpu=gpu, from_token=entry.start_token,
-                        to_token=0, checkpoint=None,
+                        to_token=0, checkpoint=None, set_aside=moved,
                         reason=f"{why}; nothing it wrote passed: it starts over, as it began")
             entry.start_over()
         else:

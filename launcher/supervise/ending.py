@@ -61,7 +61,8 @@ class PodEnding:
                 pod.index.mark(gpu, record["sha256"], CK_FAILED, "its GPU failed")
         # The manifest must not name what was just marked failed: the user's own relaunch
         # reads it too (the next launch checks again: launcher/pod/failed_resume.py).
-        if restore_passed(pod.manifest, pod.index, pod.events, list(pod.runs), refuse=False):
+        if restore_passed(pod.manifest, pod.index, pod.events, list(pod.runs), refuse=False,
+                          own_file_of=pod.plan.config.checkpoint_path):
             write_manifest(pod.manifest)
         pod.events.emit("pod_failed", stage=pod.stage, reason=reason)
         pod.move(PodEvent.FAILED)

@@ -175,7 +175,8 @@ def never_resume_failed(plan: LaunchPlan, manifest: Manifest, index: CheckpointI
     """An entry naming a checkpoint marked failed goes to the newest passed one
     (launcher/pod/failed_resume.py); a GPU with none left intact refuses the launch."""
     from launcher.pod.failed_resume import restore_passed
-    if restore_passed(manifest, index, events, [s.gpu for s in plan.slots], refuse=True):
+    if restore_passed(manifest, index, events, [s.gpu for s in plan.slots], refuse=True,
+                      own_file_of=plan.config.checkpoint_path):
         write_manifest(manifest)
 
 
