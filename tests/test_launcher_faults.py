@@ -47,3 +47,27 @@ def test_sigkilled_worker_restarts_and_resumes_and_second_launcher_is_refused(
     last_ckpt = [r for r in records[:second_start] if r.get("event") == "checkpoint"][-1]
     assert records[second_start]["next_token"] == last_ckpt["next_token"]
     assert events_of(pod, "worker_start", gpu=0)[-1]["start_token"] == last_ckpt["next_token"]
+
+
+def test_a_worker_sigtermed_by_someone_else_restarts_from_its_final_checkpoint(
+        tmp_path, launchers):
+    """Issue 16 item 26. Seen: a worker SIGTERMed by someone else checkpoints, exits 0 and
+    was taken as done: never restarted, its GPU idle while the pod said running."""
+    pod = make_pod(tmp_path)
+    launcher = Launcher(pod, "--stage", "1", "--gpus", "0")
+    launchers.append(launcher)
+    wait_for(lambda: worker_records(pod, 0, "checkpoint"), PROCESS_S, "a checkpoint on GPU 0")
+    os.kill(events_of(pod, "worker_start", gpu=0)[-1]["pid"], signal.SIGTERM)
+    wait_for(lambda: len(events_of(pod, "worker_start", gpu=0)) == 2, PROCESS_S, "the restart")
+    wait_for(lambda: len(worker_records(pod, 0, "start")) == 2, PROCESS_S,
+             "the worker's start event")
+    (done,) = worker_records(pod, 0, "done")
+    assert done["reason"] == "signal"
+    (ended,) = events_of(pod, "worker_exit", gpu=0)
+    assert ended["code"] == 0
+    records = worker_records(pod, 0)
+    second_start = [i for i, r in enumerate(records) if r.get("event") == "start"][1]
+    final = [r for r in records[:second_start] if r.get("event") == "checkpoint"][-1]
+    assert events_of(pod, "worker_start", gpu=0)[-1]["start_token"] == final["next_token"]
+    os.killpg(launcher.proc.pid, signal.SIGTERM)
+    assert launcher.wait(PROCESS_S) == 0, launcher.output()

@@ -387,3 +387,30 @@ def test_a_checkpoint_rotated_away_before_its_event_was_read_is_never_probed_und
     assert hashlib.sha256((sup.pod.pod_dir / name).read_bytes()).hexdigest() == newer["sha256"]
     assert sup.pod.index.records[(0, older["sha256"])]["retained"] is None
 
+
+
+@pytest.mark.parametrize("reason", ["signal", "signal_before_first_step"])
+def test_a_worker_stopped_by_someone_else_restarts_instead_of_counting_as_done(make, reason):
+    """Issue 16 item 26. Seen: a worker SIGTERMed by someone else checkpoints and exits 0,
+    was taken as done and never restarted: its GPU idled while the pod said running. Its
+    `done` event says a signal ended it; the launcher sent none, so it restarts."""
+    sup, backend, clock = make()
+    sup.starter.start_all()
+    backend.train(0, 10)
+    ckpt = backend.checkpoint(0)
+    backend.event(0, "done", reason=reason, step=10, next_token=ckpt["next_token"])
+    backend.exit(0, 0)
+    sup.step()
+    run = sup.pod.runs[0]
+    assert run.state is GpuState.BACKOFF and sup.pod.state is PodState.RUNNING
+    (crash,) = events(sup, "worker_crash", gpu=0)
+    assert "signal the launcher did not send" in crash["reason"]
+    clock.now += crash["restart_in_s"] + 0.1
+    sup.step()
+    assert run.state is GpuState.RUNNING
+    assert backend.current(0).spec.start_token == ckpt["next_token"]
+    # Its end of shard is still the end: a `done` for that reason finishes the GPU.
+    backend.event(0, "done", reason="end_of_shard", step=11, next_token=ckpt["next_token"])
+    backend.exit(0, 0)
+    sup.step()
+    assert run.state is GpuState.DONE

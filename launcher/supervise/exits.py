@@ -14,6 +14,9 @@ from launcher.supervise.pod_run import PodRun
 from launcher.supervise.restart import RestartPolicy
 from launcher.supervise.state import GpuEvent, exit_event
 
+# The worker's `done` reasons that mean a signal ended it (docs/WORKER.md), not its work.
+STOPPED_BY_SIGNAL = ("signal", "signal_before_first_step")
+
 
 class ExitHandlers:
     def __init__(self, pod: PodRun, monitor: WorkerMonitor, restarts: RestartPolicy,
@@ -67,6 +70,14 @@ class ExitHandlers:
 
     # ---- one handler per exit event ---------------------------------------------------
     def finished(self, run: GpuRun, ended: WorkerExit) -> None:
+        if run.done_reason in STOPPED_BY_SIGNAL:
+            # Exit 0 after a signal while the pod runs: not the end of its shard or budget
+            # (the worker says which in its `done` event), and the launcher sent none (it
+            # signals workers only while stopping the pod). Someone else stopped it: its GPU
+            # must not idle while the pod says running, so it restarts, within the budget.
+            self.restarts.crash(run, f"stopped by a signal the launcher did not send "
+                                     f"(done: {run.done_reason})")
+            return
         run.apply(GpuEvent.FINISHED)
 
     def stopped(self, run: GpuRun, ended: WorkerExit) -> None:      # it exited while the pod ends

@@ -28,6 +28,7 @@ class GpuRun:
     last_metrics: dict | None = None
     last_error: str | None = None        # the worker's last error (event, else its log)
     error_reported: bool = False         # this run's worker wrote an `error` event
+    done_reason: str | None = None       # its worker's `done` event: why it ended (this start)
     verified_seen: tuple | None = None
     announced_wait: bool = False         # its gpu_waiting event is out
 

@@ -25,7 +25,8 @@ class WorkerMonitor:
         self.on_event = {"checkpoint": self.on_checkpoint,
                          "nan": lambda run, record: run.health.event(record),
                          "oom": lambda run, record: run.health.event(record),
-                         "error": self.on_error}
+                         "error": self.on_error,
+                         "done": self.on_done}
 
     def drain(self, run: GpuRun) -> None:
         for record in run.tail.read():
@@ -36,6 +37,9 @@ class WorkerMonitor:
                 self.mark_verified(run)
             elif record.get("type") == "event" and record.get("event") in self.on_event:
                 self.on_event[record["event"]](run, record)
+
+    def on_done(self, run: GpuRun, event: dict) -> None:
+        run.done_reason = str(event.get("reason"))
 
     def on_error(self, run: GpuRun, event: dict) -> None:
         run.last_error, run.error_reported = str(event.get("message"))[:300], True

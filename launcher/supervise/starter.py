@@ -50,7 +50,7 @@ class WorkerStarter:
         run.tail.read()                      # skip anything older than this start
         run.proc = pod.backend.start(spec)
         run.apply(GpuEvent.STARTED)
-        run.exit_code, run.node = None, run.proc.node
+        run.exit_code, run.node, run.done_reason = None, run.proc.node, None
         run.started_at, run.last_line_at, run.error_reported = pod.clock(), None, False
         pod.events.emit("worker_start", gpu=gpu, pid=run.proc.pid, stage=pod.stage,
                         start_token=spec.start_token, checkpoint=spec.ckpt_in,
