@@ -414,3 +414,51 @@ def test_a_worker_stopped_by_someone_else_restarts_instead_of_counting_as_done(m
     backend.exit(0, 0)
     sup.step()
     assert run.state is GpuState.DONE
+
+
+class LauncherKilled(BaseException):
+    """Stands for a SIGKILL of the launcher: nothing after it runs."""
+
+
+def test_a_rollback_decided_survives_a_launcher_killed_while_carrying_it_out(make, monkeypatch):
+    """Issue 16 item 25. Seen: a launcher killed between a failed check and its rollback
+    (state rolling_back) forgot the check: the relaunch resumed the GPU from the unjudged
+    checkpoint at the old stage. The decision is recorded before anything is stopped, and
+    the next launch completes it before it reads anything else."""
+    from launcher.paths import DECIDED_ROLLBACK_FILE
+    from launcher.pod.ckpt_index import CheckpointIndex
+    from launcher.pod.events import EventLog
+    from launcher.supervise.prepare import (complete_decided_rollback, load_plan,
+                                            never_resume_failed, reconcile)
+    sup, backend, clock = make(stage=3)
+    sup.starter.start_all()
+    good = passed_checkpoint(sup, backend, 0)
+    backend.train(0, 10)
+    unjudged = backend.checkpoint(0)
+    backend.train(1, 30)
+    sup.step()                                   # the unjudged checkpoint is in the manifest
+
+    def killed(handles, grace_s):                # the launcher dies in the graceful stop
+        raise LauncherKilled()
+    monkeypatch.setattr(backend, "stop", killed)
+    backend.event(0, "nan", step=112)
+    with pytest.raises(LauncherKilled):
+        sup.step()
+    assert sup.pod.state is PodState.ROLLING_BACK
+    pod_dir = sup.pod.pod_dir
+    assert read_manifest(pod_dir / sup.pod.plan.config.manifest).entries[0]["start_token"] \
+        == unjudged["next_token"]
+
+    # The next plain launch (no --stage), through launch's own preparation steps.
+    plan, manifest = load_plan(pod_dir, None, "cpu:2", None)
+    index, log = CheckpointIndex(pod_dir), EventLog(pod_dir)
+    complete_decided_rollback(plan, manifest, index, log, stage_given=False)
+    reconcile(plan, manifest, index, log)
+    never_resume_failed(plan, manifest, index, log)
+    entry = read_manifest(pod_dir / plan.config.manifest).entries[0]
+    assert entry["start_token"] == good["next_token"] and entry["stage"] == 2
+    assert plan.stage == 2
+    assert index.records[(0, unjudged["sha256"])]["verdict"] == FAILED
+    (done,) = events(sup, "rollback", gpu=0)
+    assert done["completed_at_launch"] and done["to_token"] == good["next_token"]
+    assert not (pod_dir / DECIDED_ROLLBACK_FILE).exists()

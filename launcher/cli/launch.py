@@ -61,6 +61,7 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
     from launcher.pod.events import EventLog
     from launcher.pod.lock import PodLock
     from launcher.supervise.prepare import (
+        complete_decided_rollback,
         ensure_run_id,
         load_plan,
         never_resume_failed,
@@ -112,6 +113,8 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
             refuse_if_busy(plan)
             events = EventLog(pod_dir, mirror=EventsToTensorBoard(pod_dir))
             index = CheckpointIndex(pod_dir)
+            complete_decided_rollback(plan, manifest, index, events,
+                                      stage_given=stage is not None)
             reconcile(plan, manifest, index, events)
             never_resume_failed(plan, manifest, index, events)
             recover_checkpoints(plan, manifest, index, events, on_hub)

@@ -170,6 +170,24 @@ def reconcile(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
         write_manifest(manifest)
 
 
+def complete_decided_rollback(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
+                              events: EventLog, stage_given: bool) -> None:
+    """A rollback the last launcher decided and died carrying out is completed first
+    (launcher/pod/decided_rollback.py), before reconcile could adopt the failed GPU's
+    unjudged checkpoints; a launch without --stage then runs at its target stage."""
+    from launcher.pod.decided_rollback import clear_decision, complete_decision
+    to_stage = complete_decision(plan.pod_dir, manifest, index, events,
+                                 plan.config.checkpoint_path)
+    if to_stage is None:
+        return
+    write_manifest(manifest)
+    clear_decision(plan.pod_dir)
+    if not stage_given:
+        plan.stage = manifest.recorded_stage([s.gpu for s in plan.slots]) or to_stage
+        check_worker_settings(plan.stages, plan.stage, plan.config,
+                              plan.pod_dir / plan.config.stages)
+
+
 def never_resume_failed(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
                         events: EventLog) -> None:
     """An entry naming a checkpoint marked failed goes to the newest passed one

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from launcher.checks.health import INCONCLUSIVE, SUCCESSFUL
 from launcher.pod.ckpt_index import FAILED as CK_FAILED
+from launcher.pod.decided_rollback import clear_decision, record_decision
 from launcher.pod.live_state import take_rollback_request
 from launcher.pod.manifest import apply_rollback, write_manifest
 from launcher.supervise.ending import PodEnding
@@ -53,13 +54,20 @@ class StageRollback:
             self.ending.fail(f"{why} (GPU {failed[0].slot.gpu}: "
                              f"{failed[0].health.verdict().reason})", exit_code=1)
             return
+        # Durable before anything is stopped: a launcher killed from here on leaves the
+        # decision for the next launch to complete (launcher/pod/decided_rollback.py).
+        record_decision(pod.pod_dir, [r.slot.gpu for r in failed], from_stage, target_stage,
+                        "; ".join(f"GPU {r.slot.gpu}: {r.health.verdict().reason}"
+                                  for r in failed) or "rollback requested by hand", auto)
         pod.move(PodEvent.ROLLBACK)
         self.view.write(force=True)
         self.ending.stop_workers(kill_gpus={r.slot.gpu for r in failed})
         for run in failed:
             if not self.restore(run, from_stage, target_stage, auto):
+                clear_decision(pod.pod_dir)      # the pod failed: ending.fail settled it
                 return
         write_manifest(pod.manifest)
+        clear_decision(pod.pod_dir)
         pod.rolled_back = pod.rolled_back or auto
         pod.events.emit("stage_change", from_stage=from_stage, to_stage=target_stage,
                         reason="rollback")
