@@ -31,6 +31,7 @@ INDEX_FILE = "logs/checkpoints.jsonl"
 PASSED_DIR = "checkpoints/retained"
 STATE_FILE = "logs/pod_state.json"
 REQUEST_FILE = "logs/rollback_request.json"
+STOP_REQUEST_FILE = "logs/stop_request.json"   # a stop for a launcher still starting
 DECIDED_ROLLBACK_FILE = "logs/rollback_decided.json"   # a rollback decided, not yet carried out
 LOCK_FILE = "logs/launcher.lock"
 RESERVE_FILE = "logs/.launcher_reserve"

@@ -153,3 +153,21 @@ def test_stop_waits_through_the_final_probes(pod, tmp_path, launchers, monkeypat
     final_probe = [e for e in events_of(pod, "probe") if e["ts"] > start["ts"]][-1]
     assert final_probe["seconds"] >= 55   # `stop` waited past its own 40 s for this probe
     assert final["ts"] >= final_probe["ts"]
+
+
+def test_a_stop_right_after_launch_is_never_lost(tmp_path, launchers):
+    """Issue 16 item 23. Seen: `fractus-pod stop` 0.3 s after `launch` printed "no launcher
+    is running", exited 0, and the launcher then trained on. Here the stop comes at once,
+    before the starting launcher can hold the pod: it stops as soon as it does, having
+    started no worker."""
+    from launcher.cli import main as cli_main
+    from tests.test_launcher_e2e import make_pod
+    fresh = make_pod(tmp_path)
+    launcher = Launcher(fresh, "--stage", "1", "--gpus", "0")
+    launchers.append(launcher)
+    assert cli_main(["--pod-dir", str(fresh), "stop"]) == 0
+    assert launcher.wait(300) == 0, launcher.output()
+    (stopped,) = events_of(fresh, "launch_stopped")
+    assert "fractus-pod stop" in stopped["reason"], stopped
+    assert not events_of(fresh, "worker_start")
+    assert "pod STOPPED" in launcher.output()

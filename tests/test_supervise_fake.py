@@ -462,3 +462,51 @@ def test_a_rollback_decided_survives_a_launcher_killed_while_carrying_it_out(mak
     (done,) = events(sup, "rollback", gpu=0)
     assert done["completed_at_launch"] and done["to_token"] == good["next_token"]
     assert not (pod_dir / DECIDED_ROLLBACK_FILE).exists()
+
+
+def test_a_rollback_request_made_to_another_launcher_is_dropped_not_carried_out(make):
+    """Issue 16 item 24. Seen: a rollback asked of one launcher fired in a later, unrelated
+    launch 0.6 s after it started (fresh workers killed, stage 3 -> 2). A request belongs to
+    the launcher it was made to."""
+    from launcher.pod.live_state import write_rollback_request
+    sup, backend, clock = make(stage=3)
+    sup.pod.launcher_id = "this-launcher"
+    write_rollback_request(sup.pod.pod_dir, 2, [0])          # asked of an earlier launcher
+    sup.starter.start_all()
+    passed_checkpoint(sup, backend, 0)
+    sup.step()
+    assert not events(sup, "rollback") and sup.pod.stage == 3
+    assert [w.signals for w in backend.started] == [[], []]
+    (stale,) = events(sup, "rollback_request_stale")
+    assert stale["to_stage"] == 2 and "another launcher" in stale["reason"]
+    assert not (sup.pod.pod_dir / "logs" / "rollback_request.json").exists()
+
+
+def test_a_rollback_asked_during_the_canary_is_refused_not_fired_later(make):
+    """Issue 16 item 24. Seen: a rollback asked while the stage canary ran was neither
+    applied nor refused. The CLI refuses it while the canary runs; one that slips in (asked
+    just before the canary began) is refused, in the events, when the canary ends."""
+    from launcher.errors import UserError
+    from launcher.pod.live_state import write_rollback_request
+    from launcher.pod.lock import PodLock
+    from launcher.supervise.manual import manual_rollback
+    sup, backend, clock = make(stage=3)
+    pod_dir = sup.pod.pod_dir
+    refused_by_cli = []
+
+    def canary():
+        try:
+            manual_rollback(pod_dir, 2, [0])
+        except UserError as exc:
+            refused_by_cli.append(str(exc))
+        write_rollback_request(pod_dir, 2, [0], sup.pod.launcher_id)
+    with PodLock(pod_dir) as lock:
+        sup.pod.launcher_id = lock.launcher_id
+        sup.gate(canary)
+        assert refused_by_cli and "stage canary" in refused_by_cli[0]
+        (refused,) = events(sup, "rollback_refused")
+        assert "canary" in refused["reason"] and refused["to_stage"] == 2
+        sup.starter.start_all()
+        sup.step()
+    assert not events(sup, "rollback") and sup.pod.stage == 3
+    assert sup.pod.state is PodState.RUNNING

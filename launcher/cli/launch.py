@@ -10,9 +10,12 @@ import sys
 from pathlib import Path
 
 import click
+import psutil
 
 from launcher.cli.hub import pod_dir_of, pod_dir_option
 from launcher.errors import UserError
+from launcher.paths import CONFIG_NAME
+from launcher.pod.live_state import take_stop_request
 
 
 def _parse_faults(values: tuple[str, ...]) -> dict[int, str]:
@@ -57,6 +60,13 @@ def _parse_faults(values: tuple[str, ...]) -> dict[int, str]:
 def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, revision,
            trust_hub_config, no_canary, ray_address, faults) -> None:
     """Validate everything, then start one worker per GPU and supervise them."""
+    # A stop is never lost (issue 16, item 23): SIGTERM/SIGINT are remembered from the first
+    # line (the imports below take seconds on a loaded machine), and the pod lock, which
+    # `fractus-pod stop` looks for, is taken before anything slow. A `stop` that came
+    # before the lock left a stop request, taken with it.
+    from launcher.supervise.stage_switch import EarlyStop, LaunchStopped, canary_gate, current_stage
+    stop = EarlyStop(None)
+    stop.install()
     from launcher.pod.ckpt_index import CheckpointIndex
     from launcher.pod.events import EventLog
     from launcher.pod.lock import PodLock
@@ -72,7 +82,6 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
         refuse_if_busy,
         validate,
     )
-    from launcher.supervise.stage_switch import EarlyStop, LaunchStopped, canary_gate, current_stage
     from launcher.supervise.supervisor import Supervisor
     pod_dir = pod_dir_of(ctx)
     if revision and not from_hub:
@@ -84,32 +93,34 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
     if from_hub:
         _rebuild(pod_dir, from_hub, revision, on_cluster=ray_address is not None,
                  trust_config=trust_hub_config)
-    plan, manifest = load_plan(pod_dir, stage, devices, gpus, max_time, max_steps,
-                               _parse_faults(faults))
-    from launcher.supervise.canary_budget import split_budget
-    budget = split_budget(plan, not no_canary and (current_stage(plan, manifest) or plan.stage)
-                          < plan.stage)
-    from launcher.config.ray_settings import RaySettings
-    ray_settings = RaySettings.parse(plan.config.ray, ray_address)
-    if ray_settings is None:        # on Ray the nodes hold the GPUs, not this machine
-        from launcher.config.gpus import check_cuda_present
-        check_cuda_present([s.gpu for s in plan.slots if s.device == "cuda"],
-                           devices or plan.config.devices)
-    on_hub = on_the_hub(plan, manifest) if ray_settings is not None else set()
-    if plan.config.hub:
-        from launcher.hub.sync import store_for
-        try:
-            store_for(plan.config, pod_dir)    # a malformed hub: URL is refused up front
-        except ValueError as exc:
-            raise UserError(f"hub: {exc}") from None
     lock = PodLock(pod_dir)
-    lock.acquire()
+    if (pod_dir / CONFIG_NAME).is_file():    # else load_plan refuses, writing nothing
+        lock.acquire()
+        if take_stop_request(pod_dir, since=psutil.Process().create_time()):
+            stop.signal = "fractus-pod stop received while the launcher started"
     events = None
-    stop = EarlyStop(plan.deadline)     # `fractus-pod stop` works from here on
-    stop.install()
     try:
         from launcher.supervise.tensorboard_events import EventsToTensorBoard
         try:
+            plan, manifest = load_plan(pod_dir, stage, devices, gpus, max_time, max_steps,
+                                       _parse_faults(faults))
+            stop.deadline = plan.deadline
+            from launcher.supervise.canary_budget import split_budget
+            budget = split_budget(plan, not no_canary and (current_stage(plan, manifest)
+                                                           or plan.stage) < plan.stage)
+            from launcher.config.ray_settings import RaySettings
+            ray_settings = RaySettings.parse(plan.config.ray, ray_address)
+            if ray_settings is None:        # on Ray the nodes hold the GPUs, not this machine
+                from launcher.config.gpus import check_cuda_present
+                check_cuda_present([s.gpu for s in plan.slots if s.device == "cuda"],
+                                   devices or plan.config.devices)
+            on_hub = on_the_hub(plan, manifest) if ray_settings is not None else set()
+            if plan.config.hub:
+                from launcher.hub.sync import store_for
+                try:
+                    store_for(plan.config, pod_dir)    # a malformed hub: URL is refused
+                except ValueError as exc:
+                    raise UserError(f"hub: {exc}") from None
             refuse_if_busy(plan)
             events = EventLog(pod_dir, mirror=EventsToTensorBoard(pod_dir))
             index = CheckpointIndex(pod_dir)
@@ -123,9 +134,13 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
             lock.release(restore=True)     # a refusal leaves the pod as it was
             raise
         supervisor = Supervisor(plan, manifest, index, events)
+        supervisor.pod.launcher_id = lock.launcher_id
         if budget:
             click.echo(budget)
         try:
+            if stop.signal:
+                raise LaunchStopped(f"stopped before any worker started ({stop.signal}); "
+                                    f"nothing switched or started")
             supervisor.gate(lambda: canary_gate(plan, manifest, events, no_canary, stop))
         except LaunchStopped as exc:
             events.emit("launch_stopped", stage=current_stage(plan, manifest), reason=str(exc))

@@ -131,6 +131,13 @@ def stop(ctx, timeout) -> None:
     config = load_config(pod_dir)
     holder = read_holder(pod_dir)
     if holder is None or not holder.get("pid"):
+        # A launcher may be starting and not hold the pod yet: it takes this request when it
+        # does. Then look again: one that took the pod meanwhile (after its look at the
+        # request) holds it now and gets the signal (launcher/pod/live_state.py).
+        from launcher.pod.live_state import write_stop_request
+        write_stop_request(pod_dir)
+        holder = read_holder(pod_dir)
+    if holder is None or not holder.get("pid"):
         orphans = running_workers(pod_dir)
         for pid in orphans.values():
             os.kill(pid, signal.SIGTERM)

@@ -1,6 +1,8 @@
 """Files the launcher shares with the other commands: logs/pod_state.json (written by the
-running launcher, read by `status`) and logs/rollback_request.json (written by
-`fractus-pod rollback` while a launcher runs, consumed by it)."""
+running launcher, read by `status`), logs/rollback_request.json (written by
+`fractus-pod rollback` while a launcher runs, for that launcher: it names its launcher_id,
+and any other launcher discards it as stale) and logs/stop_request.json (written by
+`fractus-pod stop` when no launcher holds the pod yet: one still starting stops at once)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from launcher.paths import STATE_FILE, REQUEST_FILE  # noqa: F401 (re-exported)
+from launcher.paths import STATE_FILE, REQUEST_FILE, STOP_REQUEST_FILE  # noqa: F401
 from launcher.files import atomic_write_text, read_json_state, write_json_state
 
 
@@ -69,9 +71,12 @@ def read_pod_state(pod_dir: Path) -> dict | None:
     return read_json_state(pod_dir / STATE_FILE) or None
 
 
-def write_rollback_request(pod_dir: Path, to_stage: int, gpus: list[int]) -> Path:
+def write_rollback_request(pod_dir: Path, to_stage: int, gpus: list[int],
+                           launcher_id: str | None = None) -> Path:
+    """`launcher_id`: the launcher it is asked of (the lock holder's); no other takes it."""
     path = pod_dir / REQUEST_FILE
     atomic_write_text(path, json.dumps({"to_stage": to_stage, "gpus": gpus,
+                                        "launcher_id": launcher_id,
                                         "ts": time.time()}) + "\n")
     return path
 
@@ -86,3 +91,19 @@ def take_rollback_request(pod_dir: Path) -> dict | None:
         request = None
     path.unlink(missing_ok=True)
     return request if isinstance(request, dict) and "to_stage" in request else None
+
+
+def write_stop_request(pod_dir: Path) -> None:
+    (pod_dir / STOP_REQUEST_FILE).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(pod_dir / STOP_REQUEST_FILE, json.dumps({"ts": time.time()}) + "\n")
+
+
+def take_stop_request(pod_dir: Path, since: float) -> bool:
+    """Whether `fractus-pod stop` asked for a stop at or after `since` (this launcher's
+    process start) before it could find the launcher; the file is consumed either way (an
+    older one was for no launcher that still runs)."""
+    path = pod_dir / STOP_REQUEST_FILE
+    request = read_json_state(path)
+    path.unlink(missing_ok=True)
+    ts = request.get("ts")
+    return isinstance(ts, (int, float)) and ts >= since

@@ -10,6 +10,7 @@ import fcntl
 import json
 import os
 import time
+import uuid
 from pathlib import Path
 
 from launcher.paths import LOCK_FILE  # noqa: F401 (re-exported)
@@ -25,6 +26,9 @@ class PodLock:
         # whether logs/ was made here: a refused launch puts both back (release(restore)).
         self._before: bytes | None = None
         self._made_dir = False
+        # This launcher, for requests made to it (a rollback asked of one launcher must not
+        # fire in the next): the same across the --detach fork, unlike the pid.
+        self.launcher_id = uuid.uuid4().hex
 
     def acquire(self) -> None:
         self._made_dir = not self.path.parent.exists()
@@ -56,7 +60,8 @@ class PodLock:
         """Write our pid into the lock file (again after --detach forks)."""
         assert self._fd is not None
         os.ftruncate(self._fd, 0)
-        os.pwrite(self._fd, json.dumps({"pid": os.getpid(), "since": time.time()}).encode(), 0)
+        os.pwrite(self._fd, json.dumps({"pid": os.getpid(), "since": time.time(),
+                                        "launcher_id": self.launcher_id}).encode(), 0)
 
     def release(self, restore: bool = False) -> None:
         """Unlock. `restore`: a refused launch leaves the pod byte for byte as it was, so
@@ -94,7 +99,8 @@ def _same_file(fd: int, path: Path) -> bool:
 
 
 def read_holder(pod_dir: Path) -> dict | None:
-    """The live launcher's {"pid", "since"}, or None when no launcher holds the pod."""
+    """The live launcher's {"pid", "since", "launcher_id"}, or None when no launcher holds
+    the pod."""
     path = pod_dir / LOCK_FILE
     if not path.is_file():
         return None

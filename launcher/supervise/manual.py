@@ -36,7 +36,8 @@ def manual_rollback(pod_dir: Path, to_stage: int, gpus: list[int]) -> str:
     holder = read_holder(pod_dir)
     _refuse_going_up(pod_dir, config, to_stage, running=holder is not None)
     if holder is not None:
-        write_rollback_request(pod_dir, to_stage, gpus)
+        _refuse_during_canary(pod_dir)
+        write_rollback_request(pod_dir, to_stage, gpus, holder.get("launcher_id"))
         return (f"asked the running launcher (pid {holder.get('pid')}) to roll back to stage "
                 f"{to_stage}" + (f" restoring GPU(s) {gpus}" if gpus else ""))
     with PodLock(pod_dir):
@@ -70,6 +71,16 @@ def manual_rollback(pod_dir: Path, to_stage: int, gpus: list[int]) -> str:
                     reason="rollback by hand")
     lines.append(f"pod set to stage {to_stage}; resume with `fractus-pod launch --stage {to_stage}`")
     return "\n".join(lines)
+
+
+def _refuse_during_canary(pod_dir: Path) -> None:
+    """The running launcher's stage canary decides a switch up; nothing has switched or
+    started yet, so there is nothing to roll back (and a request would wait for ever)."""
+    from launcher.pod.live_state import read_pod_state
+    if (read_pod_state(pod_dir) or {}).get("pod_state") == "canary":
+        raise UserError("the running launcher is running its stage canary (nothing has "
+                        "switched yet): wait for the pod to run, or `fractus-pod stop` it "
+                        "(the pod stays on its stage), then roll back")
 
 
 def _refuse_going_up(pod_dir: Path, config, to_stage: int, running: bool) -> None:

@@ -40,6 +40,7 @@ class PodRun:
     rolled_back: bool = False            # an automatic rollback happened: never twice
     judging: bool = False                # the final probes of a clean end are running
     started_at: float = field(default_factory=time.time)
+    launcher_id: str | None = None       # the pod lock's: requests made to this launcher
     # Where each GPU stood at launch (the checkpoint it resumed from): on a remote backend
     # the resume point after a lost node, or of a rollback, when nothing newer passed.
     launch_entries: dict[int, ManifestEntry] = field(default_factory=dict)

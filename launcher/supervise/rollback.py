@@ -104,7 +104,7 @@ class StageRollback:
         """A `fractus-pod rollback --to-stage N` issued while this launcher runs."""
         pod = self.pod
         request = take_rollback_request(pod.pod_dir)
-        if request is None:
+        if request is None or self._stale(request):
             return
         if int(request["to_stage"]) > pod.stage:     # only down: up goes through the canary
             pod.events.emit("rollback_refused", to_stage=request["to_stage"], stage=pod.stage,
@@ -115,6 +115,27 @@ class StageRollback:
             pod.runs[gpu].health.fail("manual", "rollback requested by hand")
         self.roll_back([pod.runs[g] for g in gpus], auto=False,
                        to_stage=int(request["to_stage"]))
+
+
+    def _stale(self, request: dict) -> bool:
+        """A request made to another launcher (one that ended before taking it): dropped,
+        and said, never carried out by this one."""
+        if request.get("launcher_id") == self.pod.launcher_id:
+            return False
+        self.pod.events.emit("rollback_request_stale", to_stage=request.get("to_stage"),
+                             gpus=request.get("gpus"), asked_at=request.get("ts"),
+                             reason="asked of another launcher, which ended before taking "
+                                    "it; ask again if it still holds")
+        return True
+
+    def refuse_request(self, reason: str) -> None:
+        """A request that arrived while this launcher could not act on it (the stage
+        canary ran): refused, in the events, instead of firing later."""
+        request = take_rollback_request(self.pod.pod_dir)
+        if request is not None and not self._stale(request):
+            self.pod.events.emit("rollback_refused", to_stage=request.get("to_stage"),
+                                 gpus=request.get("gpus"), stage=self.pod.stage,
+                                 reason=reason)
 
 
 def launch_point(pod: PodRun, gpu: int) -> dict | None:

@@ -116,14 +116,20 @@ class Supervisor:
         raised on with the pod STOPPED (nothing switched, nothing started)."""
         self.pod.move(PodEvent.CANARY_STARTED)
         self.view.write(force=True)
+        # A rollback asked while the canary runs is refused when it ends: the canary decides
+        # the switch, and nothing has switched or started to roll back.
+        refusal = ("asked while the stage canary ran: nothing had switched; once the pod "
+                   "runs, ask again (or `fractus-pod stop` it during a canary)")
         try:
             check()
         except BaseException as exc:
             self.pod.reason = str(getattr(exc, "message", exc))
             self.pod.move(PodEvent.CANARY_REFUSED)
             self.view.write(force=True)
+            self.rollback.refuse_request(refusal)
             raise
         self.pod.move(PodEvent.CANARY_PASSED)
+        self.rollback.refuse_request(refusal)
 
     # ---- run -> monitor -> restart, until the pod ends -----------------------------------
     def run(self) -> int:
