@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable
@@ -70,3 +71,13 @@ def read_json_state(path: Path) -> dict:
 
 def write_json_state(path: Path, state: dict, indent: int | None = None) -> None:
     atomic_write_text(path, json.dumps(state, default=str, indent=indent) + "\n")
+
+
+def dir_id(path: Path) -> tuple | None:
+    """(device, inode) of a directory, None when there is none: the same folder, not merely
+    one of that name (a launcher notices its logs/ moved away and another made there)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None

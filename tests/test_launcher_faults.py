@@ -4,10 +4,13 @@ and a second launcher on the same pod is refused.
 Shares the pod helpers of tests/test_launcher_e2e.py (real launcher, real tiny CPU workers).
 """
 
+import json
 import os
 import signal
 import subprocess
 import sys
+
+from launcher.worker.process import read_records
 
 from tests.test_launcher_e2e import (PROCESS_S, REPO, Launcher, events_of, launchers,
                                      make_pod, wait_for, worker_records)
@@ -71,3 +74,31 @@ def test_a_worker_sigtermed_by_someone_else_restarts_from_its_final_checkpoint(
     assert events_of(pod, "worker_start", gpu=0)[-1]["start_token"] == final["next_token"]
     os.killpg(launcher.proc.pid, signal.SIGTERM)
     assert launcher.wait(PROCESS_S) == 0, launcher.output()
+
+
+def test_logs_moved_mid_run_fail_the_pod_in_one_line_with_the_workers_stopped(
+        tmp_path, launchers):
+    """Issue 16 item 26. Seen: `mv logs logs.moved` mid-run gave a FileNotFoundError
+    traceback (exit 1), or the launcher recreated logs/ and declared both healthy workers
+    hung. Now: a pod error in one line, the workers stopped gracefully (each checkpointed),
+    no traceback, logs/ not recreated."""
+    pod = make_pod(tmp_path)
+    launcher = Launcher(pod, "--stage", "1")     # its output file moves with logs/, open
+    launchers.append(launcher)
+    wait_for(lambda: worker_records(pod, 0, "checkpoint") and worker_records(pod, 1,
+             "checkpoint"), PROCESS_S, "a checkpoint on each GPU")
+    (pod / "logs").rename(pod / "logs.moved")
+    code = launcher.wait(PROCESS_S)
+    text = launcher.output()
+    assert code == 1, text
+    assert "Traceback" not in text and "logs/ was moved" in text, text
+    moved = pod / "logs.moved"
+    for gpu in (0, 1):
+        done = [r for r in read_records(moved / f"metrics_gpu{gpu}.jsonl")
+                if r.get("event") == "done"]
+        assert done and done[-1]["reason"] == "signal", gpu      # stopped gracefully
+    # Nothing made a new logs/ (an empty one would hide the moved folder's records and make
+    # healthy workers look hung), and no worker was taken for hung.
+    assert not (pod / "logs").exists()
+    recorded = [json.loads(line) for line in (moved / "events.jsonl").read_text().splitlines()]
+    assert not [e for e in recorded if e["event"] in ("hang", "worker_crash")]

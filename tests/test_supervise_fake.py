@@ -510,3 +510,25 @@ def test_a_rollback_asked_during_the_canary_is_refused_not_fired_later(make):
         sup.step()
     assert not events(sup, "rollback") and sup.pod.stage == 3
     assert sup.pod.state is PodState.RUNNING
+
+
+def test_a_metrics_file_replaced_by_a_directory_is_a_pod_error_not_a_traceback(make,
+                                                                               monkeypatch):
+    """Issue 16 item 26. Seen: a worker's metrics file replaced by a directory mid-run ended
+    the launcher with an IsADirectoryError traceback. Now the run loop ends the pod FAILED
+    with one line, every worker stopped gracefully."""
+    sup, backend, clock = make()
+    metrics = backend.metrics_file(0)
+    pump = backend.pump
+
+    def replace_then_pump(force=False):
+        if metrics.is_file():
+            metrics.unlink()
+            metrics.mkdir()
+        return pump(force)
+    monkeypatch.setattr(backend, "pump", replace_then_pump)
+    assert sup.run() == 1
+    assert sup.pod.state is PodState.FAILED
+    (failed,) = events(sup, "pod_failed")
+    assert "went away or was replaced" in failed["reason"] and "metrics_gpu0" in failed["reason"]
+    assert [w.signals for w in backend.started] == [[signal.SIGTERM], [signal.SIGTERM]]

@@ -69,7 +69,10 @@ class CheckpointIndex:
                     continue
 
     def _append(self, record: dict) -> dict:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.size == 0:
+            # Once: a logs/ that goes away later is reported by the launcher (a pod error),
+            # never silently made anew with part of the index in it.
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         record = {**record, "ts": time.time()}
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:

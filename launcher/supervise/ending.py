@@ -6,6 +6,7 @@ from __future__ import annotations
 from fractus.train.disk import disk_full
 from launcher.checks.health import FAILED
 from launcher.pod.ckpt_index import FAILED as CK_FAILED
+from launcher.files import dir_id
 from launcher.pod.failed_resume import restore_passed
 from launcher.pod.manifest import write_manifest
 from launcher.pod.reserve import DiskReserve
@@ -69,11 +70,47 @@ class PodEnding:
         pod.exit_code = exit_code
 
     def on_write_error(self, exc: OSError) -> None:
-        """One of the launcher's own writes failed. A full disk fails the pod, recorded
-        with the space the reserve frees; anything else is a bug and propagates."""
+        """One of the launcher's own reads or writes failed. A full disk fails the pod,
+        recorded with the space the reserve frees; a pod file or folder gone or replaced
+        (logs/ moved, a metrics file replaced by a directory) fails it too, one line;
+        anything else is a bug and propagates."""
+        if isinstance(exc, (FileNotFoundError, IsADirectoryError, NotADirectoryError)):
+            self.files_lost(f"a pod file went away or was replaced while the pod ran "
+                            f"({exc.strerror}: {exc.filename})", self.pod.logs_id)
+            return
         if disk_full(exc) is None:
             raise exc
         self.disk_full(f"the launcher could not write ({exc.strerror})")
+
+    def files_lost(self, what: str, logs_id: tuple | None = None) -> None:
+        """The pod's own files went away under the launcher (logs/ moved or deleted, a
+        metrics file replaced): it can neither read its workers nor record anything, and
+        must not recreate logs/ (the workers still write into the moved folder: an empty
+        new one would make healthy workers look hung). The workers stop gracefully (each
+        checkpoints), the pod is FAILED with one line, recorded in the events if they can
+        still be written (`logs_id`: the pod's logs/ as the run began, see dir_id); nothing
+        else is written."""
+        pod = self.pod
+        if pod.state in (PodState.FAILING, PodState.FAILED):
+            return
+        reason = (f"{what}; the workers were stopped (each checkpointed): put the files "
+                  f"back (e.g. `mv logs.moved logs`), then launch again")
+        pod.files_lost = True
+        pod.backend.stop([r.proc for r in pod.runs.values() if r.proc is not None],
+                         pod.plan.config.stop_grace_s)
+        for run in pod.runs.values():
+            run.proc = None
+            run.apply(GpuEvent.STOPPED)
+        pod.move(PodEvent.FAIL)
+        pod.move(PodEvent.FAILED)
+        pod.reason, pod.exit_code = reason, 1
+        if self.reserve is not None:
+            self.reserve.release()
+        try:       # into the pod's own logs/ only: a new empty one would be in the way
+            if logs_id is None or dir_id(pod.events.path.parent) == logs_id:
+                pod.events.emit("pod_failed", stage=pod.stage, reason=reason)
+        except OSError:
+            pass
 
     def disk_full(self, what: str) -> None:
         """The disk is full (a worker's or the launcher's own write failed): nothing can

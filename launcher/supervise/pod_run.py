@@ -41,6 +41,8 @@ class PodRun:
     judging: bool = False                # the final probes of a clean end are running
     started_at: float = field(default_factory=time.time)
     launcher_id: str | None = None       # the pod lock's: requests made to this launcher
+    logs_id: tuple | None = None         # logs/ as the run began (device, inode)
+    files_lost: bool = False             # logs/ or a file in it went away: nothing more written
     # Where each GPU stood at launch (the checkpoint it resumed from): on a remote backend
     # the resume point after a lost node, or of a rollback, when nothing newer passed.
     launch_entries: dict[int, ManifestEntry] = field(default_factory=dict)

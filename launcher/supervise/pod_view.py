@@ -47,6 +47,8 @@ class PodView:
 
     def write(self, force: bool = False) -> None:
         now = time.monotonic()
+        if self.pod.files_lost:          # logs/ is gone: writing would only recreate it
+            return
         if not force and now - self.written_at < max(2.0, self.pod.plan.config.poll_interval_s):
             return
         self.written_at = now

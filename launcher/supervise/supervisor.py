@@ -29,6 +29,7 @@ import time
 
 from fractus.train.disk import disk_full
 from launcher.checks.probe_monitor import ProbeMonitor
+from launcher.files import dir_id
 from launcher.hub.sync import HubSync
 from launcher.pod.ckpt_index import CheckpointIndex
 from launcher.pod.events import EventLog
@@ -139,6 +140,7 @@ class Supervisor:
         pod.events.emit("launch", stage=pod.stage, gpus=list(pod.runs),
                         devices=sorted({r.slot.device for r in pod.runs.values()}))
         self.ending.reserve = DiskReserve(pod.pod_dir)
+        pod.logs_id = dir_id(pod.pod_dir / "logs")
         try:
             record_stage(pod.manifest, list(pod.runs), pod.stage, pod.events)
             self.starter.start_all()
@@ -159,6 +161,11 @@ class Supervisor:
 
     def step(self, deadline: float | None = None) -> None:
         """One turn of the loop: every worker, then the pod, then stop if asked or out of time."""
+        logs_id = self.pod.logs_id
+        if logs_id is not None and dir_id(self.pod.pod_dir / "logs") != logs_id:
+            self.ending.files_lost("logs/ was moved, replaced or deleted while the pod ran",
+                                   logs_id)
+            return
         self._tend_workers()
         self._judge_pod()
         if self.sync is not None:
@@ -226,6 +233,11 @@ class Supervisor:
         close, the backend (its nodes' last pushes) and the hub sync (the end of a run is
         pushed, whatever ended it)."""
         pod = self.pod
+        if pod.files_lost:               # nothing can be read or recorded: only close
+            if pod.probes is not None:
+                pod.probes.close()
+            pod.backend.close(abandoned=lambda: True)
+            return
         try:
             if pod.state in (PodState.STOPPED, PodState.DONE):
                 self.final.judge(cut_short=lambda: self.cut_short)

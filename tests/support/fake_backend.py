@@ -104,6 +104,8 @@ class FakeBackend(WorkerBackend):
 
     def line(self, worker: FakeWorker, record: dict) -> None:
         path = self.metrics_file(worker.gpu)
+        if path.is_dir():      # replaced under a real worker, whose open file lives on
+            return
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a") as f:
             f.write(json.dumps({"gpu": worker.gpu, **record}) + "\n")
