@@ -14,8 +14,9 @@ import signal
 import yaml
 
 from launcher.pod.ckpt_index import sha256_file
-from tests.test_launcher_e2e import (TOKENS_PER_STEP, Launcher, events_of, launchers, make_pod,
-                                     manifest_json, wait_for, worker_records)
+from tests.test_launcher_e2e import (TEST_CRITERIA, TOKENS_PER_STEP, Launcher, events_of,
+                                     launchers, make_pod, manifest_json, wait_for,
+                                     worker_records)
 
 __all__ = ["launchers"]   # the fixture, imported for pytest
 
@@ -90,3 +91,50 @@ def test_checkpoint_damaged_mid_run_is_recovered_at_the_restart(tmp_path, launch
     os.killpg(second.proc.pid, signal.SIGTERM)
     assert second.wait(120) == 0, second.output()
     assert not events_of(pod, "pod_failed")
+
+
+def test_newest_checkpoint_damaged_in_place_status_says_the_hub_lacks_it_and_the_fix_works(
+        tmp_path, capsys):
+    """Issue 16 item 27. Seen: the newest checkpoint is never on the hub (only passed ones
+    are pushed), so the hub cannot rescue damage to it; its retained link shares its inode,
+    so damage in place reaches that too. Status says the hub does not hold it and which
+    token the hub holds, and the fix the launch suggests works as printed."""
+    import re
+    import shlex
+
+    from launcher.cli import main as cli_main
+    from launcher.config.podconfig import load_config
+    from launcher.dashboard.status import collect
+    pod = make_pod(tmp_path)
+    args = ["--pod-dir", str(pod), "launch", "--stage", "1", "--gpus", "0"]
+    assert cli_main([*args, "--max-steps", "12"]) == 0, capsys.readouterr()
+    pushed = manifest_json(pod)["gpu_0"]
+    assert pushed.get("hub_revision")           # a clean end pushes what passed
+    # The next run's checks vouch for nothing before step 100: its checkpoints stay
+    # unjudged, as the newest one mostly is mid-run, and only passed ones are pushed.
+    criteria = pod / "manifests" / "trusted_loss.yaml"
+    slow = {**TEST_CRITERIA, "checks": {name: {**spec, "interval": 100, "initialDelay": 100}
+                                         if spec.get("interval") else spec
+                                         for name, spec in TEST_CRITERIA["checks"].items()}}
+    criteria.write_text(yaml.safe_dump(slow))
+    assert cli_main([*args, "--max-steps", "7"]) == 0, capsys.readouterr()
+    criteria.write_text(yaml.safe_dump(TEST_CRITERIA))
+    entry = manifest_json(pod)["gpu_0"]
+    assert not entry.get("hub_revision") and entry["start_token"] > pushed["start_token"]
+    with open(pod / entry["checkpoint"], "r+b") as f:      # damage in place: same inode
+        f.seek(200)
+        f.write(b"\0" * 64)
+    (row,) = collect(pod, load_config(pod))["gpus"][:1]
+    held = row["hub_note"]
+    assert "newest checkpoint" in held and "not on the hub" in held, row
+    assert re.search(r"hub holds token [\d,]+", held), held
+    capsys.readouterr()
+    assert cli_main([*args, "--max-steps", "1"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    suggested = re.search(r"`(fractus-pod rollback [^`]+)`", line)
+    assert suggested, line
+    command = shlex.split(suggested.group(1))[1:]
+    assert cli_main(["--pod-dir", str(pod), *command]) == 0, capsys.readouterr()
+    assert cli_main([*args, "--max-steps", "1"]) == 0, capsys.readouterr()
+    start = events_of(pod, "worker_start", gpu=0)[-1]
+    assert start["start_token"] == pushed["start_token"]

@@ -89,6 +89,7 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8) -> dict:
         gpus = sorted(entries)
     unrun = sorted(set(entries) - set(gpus))
     index = CheckpointIndex(pod_dir)
+    hub_tokens = _hub_tokens(pod_dir) if config.hub else None
     gpu_states = (state or {}).get("gpus", {})
     # A Ray pod: each checkpoint is on its node's disk, none on this one by design.
     on_nodes = bool(last_state.get("checkpoints_on_nodes")) or config.ray is not None
@@ -152,6 +153,7 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8) -> dict:
             "checkpoint_problem": None if on_nodes
             else _checkpoint_problem(pod_dir, gpu, entry, index),
             "hub_revision": entry.hub_revision,
+            "hub_note": _hub_note(entry, hub_tokens, gpu),
             "verdict": verdict,
             "reason": reason,
             "restarts": last.get("restarts", 0),
@@ -206,6 +208,26 @@ def _node_checkpoint_age(pod_dir: Path, gpu: int, entry: ManifestEntry, live: di
         return None
     saved = record["mtime_ns"] / 1e9 if record.get("mtime_ns") else record.get("ts")
     return now - saved if isinstance(saved, (int, float)) else None
+
+
+def _hub_tokens(pod_dir: Path) -> dict:
+    """GPU (as a string) -> the token of its checkpoint in the last push to the hub."""
+    from launcher.hub.sync import read_sync_state
+    tokens = read_sync_state(pod_dir).get("last_pushed_tokens")
+    return tokens if isinstance(tokens, dict) else {}
+
+
+def _hub_note(entry: ManifestEntry, hub_tokens: dict | None, gpu: int) -> str | None:
+    """With a hub, when the checkpoint the manifest names is not on it (only passed ones are
+    pushed, so the newest mostly is not): the hub cannot restore damage to it, and what it
+    holds instead (issue 16, item 27)."""
+    if hub_tokens is None or not entry.checkpoint or entry.hub_revision:
+        return None
+    held = hub_tokens.get(str(gpu))
+    holds = (f"hub holds token {int(held):,}" if isinstance(held, (int, float))
+             else "the hub holds none of its checkpoints")
+    return (f"newest checkpoint (token {entry.start_token:,}) not on the hub yet (only "
+            f"passed ones are pushed); {holds}")
 
 
 def _checkpoint_problem(pod_dir: Path, gpu: int, entry: ManifestEntry,
@@ -350,6 +372,8 @@ def render(report: dict, width: int | None = None):
         if r.get("checkpoint_problem"):
             parts.append(Text(f"GPU {r['gpu']} checkpoint: {r['checkpoint_problem']}",
                               style="red"))
+        if r.get("hub_note"):
+            parts.append(Text(f"GPU {r['gpu']} hub: {r['hub_note']}", style="yellow"))
     sync = report.get("sync")
     if sync:
         line = (f"hub {sync['hub']} (every {_age(sync['interval_s'])}): last push "

@@ -95,8 +95,22 @@ def recover_entry(pod_dir: Path, gpu: int, manifest: Manifest, index: Checkpoint
         return False
     raise RecoveryError(
         f"gpu_{gpu} checkpoint {name} {state} (the manifest records sha256 {sha256[:12]}) "
-        f"and no local copy or hub revision holds those bytes; restore the file, or roll "
-        f"the GPU back: fractus-pod rollback --to-stage N --gpu {gpu}")
+        f"and no local copy or hub revision holds those bytes" + (
+            " (the hub cannot restore them: a checkpoint is pushed only once it passed, "
+            "at the next push)" if hub else "") + "; " + _way_back(manifest, index, gpu))
+
+
+def _way_back(manifest: Manifest, index: CheckpointIndex, gpu: int) -> str:
+    """The fix for a GPU whose named bytes are gone, as a command that works when typed:
+    its newest passed checkpoint left intact (a retained copy), at the pod's stage."""
+    target = index.newest_passed(gpu)
+    if target is None:
+        return ("no passed checkpoint of it is left intact either (see "
+                "logs/checkpoints.jsonl): restore the file")
+    stage = manifest.recorded_stage() or manifest.entries[gpu].stage or 1
+    return (f"restore the file, or roll the GPU back to its newest passed checkpoint "
+            f"(token {int(target['next_token']):,}, {target['path']}): "
+            f"`fractus-pod rollback --to-stage {stage} --gpu {gpu}`")
 
 
 def recover_all(pod_dir: Path, gpus: list[int], manifest: Manifest, index: CheckpointIndex,
