@@ -532,3 +532,22 @@ def test_a_metrics_file_replaced_by_a_directory_is_a_pod_error_not_a_traceback(m
     (failed,) = events(sup, "pod_failed")
     assert "went away or was replaced" in failed["reason"] and "metrics_gpu0" in failed["reason"]
     assert [w.signals for w in backend.started] == [[signal.SIGTERM], [signal.SIGTERM]]
+
+
+def test_rollback_by_hand_of_a_gpu_none_of_whose_checkpoints_passed_starts_it_over(make):
+    """Issue 16 item 22. Seen: `rollback --gpu 0` of a GPU whose checkpoints never passed
+    said "no passed checkpoint" although the docs promise such a GPU starts over at token 0."""
+    from launcher.supervise.manual import manual_rollback
+    sup, backend, clock = make(stage=3)
+    sup.starter.start_all()
+    backend.train(0, 10)
+    unjudged = backend.checkpoint(0)
+    sup.stop_reason = "SIGTERM received"
+    sup.step()
+    pod_dir = sup.pod.pod_dir
+    assert "starts over at token 0" in manual_rollback(pod_dir, 2, [0])
+    entry = read_manifest(pod_dir / sup.pod.plan.config.manifest).entries[0]
+    assert (entry.start_token, entry.checkpoint, entry.stage) == (0, None, 2)
+    assert sup.pod.index.__class__(pod_dir).records[(0, unjudged["sha256"])]["verdict"] == FAILED
+    assert (pod_dir / "checkpoints" / "fractus_1b_gpu0.pt.failed").is_file()
+    assert not (pod_dir / "checkpoints" / "fractus_1b_gpu0.pt").exists()

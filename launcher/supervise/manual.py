@@ -8,7 +8,7 @@ from pathlib import Path
 
 from launcher.files import read_json_state
 from launcher.paths import BASELINES_FILE  # noqa: F401 (re-exported)
-from launcher.pod.ckpt_index import FAILED, CheckpointIndex
+from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex
 from launcher.errors import UserError
 from launcher.pod.events import EventLog
 from launcher.pod.lock import PodLock, read_holder
@@ -49,11 +49,20 @@ def manual_rollback(pod_dir: Path, to_stage: int, gpus: list[int]) -> str:
             if gpu not in manifest.entries:
                 raise UserError(f"GPU {gpu} has no manifest entry to roll back")
             target = index.newest_passed(gpu)
-            if target is None:
-                raise UserError(f"GPU {gpu} has no passed checkpoint to restore")
-            targets[gpu] = target
+            history = index.for_gpu(gpu)
+            if target is None and (not history or any(r["verdict"] == PASSED
+                                                      for r in history)):
+                # (No history: a run this launcher never ran; its own file is its progress.)
+                raise UserError(f"GPU {gpu} has no passed checkpoint left intact on disk to "
+                                f"restore (see logs/checkpoints.jsonl): restore one (e.g. "
+                                f"`fractus-pod sync pull`) or edit the manifest")
+            targets[gpu] = target     # None: it wrote checkpoints and none passed
         lines = []
         for gpu, target in targets.items():
+            if target is None:       # nothing it wrote ever passed: back to where it began
+                lines.append(_start_over(pod_dir, config, manifest, index, events, gpu,
+                                         to_stage))
+                continue
             for record in index.for_gpu(gpu):
                 if record["next_token"] > target["next_token"] and record["verdict"] != FAILED:
                     index.mark(gpu, record["sha256"], FAILED, "rolled back by hand")
@@ -71,6 +80,23 @@ def manual_rollback(pod_dir: Path, to_stage: int, gpus: list[int]) -> str:
                     reason="rollback by hand")
     lines.append(f"pod set to stage {to_stage}; resume with `fractus-pod launch --stage {to_stage}`")
     return "\n".join(lines)
+
+
+def _start_over(pod_dir: Path, config, manifest, index, events, gpu: int,
+                to_stage: int) -> str:
+    """Roll back a GPU none of whose checkpoints ever passed: to token 0 with no checkpoint,
+    its own files set aside (launcher/pod/failed_resume.py), as an automatic failure does."""
+    from launcher.pod.failed_resume import set_aside
+    for record in index.for_gpu(gpu):
+        if record["verdict"] != FAILED:
+            index.mark(gpu, record["sha256"], FAILED, "rolled back by hand")
+    entry = manifest.entries[gpu]
+    moved = set_aside(pod_dir, config.checkpoint_path(gpu))
+    events.emit("rollback", gpu=gpu, from_stage=entry.stage, to_stage=to_stage,
+                from_token=entry.start_token, to_token=0, checkpoint=None, set_aside=moved,
+                reason="by hand; nothing it wrote passed: it starts over", automatic=False)
+    entry.start_over()
+    return f"GPU {gpu}: nothing it wrote passed: starts over at token 0"
 
 
 def _refuse_during_canary(pod_dir: Path) -> None:
