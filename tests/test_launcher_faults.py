@@ -102,3 +102,21 @@ def test_logs_moved_mid_run_fail_the_pod_in_one_line_with_the_workers_stopped(
     assert not (pod / "logs").exists()
     recorded = [json.loads(line) for line in (moved / "events.jsonl").read_text().splitlines()]
     assert not [e for e in recorded if e["event"] in ("hang", "worker_crash")]
+
+
+def test_a_rollback_asked_of_the_running_launcher_is_carried_out_by_it(tmp_path, launchers):
+    """Issue 16 item 24, the real path: the request names the lock holder's launcher_id, and
+    the launcher it was asked of takes it (a later launcher would drop it as stale)."""
+    pod = make_pod(tmp_path)
+    launcher = Launcher(pod, "--stage", "2", "--gpus", "0")
+    launchers.append(launcher)
+    wait_for(lambda: worker_records(pod, 0, "checkpoint"), PROCESS_S, "a checkpoint on GPU 0")
+    asked = subprocess.run([sys.executable, "-m", "launcher.cli", "--pod-dir", str(pod),
+                            "rollback", "--to-stage", "1"], cwd=REPO, capture_output=True,
+                           text=True, timeout=PROCESS_S)
+    assert asked.returncode == 0 and "asked the running launcher" in asked.stdout, asked
+    wait_for(lambda: events_of(pod, "pod_running", after="rollback"), PROCESS_S,
+             "the rollback carried out")
+    assert not events_of(pod, "rollback_request_stale")
+    os.killpg(launcher.proc.pid, signal.SIGTERM)
+    assert launcher.wait(PROCESS_S) == 0, launcher.output()
