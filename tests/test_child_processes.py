@@ -255,7 +255,7 @@ def test_configured_python_commands_run_safe_path_and_env_is_scrubbed():
 def test_nvidia_smi_queries_get_the_scrubbed_environment(tmp_path, monkeypatch):
     """The launcher's other children (nvidia-smi, here a stand-in on PATH that records its
     environment) get no secret either."""
-    from launcher.config.podconfig import _visible_gpu_count
+    from launcher.config.devices import _visible_gpu_count
     from launcher.worker.process import busy_cuda_gpus
     seen = tmp_path / "environ"
     fake = tmp_path / "bin" / "nvidia-smi"

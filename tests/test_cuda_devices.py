@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from launcher.config import gpus
-from launcher.config.podconfig import parse_devices
+from launcher.config.devices import parse_devices
 
 REPO = Path(__file__).resolve().parents[1]
 DRIVER_DOWN = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "

@@ -25,7 +25,8 @@ import yaml
 
 from launcher.checks.criteria import load_criteria
 from launcher.errors import UserError
-from launcher.config.podconfig import Slot, load_config
+from launcher.config.devices import Slot
+from launcher.config.podconfig import load_config
 from launcher.worker.process import WorkerSpec, build_env
 from tests.test_canary import WRONG_KERNEL
 from tests.test_launcher_e2e import (REPO, TEST_CRITERIA, TOKENS_PER_STEP, events_of, make_pod,

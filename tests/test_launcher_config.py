@@ -4,7 +4,8 @@ import pytest
 import yaml
 
 from launcher.errors import UserError
-from launcher.config.podconfig import PRESETS, Slot, init_pod, load_config, parse_devices
+from launcher.config.devices import Slot, parse_devices
+from launcher.config.podconfig import PRESETS, init_pod, load_config
 from launcher.config.stages import get_stage, load_stages, parse_stages
 from launcher.worker.process import WorkerSpec, build_env
 from pathlib import Path

@@ -137,7 +137,7 @@ def test_a_workers_newer_save_is_no_replaced_checkpoint(tmp_path):
     no save of the worker past it (an older checkpoint put back, a copy) still warn."""
     import subprocess
 
-    from launcher.config.podconfig import Slot
+    from launcher.config.devices import Slot
     from launcher.config.stages import load_stages
     from launcher.pod.manifest import read_manifest
     from launcher.worker.process import WorkerSpec, build_env, worker_command

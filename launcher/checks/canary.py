@@ -40,7 +40,8 @@ from launcher.checks.criteria import Criteria
 from launcher.errors import UserError, refuse_unknown_keys
 from launcher.checks.health import FAILED, INCONCLUSIVE, SUCCESSFUL
 from launcher.pod.manifest import read_manifest
-from launcher.config.podconfig import PodConfig, Slot, load_config, parse_devices
+from launcher.config.devices import Slot, parse_devices
+from launcher.config.podconfig import PodConfig, load_config
 from launcher.pod.progress import progress
 from launcher.config.stages import Stage, get_stage, load_stages
 from launcher.worker.process import (WorkerSpec, build_env, pod_env_names, read_records,

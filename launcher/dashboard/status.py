@@ -20,7 +20,8 @@ from launcher.pod.events import read_events
 from launcher.checks.health import PENDING, RUNNING
 from launcher.pod.lock import read_holder
 from launcher.pod.manifest import ManifestEntry, ManifestError, current_stage, read_manifest
-from launcher.config.podconfig import PodConfig, parse_devices
+from launcher.config.devices import parse_devices
+from launcher.config.podconfig import PodConfig
 from launcher.pod.live_state import read_pod_state
 from launcher.dashboard.status_table import age as _age, fmt as _fmt, gpu_table, natural_width
 from launcher.worker.process import metrics_path

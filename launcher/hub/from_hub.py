@@ -15,7 +15,8 @@ from pathlib import Path
 from launcher.hub.integrity import IntegrityError
 from launcher.pod.events import EventLog
 from launcher.pod.manifest import atomic_write_text, write_manifest
-from launcher.config.podconfig import CONFIG_NAME, PodConfig, parse_devices
+from launcher.config.devices import parse_devices
+from launcher.config.podconfig import CONFIG_NAME, PodConfig
 
 
 MAX_WALK_BACK = 20      # revisions looked at for the newest consistent one

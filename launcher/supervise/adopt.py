@@ -31,8 +31,9 @@ from launcher.pod.ckpt_index import sha256_file
 from launcher.errors import UserError
 from launcher.pod.manifest import (Manifest, ManifestEntry, ManifestError, read_manifest,
                                     write_manifest)
+from launcher.config.devices import parse_devices
 from launcher.config.podconfig import (CONFIG_NAME, DEFAULT_MANIFESTS, PodConfig, load_config,
-                                parse_devices, write_config)
+                                       write_config)
 from launcher.pod.progress import progress
 
 MANIFEST_CANDIDATES = ("checkpoints/RESUME_MANIFEST_8GPU.json", "RESUME_MANIFEST.json",

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.config.podconfig import Slot
+from launcher.config.devices import Slot
 from launcher.worker.process import WorkerSpec, metrics_path
 
 

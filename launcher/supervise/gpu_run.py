@@ -6,7 +6,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from launcher.checks.health import GpuHealth
-from launcher.config.podconfig import Slot
+from launcher.config.devices import Slot
 from launcher.supervise.backend import WorkerHandle
 from launcher.supervise.state import GpuEvent, GpuState, transition
 from launcher.worker.process import MetricsTail

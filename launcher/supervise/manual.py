@@ -20,7 +20,8 @@ from launcher.pod.manifest import (
     read_manifest,
     write_manifest,
 )
-from launcher.config.podconfig import load_config, parse_devices
+from launcher.config.devices import parse_devices
+from launcher.config.podconfig import load_config
 from launcher.config.stages import get_stage, load_stages
 from launcher.pod.live_state import write_rollback_request
 

@@ -28,7 +28,8 @@ from pathlib import Path
 
 from launcher.hub.lease import RunTakenOver, pod_id
 from launcher.pod.events import EventLog
-from launcher.config.podconfig import PodConfig, Slot
+from launcher.config.devices import Slot
+from launcher.config.podconfig import PodConfig
 from launcher.supervise.backend import WorkerBackend, WorkerExit, WorkerHandle
 from launcher.supervise.ray_fence import NAMESPACE, Heartbeat, actor_prefix, end_orphans
 from launcher.supervise.ray_node import NodeWorker

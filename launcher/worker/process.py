@@ -19,7 +19,8 @@ import psutil
 
 from launcher.paths import metrics_path, tensorboard_dir, worker_log_path  # noqa: F401
 from launcher import child
-from launcher.config.podconfig import PodConfig, Slot
+from launcher.config.devices import Slot
+from launcher.config.podconfig import PodConfig
 
 
 def _worker_env_names() -> tuple[str, ...]:
