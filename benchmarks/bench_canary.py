@@ -34,7 +34,8 @@ sys.path.insert(0, str(REPO))
 from benchmarks import common  # noqa: E402
 from launcher.checks.canary import run_canary  # noqa: E402
 from launcher.pod.manifest import apply_checkpoint, read_manifest, write_manifest  # noqa: E402
-from launcher.config.podconfig import Slot, init_pod, load_config, write_config  # noqa: E402
+from launcher.config.devices import Slot  # noqa: E402
+from launcher.config.podconfig import init_pod, load_config, write_config  # noqa: E402
 from launcher.config.stages import load_stages  # noqa: E402
 from launcher.worker.process import (WorkerSpec, build_env, metrics_path, read_records,  # noqa: E402
                               worker_command)
