@@ -119,23 +119,31 @@ def stage_2_runs_a_plugin_kernel(pod: Path, tmp_path: Path, source: str, impl: s
         p for p in (str(plugin), os.environ.get("PYTHONPATH")) if p))
 
 
-def test_a_wrong_stage_fails_the_canary_and_nothing_switches(pod, tmp_path):
-    env = stage_2_runs_a_plugin_kernel(pod, tmp_path, WRONG_KERNEL, "halfcarry")
+def switch_refused_by_the_canary(pod: Path, env: dict) -> tuple[str, dict]:
+    """`launch --stage 2` whose canary refuses: its one stderr line (no traceback) and the
+    canary event, once it is checked that nothing switched (manifest bytes, no worker started,
+    no stage change)."""
     manifest_before = (pod / load_config(pod).manifest).read_bytes()
     starts_before = len(events_of(pod, "worker_start"))
 
     done = fractus_pod(pod, "launch", "--stage", "2", "--gpus", "0", "--max-steps", "2", env=env)
 
     assert done.returncode == 1, done.stdout + done.stderr
-    (line,) = done.stderr.strip().splitlines()               # one line, no traceback
-    assert "canary FAILED" in line and "stays on stage 1" in line
+    (line,) = done.stderr.strip().splitlines()
     (canary,) = events_of(pod, "canary")
-    assert not canary["passed"] and canary["status"] == "Failed"
-    assert canary["reason"].startswith("step ") and canary["reason"] in line
-    # Nothing switched: manifest bytes, no worker started, no launch or stage change.
+    assert canary["status"] == "Failed"
     assert (pod / load_config(pod).manifest).read_bytes() == manifest_before
     assert len(events_of(pod, "worker_start")) == starts_before
     assert not [e for e in events_of(pod, "stage_change") if e["ts"] > canary["ts"]]
+    return line, canary
+
+
+def test_a_wrong_stage_fails_the_canary_and_nothing_switches(pod, tmp_path):
+    env = stage_2_runs_a_plugin_kernel(pod, tmp_path, WRONG_KERNEL, "halfcarry")
+    line, canary = switch_refused_by_the_canary(pod, env)
+    assert "canary FAILED" in line and "stays on stage 1" in line
+    assert not canary["passed"]
+    assert canary["reason"].startswith("step ") and canary["reason"] in line
     report = status_json(pod)
     assert report["stage"] == 1
     assert report["canary"]["status"] == "Failed"
@@ -162,20 +170,11 @@ attention.register_attention_impl("doesnotfit", does_not_fit)
 
 def test_out_of_memory_at_the_new_stage_is_refused_as_such(pod, tmp_path):
     env = stage_2_runs_a_plugin_kernel(pod, tmp_path, OOM_KERNEL, "doesnotfit")
-    manifest_before = (pod / load_config(pod).manifest).read_bytes()
-    starts_before = len(events_of(pod, "worker_start"))
-
-    done = fractus_pod(pod, "launch", "--stage", "2", "--gpus", "0", "--max-steps", "2", env=env)
-
-    assert done.returncode == 1, done.stdout + done.stderr
-    (line,) = done.stderr.strip().splitlines()
+    line, canary = switch_refused_by_the_canary(pod, env)
     assert "canary FAILED: stage 2 does not fit in memory: stage 2 ran out of memory at " \
            "step 4 (exit 4): CUDA out of memory. Tried to allocate 20.00 GiB" in line
     assert "the pod stays on stage 1 (nothing switched)" in line and "BATCH" in line
-    (canary,) = events_of(pod, "canary")
-    assert canary["status"] == "Failed" and canary["out_of_memory"]
-    assert (pod / load_config(pod).manifest).read_bytes() == manifest_before
-    assert len(events_of(pod, "worker_start")) == starts_before
+    assert canary["out_of_memory"]
     report = status_json(pod)
     assert report["stage"] == 1 and "ran out of memory" in report["canary"]["reason"]
 
