@@ -239,3 +239,23 @@ def test_rollback_never_goes_below_stage_1_and_never_loops(tmp_path, stage, roll
     (failed,) = [e for e in read_events(pod) if e["event"] == "pod_failed"]
     assert words in failed["reason"] and "nan event at step 7" in failed["reason"]
     assert not [e for e in read_events(pod) if e["event"] in ("rollback", "worker_start")]
+
+
+def test_a_write_error_after_logs_moved_names_the_moved_logs_folder(tmp_path):
+    """CI saw it: when `mv logs logs.moved` lands between the loop's logs/ check and the
+    launcher's next read, the read's FileNotFoundError reached the pod's reason as "a pod file
+    went away" with the file's path; the user's fix is the same either way, but the one line
+    must name what happened: logs/ itself moved."""
+    from launcher.files import dir_id
+    pod = tmp_path / "pod"
+    init_pod(pod, "tiny-cpu")
+    sup = _supervisor(pod, 1)
+    sup.pod.logs_id = dir_id(pod / "logs")
+    (pod / "logs").rename(pod / "logs.moved")
+    try:
+        (pod / "logs" / "checkpoints.jsonl").read_text()
+    except FileNotFoundError as exc:
+        sup.ending.on_write_error(exc)
+    assert sup.pod.state == "failed" and sup.pod.exit_code == 1
+    assert sup.pod.reason.startswith("logs/ was moved, replaced or deleted"), sup.pod.reason
+    assert not (pod / "logs").exists()

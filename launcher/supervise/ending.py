@@ -15,6 +15,8 @@ from launcher.supervise.pod_run import PodRun
 from launcher.supervise.pod_view import PodView, warn
 from launcher.supervise.state import GpuEvent, PodEvent, PodState
 
+LOGS_MOVED = "logs/ was moved, replaced or deleted while the pod ran"
+
 
 class PodEnding:
     def __init__(self, pod: PodRun, monitor: WorkerMonitor, view: PodView):
@@ -75,6 +77,11 @@ class PodEnding:
         (logs/ moved, a metrics file replaced by a directory) fails it too, one line;
         anything else is a bug and propagates."""
         if isinstance(exc, (FileNotFoundError, IsADirectoryError, NotADirectoryError)):
+            logs_id = self.pod.logs_id
+            if logs_id is not None and dir_id(self.pod.pod_dir / "logs") != logs_id:
+                # logs/ itself moved between the loop's check and this read: say so
+                self.files_lost(LOGS_MOVED, logs_id)
+                return
             self.files_lost(f"a pod file went away or was replaced while the pod ran "
                             f"({exc.strerror}: {exc.filename})", self.pod.logs_id)
             return

@@ -36,7 +36,7 @@ from launcher.pod.events import EventLog
 from launcher.pod.manifest import Manifest
 from launcher.pod.reserve import DiskReserve
 from launcher.supervise.backend import WorkerBackend
-from launcher.supervise.ending import PodEnding
+from launcher.supervise.ending import LOGS_MOVED, PodEnding
 from launcher.supervise.exits import ExitHandlers
 from launcher.supervise.final_verdicts import FinalVerdicts
 from launcher.supervise.gpu_run import GpuRun
@@ -163,8 +163,7 @@ class Supervisor:
         """One turn of the loop: every worker, then the pod, then stop if asked or out of time."""
         logs_id = self.pod.logs_id
         if logs_id is not None and dir_id(self.pod.pod_dir / "logs") != logs_id:
-            self.ending.files_lost("logs/ was moved, replaced or deleted while the pod ran",
-                                   logs_id)
+            self.ending.files_lost(LOGS_MOVED, logs_id)
             return
         self._tend_workers()
         self._judge_pod()
