@@ -47,6 +47,9 @@ ADOPTED_MODEL_FILE = "manifests/adopted_model.json"
 
 # ---- the hub --------------------------------------------------------------------------
 SYNC_STATE = "logs/sync_state.json"
+# Shards fetched or hashed against the pod config's `data:` revision, by path, size and
+# mtime: a 4 GB shard is not hashed again at every launch (launcher/hub/fetch.py).
+DATA_VERIFIED_FILE = "logs/data_verified.json"
 SNAPSHOT_DIR = ".fractus_sync"       # hard links of the files one sync sends; never pushed
 MERGED_PATH = "checkpoints/FRACTUS_1B_8GPU_MERGED.pt"
 HUB_SCRATCH_DIR = ".fractus_hub"     # the store's downloads in progress

@@ -83,6 +83,39 @@ def test_rebuilt_pod_resumes_at_the_pinned_revisions_tokens_with_equal_weights(
     assert_no_token(rebuilt, pod, texts=(done.stdout, done.stderr))
 
 
+def test_a_pod_whose_shards_are_only_on_a_dataset_repo_is_rebuilt_with_verified_shards(
+        test_hub, tmp_path, launchers):
+    """`data push` puts the shards on a dataset repo and names its revision in the config;
+    `launch --from-hub` into an empty directory then fetches them (hashed as they arrive)
+    and every GPU resumes at the pushed manifest's token on the very bytes it trained on."""
+    dataset = "hf://datasets/fractus/pod-shards"
+    pod = make_pod(tmp_path, criteria=FAST_PASS, hub=URL, sync={"interval": 3600})
+    assert cli_main(["--pod-dir", str(pod), "data", "push", "--to", dataset]) == 0
+    first = Launcher(pod, "--stage", "2", "--max-steps", "6")
+    launchers.append(first)
+    assert first.wait(120) == 0, first.output()
+    (pushed,) = events_of(pod, "sync_pushed")
+    pushed_manifest = manifest_json(pod)
+
+    rebuilt = tmp_path / "rebuilt"
+    done = launch_from_hub(rebuilt, "--max-steps", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (event,) = events_of(rebuilt, "rebuilt_from_hub")
+    assert event["revision"] == pushed["revision"]
+    stamps = (rebuilt / "logs" / "data_verified.json").read_text()
+    for gpu in (0, 1):
+        shard = f"data/shard_phase2_gpu{gpu}.npy"
+        assert (rebuilt / shard).read_bytes() == (pod / shard).read_bytes()
+        assert shard in stamps
+        expected = pushed_manifest[f"gpu_{gpu}"]["start_token"]
+        assert expected == 6 * TOKENS_PER_STEP
+        assert worker_records(rebuilt, gpu, "start")[0]["next_token"] == expected
+    # The shards came from the dataset repo only: the pod's hub never held them.
+    assert not any("shard_phase2" in r.path for r in test_hub.routed("resolve")
+                   if "pod-shards" not in r.path)
+    assert_no_token(rebuilt, pod, texts=(done.stdout, done.stderr))
+
+
 def test_from_hub_refuses_a_revision_the_hub_does_not_have(test_hub, tmp_path):
     pod = tmp_path / "empty"
     done = launch_from_hub(pod, "--revision", "0" * 40)

@@ -37,3 +37,6 @@ def adopt(ctx, devices, model, init_new_from, manifest) -> None:
     click.echo(f"next: fractus-pod --pod-dir {pod_dir} launch"
                + (f" (resumes at stage {stage}, the stage the manifest records)" if stage
                   else " --stage 1"))
+    click.echo(f"then: fractus-pod --pod-dir {pod_dir} data push --to "
+               f"hf://datasets/OWNER/REPO puts the shards on the hub once, so a pod rebuilt "
+               f"with `launch --from-hub` fetches them")

@@ -73,6 +73,7 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
     from launcher.supervise.prepare import (
         complete_decided_rollback,
         ensure_run_id,
+        fetch_shards,
         load_plan,
         never_resume_failed,
         on_the_hub,
@@ -122,6 +123,7 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
                 except ValueError as exc:
                     raise UserError(f"hub: {exc}") from None
             refuse_if_busy(plan)
+            fetch_shards(plan, manifest)
             events = EventLog(pod_dir, mirror=EventsToTensorBoard(pod_dir))
             index = CheckpointIndex(pod_dir)
             complete_decided_rollback(plan, manifest, index, events,

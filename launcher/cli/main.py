@@ -18,6 +18,7 @@ from pathlib import Path
 import click
 
 from launcher.cli.adopt import adopt
+from launcher.cli.data import data
 from launcher.cli.launch import launch
 from launcher.cli.hub import POD_DIR_HELP, merge, pod_dir_of, pod_dir_option, sync
 from launcher.cli.view import dashboard, plot
@@ -225,6 +226,7 @@ cli.add_command(dashboard)
 cli.add_command(plot)
 cli.add_command(adopt)      # launcher/cli/adopt.py
 cli.add_command(launch)     # launcher/cli/launch.py
+cli.add_command(data)       # launcher/cli/data.py
 
 
 def main(argv: list[str] | None = None) -> int:

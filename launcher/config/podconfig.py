@@ -11,6 +11,7 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -18,6 +19,9 @@ from launcher.paths import CONFIG_NAME  # noqa: F401 (re-exported)
 from launcher.errors import UserError, refuse_unknown_keys
 from launcher.config.devices import parse_devices
 from launcher.config.yamlfile import read_yaml
+
+if TYPE_CHECKING:
+    from launcher.config.data_source import DataSource
 
 # The repository's manifests/ directory: the default stage and criteria files.
 DEFAULT_MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
@@ -55,6 +59,10 @@ class PodConfig:
     # Run the workers on a Ray cluster (launcher/supervise/ray_backend.py): address,
     # workdir, resource. None: child processes of the launcher on this machine.
     ray: dict | None = None
+    # Where the shards come from when they are not on disk (launcher/config/data_source.py):
+    # url and revision, parsed by load_config; launch fetches and verifies the shards.
+    # None: the user places them.
+    data: "DataSource | None" = None
 
     def shard_path(self, gpu: int) -> str:
         return self.shards.format(i=gpu)
@@ -223,7 +231,7 @@ def _check_types(data: dict, source: str) -> None:
     defaults = PodConfig()
     for key, value in data.items():
         default = getattr(defaults, key)
-        if value is None and key in ("hub", "demo_data", "ray"):
+        if value is None and key in ("hub", "demo_data", "ray", "data"):
             continue
         expected = type(default) if default is not None else (str if key == "hub" else dict)
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
@@ -317,6 +325,8 @@ def load_config(pod_dir: Path) -> PodConfig:
     SyncSettings.parse(config.sync, f"{path}: sync")    # fail early on a bad sync policy
     from launcher.config.ray_settings import RaySettings
     RaySettings.check(config.ray, source=f"{path}: ray")
+    from launcher.config.data_source import DataSource
+    config.data = DataSource.parse(config.data, f"{path}: data")
     parse_devices(config.devices)      # fail early on a malformed devices string
     return config
 

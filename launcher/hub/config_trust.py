@@ -60,7 +60,7 @@ def untrusted_config(config: PodConfig, pod_dir: Path) -> list[str]:
              "stages": config.stages, "criteria": config.criteria}
     if config.model.endswith(MODEL_FILE_SUFFIXES):
         paths["model"] = config.model
-    if config.demo_data:               # the rebuild would write the synthetic shards there
+    if config.demo_data or config.data:   # the rebuild or launch would write shards there
         paths["shards"] = config.shard_path(0)
     found += [f"{key}: {path} outside the pod" for key, path in paths.items()
               if _outside(pod_dir, path)]

@@ -170,6 +170,6 @@ def _rebuild_at(pod_dir: Path, url: str, store, rev: str, on_cluster: bool,
         (pod_dir / sub).mkdir(exist_ok=True)
     missing = [g for g in {s.gpu for s in parse_devices(config.devices)} | set(manifest.entries)
                if not (pod_dir / config.shard_path(g)).is_file()]
-    if missing and config.demo_data:
+    if missing and config.demo_data and config.data is None:   # else launch fetches them
         write_demo_shards(pod_dir, config)
     return config

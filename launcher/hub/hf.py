@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Callable, Mapping, TypeVar
 
 import httpx2
-from huggingface_hub import CommitOperationAdd, HfApi, constants, set_client_factory
+from huggingface_hub import CommitOperationAdd, HfApi, constants, hf_hub_url, set_client_factory
 from huggingface_hub.errors import HfHubHTTPError
+from huggingface_hub.utils import build_hf_headers
 
 from .integrity import (
     INDEX_PATH,
@@ -127,6 +128,14 @@ class HfStore(Store):
             f"download of {rel}@{revision[:12]}",
         )
         return Path(got)
+
+    def download_request(self, rel: str, revision: str) -> tuple[str, dict[str, str]]:
+        """The resolve URL of `rel` at `revision` and the client's own headers (its auth
+        included), for a download the caller streams itself: a shard fetch that resumes
+        across processes from its .partial file (launcher/hub/fetch.py)."""
+        url = hf_hub_url(self.repo_id, rel, repo_type=self.repo_type, revision=revision,
+                         endpoint=self._api.endpoint)
+        return url, build_hf_headers(token=self._api.token)
 
     # -- reading -------------------------------------------------------------------------
     def head(self) -> str | None:

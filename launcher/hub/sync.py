@@ -69,11 +69,17 @@ def refuse_vanished_store(store, pod_dir: Path, hub: str) -> None:
 
 def store_for(config: PodConfig, pod_dir: Path):
     """The pod's hub store with its sync retry policy. ValueError for a malformed URL."""
-    from launcher.hub import RetryPolicy, open_store
+    from launcher.hub import open_store
+    return open_store(config.hub, pod_dir, retry=retry_policy(config))
+
+
+def retry_policy(config: PodConfig):
+    """How hard one hub call insists (the config's sync: attempts and backoff_s); the
+    data store's reads use it too."""
+    from launcher.hub import RetryPolicy
     settings = config.sync_settings()
-    retry = RetryPolicy(attempts=settings.attempts, base_delay_s=settings.backoff_s,
-                        max_delay_s=max(settings.backoff_s, 30.0))
-    return open_store(config.hub, pod_dir, retry=retry)
+    return RetryPolicy(attempts=settings.attempts, base_delay_s=settings.backoff_s,
+                       max_delay_s=max(settings.backoff_s, 30.0))
 
 
 # ---- the policy, driven by the supervisor --------------------------------------------------

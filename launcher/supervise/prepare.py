@@ -19,7 +19,7 @@ from launcher.pod.ckpt_index import PASSED, CheckpointIndex, sha256_file
 from launcher.pod.ckpt_trust import check_entry
 from launcher.checks.criteria import Criteria
 from launcher.checks.trusted_loss import TrustedLoss, load_trusted_loss
-from launcher.errors import PodBusy, UserError
+from launcher.errors import PodBusy, Refused, UserError
 from launcher.pod.events import EventLog
 from launcher.pod.manifest import (
     RUN_ID_KEY,
@@ -255,13 +255,38 @@ def ensure_run_id(manifest: Manifest) -> None:
         write_manifest(manifest)
 
 
+def shard_paths(plan: LaunchPlan, manifest: Manifest) -> list[str]:
+    """The shards this launch trains on, one per GPU: the manifest entry's, else the
+    config's."""
+    paths = []
+    for slot in plan.slots:
+        entry = manifest.entries.get(slot.gpu)
+        paths.append((entry.shard if entry else None) or plan.config.shard_path(slot.gpu))
+    return paths
+
+
+def fetch_shards(plan: LaunchPlan, manifest: Manifest) -> None:
+    """With `data:` in the pod config, every shard of this launch is on this machine with
+    the recorded bytes before anything else reads it: verified, or fetched
+    (launcher/hub/fetch.py). A store that cannot be read, or other bytes, refuse the launch
+    with one line."""
+    if plan.config.data is None:
+        return
+    from launcher.hub import HubError
+    from launcher.hub.fetch import ensure_shards
+    from launcher.hub.sync import retry_policy
+    try:
+        ensure_shards(shard_paths(plan, manifest), plan.config.data, plan.pod_dir,
+                      retry_policy(plan.config))
+    except HubError as exc:        # a fetch cut (rerun: it resumes), or other bytes served
+        raise Refused(str(exc)) from None
+
+
 def _refuse_missing_shards(plan: LaunchPlan, manifest: Manifest) -> None:
     """Every missing shard in one line, with the fix (a new pod's first launch meets this);
     then each shard read as the worker will read it, entry or not."""
     missing, present = [], []
-    for slot in plan.slots:
-        entry = manifest.entries.get(slot.gpu)
-        rel = (entry.shard if entry else None) or plan.config.shard_path(slot.gpu)
+    for rel in shard_paths(plan, manifest):
         problem = shard_kind_problem(plan.pod_dir / rel)
         if problem:
             raise UserError(problem)

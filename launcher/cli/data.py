@@ -1,0 +1,58 @@
+"""`fractus-pod data push --to URL`: the pod's shards into a dataset store, once.
+
+The work lives in launcher/hub/data_source.py; this records the result in the pod config's
+`data:` (url and revision), so the next `sync push` carries it and `launch --from-hub`
+fetches the shards (launcher/hub/fetch.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from launcher.cli.hub import pod_dir_of, pod_dir_option
+from launcher.errors import UserError
+
+
+@click.group()
+def data() -> None:
+    """The pod's token shards on a hub (see `data:` in docs/LAUNCHER.md)."""
+
+
+@data.command("push")
+@pod_dir_option
+@click.option("--to", "url", required=True, metavar="URL",
+              help="The dataset store: hf://datasets/OWNER/REPO, or file://DIR.")
+@click.pass_context
+def push(ctx, url: str) -> None:
+    """Upload the shards the store does not hold yet (compared by sha256; rerunning uploads
+    nothing) in one revision, and write that revision into fractus-pod.yaml's data:."""
+    import yaml
+    from launcher.config.devices import parse_devices
+    from launcher.config.podconfig import CONFIG_NAME, load_config
+    from launcher.config.yamlfile import read_yaml
+    from launcher.files import atomic_write_text
+    from launcher.hub import HubError
+    from launcher.hub.data_source import push_shards
+    from launcher.hub.from_hub import absolute_hub_url
+    from launcher.hub.sync import retry_policy
+    pod_dir = pod_dir_of(ctx)
+    config = load_config(pod_dir)
+    paths = [config.shard_path(s.gpu) for s in parse_devices(config.devices)]
+    try:
+        source, uploaded = push_shards(pod_dir, paths, absolute_hub_url(url, Path.cwd()),
+                                       retry_policy(config))
+    except HubError as exc:
+        if exc.status == 404:
+            raise UserError(f"data push: {exc}") from None
+        raise click.ClickException(f"data push: {exc}") from None
+    path = pod_dir / CONFIG_NAME
+    settings = read_yaml(path, "pod config")
+    if settings.get("data") != source.to_dict():
+        settings["data"] = source.to_dict()
+        atomic_write_text(path, f"# data: written by `fractus-pod data push`\n"
+                                + yaml.safe_dump(settings, sort_keys=False))
+    kept = len(paths) - len(uploaded)
+    click.echo(f"data: {len(uploaded)} shard(s) uploaded, {kept} already there; "
+               f"{source.url} at revision {source.revision[:12]} records them all; "
+               f"{CONFIG_NAME} data: names it (`sync push` carries it to the pod's hub)")

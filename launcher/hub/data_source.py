@@ -1,0 +1,86 @@
+"""The pod config's `data:` store at work: the shard records of its pinned revision, and
+`fractus-pod data push` (the local shards uploaded once, recorded).
+
+The one record of a shard's bytes is the dataset store's own index (hub_index.json, the
+index every fractus-pod store keeps: launcher/hub/integrity.py) at the revision `data:`
+pins. It is committed in the same commit as the shards it describes, so a revision never
+records bytes it does not hold; every pod that trains on the dataset reads the same record;
+the pod itself keeps only the url and revision (a second copy of the hashes in the pod or
+its manifest could disagree with the store and would have to be pushed along).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from launcher.config.data_source import DataSource
+from launcher.errors import UserError
+from launcher.pod.progress import progress
+
+from .integrity import FileEntry, pod_relpath, sha256_file
+from .retry import RetryPolicy
+from .store import Store, open_store
+
+
+def data_store(url: str, pod_dir: Path, retry: RetryPolicy) -> Store:
+    try:
+        return open_store(url, pod_dir, retry=retry)
+    except ValueError as exc:
+        raise UserError(f"data: {exc}") from None
+
+
+def shard_paths_in_store(paths: list[str], url: str) -> list[str]:
+    """The pod-relative shard paths, which are also their paths in the dataset store (a
+    shard outside the pod has no place there)."""
+    out = []
+    for path in paths:
+        try:
+            out.append(pod_relpath(path))
+        except ValueError:
+            raise UserError(f"data: shard {path} is outside the pod, so {url} cannot hold "
+                            f"it; set `shards:` to a path inside the pod (e.g. "
+                            f"data/shard_gpu{{i}}.npy)") from None
+    return out
+
+
+def shard_records(store: Store, source: DataSource, paths: list[str]) -> dict[str, FileEntry]:
+    """{shard: its recorded sha256 and size} at the pinned revision: one index read."""
+    index = store.files(source.revision)
+    missing = [p for p in paths if p not in index]
+    if missing:
+        shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4
+                                          else "")
+        raise UserError(f"data: revision {source.revision[:12]} of {source.url} records no "
+                        f"{shown}; put the shards there with `fractus-pod data push --to "
+                        f"{source.url}` (it writes the new revision into data:)")
+    return {p: index[p] for p in paths}
+
+
+def push_shards(pod_dir: Path, paths: list[str], url: str,
+                retry: RetryPolicy) -> tuple[DataSource, list[str]]:
+    """Upload the shards the store does not hold yet at these paths (compared by sha256) in
+    ONE revision. Returns (the data source naming the revision that records them all, the
+    shards uploaded: empty when the store held every one)."""
+    paths = shard_paths_in_store(paths, url)
+    absent = [p for p in paths if not (pod_dir / p).is_file()]
+    if absent:
+        raise UserError(f"data push: no shard at {', '.join(absent[:4])}; put the pod's "
+                        f"shards there first (the config's `shards:`)")
+    store = data_store(url, pod_dir, retry)
+    # The config names the store as given (hf://...), a file store by its absolute path.
+    named = store.url if url.startswith("file://") else url
+    head = store.head()
+    held = store.files(head) if head else {}
+    local: dict[str, FileEntry] = {}
+    with progress("data push: hashing", sum((pod_dir / p).stat().st_size for p in paths),
+                  "bytes") as task:
+        for rel in paths:
+            local[rel] = sha256_file(pod_dir / rel)
+            task.update(advance=local[rel].size)
+    upload = [p for p in paths if held.get(p) != local[p]]
+    if not upload:
+        return DataSource(named, head), []
+    revision = store.push({p: pod_dir / p for p in upload},
+                          f"fractus-pod data push: {len(upload)} shard(s)",
+                          base=head, expected={p: local[p].sha256 for p in upload})
+    return DataSource(named, revision), upload

@@ -1,0 +1,249 @@
+"""Before a worker starts, its shards are on this machine with the bytes `data:` records.
+
+`ensure_shards(paths, source, pod_dir)` is what a launcher (or a Ray node, for its own GPUs'
+shards) calls. For each pod-relative shard path:
+
+- a stamp in logs/data_verified.json (path, size, mtime, the recorded sha256, at this url and
+  revision) says the file was verified and has not changed since: kept without a read, so
+  a 4 GB shard is not hashed again at every launch;
+- a file already there is hashed once against the record: equal, it is stamped; other
+  bytes are refused with one line (it is never trained on, and never overwritten: it may be
+  the user's own);
+- a missing one is fetched. From an hf:// store: streamed from the Hub's resolve URL with
+  the client's own headers into `<shard>.partial`, hashed as the bytes arrive (read once),
+  resumed with an HTTP Range from the partial file's length when an earlier process or
+  connection was cut, then renamed into place only when size and sha256 match the record.
+  Bytes that do not match are fetched again once from the first byte, then refused. From a
+  file:// store: copied and hashed in one pass, staged, then moved (launcher/hub/store.py).
+
+Progress goes through launcher/pod/progress.py (a bar on a terminal, a line every few
+seconds elsewhere). The record (sha256, size) comes from the dataset store's index at the
+pinned revision (launcher/hub/data_source.py), read once per call and only when a shard is
+not stamped: a pod whose shards are all stamped launches without the store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from huggingface_hub.file_download import http_get
+
+from launcher.config.data_source import DataSource
+from launcher.errors import UserError
+from launcher.files import atomic_write_text, fsync_dir
+from launcher.paths import DATA_VERIFIED_FILE
+from launcher.pod.progress import Task, progress
+
+from .data_source import data_store, shard_paths_in_store, shard_records
+from .hf import HfStore
+from .integrity import CHUNK, FileEntry, HubError, IntegrityError, sha256_file
+from .retry import RetryPolicy, describe, http_status
+
+FETCH_ATTEMPTS = 2      # a fetch whose bytes differ from the record is redone once, from 0
+PARTIAL_SUFFIX = ".partial"
+
+
+def ensure_shards(paths: list[str], source: DataSource, pod_dir: Path,
+                  retry: RetryPolicy = RetryPolicy()) -> list[str]:
+    """Every shard in `paths` present and verified (see the module's text). Returns the
+    shards fetched. UserError: the store cannot be read, does not record a shard, or a
+    local file holds other bytes; HubError: a fetch failed (rerun: it resumes);
+    IntegrityError: the store served other bytes than it records (nothing installed)."""
+    paths = shard_paths_in_store(list(dict.fromkeys(paths)), source.url)
+    stamps = Stamps(pod_dir, source)
+    unverified = [p for p in paths if not stamps.holds(p)]
+    if not unverified:
+        return []
+    with _hub_log_held_back():      # a refusal writes nothing and says one line
+        store = data_store(source.url, pod_dir, retry)
+        try:
+            records = shard_records(store, source, unverified)
+        except HubError as exc:
+            raise UserError(f"data: cannot read revision {source.revision[:12]} of "
+                            f"{source.url} ({exc}); check data: url and revision in "
+                            f"fractus-pod.yaml, and that the store is reachable") from None
+    fetched = []
+    with progress("data: verifying shards", sum(records[p].size for p in unverified),
+                  "bytes") as task:
+        for rel in unverified:
+            dest, record = pod_dir / rel, records[rel]
+            task.update(description=f"data: {rel}")
+            if dest.is_file():
+                got = FileEntry(sha256_file(dest).sha256, dest.stat().st_size)
+                task.update(advance=record.size)
+                if got != record:
+                    raise UserError(f"data: {rel} holds other bytes than revision "
+                                    f"{source.revision[:12]} of {source.url} records "
+                                    f"(sha256 {got.sha256[:12]}..., not "
+                                    f"{record.sha256[:12]}...); move it away to fetch the "
+                                    f"recorded shard, or point data: at the revision that "
+                                    f"holds it")
+            else:
+                _fetch(store, rel, record, source, dest, task)
+                fetched.append(rel)
+            stamps.add(rel, record)
+    return fetched
+
+
+def _fetch(store, rel: str, record: FileEntry, source: DataSource, dest: Path,
+           task: Task) -> None:
+    if not isinstance(store, HfStore):
+        store.pull([rel], source.revision)      # copied and hashed in one pass, staged
+        task.update(advance=record.size)
+        return
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial = dest.with_name(dest.name + PARTIAL_SUFFIX)
+    what = f"{rel} at revision {source.revision[:12]} of {source.url}"
+    for attempt in range(1, FETCH_ATTEMPTS + 1):
+        started = task.completed
+        got = _download(store, rel, record, source.revision, partial, task)
+        if got == record:
+            os.replace(partial, dest)
+            fsync_dir(dest.parent)
+            return
+        partial.unlink()
+        task.update(completed=started)
+        logging.getLogger(__name__).warning(
+            "data: %s arrived as %d bytes with sha256 %s..., not the recorded %s...%s", what,
+            got.size, got.sha256[:12], record.sha256[:12],
+            "; fetching it again" if attempt < FETCH_ATTEMPTS else "")
+    raise IntegrityError(f"data: {what} arrived twice with other bytes than recorded; "
+                         f"refused (nothing installed, never trained on)")
+
+
+def _download(store: HfStore, rel: str, record: FileEntry, revision: str, partial: Path,
+              task: Task) -> FileEntry:
+    """The shard's bytes into `partial`, resumed from its length; (sha256, size) of the
+    whole file, every byte hashed once (those an earlier process wrote, then the new ones
+    as they arrive)."""
+    digest = hashlib.sha256()
+    with open(partial, "ab+") as f:
+        f.seek(0)
+        if os.fstat(f.fileno()).st_size > record.size:      # not this shard's beginning
+            f.truncate(0)
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+            task.update(advance=len(chunk))
+        resume = f.tell()
+        url, headers = store.download_request(rel, revision)
+        sink = _HashingSink(f, digest, task, resume)
+        try:
+            # The client's own downloader: its Range header, its retries that resume within
+            # this process, its handling of a server that ignores the Range.
+            http_get(url, sink, resume_size=resume, headers=headers, expected_size=record.size,
+                     displayed_filename=rel, tqdm_class=_NoBar)
+        except Exception as exc:
+            f.flush()
+            held = f.tell()
+            status = http_status(exc)
+            message = (f"data: fetching {rel} from {store.url} failed "
+                       f"({describe(exc)}); {held} of {record.size} bytes are "
+                       f"kept in {partial.name}: rerun to resume")
+            raise HubError(message, status=status) from None
+        f.flush()
+        os.fsync(f.fileno())
+        return FileEntry(sink.digest.hexdigest(), f.tell())
+
+
+class _HashingSink:
+    """The .partial file as http_get writes it: each byte hashed on its way to disk."""
+
+    def __init__(self, f, digest, task: Task, resumed: int):
+        self._f, self.digest, self._task, self._resumed = f, digest, task, resumed
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        self._task.update(advance=len(data))
+        return self._f.write(data)
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._f.seek(offset, whence)
+
+    def truncate(self, size: int | None = None) -> int:
+        """http_get rewinds to 0 when the server answered a Range with the whole file."""
+        if (self._f.tell() if size is None else size) != 0:
+            raise IntegrityError("data: a download rewound to the middle of a shard")
+        self.digest = hashlib.sha256()
+        self._task.update(advance=-self._resumed)
+        self._resumed = 0
+        return self._f.truncate(0)
+
+
+class _NoBar:
+    """The client's progress bar, silenced: launcher/pod/progress.py shows the fetch."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def __enter__(self) -> "_NoBar":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+class Stamps:
+    """logs/data_verified.json: shards verified against this url and revision, by size and
+    mtime (a shard rewritten since is verified again)."""
+
+    def __init__(self, pod_dir: Path, source: DataSource):
+        self.path, self.pod_dir, self.source = pod_dir / DATA_VERIFIED_FILE, pod_dir, source
+        try:
+            doc = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            doc = {}
+        same = isinstance(doc, dict) and doc.get("url") == source.url and \
+            doc.get("revision") == source.revision and isinstance(doc.get("files"), dict)
+        self.files: dict = doc["files"] if same else {}
+
+    def _stat(self, rel: str) -> dict | None:
+        try:
+            st = (self.pod_dir / rel).stat()
+        except OSError:
+            return None
+        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+    def holds(self, rel: str) -> bool:
+        stamp, now = self.files.get(rel), self._stat(rel)
+        return isinstance(stamp, dict) and now is not None and \
+            {k: stamp.get(k) for k in now} == now
+
+    def add(self, rel: str, record: FileEntry) -> None:
+        self.files[rel] = {**self._stat(rel), "sha256": record.sha256}
+        atomic_write_text(self.path, json.dumps({"url": self.source.url,
+                                                 "revision": self.source.revision,
+                                                 "files": self.files}, indent=1) + "\n")
+
+
+@contextmanager
+def _hub_log_held_back() -> Iterator[None]:
+    """The hub's retry lines of the first contact are held back and logged only when it
+    succeeds: a launch refused because the store cannot be read says one line and writes
+    no logs/hub.log (its error line names the failure)."""
+    logger = logging.getLogger("launcher.hub")
+    held: list[logging.LogRecord] = []
+
+    class Hold(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            held.append(record)
+
+    handlers, propagate = logger.handlers[:], logger.propagate
+    logger.handlers, logger.propagate = [Hold()], False
+    try:
+        yield
+    finally:
+        logger.handlers, logger.propagate = handlers, propagate
+    for record in held:
+        logger.handle(record)
