@@ -249,3 +249,14 @@ def test_adopting_a_stage_3_run_suggests_the_launch_that_resumes_stage_3(tmp_pat
     (next_line,) = [line for line in capsys.readouterr().out.splitlines()
                     if line.startswith("next:")]
     assert next_line.endswith("launch (resumes at stage 3, the stage the manifest records)")
+
+
+def test_adopting_offers_to_put_the_shards_on_the_hub(tmp_path, capsys):
+    """An adopted run's shards live only on its disk (the user's corpus was lost with a
+    dead pod): adopt names `data push` as the step that puts them on the hub."""
+    run = v1_run(tmp_path / "run")
+    assert adopt(run, "--devices", "cpu:2", "--manifest",
+                 "checkpoints/RESUME_MANIFEST_8GPU.json") == 0
+    (then,) = [line for line in capsys.readouterr().out.splitlines()
+               if line.startswith("then:")]
+    assert f"--pod-dir {run} data push --to hf://datasets/" in then
