@@ -206,3 +206,17 @@ def test_an_unreachable_data_store_refuses_the_launch_in_one_line_with_nothing_w
         assert len(err.splitlines()) == 1, err
         assert err.startswith("error: data: cannot read revision") and url in err, err
         assert _files(pod) == before
+
+
+def test_a_launch_whose_hub_serves_other_bytes_is_refused_before_any_worker(
+        test_hub, tmp_path, capsys):
+    source = pushed(test_hub, tmp_path)
+    pod = _pod_with_data(tmp_path / "launch", source.to_dict())
+    test_hub.faults.add("resolve", "corrupt", count=2, method="GET", path_contains="gpu0")
+    capsys.readouterr()
+    assert cli_main(["--pod-dir", str(pod), "launch", "--max-steps", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert "other bytes than recorded; refused" in err.strip().splitlines()[-1]
+    assert not (pod / SHARDS[0]).exists()
+    assert not (pod / "logs" / "metrics_gpu0.jsonl").exists()      # no worker started
