@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.checks.canary import SCRATCH_DIR, CanarySettings, load_canary_settings, run_canary
+from launcher.checks.canary import SCRATCH_DIR, load_canary_settings, run_canary
 from launcher.checks.canary_compare import Tolerance, compare_approximate, compare_exact
-from launcher.checks.criteria import Criteria
+from launcher.checks.trusted_loss import shipped_trusted_loss
 from launcher.errors import UserError
 from launcher.pod.manifest import read_manifest
 from launcher.config.podconfig import load_config
@@ -241,7 +241,7 @@ def test_compare_exact_refuses_what_cannot_match(new, message):
 
 
 def test_compare_approximate():
-    ref, crit = records([5.0, 4.9, 4.8], ema=5.0), Criteria()
+    ref, crit = records([5.0, 4.9, 4.8], ema=5.0), shipped_trusted_loss().criteria
     ok, reason, _ = compare_approximate(ref, records([5.1, 4.95, 4.9], ema=5.0), crit, 3, 0.15, 5.0)
     assert ok, reason
     ok, reason, _ = compare_approximate(ref, records([5.0, None, 4.9], ema=5.0), crit, 3, 0.15)
@@ -264,7 +264,7 @@ def test_canary_settings_from_the_criteria_file(tmp_path):
     settings, criteria = load_canary_settings(path)
     assert settings.steps == 7 and settings.max_ema_tf_rise == 0.2
     assert settings.exact["cuda"] == Tolerance(0.03, 0.01)
-    assert settings.exact["cpu"] == CanarySettings().exact["cpu"]
+    assert settings.exact["cpu"] == shipped_trusted_loss().canary.exact["cpu"]
     assert criteria.trend.tolerance == data["checks"]["trend"]["tolerance"]
     for bad in ({"stepz": 3}, {"steps": 1}, {"exact": {"tpu": {"rtol": 1}}},
                 {"exact": {"cpu": {"rtol": -1}}}, {"approximate": {"maxRise": 1}}):

@@ -6,6 +6,7 @@ import math
 import pytest
 
 from launcher.checks.criteria import Criteria, load_criteria, parse_criteria
+from launcher.checks.trusted_loss import shipped_trusted_loss
 from launcher.errors import UserError
 from launcher.checks.health import (FAILED, INCONCLUSIVE, RUNNING, SUCCESSFUL, GpuHealth, analyze)
 from pathlib import Path
@@ -186,7 +187,7 @@ def test_bad_criteria_file_is_a_user_error(tmp_path, text, needle):
 
 
 def test_restart_backoff_doubles_and_caps():
-    r = dataclasses.replace(Criteria().restarts, backoff_s=1.0, backoff_max_s=5.0)
+    r = dataclasses.replace(shipped_trusted_loss().criteria.restarts, backoff_s=1.0, backoff_max_s=5.0)
     assert [r.backoff(i) for i in (1, 2, 3, 4)] == [1.0, 2.0, 4.0, 5.0]
 
 

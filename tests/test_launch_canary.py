@@ -34,7 +34,7 @@ from tests.test_launcher_e2e import (REPO, TEST_CRITERIA, TOKENS_PER_STEP, event
 
 CANARY_STEPS = 3
 CRITERIA = {**TEST_CRITERIA, "canary": {"steps": CANARY_STEPS, "timeout_s": 120},
-            "probe": {"band": 0.25, "relativeBand": None}}
+            "probe": {"band": 0.25, "relativeBand": None, "every": 0}}
 
 
 def fractus_pod(pod: Path, *args: str, env: dict | None = None, timeout: float = 120):

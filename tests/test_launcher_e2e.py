@@ -49,6 +49,8 @@ TEST_CRITERIA = {
         "restarts": {"max_restarts": 3, "window_s": 300, "backoff_s": 0.5, "backoff_max_s": 2},
         "hang": {"timeout_s": 60, "startup_timeout_s": 120},
     },
+    # No AR probes unless a test asks (the shipped file probes every checkpoint).
+    "probe": {"every": 0},
 }
 
 

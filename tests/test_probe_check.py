@@ -1,5 +1,6 @@
 """The AR probe's verdict against a stage baseline, and the probe run in another process."""
 
+import dataclasses
 import math
 import statistics
 
@@ -13,11 +14,13 @@ from fractus.data import synth
 from fractus.eval.probe import ProbeConfig, probe_checkpoint
 from launcher.errors import UserError
 from launcher.checks.health import FAILED, INCONCLUSIVE, SUCCESSFUL
+from launcher.checks.trusted_loss import shipped_trusted_loss
 from launcher.checks.probe_check import (Baseline, ProbeTolerance, ProbeUnavailable, check_probe,
                                   load_probe_tolerance, probe_verdict, run_probe_process)
 
-ABS = ProbeTolerance(band=0.25)
-REL = ProbeTolerance(band=0.25, relativeBand=0.10)
+SHIPPED = shipped_trusted_loss().probe_tolerance   # manifests/trusted_loss.yaml's values
+ABS = dataclasses.replace(SHIPPED, band=0.25)
+REL = dataclasses.replace(SHIPPED, band=0.25, relativeBand=0.10)
 
 
 def result(ar, rows=2, **more):
@@ -72,9 +75,9 @@ def test_cannot_judge_or_broken(res, baseline, error, status, words):
 def test_tolerance_from_the_criteria_file(tmp_path):
     path = tmp_path / "trusted_loss.yaml"
     path.write_text(yaml.safe_dump({"checks": {}}))
-    assert load_probe_tolerance(path) == ProbeTolerance()
+    assert load_probe_tolerance(path) == SHIPPED
     path.write_text(yaml.safe_dump({"probe": {"band": 0.5, "relativeBand": 0.02}}))
-    assert load_probe_tolerance(path) == ProbeTolerance(0.5, 0.02)
+    assert load_probe_tolerance(path) == dataclasses.replace(SHIPPED, band=0.5, relativeBand=0.02)
     path.write_text(yaml.safe_dump({"probe": {"relativeBand": None}}))
     assert load_probe_tolerance(path).relativeBand is None
     for bad in ({"band": -1}, {"band": "wide"}, {"bandz": 1}, {"band": True}):
@@ -93,7 +96,7 @@ SIGMA = statistics.stdev(WINDOWS) * math.sqrt(1 / 4 + 1 / 4)   # the difference 
 
 
 def test_a_rise_inside_the_noise_passes_and_one_well_outside_fails():
-    default = ProbeTolerance()
+    default = SHIPPED
     assert default.limit(NOISY, 4)[0] == pytest.approx(3 * SIGMA)
     for rise in (0.2568, 0.2505):           # the rises that failed stage 1 twice on noise
         assert probe_verdict(result(NOISY.ar + rise, rows=4), NOISY, default)[0] == SUCCESSFUL
@@ -114,7 +117,7 @@ def test_a_zero_or_unknown_spread_falls_back_to_the_floor():
     assert probe_verdict(result(5.26, rows=4), flat, ABS)[0] == FAILED
     assert probe_verdict(result(5.24, rows=4), flat, ABS)[0] == SUCCESSFUL
     assert REL.limit(Baseline(5.0, (5.0,)), 4)[0] == pytest.approx(0.5)   # one window: no spread
-    assert ProbeTolerance(k=0.0).limit(NOISY, 4)[0] == 0.25
+    assert dataclasses.replace(SHIPPED, k=0.0).limit(NOISY, 4)[0] == 0.25
 
 
 def test_a_recorded_baseline_and_a_probe_result_carry_their_windows():
@@ -130,14 +133,14 @@ def test_a_recorded_baseline_and_a_probe_result_carry_their_windows():
 def test_going_off_manifold_fails_whatever_the_noise():
     on = Baseline(6.0, (2.0, 10.0, 4.0, 8.0), ar_acc=0.30)      # wide noise, below ln(V)
     off_result = result(11.5, rows=4, ar_acc=0.0, vocab_size=50257)   # ln(50257) = 10.82
-    status, reason = probe_verdict(off_result, on, ProbeTolerance())
+    status, reason = probe_verdict(off_result, on, SHIPPED)
     assert status == FAILED and "went off-manifold" in reason
     assert "uniform guess ln(V) 10.82" in reason and "ARacc 0.000" in reason
     # Below the uniform guess, ARacc 0 is not off-manifold: the noise decides.
     below = result(10.5, rows=4, ar_acc=0.0, vocab_size=50257)
-    assert probe_verdict(below, on, ProbeTolerance())[0] == SUCCESSFUL
+    assert probe_verdict(below, on, SHIPPED)[0] == SUCCESSFUL
     # A bare number says nothing of its free run: the floor decides (here, 0.25 nats).
-    assert probe_verdict(off_result, 11.4, ProbeTolerance())[0] == SUCCESSFUL
+    assert probe_verdict(off_result, 11.4, SHIPPED)[0] == SUCCESSFUL
 
 
 def test_a_baseline_above_the_uniform_guess_never_was_on_the_manifold():
@@ -145,23 +148,23 @@ def test_a_baseline_above_the_uniform_guess_never_was_on_the_manifold():
     next probe is not going off-manifold: the noise decides, and the words say so."""
     two_hits = Baseline(900.0, (850.0, 950.0, 880.0, 920.0), ar_acc=2 / 128)
     one_hit = result(905.0, rows=4, ar_acc=1 / 128, vocab_size=512)
-    status, reason = probe_verdict(one_hit, two_hits, ProbeTolerance())
+    status, reason = probe_verdict(one_hit, two_hits, SHIPPED)
     assert status == SUCCESSFUL and "off-manifold" not in reason, reason
     assert "does not generate yet" in reason and "ARacc 0.008" in reason
 
 
 def test_a_run_already_off_manifold_is_judged_on_its_noise_and_named():
     users = Baseline(2240.174, WINDOWS, ar_acc=0.0)          # the user's GPU 1: AR 2240, ARacc 0
-    status, reason = probe_verdict(result(2240.43, rows=4, ar_acc=0.0, vocab_size=50257), users)
+    status, reason = probe_verdict(result(2240.43, rows=4, ar_acc=0.0, vocab_size=50257), users, SHIPPED)
     assert status == SUCCESSFUL
     assert reason.endswith("; the model does not generate yet: like its baseline, its free run "
                            "scores above the uniform guess ln(V) 10.82, ARacc 0.000, so only "
                            "the rise is judged"), reason
-    unknown = probe_verdict(result(2240.3, rows=4, ar_acc=0.0, vocab_size=50257), 2240.174)
+    unknown = probe_verdict(result(2240.3, rows=4, ar_acc=0.0, vocab_size=50257), 2240.174, SHIPPED)
     assert unknown[0] == SUCCESSFUL and "off-manifold" not in unknown[1]
     assert "only the rise is judged" in unknown[1]
     # Failed, the same words say where the free run went.
-    failed = probe_verdict(result(2300.0, rows=4, ar_acc=0.0, vocab_size=50257), users)
+    failed = probe_verdict(result(2300.0, rows=4, ar_acc=0.0, vocab_size=50257), users, SHIPPED)
     assert failed[0] == FAILED and failed[1].endswith("off-manifold (ARacc 0.000)")
 
 
@@ -169,7 +172,7 @@ def test_the_demos_successful_probe_says_nothing_that_reads_as_a_failure():
     """The README demo (relativeBand 1.0, AR ~1000 with V = 512): its probes read
     'Successful' with 'off-manifold (ARacc 0.000)', 'AR above the uniform guess' and
     'limit 1030.6800', the baseline itself, as though AR could not pass the baseline."""
-    demo = ProbeTolerance(relativeBand=1.0)
+    demo = dataclasses.replace(SHIPPED, relativeBand=1.0)
     baseline = Baseline(1030.68, (1010.2, 1041.7, 1025.3, 1045.5), ar_acc=0.0, vocab_size=512)
     status, reason = probe_verdict(result(1078.066162109375, rows=4, ar_acc=0.0,
                                           vocab_size=512), baseline, demo)
@@ -206,7 +209,7 @@ def test_probe_process_matches_the_in_process_probe_and_is_judged(files):
 
 def test_a_probe_that_cannot_run_is_inconclusive(files, tmp_path):
     ckpt, shard = files
-    missing = check_probe(tmp_path / "nope.pt", shard, baseline=5.0)
+    missing = check_probe(tmp_path / "nope.pt", shard, baseline=5.0, tolerance=SHIPPED)
     assert missing.status == INCONCLUSIVE and missing.result is None
     assert "probe exited" in missing.reason and "nope.pt" in missing.reason
     with pytest.raises(ProbeUnavailable, match="timed out"):
@@ -222,10 +225,10 @@ def test_window_noise_of_a_real_model_passes_and_damaged_weights_fail(files, tmp
     low, high = sorted(at.values(), key=lambda r: r.ar)
     assert high.ar - low.ar > 0.25            # what the fixed band failed on
     baseline = Baseline.of(low)
-    status, reason = probe_verdict(high, baseline, ProbeTolerance())
+    status, reason = probe_verdict(high, baseline, SHIPPED)
     assert status == SUCCESSFUL, reason
     damaged = {**loaded, "model_state": {
         k: v * 3 if k.startswith("output_head") else v for k, v in loaded["model_state"].items()}}
     worse = probe_checkpoint(damaged, shard, head=high.start)
-    status, reason = probe_verdict(worse, baseline, ProbeTolerance())
+    status, reason = probe_verdict(worse, baseline, SHIPPED)
     assert status == FAILED and "noise sigma" in reason, reason

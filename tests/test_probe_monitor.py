@@ -6,6 +6,7 @@ tests launch the real supervisor on a tiny CPU pod whose probes are real child p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -23,9 +24,20 @@ from launcher.checks.probe_check import (ProbeLost, ProbeSchedule, ProbeToleranc
                                          ProbeUnavailable, load_probe_schedule,
                                          load_probe_tolerance)
 from launcher.checks.probe_monitor import ProbeMonitor
+from launcher.checks.trusted_loss import shipped_trusted_loss
 from launcher.checks.probe_outcome import BASELINE, apply_outcome
 from tests.test_launcher_e2e import (TEST_CRITERIA, Launcher, events_of, launchers,  # noqa: F401
                                      make_pod, wait_for)
+
+SHIPPED = shipped_trusted_loss()      # manifests/trusted_loss.yaml's values
+
+
+def schedule(**changes) -> ProbeSchedule:
+    return dataclasses.replace(SHIPPED.probe_schedule, **changes)
+
+
+def tolerance(**changes) -> ProbeTolerance:
+    return dataclasses.replace(SHIPPED.probe_tolerance, **changes)
 
 
 class FakeRunner:
@@ -59,8 +71,8 @@ def drain(monitor: ProbeMonitor, timeout: float = 10) -> list:
 def monitor_of(tmp_path, runner, every=1, parallel=4, band=0.5) -> ProbeMonitor:
     for name in runner.ars:            # the checkpoint files the monitor links to
         (tmp_path / name).write_bytes(name.encode())
-    return ProbeMonitor(tmp_path, ProbeSchedule(every=every, parallel=parallel),
-                        ProbeTolerance(band=band), runner=runner)
+    return ProbeMonitor(tmp_path, schedule(every=every, parallel=parallel),
+                        tolerance(band=band), runner=runner)
 
 
 
@@ -86,8 +98,8 @@ class Nodes:
 
 def test_on_the_nodes_probes_run_where_the_checkpoint_is_and_are_judged_here(tmp_path):
     nodes = Nodes({"resume": 5.0, "sha256:sha-a": 5.1, "sha256:sha-b": 5.9})
-    monitor = ProbeMonitor(tmp_path, ProbeSchedule(every=1, parallel=4),
-                           ProbeTolerance(band=0.5), runner=None)
+    monitor = ProbeMonitor(tmp_path, schedule(every=1, parallel=4),
+                           tolerance(band=0.5), runner=None)
     monitor.use_nodes(nodes)
     name = "checkpoints/fractus_1b_gpu0.pt"        # the path on the head: not there
     outcomes = resume_then_two_probes(monitor, name, name, name)
@@ -99,8 +111,8 @@ def test_on_the_nodes_probes_run_where_the_checkpoint_is_and_are_judged_here(tmp
 
 def test_a_probe_of_a_lost_node_is_abandoned_without_a_verdict(tmp_path):
     nodes = Nodes({"sha256:sha-a": 5.0, "sha256:sha-b": 5.0, "sha256:sha-c": 5.0})
-    monitor = ProbeMonitor(tmp_path, ProbeSchedule(every=1, parallel=1),
-                           ProbeTolerance(band=0.5), runner=None)
+    monitor = ProbeMonitor(tmp_path, schedule(every=1, parallel=1),
+                           tolerance(band=0.5), runner=None)
     monitor.use_nodes(nodes)
     monitor.start_stage(1, {0: (None, "shard0.npy")})
     nodes.gate.clear()
@@ -234,7 +246,7 @@ def test_a_probe_left_from_before_a_rollback_keeps_the_new_stages_baseline(tmp_p
 
 def test_the_resume_probe_starts_at_the_manifest_head_with_the_pods_model(tmp_path):
     runner = FakeRunner({"v1.pt": 5.0, "a.pt": 5.1})
-    monitor = ProbeMonitor(tmp_path, ProbeSchedule(every=1, rows=8), ProbeTolerance(),
+    monitor = ProbeMonitor(tmp_path, schedule(every=1, rows=8), tolerance(),
                            runner=runner, model="v1.json")
     for name in runner.ars:
         (tmp_path / name).write_bytes(name.encode())
@@ -252,8 +264,9 @@ def test_a_probe_that_cannot_run_is_inconclusive_and_holds_the_stage(tmp_path):
     monitor.on_checkpoint(0, "a.pt", "s0", "sha", 1)
     (outcome,) = drain(monitor)
     assert outcome.status == INCONCLUSIVE and "boom" in outcome.reason
-    criteria = parse_criteria({"checks": {"trend": {"interval": 1}, "lb_band": {"interval": 1},
-                                          "ss_ratio": {"interval": 1},
+    criteria = parse_criteria({"checks": {"trend": {"interval": 1, "initialDelay": 0},
+                                          "lb_band": {"interval": 1},
+                                          "ss_ratio": {"interval": 1, "initialDelay": 0},
                                           "loss_spike": {"windowLogs": 2}}})
     health = GpuHealth(criteria, window=4)
     for step in range(1, 8):
@@ -275,9 +288,9 @@ def test_final_probes_widen_to_the_free_host_within_its_memory(tmp_path):
 def test_schedule_keys_are_checked(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump({"probe": {"band": 0.3}}))
-    assert load_probe_schedule(path) == ProbeSchedule()          # off unless asked for
+    assert load_probe_schedule(path) == SHIPPED.probe_schedule     # the shipped file's
     path.write_text(yaml.safe_dump({"probe": {"every": 2, "parallel": 3, "timeout_s": 60}}))
-    assert load_probe_schedule(path) == ProbeSchedule(2, 3, 60.0)
+    assert load_probe_schedule(path) == schedule(every=2, parallel=3, timeout_s=60.0)
     for bad in ({"every": -1}, {"every": 1.5}, {"parallel": 0}, {"evry": 1}):
         path.write_text(yaml.safe_dump({"probe": bad}))
         with pytest.raises(UserError, match="probe"):

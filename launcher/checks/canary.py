@@ -52,14 +52,14 @@ KEEP_RUNS = 5                    # canary run directories kept (metrics + logs, 
 WATCH_S = 0.5                    # how often a running canary shows progress, looks for a stop
 
 
-# ---- settings (the `canary:` section of trusted_loss.yaml, with defaults) ---------------
+# ---- settings (the `canary:` section of trusted_loss.yaml; defaults: the shipped file) -----
 @dataclass(frozen=True)
 class CanarySettings:
-    steps: int = 5
-    timeout_s: float = 1800.0
+    steps: int
+    timeout_s: float
     # float32 CPU runs agree to float rounding; bf16 CUDA is a band (see docs/CANARY.md).
-    exact: dict = field(default_factory=lambda: {"cpu": Tolerance(1e-4), "cuda": Tolerance(1e-2)})
-    max_ema_tf_rise: float = 0.15     # approximate stages: last ema_tf vs stage M's
+    exact: dict                 # device ("cpu", "cuda") -> Tolerance
+    max_ema_tf_rise: float      # approximate stages: last ema_tf vs stage M's
 
 
 def write_canary_state(pod_dir: Path, record: dict) -> None:
@@ -79,31 +79,31 @@ def load_canary_settings(criteria_path: str | Path) -> tuple[CanarySettings, Cri
 
 
 def parse_canary(section, path: Path) -> CanarySettings:
-    """The `canary:` section of the criteria file; defaults for what is missing."""
-    section = section or {}
+    """The `canary:` section of the criteria file, over the shipped file's section
+    (launcher/checks/shipped_defaults.py): every key is there."""
     where = f"{path}: canary"
     if not isinstance(section, dict):
         raise UserError(f"{where}: expected a mapping")
     refuse_unknown_keys(section, {"steps", "timeout_s", "exact", "approximate"}, where)
-    d = CanarySettings()
-    exact = dict(d.exact)
+    exact = {}
     for device, tol in (section.get("exact") or {}).items():
-        if device not in exact or not isinstance(tol, dict) or set(tol) - {"rtol", "atol"}:
+        if device not in ("cpu", "cuda") or not isinstance(tol, dict) \
+                or set(tol) != {"rtol", "atol"}:
             raise UserError(f"{where}.exact: expected cpu/cuda: {{rtol, atol}}, "
                             f"got {device}: {tol!r}")
         at = f"{where}.exact.{device}"
-        exact[device] = Tolerance(_number(f"{at}.rtol", tol.get("rtol", exact[device].rtol)),
-                                  _number(f"{at}.atol", tol.get("atol", 0.0)))
-    approx = section.get("approximate") or {}
-    if not isinstance(approx, dict) or set(approx) - {"maxEmaTfRise"}:
+        exact[device] = Tolerance(_number(f"{at}.rtol", tol["rtol"]),
+                                  _number(f"{at}.atol", tol["atol"]))
+    approx = section.get("approximate")
+    if not isinstance(approx, dict) or set(approx) != {"maxEmaTfRise"}:
         raise UserError(f"{where}.approximate: expected {{maxEmaTfRise}}, got {approx!r}")
-    steps = section.get("steps", d.steps)
+    steps = section.get("steps")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
         raise UserError(f"{where}.steps: expected an integer >= 2, got {steps!r}")
     return CanarySettings(
-        steps=steps, timeout_s=_number(f"{where}.timeout_s", section.get("timeout_s", d.timeout_s)),
+        steps=steps, timeout_s=_number(f"{where}.timeout_s", section.get("timeout_s")),
         exact=exact, max_ema_tf_rise=_number(f"{where}.approximate.maxEmaTfRise",
-                                             approx.get("maxEmaTfRise", d.max_ema_tf_rise)))
+                                             approx["maxEmaTfRise"]))
 
 
 def _number(where: str, value) -> float:

@@ -1,28 +1,35 @@
 """The trusted-loss criteria file (manifests/trusted_loss.yaml) as typed config objects.
 
 Every threshold the health checks use comes from here; the check logic lives in
-launcher/checks/health.py. Unknown keys are refused so a typo never silently disables a check.
+launcher/checks/health.py. No field has a default in code: a key a pod's file leaves out
+takes the shipped file's value (launcher/checks/shipped_defaults.py). Unknown keys are refused so a typo never silently disables a check.
 The `canary:` and `probe:` sections belong to the stage canary and the AR probe verdict:
 they are parsed (and their keys checked) by launcher/checks/canary.py and launcher/checks/probe_check.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass, field
+import typing
+from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import UserError, refuse_unknown_keys
+from launcher.checks.shipped_defaults import with_shipped_defaults
 from launcher.config.yamlfile import read_yaml
 
 
 @dataclass(frozen=True)
 class CheckSpec:
     """Scheduling shared by every check (Argo Rollouts analysis vocabulary)."""
-    interval: int = 0          # steps between measurements; 0 = every metrics line
-    initialDelay: int = 0      # steps after the stage began before the first measurement
-    failureLimit: int = 0      # Failed once failed measurements exceed this
+    interval: int              # steps between measurements; 0 = every metrics line
+    initialDelay: int          # steps after the stage began before the first measurement
+    failureLimit: int          # Failed once failed measurements exceed this
+
+
+# A check judged outside the metrics lines (a forced failure, the AR probe's verdict): every
+# measurement counts at once, the first failure fails it.
+AT_ONCE = CheckSpec(interval=0, initialDelay=0, failureLimit=0)
 
 
 @dataclass(frozen=True)
@@ -32,39 +39,39 @@ class FiniteSpec(CheckSpec):
 
 @dataclass(frozen=True)
 class ContinuitySpec(CheckSpec):
-    maxAbsDelta: float = 0.5
+    maxAbsDelta: float
 
 
 @dataclass(frozen=True)
 class TrendSpec(CheckSpec):
-    lookback: int = 400
-    tolerance: float = 0.15
+    lookback: int
+    tolerance: float
 
 
 @dataclass(frozen=True)
 class LbBandSpec(CheckSpec):
-    band: float | None = 3.0
-    relativeBand: float | None = None
+    band: float | None
+    relativeBand: float | None
 
 
 @dataclass(frozen=True)
 class SsRatioSpec(CheckSpec):
-    maxRatio: float = 1.6
+    maxRatio: float
 
 
 @dataclass(frozen=True)
 class LossSpikeSpec(CheckSpec):
-    windowLogs: int = 50
-    factor: float = 2.0
-    patience: int = 4
+    windowLogs: int
+    factor: float
+    patience: int
 
 
 @dataclass(frozen=True)
 class RestartPolicy:
-    max_restarts: int = 3
-    window_s: float = 900.0
-    backoff_s: float = 2.0
-    backoff_max_s: float = 60.0
+    max_restarts: int
+    window_s: float
+    backoff_s: float
+    backoff_max_s: float
 
     def backoff(self, attempt: int) -> float:
         """Delay before restart number `attempt` (1-based): doubles, capped."""
@@ -73,20 +80,20 @@ class RestartPolicy:
 
 @dataclass(frozen=True)
 class HangPolicy:
-    timeout_s: float = 600.0
-    startup_timeout_s: float = 1200.0
+    timeout_s: float
+    startup_timeout_s: float
 
 
 @dataclass(frozen=True)
 class Criteria:
-    finite: FiniteSpec = field(default_factory=FiniteSpec)
-    continuity: ContinuitySpec = field(default_factory=ContinuitySpec)
-    trend: TrendSpec = field(default_factory=TrendSpec)
-    lb_band: LbBandSpec = field(default_factory=LbBandSpec)
-    ss_ratio: SsRatioSpec = field(default_factory=SsRatioSpec)
-    loss_spike: LossSpikeSpec = field(default_factory=LossSpikeSpec)
-    restarts: RestartPolicy = field(default_factory=RestartPolicy)
-    hang: HangPolicy = field(default_factory=HangPolicy)
+    finite: FiniteSpec
+    continuity: ContinuitySpec
+    trend: TrendSpec
+    lb_band: LbBandSpec
+    ss_ratio: SsRatioSpec
+    loss_spike: LossSpikeSpec
+    restarts: RestartPolicy
+    hang: HangPolicy
 
 
 # The one registry of checks: name -> its spec; health.py measures each of them, in order.
@@ -98,33 +105,34 @@ OTHER_SECTIONS = ("canary", "probe")
 
 
 def _build(cls, where: str, data) -> object:
-    if data is None:
-        return cls()
     if not isinstance(data, dict):
         raise UserError(f"{where}: expected a mapping, got {type(data).__name__}")
-    names = {f.name: f for f in dataclasses.fields(cls)}
-    refuse_unknown_keys(data, names, where)
+    types = typing.get_type_hints(cls)
+    refuse_unknown_keys(data, types, where)
+    missing = sorted(set(types) - set(data))
+    if missing:     # only when the shipped file itself lacks a key: a packaging mistake
+        raise UserError(f"{where}: missing {missing}; copy them from the shipped "
+                        f"manifests/trusted_loss.yaml")
     values = {}
     for key, value in data.items():
-        default = getattr(cls(), key)
-        if value is None and default is None:
+        optional = type(None) in typing.get_args(types[key])
+        if value is None and optional:
             values[key] = None
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise UserError(f"{where}.{key}: expected a number, got {value!r}; the default "
-                            f"is {default!r}")
+            raise UserError(f"{where}.{key}: expected a number, got {value!r}")
         # Finite: a NaN tolerance or an infinite band is a check that can never fail.
         if not 0 <= value < math.inf:
-            raise UserError(f"{where}.{key}: must be a finite number >= 0, got {value}; the "
-                            f"default is {default!r}")
-        is_int_field = isinstance(default, int) and not isinstance(default, bool)
-        if is_int_field and value != int(value):
+            raise UserError(f"{where}.{key}: must be a finite number >= 0, got {value}")
+        if types[key] is int and value != int(value):
             raise UserError(f"{where}.{key}: expected an integer, got {value!r}")
-        values[key] = int(value) if is_int_field else float(value)
+        values[key] = int(value) if types[key] is int else float(value)
     return cls(**values)
 
 
 def parse_criteria(data: dict, source: str = "criteria") -> Criteria:
+    """`data` (a parsed criteria file) over the shipped file's values, typed and checked."""
+    data = with_shipped_defaults(data)
     if not isinstance(data, dict):
         raise UserError(f"{source}: expected a mapping with 'checks' and 'supervision'")
     unknown = sorted(set(data) - {"checks", "supervision", *OTHER_SECTIONS})

@@ -16,7 +16,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from launcher.checks.criteria import CHECKS, CheckSpec, Criteria
+from launcher.checks.criteria import AT_ONCE, CHECKS, CheckSpec, Criteria
 
 PENDING, RUNNING, SUCCESSFUL, FAILED, INCONCLUSIVE = (
     "Pending", "Running", "Successful", "Failed", "Inconclusive")
@@ -124,7 +124,7 @@ class GpuHealth:
 
     def fail(self, name: str, reason: str) -> None:
         """A failure observed outside the metrics (exit code, crash loop, hang)."""
-        check = self.checks.setdefault(name, CheckState(name, CheckSpec()))
+        check = self.checks.setdefault(name, CheckState(name, AT_ONCE))
         check.forced_failure = True
         check.reason = reason
 

@@ -92,10 +92,10 @@ class ProbeTolerance:
     """A rise of AR counts past k standard errors of the window noise (module docstring),
     never below the floor: `band` nats, or `relativeBand` x |baseline| when set (which then
     wins, as in the lb_band check). Off-manifold: ARacc <= offManifoldAcc with AR > ln(V)."""
-    band: float = 0.25
-    relativeBand: float | None = None
-    k: float = 3.0
-    offManifoldAcc: float = 0.01
+    band: float
+    relativeBand: float | None
+    k: float
+    offManifoldAcc: float
 
     def floor(self, baseline_ar: float) -> float:
         if self.relativeBand is not None:
@@ -131,10 +131,10 @@ class ProbeSchedule:
     checkpoint of each GPU (0 = never), at most `parallel` probe processes at once across
     the pod, each killed after `timeout_s` (the check is then Inconclusive), each on
     `rows` windows (None: the probe's default; more windows measure the noise better)."""
-    every: int = 0
-    parallel: int = 1
-    timeout_s: float = 900.0
-    rows: int | None = None
+    every: int
+    parallel: int
+    timeout_s: float
+    rows: int | None
 
 
 _TOLERANCE_KEYS = {"band", "relativeBand", "k", "offManifoldAcc"}
@@ -142,16 +142,17 @@ _SCHEDULE_KEYS = {"every": int, "parallel": int, "timeout_s": float, "rows": int
 
 
 def parse_probe(section, path: Path) -> tuple[ProbeTolerance, ProbeSchedule]:
-    """The `probe:` section of the criteria file: its verdict tolerance and its schedule;
-    defaults for what is missing."""
-    section = section or {}
-    if not isinstance(section, dict) or set(section) - _TOLERANCE_KEYS - set(_SCHEDULE_KEYS):
-        raise UserError(f"{path}: probe: expected keys from "
-                        f"{sorted(_TOLERANCE_KEYS | set(_SCHEDULE_KEYS))}, got {section!r}")
+    """The `probe:` section of the criteria file, over the shipped file's section
+    (launcher/checks/shipped_defaults.py): its verdict tolerance and its schedule."""
+    keys = _TOLERANCE_KEYS | set(_SCHEDULE_KEYS)
+    if not isinstance(section, dict) or set(section) != keys:
+        raise UserError(f"{path}: probe: expected the keys {sorted(keys)}, got {section!r}")
     schedule = ProbeSchedule(**_schedule_values(path, section))
     values = {}
-    for key, value in section.items():
-        if key not in _TOLERANCE_KEYS or (value is None and key == "relativeBand"):
+    for key in sorted(_TOLERANCE_KEYS):
+        value = section[key]
+        if value is None and key == "relativeBand":
+            values[key] = None
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or \
                 not 0 <= value < math.inf:
@@ -164,9 +165,10 @@ def parse_probe(section, path: Path) -> tuple[ProbeTolerance, ProbeSchedule]:
 def _schedule_values(path: Path, section: dict) -> dict:
     values = {}
     for key, kind in _SCHEDULE_KEYS.items():
-        if key not in section:
-            continue
         value = section[key]
+        if value is None and key == "rows":
+            values[key] = None          # the probe's own default number of windows
+            continue
         least = 0 if key == "every" else 1
         if isinstance(value, bool) or not isinstance(value, (int, float)) or \
                 not least <= value < math.inf \
@@ -223,7 +225,7 @@ def manifold_note(result, tolerance: ProbeTolerance, baseline: Baseline | None =
     return f"; AR above the uniform guess ln(V) {level:.2f}, still generating{hits}"
 
 
-def probe_verdict(result, baseline, tolerance: ProbeTolerance = ProbeTolerance(),
+def probe_verdict(result, baseline, tolerance: ProbeTolerance,
                   error: str | None = None) -> tuple[str, str]:
     """(status, reason) for one probe `result` (ProbeResult, its dict, or None when the
     probe could not run; `error` then says why) against the stage's `baseline` (a
@@ -334,7 +336,7 @@ class ProbeCheck:
 
 
 def check_probe(checkpoint: str | Path, shard: str | Path, baseline,
-                tolerance: ProbeTolerance = ProbeTolerance(), **probe_kwargs) -> ProbeCheck:
+                tolerance: ProbeTolerance, **probe_kwargs) -> ProbeCheck:
     """Probe in another process and judge it against `baseline` (see probe_verdict);
     never raises for a probe that cannot run."""
     try:

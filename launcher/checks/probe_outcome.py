@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.checks.criteria import CheckSpec
+from launcher.checks.criteria import AT_ONCE
 from launcher.checks.health import FAILED, SUCCESSFUL, CheckState, GpuHealth, Measurement
 from launcher.checks.probe_check import Baseline
 from launcher.pod.ckpt_index import FAILED as CK_FAILED
@@ -64,7 +64,7 @@ def apply_outcome(outcome: ProbeOutcome, health: GpuHealth, index) -> None:
         health.fail(CHECK_NAME, reason)
         _fail_from(outcome.request, index, reason)
         return
-    check = health.checks.setdefault(CHECK_NAME, CheckState(CHECK_NAME, CheckSpec()))
+    check = health.checks.setdefault(CHECK_NAME, CheckState(CHECK_NAME, AT_ONCE))
     check.record(Measurement(True if outcome.status == SUCCESSFUL else None, reason))
 
 

@@ -1,6 +1,7 @@
 """The criteria file (manifests/trusted_loss.yaml) parsed once into one object.
 
-Each section is parsed by the module that owns it, with that module's defaults: `checks:`
+Each section is parsed by the module that owns it, over the shipped file's values (the only
+defaults, launcher/checks/shipped_defaults.py): `checks:`
 and `supervision:` by criteria.py (whose CHECKS is the one registry of checks), `canary:`
 by canary.py, `probe:` by probe_check.py. `launch` parses the file once (LaunchPlan) and
 hands the parts to the supervisor, the canary gate and the probe monitor.
@@ -14,6 +15,7 @@ from pathlib import Path
 from launcher.checks.canary import CanarySettings, parse_canary
 from launcher.checks.criteria import Criteria, parse_criteria
 from launcher.checks.probe_check import ProbeSchedule, ProbeTolerance, parse_probe
+from launcher.checks.shipped_defaults import SHIPPED_CRITERIA, with_shipped_defaults
 from launcher.config.yamlfile import read_yaml
 
 
@@ -28,7 +30,12 @@ class TrustedLoss:
 def load_trusted_loss(path: str | Path) -> TrustedLoss:
     """Every section of the criteria file; UserError (one line) for any mistake in any."""
     path = Path(path)
-    data = read_yaml(path, "criteria file")
+    data = with_shipped_defaults(read_yaml(path, "criteria file"))
     criteria = parse_criteria(data, str(path))      # refuses anything but a mapping
     tolerance, schedule = parse_probe(data.get("probe"), path)
     return TrustedLoss(criteria, parse_canary(data.get("canary"), path), tolerance, schedule)
+
+
+def shipped_trusted_loss() -> TrustedLoss:
+    """The shipped file's values: what a pod gets for every key its own file leaves out."""
+    return load_trusted_loss(SHIPPED_CRITERIA)
