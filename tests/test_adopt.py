@@ -24,8 +24,8 @@ from launcher.pod.adoption import read_adoption
 from launcher.cli import main as cli_main
 from tests.support.v1_run import (START_TOKENS, TARGET, V1_VOCAB, v1_run, write_pt_shard,
                                   write_v1_checkpoint)
-from tests.test_launcher_e2e import (BATCH, SEQ, TEST_CRITERIA, TOKENS_PER_STEP, Launcher,
-                                     launchers, worker_records)
+from tests.support.e2e import (BATCH, SEQ, TEST_CRITERIA, TOKENS_PER_STEP, Launcher,
+                               launchers, worker_records)
 
 __all__ = ["launchers"]   # the fixture, imported for pytest
 STEPS = 4

@@ -17,9 +17,9 @@ import torch
 import yaml
 
 from launcher.cli import main as cli_main
+from tests.support.pod_files import MANIFEST, tree
 
 CONFIG = "fractus-pod.yaml"
-MANIFEST = "checkpoints/RESUME_MANIFEST_8GPU.json"
 
 
 @pytest.fixture(scope="module")
@@ -34,15 +34,6 @@ def pod(tmp_path, pod_template) -> Path:
     dest = tmp_path / "pod"
     shutil.copytree(pod_template, dest)
     return dest
-
-
-def tree(pod: Path) -> dict[str, bytes | None]:
-    """Every name under the pod with its bytes (None for a directory or a FIFO)."""
-    out = {}
-    for path in sorted(pod.rglob("*")):
-        rel = path.relative_to(pod).as_posix()
-        out[rel] = path.read_bytes() if path.is_file() else None
-    return out
 
 
 def edit_config(pod: Path, **changes) -> None:

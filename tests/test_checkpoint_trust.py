@@ -20,42 +20,9 @@ import torch
 from launcher.pod.ckpt_index import sha256_file
 from launcher.cli import main as cli_main
 from launcher.pod.events import read_events
-from tests.support.pods import stage1_pod
+from tests.support.trusted_pod import (CKPT, MANIFEST, manifest_of, pod,  # noqa: F401 (fixtures)
+                                       rewrite_checkpoint, set_entry, trained)
 from tests.support.worker_utils import REPO_ROOT, run_worker, worker_env
-
-MANIFEST = "checkpoints/RESUME_MANIFEST_8GPU.json"
-CKPT = "checkpoints/fractus_1b_gpu0.pt"
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    return stage1_pod(tmp_path_factory.mktemp("trained") / "pod")
-
-
-@pytest.fixture
-def pod(trained, tmp_path) -> Path:
-    copy = tmp_path / "pod"
-    shutil.copytree(trained, copy, symlinks=True)
-    return copy
-
-
-def manifest_of(pod: Path) -> dict:
-    return json.loads((pod / MANIFEST).read_text())
-
-
-def set_entry(pod: Path, **fields) -> None:
-    data = manifest_of(pod)
-    data["gpu_0"].update(fields)
-    (pod / MANIFEST).write_text(json.dumps(data))
-
-
-def rewrite_checkpoint(pod: Path, edit) -> None:
-    """Save an edited copy of GPU 0's checkpoint in its place; the manifest names the new
-    bytes (so this is the file the manifest means, not a damaged one)."""
-    ck = torch.load(pod / CKPT, map_location="cpu", weights_only=True)
-    edit(ck)
-    torch.save(ck, pod / CKPT)
-    set_entry(pod, checkpoint_sha256=sha256_file(pod / CKPT))
 
 
 def launch(pod: Path, capsys) -> tuple[int, str]:

@@ -27,8 +27,8 @@ import pytest
 from launcher.child import child_env, resolve_command
 from tests.support.pods import stage1_pod
 from tests.support.v1_run import add_decoy_package
-from tests.test_launcher_e2e import (SEQ, TEST_CRITERIA, Launcher, events_of, launchers,
-                                     make_pod, wait_for, worker_records)
+from tests.support.e2e import (SEQ, TEST_CRITERIA, Launcher, events_of, launchers,
+                               make_pod, wait_for, worker_records)
 
 __all__ = ["launchers"]   # the fixture, imported for pytest
 from tests.support.worker_utils import (REPO_ROOT, events, read_jsonl, worker_env,

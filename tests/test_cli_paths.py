@@ -14,9 +14,9 @@ from pathlib import Path
 
 import yaml
 
-from tests.test_launch_canary import pod, stage1_pod  # noqa: F401 (fixtures: a launched pod)
-from tests.test_launcher_e2e import (REPO, Launcher, events_of, launchers,  # noqa: F401
-                                     manifest_json, wait_for)
+from tests.support.canary_pod import pod, stage1_pod  # noqa: F401 (fixtures: a launched pod)
+from tests.support.e2e import (REPO, Launcher, events_of, launchers,  # noqa: F401
+                               manifest_json, wait_for)
 
 
 def fractus_pod(*args: str, cwd: Path = REPO, timeout: float = 180):

@@ -103,7 +103,7 @@ def test_status_shows_the_last_worker_error_of_a_worker_that_wrote_no_event(tmp_
     the launcher's reason and status's `last_error` carry that line (it was null)."""
     import json
 
-    from tests.test_launcher_e2e import make_pod
+    from tests.support.e2e import make_pod
     pod = make_pod(tmp_path, worker=REFUSING_WORKER)
 
     done = fractus_pod(pod, "launch", "--stage", "1", "--gpus", "0")

@@ -71,7 +71,7 @@ def test_worker_reports_disk_full_in_its_event_and_one_line(tmp_path):
 
 
 def test_launcher_survives_a_full_disk_and_says_so(tmp_path):
-    from tests.test_launcher_e2e import events_of, kill_workers, make_pod, wait_for, worker_records
+    from tests.support.e2e import events_of, kill_workers, make_pod, wait_for, worker_records
     with small_tmpfs(tmp_path / "disk", "40m") as disk:
         pod = make_pod(disk)
         out = tmp_path / "launcher.out"           # off the full disk: every line is kept
@@ -113,11 +113,11 @@ def test_launcher_own_writes_on_a_full_disk_fail_the_pod_without_a_crash(tmp_pat
     from launcher.config.podconfig import init_pod
     from launcher.pod.reserve import DiskReserve
     from launcher.pod.live_state import read_pod_state
-    from tests.test_launcher_state import _supervisor
+    from tests.support.pod_history import supervisor_for
     pod = tmp_path / "pod"
     init_pod(pod, "tiny-cpu")
     with small_tmpfs(pod / "logs", "2m"):
-        sup = _supervisor(pod, 1)
+        sup = supervisor_for(pod, 1)
         sup.ending.reserve = DiskReserve(pod)
         filler = fill(pod / "logs")
         sup.view.write(force=True)              # skipped with a warning, not raised

@@ -15,8 +15,8 @@ import yaml
 from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex, sha256_file
 from launcher.cli import main as cli_main
 from launcher.pod.manifest import read_manifest
-from tests.test_launcher_e2e import (TEST_CRITERIA, Launcher, events_of, launchers,  # noqa: F401
-                                     make_pod)
+from tests.support.e2e import (TEST_CRITERIA, Launcher, events_of, launchers,  # noqa: F401
+                               make_pod)
 
 MANIFEST = "checkpoints/RESUME_MANIFEST_8GPU.json"
 

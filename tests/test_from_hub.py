@@ -13,12 +13,12 @@ import torch
 from fractus.data import synth
 from launcher.pod.ckpt_index import CheckpointIndex
 from launcher.cli import main as cli_main
+from tests.support.e2e import (REPO, SHARD_TOKENS, TOKENS_PER_STEP,  # noqa: F401
+                               Launcher, events_of, kill_workers, launchers, make_pod,
+                               manifest_json, worker_records)
+from tests.support.hf_client import REPO_ID, assert_no_token, quiet_hf_client  # noqa: F401
+from tests.support.hub_pod import CKPT, FAST_PASS
 from tests.support.hub_server import test_hub  # noqa: F401  (pytest fixture)
-from tests.test_hub_sync import CKPT, FAST_PASS
-from tests.test_hub_sync_hf import REPO_ID, _quiet_client, assert_no_token  # noqa: F401
-from tests.test_launcher_e2e import (REPO, SHARD_TOKENS, TOKENS_PER_STEP,  # noqa: F401
-                                     Launcher, events_of, kill_workers, launchers, make_pod,
-                                     manifest_json, worker_records)
 
 pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")
 URL = f"hf://{REPO_ID}"

@@ -19,8 +19,8 @@ from launcher.config.podconfig import PodConfig
 from launcher.config.stages import Stage
 from launcher.hub import open_store
 from launcher.hub.config_trust import untrusted_config, untrusted_stages
-from tests.test_hub_sync import FAST_PASS
-from tests.test_launcher_e2e import REPO, events_of, kill_workers, make_pod
+from tests.support.e2e import REPO, events_of, kill_workers, make_pod
+from tests.support.hub_pod import FAST_PASS
 
 HOSTILE_WORKER = ["/bin/sh", "-c", "echo ran > MARKER; exit 2"]
 

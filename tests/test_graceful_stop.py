@@ -16,9 +16,9 @@ from pathlib import Path
 
 import psutil
 
-from tests.test_launch_canary import pod, stage1_pod  # noqa: F401 (fixtures: a launched pod)
-from tests.test_launcher_e2e import (REPO, TOKENS_PER_STEP, Launcher, events_of,  # noqa: F401
-                                     launchers, manifest_json, wait_for, worker_records)
+from tests.support.canary_pod import pod, stage1_pod  # noqa: F401 (fixtures: a launched pod)
+from tests.support.e2e import (REPO, TOKENS_PER_STEP, Launcher, events_of,  # noqa: F401
+                               launchers, manifest_json, wait_for, worker_records)
 
 
 def fractus_pod(pod: Path, *args: str, timeout: float = 180):
@@ -119,7 +119,7 @@ if _marker and "--checkpoint" in sys.argv and os.path.exists(_marker):
 
 def test_stop_waits_through_the_final_probes(pod, tmp_path, launchers, monkeypatch):
     import yaml
-    from tests.test_launch_canary import CRITERIA
+    from tests.support.canary_pod import CRITERIA
     config = yaml.safe_load((pod / "fractus-pod.yaml").read_text())
     config["stop_grace_s"] = 10.0         # `stop` alone would wait 10 + 30 s
     (pod / "fractus-pod.yaml").write_text(yaml.safe_dump(config))
@@ -161,7 +161,7 @@ def test_a_stop_right_after_launch_is_never_lost(tmp_path, launchers):
     before the starting launcher can hold the pod: it stops as soon as it does, having
     started no worker."""
     from launcher.cli import main as cli_main
-    from tests.test_launcher_e2e import make_pod
+    from tests.support.e2e import make_pod
     fresh = make_pod(tmp_path)
     launcher = Launcher(fresh, "--stage", "1", "--gpus", "0")
     launchers.append(launcher)

@@ -28,9 +28,8 @@ from launcher.hub.lease import (HELD_FILE, LEASE_PATH, RunTakenOver, hub_lease, 
                                 push_as_writer, take_over)
 from launcher.supervise.ray_node import push_as_pod
 from tests.support.hub_server import test_hub  # noqa: F401  (pytest fixture)
-from tests.test_hub_paths import add_passed
-from tests.test_hub_sync import FAST_PASS
-from tests.test_launcher_e2e import REPO, events_of, make_pod
+from tests.support.e2e import REPO, events_of, make_pod
+from tests.support.hub_pod import FAST_PASS, add_passed
 
 pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")
 

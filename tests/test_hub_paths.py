@@ -4,7 +4,7 @@ into a new folder, identical pushes skipped, an empty history said so.
 
 Real files, a real file:// store and the real CLI (in-process `main`; output via capsys).
 Checkpoints are written as the worker writes them (replaced atomically) with their events
-recorded in the index and manifest, as the launcher does (tests/test_hub_sync.py).
+recorded in the index and manifest, as the launcher does (tests/support/hub_pod.py).
 """
 
 from __future__ import annotations
@@ -14,28 +14,9 @@ from pathlib import Path
 
 import yaml
 
-from launcher.pod.ckpt_index import PASSED, CheckpointIndex, sha256_file
-from launcher.cli import main as cli_main
-from launcher.pod.manifest import read_manifest, write_manifest
-from launcher.config.podconfig import load_config
-from tests.test_hub_sync import CKPT, MANIFEST, _checkpoint, pod  # noqa: F401 (fixture)
-from tests.test_launcher_e2e import events_of
-
-
-def run(capsys, pod: Path, *args: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = cli_main(["--pod-dir", str(pod), *args])
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def add_passed(pod: Path, gpu: int, token: int) -> dict:
-    """A new passed checkpoint of `gpu` at `token`, recorded in the index and manifest."""
-    config = load_config(pod)
-    manifest = read_manifest(pod / config.manifest)
-    event = _checkpoint(pod, CheckpointIndex(pod), manifest, gpu, token, PASSED)
-    write_manifest(manifest)
-    return event
+from launcher.pod.ckpt_index import sha256_file
+from tests.support.e2e import events_of
+from tests.support.hub_pod import CKPT, MANIFEST, add_passed, pod, run  # noqa: F401 (fixture)
 
 
 # ---- 19 ------------------------------------------------------------------------------

@@ -9,8 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from launcher.hub import open_store
-from tests.test_hub_paths import add_passed, run
-from tests.test_hub_sync import CKPT, MANIFEST, pod  # noqa: F401 (fixture)
+from tests.support.hub_pod import CKPT, MANIFEST, add_passed, pod, run  # noqa: F401 (fixture)
 
 
 def one_error(code: int, err: str) -> str:

@@ -3,68 +3,38 @@ the launcher's push at the end of a bounded run with a file:// store (real proce
 
 from __future__ import annotations
 
-import copy
 import json
 import os
-from pathlib import Path
 
 import pytest
 import torch
 
 from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex, sha256_file
-from launcher.cli import main as cli_main
 from launcher.hub import IntegrityError, open_store
 from launcher.pod.manifest import apply_checkpoint, read_manifest, write_manifest
 from launcher.config.podconfig import load_config
 from launcher.hub.redact import scrub
 from launcher.hub.snapshot import MERGED_PATH, record_revision, send, take_snapshot
-from tests.test_launcher_e2e import (TEST_CRITERIA, TOKENS_PER_STEP, Launcher,  # noqa: F401
-                                     events_of, launchers, make_pod, manifest_json,
-                                     worker_records)
-
-# Only per-line checks (no periodic ones): every clean metrics line vouches for the steps
-# before it, so a checkpoint passes as soon as its step is logged, the final one included.
-FAST_PASS = copy.deepcopy(TEST_CRITERIA)
-for _name in ("trend", "lb_band", "ss_ratio"):
-    FAST_PASS["checks"][_name]["interval"] = 0
-CKPT = "checkpoints/fractus_1b_gpu{}.pt"
-MANIFEST = "checkpoints/RESUME_MANIFEST_8GPU.json"
+from tests.support.e2e import (TEST_CRITERIA, TOKENS_PER_STEP, Launcher,  # noqa: F401
+                               events_of, launchers, make_pod, manifest_json,
+                               worker_records)
+from tests.support.hub_pod import (CKPT, FAST_PASS, MANIFEST, pod,  # noqa: F401 (fixture)
+                                   write_checkpoint)
 
 
 # ---- unit level: the snapshot -----------------------------------------------------------
-def _checkpoint(pod: Path, index: CheckpointIndex, manifest, gpu: int, token: int,
-                verdict: str) -> dict:
-    """A checkpoint file as the worker writes it (replaced atomically) and its event."""
-    path = pod / CKPT.format(gpu)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(os.urandom(4096) + f"gpu{gpu}@{token}".encode())
-    os.replace(tmp, path)
-    event = {"path": str(path), "sha256": sha256_file(path), "next_token": token,
-             "step": token // 32, "ema_tf": 5.0, "lb": 1.0, "bytes": path.stat().st_size}
-    index.add(gpu, event, 1, CKPT.format(gpu))
-    if verdict != "pending":
-        index.mark(gpu, event["sha256"], verdict, "test")
-    apply_checkpoint(manifest, gpu, event, 1, pod, f"data/shard_phase2_gpu{gpu}.npy")
-    return event
-
-
-@pytest.fixture
-def pod(tmp_path) -> Path:
-    pod = tmp_path / "pod"
-    assert cli_main(["--pod-dir", str(pod), "init", "--preset", "tiny-cpu", "--no-data"]) == 0
-    return pod
 
 
 def test_snapshot_holds_only_each_gpus_newest_passed_checkpoint(pod, tmp_path):
     config = load_config(pod)
     manifest = read_manifest(pod / config.manifest)
     index = CheckpointIndex(pod)
-    g0_passed = _checkpoint(pod, index, manifest, 0, 100, PASSED)
+    g0_passed = write_checkpoint(pod, index, manifest, 0, 100, PASSED)
     manifest.note_hub_revision(0, "rev-holding-token-100", g0_passed["sha256"])
-    _checkpoint(pod, index, manifest, 0, 200, "pending")          # newer, not yet judged
-    g1_passed = _checkpoint(pod, index, manifest, 1, 100, PASSED)
-    _checkpoint(pod, index, manifest, 1, 300, FAILED)             # newer, failed
-    _checkpoint(pod, index, manifest, 2, 100, "pending")          # never passed: not sent
+    write_checkpoint(pod, index, manifest, 0, 200, "pending")          # newer, not yet judged
+    g1_passed = write_checkpoint(pod, index, manifest, 1, 100, PASSED)
+    write_checkpoint(pod, index, manifest, 1, 300, FAILED)             # newer, failed
+    write_checkpoint(pod, index, manifest, 2, 100, "pending")          # never passed: not sent
     write_manifest(manifest)
 
     snap = take_snapshot(pod, config, manifest, index)
@@ -100,7 +70,7 @@ def test_send_refuses_bytes_that_changed_after_the_snapshot(pod):
     config = load_config(pod)
     manifest = read_manifest(pod / config.manifest)
     index = CheckpointIndex(pod)
-    _checkpoint(pod, index, manifest, 0, 100, PASSED)
+    write_checkpoint(pod, index, manifest, 0, 100, PASSED)
     snap = take_snapshot(pod, config, manifest, index)
     linked = snap.files[CKPT.format(0)]
     linked.write_bytes(b"damaged")                  # the same inode as the retained file

@@ -16,20 +16,13 @@ from pathlib import Path
 import pytest
 from huggingface_hub import HfApi
 
-from tests.support.hub_server import TEST_TOKEN, test_hub  # noqa: F401  (pytest fixture)
-from tests.test_hub_sync import CKPT, FAST_PASS, MANIFEST
-from tests.test_launcher_e2e import (REPO, Launcher, events_of, launchers,  # noqa: F401
-                                     make_pod, manifest_json, wait_for, worker_records)
+from tests.support.e2e import (REPO, Launcher, events_of, launchers,  # noqa: F401
+                               make_pod, manifest_json, wait_for, worker_records)
+from tests.support.hf_client import REPO_ID, assert_no_token, quiet_hf_client  # noqa: F401
+from tests.support.hub_pod import CKPT, FAST_PASS, MANIFEST
+from tests.support.hub_server import test_hub  # noqa: F401  (pytest fixture)
 
 pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")
-REPO_ID = "fractus/pod-sync"
-
-
-@pytest.fixture(autouse=True)
-def _quiet_client(monkeypatch, tmp_path):
-    """No progress bars in the launcher's output, no login cache outside tmp_path."""
-    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
 
 
 def status_output(pod: Path, *args: str) -> str:
@@ -37,19 +30,6 @@ def status_output(pod: Path, *args: str) -> str:
                           *args], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return out.stdout + out.stderr
-
-
-def assert_no_token(*roots: Path, texts: tuple[str, ...] = ()) -> None:
-    """The token appears in no file under the pod (logs, events, manifests, checkpoints,
-    scratch) and in no output."""
-    needle = TEST_TOKEN.encode()
-    for root in roots:
-        files = [p for p in root.rglob("*") if p.is_file()]
-        assert files
-        for path in files:
-            assert needle not in path.read_bytes(), f"token found in {path}"
-    for text in texts:
-        assert TEST_TOKEN not in text
 
 
 def passed_checkpoints(pod: Path) -> set[tuple[int, str]]:

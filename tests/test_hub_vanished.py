@@ -8,11 +8,11 @@ import shutil
 from launcher.cli import main as cli_main
 from launcher.pod.events import read_events
 from launcher.config.podconfig import load_config
-from tests.test_launcher_state import _pod_with_history
+from tests.support.pod_history import pod_with_history
 
 
 def test_vanished_file_store_is_an_error_not_recreated(tmp_path, capsys):
-    pod = _pod_with_history(tmp_path)
+    pod = pod_with_history(tmp_path)
     assert cli_main(["--pod-dir", str(pod), "sync", "push", "-m", "first"]) == 0
     capsys.readouterr()
     shutil.rmtree(pod / "hub")

@@ -2,7 +2,7 @@
 
 Real processes: the launcher CLI as a child process, real tiny CPU workers. One pod is
 trained 3 steps at stage 1 by the real launcher (module fixture); each test works on a copy.
-The wrong engine is the test-double kernel of tests/test_canary.py (a sitecustomize on
+The wrong engine is the test-double kernel of tests/support/wrong_kernel.py (a sitecustomize on
 PYTHONPATH registering an attention impl with a wrong normaliser), selected by the pod's
 stage table for stage 2.
 """
@@ -13,10 +13,7 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import psutil
@@ -28,34 +25,11 @@ from launcher.errors import UserError
 from launcher.config.devices import Slot
 from launcher.config.podconfig import load_config
 from launcher.worker.process import WorkerSpec, build_env
-from tests.test_canary import WRONG_KERNEL
-from tests.test_launcher_e2e import (REPO, TEST_CRITERIA, TOKENS_PER_STEP, events_of, make_pod,
-                                     manifest_json, wait_for, worker_records)
-
-CANARY_STEPS = 3
-CRITERIA = {**TEST_CRITERIA, "canary": {"steps": CANARY_STEPS, "timeout_s": 120},
-            "probe": {"band": 0.25, "relativeBand": None, "every": 0}}
-
-
-def fractus_pod(pod: Path, *args: str, env: dict | None = None, timeout: float = 120):
-    return subprocess.run([sys.executable, "-m", "launcher.cli", "--pod-dir", str(pod), *args],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-@pytest.fixture(scope="module")
-def stage1_pod(tmp_path_factory) -> Path:
-    pod = make_pod(tmp_path_factory.mktemp("stage1"), criteria=CRITERIA)
-    done = fractus_pod(pod, "launch", "--stage", "1", "--gpus", "0", "--max-steps", "3")
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert manifest_json(pod)["gpu_0"]["stage"] == 1
-    return pod
-
-
-@pytest.fixture
-def pod(stage1_pod, tmp_path) -> Path:
-    copy = tmp_path / "pod"
-    shutil.copytree(stage1_pod, copy)
-    return copy
+from tests.support.canary_pod import (CANARY_STEPS, CRITERIA, fractus_pod, pod,  # noqa: F401
+                                      stage1_pod)
+from tests.support.e2e import (REPO, TEST_CRITERIA, TOKENS_PER_STEP, events_of, manifest_json,
+                               wait_for, worker_records)
+from tests.support.wrong_kernel import WRONG_KERNEL
 
 
 def status_json(pod: Path) -> dict:

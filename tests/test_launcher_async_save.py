@@ -11,8 +11,8 @@ import signal
 from pathlib import Path
 
 from launcher.pod.ckpt_index import sha256_file
-from tests.test_launcher_e2e import (TOKENS_PER_STEP, Launcher, events_of, launchers, make_pod,
-                                     manifest_json, wait_for, worker_records)
+from tests.support.e2e import (TOKENS_PER_STEP, Launcher, events_of, launchers, make_pod,
+                               manifest_json, wait_for, worker_records)
 
 __all__ = ["launchers"]   # the fixture, imported for pytest
 

@@ -1,7 +1,7 @@
 """End to end, worker faults: a SIGKILLed worker restarts and resumes from its checkpoint,
 and a second launcher on the same pod is refused.
 
-Shares the pod helpers of tests/test_launcher_e2e.py (real launcher, real tiny CPU workers).
+Uses the pod helpers of tests/support/e2e.py (real launcher, real tiny CPU workers).
 """
 
 import json
@@ -12,8 +12,8 @@ import sys
 
 from launcher.worker.process import read_records
 
-from tests.test_launcher_e2e import (PROCESS_S, REPO, Launcher, events_of, launchers,
-                                     make_pod, wait_for, worker_records)
+from tests.support.e2e import (PROCESS_S, REPO, Launcher, events_of, launchers,
+                               make_pod, wait_for, worker_records)
 
 __all__ = ["launchers"]   # the fixture, imported for pytest
 

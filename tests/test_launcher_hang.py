@@ -1,14 +1,14 @@
 """End to end: a worker that stops logging (FRACTUS_FAULT=hang@8) is detected, killed,
 counted as a crash and restarted from its last checkpoint.
 
-Shares the pod helpers of tests/test_launcher_e2e.py (real launcher, real tiny CPU workers).
+Uses the pod helpers of tests/support/e2e.py (real launcher, real tiny CPU workers).
 """
 
 import os
 import signal
 
-from tests.test_launcher_e2e import (TEST_CRITERIA, TOKENS_PER_STEP, Launcher, events_of,
-                                     launchers, make_pod, wait_for, worker_records)
+from tests.support.e2e import (TEST_CRITERIA, TOKENS_PER_STEP, Launcher, events_of,
+                               launchers, make_pod, wait_for, worker_records)
 
 __all__ = ["launchers"]   # the fixture, imported for pytest
 

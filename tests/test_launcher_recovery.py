@@ -3,7 +3,7 @@ renaming its checkpoint into place and reporting it, or a checkpoint damaged mid
 resumed from the exact bytes the manifest names (sha256-verified local copy), at once and at
 every later launch.
 
-Shares the pod helpers of tests/test_launcher_e2e.py (real launcher, real tiny CPU workers).
+Uses the pod helpers of tests/support/e2e.py (real launcher, real tiny CPU workers).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import signal
 import yaml
 
 from launcher.pod.ckpt_index import sha256_file
-from tests.test_launcher_e2e import (TEST_CRITERIA, TOKENS_PER_STEP, Launcher, events_of,
-                                     launchers, make_pod, manifest_json, wait_for,
-                                     worker_records)
+from tests.support.e2e import (TEST_CRITERIA, TOKENS_PER_STEP, Launcher, events_of,
+                               launchers, make_pod, manifest_json, wait_for,
+                               worker_records)
 
 __all__ = ["launchers"]   # the fixture, imported for pytest
 

@@ -2,7 +2,7 @@
 resumes exactly; a failure at stage 1 stops the pod FAILED; a busy GPU or a malformed
 manifest refuses the launch with nothing started.
 
-Shares the pod helpers of tests/test_launcher_e2e.py (real launcher, real tiny CPU workers).
+Uses the pod helpers of tests/support/e2e.py (real launcher, real tiny CPU workers).
 """
 
 import os
@@ -14,8 +14,8 @@ import psutil
 import pytest
 
 from launcher.cli import main as cli_main
-from tests.test_launcher_e2e import (REPO, TOKENS_PER_STEP, Launcher, events_of, launchers,
-                                     make_pod, manifest_json, wait_for, worker_records)
+from tests.support.e2e import (REPO, TOKENS_PER_STEP, Launcher, events_of, launchers,
+                               make_pod, manifest_json, wait_for, worker_records)
 
 __all__ = ["launchers"]   # the fixture, imported for pytest
 

@@ -9,24 +9,13 @@ import time
 
 import pytest
 
-from launcher.pod.ckpt_index import FAILED, PASSED, PENDING, CheckpointIndex, sha256_file
+from launcher.pod.ckpt_index import FAILED, PASSED, PENDING, CheckpointIndex
 from launcher.cli import main as cli_main
 from launcher.errors import PodBusy
 from launcher.pod.events import EventLog, read_events
 from launcher.pod.lock import PodLock, read_holder
 from launcher.config.podconfig import init_pod
-
-
-def fake_checkpoint(pod, gpu, payload: bytes, next_token: int, step: int) -> dict:
-    """Write a file as the worker would (canonical path, atomic) and return its event."""
-    path = pod / "checkpoints" / f"fractus_1b_gpu{gpu}.pt"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(".tmp")
-    tmp.write_bytes(payload)
-    os.replace(tmp, path)
-    return {"event": "checkpoint", "path": str(path), "sha256": sha256_file(path),
-            "bytes": len(payload), "next_token": next_token, "step": step, "ema_tf": 5.0,
-            "lb": 2.0}
+from tests.support.pod_history import fake_checkpoint, pod_with_history, supervisor_for
 
 
 def test_index_retains_each_checkpoint_and_restores_the_newest_passed(tmp_path):
@@ -86,24 +75,8 @@ def test_events_append_and_tail(tmp_path):
     assert [e["i"] for e in read_events(tmp_path, last=2)] == [3, 4]
 
 
-def _pod_with_history(tmp_path):
-    pod = tmp_path / "pod"
-    init_pod(pod, "tiny-cpu")
-    index = CheckpointIndex(pod)
-    good = fake_checkpoint(pod, 0, b"good", 640, 10)
-    index.add(0, good, 3, "checkpoints/fractus_1b_gpu0.pt")
-    index.mark(0, good["sha256"], PASSED, "ok")
-    later = fake_checkpoint(pod, 0, b"later", 1280, 20)
-    index.add(0, later, 3, "checkpoints/fractus_1b_gpu0.pt")
-    manifest = {"gpu_0": {"start_token": 1280, "checkpoint": "checkpoints/fractus_1b_gpu0.pt",
-                          "checkpoint_sha256": later["sha256"], "stage": 3, "ema_tf": 5.0},
-                "gpu_1": {"start_token": 960, "stage": 3, "checkpoint": "checkpoints/x1.pt"}}
-    (pod / "checkpoints" / "RESUME_MANIFEST_8GPU.json").write_text(json.dumps(manifest))
-    return pod
-
-
 def test_rollback_by_hand_without_a_launcher(tmp_path, capsys):
-    pod = _pod_with_history(tmp_path)
+    pod = pod_with_history(tmp_path)
     assert cli_main(["--pod-dir", str(pod), "rollback", "--to-stage", "2", "--gpu", "0"]) == 0
     out = capsys.readouterr().out
     assert "GPU 0: restored token 640" in out
@@ -116,14 +89,14 @@ def test_rollback_by_hand_without_a_launcher(tmp_path, capsys):
 
 
 def test_rollback_by_hand_refuses_a_gpu_without_passed_checkpoint(tmp_path, capsys):
-    pod = _pod_with_history(tmp_path)
+    pod = pod_with_history(tmp_path)
     assert cli_main(["--pod-dir", str(pod), "rollback", "--to-stage", "2", "--gpu", "1"]) == 2
     assert "no passed checkpoint" in capsys.readouterr().err
     assert cli_main(["--pod-dir", str(pod), "rollback", "--to-stage", "9"]) == 2
 
 
 def test_status_reads_files_only(tmp_path, capsys):
-    pod = _pod_with_history(tmp_path)
+    pod = pod_with_history(tmp_path)
     from fractus.data import synth
     synth(pod / "data", shards=2, tokens=12_800, vocab=512, seed=0)
     metrics = {"type": "metrics", "ts": time.time(), "gpu": 1, "step": 15, "next_token": 960,
@@ -168,7 +141,7 @@ def test_stop_without_a_launcher_says_so(tmp_path, capsys):
 
 def test_sync_push_sends_only_passed_checkpoints_and_launch_restores_from_hub(tmp_path, capsys,
                                                                             monkeypatch):
-    pod = _pod_with_history(tmp_path)
+    pod = pod_with_history(tmp_path)
     assert cli_main(["--pod-dir", str(pod), "sync", "push", "-m", "test"]) == 0
     revision = capsys.readouterr().out.split("pushed revision ")[1].split()[0]
     assert cli_main(["--pod-dir", str(pod), "sync", "history"]) == 0
@@ -213,13 +186,6 @@ def test_sync_push_sends_only_passed_checkpoints_and_launch_restores_from_hub(tm
     assert "hashing 1 checkpoint(s): 0.0 MB/0.0 MB (100%), done in" in out
 
 
-def _supervisor(pod, stage):
-    from launcher.supervise.prepare import load_plan
-    from launcher.supervise.supervisor import Supervisor
-    plan, manifest = load_plan(pod, stage, "cpu:2", None)
-    return Supervisor(plan, manifest, CheckpointIndex(pod), EventLog(pod))
-
-
 @pytest.mark.parametrize("stage, rolled_back, words", [
     (1, False, "stage 1 failed: there is no stage below it"),
     (3, True, "stage 3 failed after a rollback: not looping"),
@@ -227,7 +193,7 @@ def _supervisor(pod, stage):
 def test_rollback_never_goes_below_stage_1_and_never_loops(tmp_path, stage, rolled_back, words):
     pod = tmp_path / "pod"
     init_pod(pod, "tiny-cpu")
-    sup = _supervisor(pod, stage)
+    sup = supervisor_for(pod, stage)
     sup.pod.rolled_back = rolled_back
     run = sup.pod.runs[1]
     from launcher.checks.criteria import load_criteria
@@ -249,7 +215,7 @@ def test_a_write_error_after_logs_moved_names_the_moved_logs_folder(tmp_path):
     from launcher.files import dir_id
     pod = tmp_path / "pod"
     init_pod(pod, "tiny-cpu")
-    sup = _supervisor(pod, 1)
+    sup = supervisor_for(pod, 1)
     sup.pod.logs_id = dir_id(pod / "logs")
     (pod / "logs").rename(pod / "logs.moved")
     try:

@@ -12,8 +12,8 @@ from pathlib import Path
 from launcher.cli import main as cli_main
 from launcher.hub.merge import is_carried_state
 from launcher.pod.manifest import RUN_ID_KEY
-from tests.test_checkpoint_trust import (CKPT, MANIFEST, manifest_of, pod, rewrite_checkpoint,
-                                         trained)
+from tests.support.trusted_pod import (CKPT, MANIFEST, manifest_of, pod, rewrite_checkpoint,
+                                       trained)
 
 OUT = "checkpoints/FRACTUS_1B_8GPU_MERGED.pt"
 __all__ = ["trained", "pod"]     # the fixtures, imported for pytest

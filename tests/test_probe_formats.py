@@ -28,8 +28,8 @@ from fractus.eval.probe import ProbeConfig, probe_checkpoint
 from launcher.cli import main as cli_main
 from launcher.hub.merge import merge_checkpoints
 from tests.support.v1_run import START_TOKENS, v1_run
-from tests.test_launcher_e2e import (BATCH, SEQ, TEST_CRITERIA, Launcher, events_of,  # noqa: F401
-                                     launchers)
+from tests.support.e2e import (BATCH, SEQ, TEST_CRITERIA, Launcher, events_of,  # noqa: F401
+                               launchers)
 
 REPO = Path(__file__).resolve().parents[1]
 # The v1 trainer's TARGET keys at a tiny size; no vocab_size, as in the user's files.

@@ -26,8 +26,8 @@ from launcher.checks.probe_check import (ProbeLost, ProbeSchedule, ProbeToleranc
 from launcher.checks.probe_monitor import ProbeMonitor
 from launcher.checks.trusted_loss import shipped_trusted_loss
 from launcher.checks.probe_outcome import BASELINE, apply_outcome
-from tests.test_launcher_e2e import (TEST_CRITERIA, Launcher, events_of, launchers,  # noqa: F401
-                                     make_pod, wait_for)
+from tests.support.e2e import (TEST_CRITERIA, Launcher, events_of, launchers,  # noqa: F401
+                               make_pod, wait_for)
 
 SHIPPED = shipped_trusted_loss()      # manifests/trusted_loss.yaml's values
 

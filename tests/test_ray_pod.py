@@ -29,9 +29,9 @@ import torch
 from tests.support.ray_cluster import (LOOPBACK, RESOURCE, add_node, local_cluster, node_of,
                                        ray_process_table)
 from fractus.data import synth
-from tests.test_launcher_e2e import (REPO, SHARD_TOKENS, TEST_CRITERIA, TOKENS_PER_STEP,
-                                     Launcher, events_of, launchers, make_pod, wait_for,
-                                     worker_records)
+from tests.support.e2e import (REPO, SHARD_TOKENS, TEST_CRITERIA, TOKENS_PER_STEP,
+                               Launcher, events_of, launchers, make_pod, wait_for,
+                               worker_records)
 
 __all__ = ["launchers"]
 

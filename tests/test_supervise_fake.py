@@ -28,6 +28,7 @@ from launcher.supervise.state import (
 )
 from tests.support.fake_backend import TOKENS_PER_STEP
 from tests.support.fake_supervisor import (  # noqa: F401 (fixtures)
+    ProbeRecorder,
     events,
     make,
     passed_checkpoint,
@@ -348,25 +349,6 @@ def test_a_clean_stop_judges_each_gpus_last_checkpoint(make):
     assert {g: v["verdict"] for g, v in final["verdicts"].items()} == {"0": PASSED, "1": PASSED}
     assert [sup.pod.index.records[(g, r["sha256"])]["verdict"] for g, r in last.items()] \
         == [PASSED, PASSED]
-
-
-class ProbeRecorder:
-    """Stands in for the ProbeMonitor: records what would be probed, judges nothing."""
-
-    def __init__(self):
-        self.requests = []
-
-    def on_checkpoint(self, gpu, checkpoint, shard, sha256, step):
-        self.requests.append((gpu, checkpoint, sha256))
-
-    def vouched_step(self, gpu):
-        return None
-
-    def poll(self):
-        return []
-
-    def busy(self):
-        return False
 
 
 def test_a_checkpoint_rotated_away_before_its_event_was_read_is_never_probed_under_its_name(make):

@@ -370,7 +370,7 @@ def test_on_a_remote_backend_a_checkpoint_its_node_could_not_retain_is_never_pro
     stalled): it says so (`retained: false`, launcher/supervise/ray_node.py) and the head
     asks no probe of it, which would only come back "not retained" without a verdict (CI
     saw that as the first probe of a GPU); the next checkpoint, retained, is probed."""
-    from tests.test_supervise_fake import ProbeRecorder
+    from tests.support.fake_supervisor import ProbeRecorder
     sup, backend, clock = make(nodes={"node-a": 1, "node-b": 1})
     backend.files_here = False                      # the nodes hold the files
     sup.starter.start_all()

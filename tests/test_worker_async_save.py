@@ -12,7 +12,7 @@ from pathlib import Path
 from fractus.train.checkpoint import sha256_file
 from tests.support.worker_utils import (events, metrics_lines, read_jsonl, run_worker,
                                         start_worker, worker_env, write_synth_shard)
-from tests.test_launcher_e2e import wait_for
+from tests.support.e2e import wait_for
 
 
 def temp_files(ckpt_out: str) -> list[Path]:

@@ -14,7 +14,8 @@ from launcher.supervise.prepare import load_plan
 from launcher.supervise.supervisor import Supervisor
 from tests.support.fake_backend import FakeBackend
 
-__all__ = ["Clock", "events", "make", "passed_checkpoint", "pod_state", "pod_template"]
+__all__ = ["Clock", "ProbeRecorder", "events", "make", "passed_checkpoint", "pod_state",
+           "pod_template"]
 
 
 class Clock:
@@ -72,3 +73,21 @@ def passed_checkpoint(sup, backend, gpu) -> dict:
     assert record["verdict"] == PASSED
     return event
 
+
+class ProbeRecorder:
+    """Stands in for the ProbeMonitor: records what would be probed, judges nothing."""
+
+    def __init__(self):
+        self.requests = []
+
+    def on_checkpoint(self, gpu, checkpoint, shard, sha256, step):
+        self.requests.append((gpu, checkpoint, sha256))
+
+    def vouched_step(self, gpu):
+        return None
+
+    def poll(self):
+        return []
+
+    def busy(self):
+        return False
