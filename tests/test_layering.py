@@ -1,5 +1,6 @@
 """launcher/'s sub-packages import one way only: each may import those after it in LAYERS
-(and the base modules), never one before it, at module level or inside a function."""
+(and the base modules), never one before it, at module level or inside a function. And no
+test module imports another (shared test helpers live in tests/support/)."""
 
 import ast
 from pathlib import Path
@@ -38,3 +39,18 @@ def test_imports_point_one_way():
                 if theirs in rank and rank[theirs] < mine:
                     upward.append(f"{rel}:{line} imports {module}")
     assert not upward, "\n".join(upward)
+
+
+def test_no_test_module_imports_another():
+    """Shared helpers live in tests/support/: a test module imported by another is collected
+    (its fixtures and module-scoped pods included) wherever it is imported, and splitting or
+    deleting it breaks files that do not mention it."""
+    root = LAUNCHER.parent
+    found = []
+    for path in [*(root / "tests").rglob("*.py"), *(root / "benchmarks").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module else
+                     [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            found += [f"{path.relative_to(root)}:{node.lineno} imports {name}" for name in names
+                      if name.startswith("tests.test_")]
+    assert not found, "\n".join(found)
