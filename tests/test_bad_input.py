@@ -272,3 +272,40 @@ def test_many_missing_shards_are_one_short_line(pod, capsys):
     edit_config(pod, devices="cpu:30")
     line = refused(pod, capsys)
     assert "28 token shard(s) missing" in line and "and 20 more" in line, line
+
+
+# ---- alerts: (issue 19) -------------------------------------------------------------------
+HOOK_ENV = "FRACTUS_TEST_WEBHOOK_URL"
+
+
+@pytest.mark.parametrize("alerts, value, says", [
+    ({"webhooks": [{"format": "teams", "url_env": HOOK_ENV}]}, "https://example.org/h",
+     "format must be one of generic, ntfy, slack, discord, got 'teams'"),
+    ({"webhooks": [{"format": "slack", "url_env": HOOK_ENV}]}, "ftp://example.org/T0/secret",
+     f"${HOOK_ENV} must hold an http:// or https:// URL, it holds a 'ftp' URL"),
+    ({"webhooks": [{"format": "slack", "url_env": HOOK_ENV}]}, "example.org/T0/secret",
+     f"${HOOK_ENV} must hold an http:// or https:// URL, it holds no URL"),
+    ({"webhooks": [{"format": "ntfy", "url_env": HOOK_ENV}]}, None, f"${HOOK_ENV} is not set"),
+])
+def test_a_bad_alert_webhook_is_refused_in_one_line_without_its_url(pod, capsys, monkeypatch,
+                                                                     alerts, value, says):
+    edit_config(pod, alerts=alerts)
+    if value is None:
+        monkeypatch.delenv(HOOK_ENV, raising=False)
+    else:
+        monkeypatch.setenv(HOOK_ENV, value)
+    line = refused(pod, capsys)
+    assert says in line
+    assert "secret" not in line            # the URL (a secret) is never echoed
+    assert refused(pod, capsys, "alert", "test") == line
+
+
+def test_a_webhook_variable_passed_to_the_workers_is_refused(pod, capsys, monkeypatch):
+    monkeypatch.setenv(HOOK_ENV, "https://example.org/h")
+    edit_config(pod, alerts={"webhooks": [{"format": "ntfy", "url_env": HOOK_ENV}]},
+                pass_env=[HOOK_ENV])
+    assert f"pass_env: {HOOK_ENV} holds a webhook URL" in refused(pod, capsys)
+
+
+def test_alert_test_without_alerts_says_how_to_add_them(pod, capsys):
+    assert "no alerts: in" in refused(pod, capsys, "alert", "test")

@@ -99,3 +99,7 @@ def test_paths_outside_the_pod_and_passed_env_are_named(tmp_path):
     stages = {1: Stage(1, "one", False, 0, {"BATCH": "2"}),
               2: Stage(2, "two", False, 0, {"CKPT_OUT": "../../x.pt", "MODEL": "tiny"})}
     assert untrusted_stages(stages, pod) == ["stage 2 settings: CKPT_OUT outside the pod"]
+    # Alerts name variables of this machine's environment the launcher would post to.
+    alerting = PodConfig(alerts={"webhooks": [{"format": "generic", "url_env": "AWS_URL"}]})
+    assert untrusted_config(alerting, pod) == [
+        "alerts: (webhooks read from this machine's environment)"]

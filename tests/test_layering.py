@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 LAUNCHER = Path(__file__).resolve().parents[1] / "launcher"
-LAYERS = ["cli", "dashboard", "supervise", "checks", "worker", "hub", "pod", "config"]
+LAYERS = ["cli", "dashboard", "supervise", "alerts", "checks", "worker", "hub", "pod", "config"]
 BASE = {"errors", "paths", "files", "child"}     # launcher/*.py, importing no sub-package
 
 

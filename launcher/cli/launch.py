@@ -101,7 +101,6 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
             stop.signal = "fractus-pod stop received while the launcher started"
     events = None
     try:
-        from launcher.supervise.tensorboard_events import EventsToTensorBoard
         try:
             plan, manifest = load_plan(pod_dir, stage, devices, gpus, max_time, max_steps,
                                        _parse_faults(faults))
@@ -122,9 +121,11 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
                     store_for(plan.config, pod_dir)    # a malformed hub: URL is refused
                 except ValueError as exc:
                     raise UserError(f"hub: {exc}") from None
+            from launcher.alerts.webhooks import configured_webhooks
+            alerting = configured_webhooks(plan.config)     # a webhook's URL: exit 2
             refuse_if_busy(plan)
             fetch_shards(plan, manifest)
-            events = EventLog(pod_dir, mirror=EventsToTensorBoard(pod_dir))
+            events = EventLog(pod_dir, mirror=_mirrors(pod_dir, alerting))
             index = CheckpointIndex(pod_dir)
             complete_decided_rollback(plan, manifest, index, events,
                                       stage_given=stage is not None)
@@ -151,9 +152,11 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
         record_baselines(plan, manifest, index, on_hub)
         ensure_run_id(manifest)
         if detach:
-            events.mirror.close()          # its buffered lines would be written by both processes
+            # Its buffered lines would be written by both processes; the alerts' threads
+            # do not survive the fork (what they hold is sent first).
+            events.mirror.close()
             _daemonize(pod_dir)
-            events.mirror = EventsToTensorBoard(pod_dir)
+            events.mirror = _mirrors(pod_dir, alerting)
             lock.record_holder()
         if ray_settings is not None:       # after the fork: a Ray driver does not survive one
             supervisor.use_backend(_ray_backend(pod_dir, plan, ray_settings, events))
@@ -176,6 +179,18 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
             events.mirror.close()
         lock.release()
     sys.exit(code)
+
+
+def _mirrors(pod_dir: Path, alerting):
+    """What EventLog feeds each event to: the TensorBoard run, and the alerts if any
+    (`alerting`: the settings and webhooks of launcher/alerts/webhooks.configured_webhooks)."""
+    from launcher.pod.events import Mirrors
+    from launcher.supervise.tensorboard_events import EventsToTensorBoard
+    router = None
+    if alerting is not None:
+        from launcher.alerts.router import AlertRouter
+        router = AlertRouter(pod_dir, *alerting)
+    return Mirrors(EventsToTensorBoard(pod_dir), router)
 
 
 def _ray_backend(pod_dir: Path, plan, settings, events):

@@ -19,6 +19,7 @@ import click
 
 from launcher.cli.adopt import adopt
 from launcher.cli.data import data
+from launcher.cli.alert import alert
 from launcher.cli.launch import launch
 from launcher.cli.hub import POD_DIR_HELP, merge, pod_dir_of, pod_dir_option, sync
 from launcher.cli.view import dashboard, plot
@@ -227,6 +228,7 @@ cli.add_command(plot)
 cli.add_command(adopt)      # launcher/cli/adopt.py
 cli.add_command(launch)     # launcher/cli/launch.py
 cli.add_command(data)       # launcher/cli/data.py
+cli.add_command(alert)      # launcher/cli/alert.py
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -63,6 +63,11 @@ class PodConfig:
     # url and revision, parsed by load_config; launch fetches and verifies the shards.
     # None: the user places them.
     data: "DataSource | None" = None
+    # Webhooks told of failures, rollbacks, refused pushes... (launcher/config/alerts.py).
+    alerts: dict | None = None
+    # The launcher records `disk_low` (and alerts) when the pod's disk has less free than
+    # this, before a save fails on a full disk (a 1B checkpoint with its optimizer: ~12 GiB).
+    disk_low_gib: float = 20.0
 
     def shard_path(self, gpu: int) -> str:
         return self.shards.format(i=gpu)
@@ -75,6 +80,10 @@ class PodConfig:
 
     def sync_settings(self) -> "SyncSettings":
         return SyncSettings.parse(self.sync)
+
+    def alert_settings(self) -> "AlertSettings | None":
+        from launcher.config.alerts import AlertSettings
+        return AlertSettings.parse(self.alerts)
 
 
 @dataclass(frozen=True)
@@ -185,6 +194,7 @@ NUMERIC_RANGES: dict[str, tuple[float, float]] = {
     "log_every": (1, 10**9),
     "poll_interval_s": (0.05, 3600),
     "stop_grace_s": (0, 86400),
+    "disk_low_gib": (0, 10**9),
 }
 # A path template may hold {i} only (no other field, format spec or conversion: "{i}_{j}"
 # and "{i}{" crashed `format`, and a width spec like "{i:>999999999}" would allocate).
@@ -231,7 +241,7 @@ def _check_types(data: dict, source: str) -> None:
     defaults = PodConfig()
     for key, value in data.items():
         default = getattr(defaults, key)
-        if value is None and key in ("hub", "demo_data", "ray", "data"):
+        if value is None and key in ("hub", "demo_data", "ray", "data", "alerts"):
             continue
         expected = type(default) if default is not None else (str if key == "hub" else dict)
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
@@ -327,6 +337,8 @@ def load_config(pod_dir: Path) -> PodConfig:
     RaySettings.check(config.ray, source=f"{path}: ray")
     from launcher.config.data_source import DataSource
     config.data = DataSource.parse(config.data, f"{path}: data")
+    from launcher.config.alerts import check_alerts
+    check_alerts(config.alerts, config.pass_env, str(path))
     parse_devices(config.devices)      # fail early on a malformed devices string
     return config
 

@@ -8,6 +8,8 @@ where it would write on this machine:
 - `worker:` other than fractus-pod's own worker command;
 - `pass_env:` (the local environment handed to children; `env:` itself holds worker
   settings only, launcher/config/podconfig.py refuses any other name such as LD_PRELOAD);
+- `alerts:` (it names local environment variables the launcher posts to: the user's own
+  webhook URLs, chosen by the user);
 - paths outside the new pod: the manifest, checkpoints, stage and criteria files and a model
   file (the rebuild and the run write or read them there), the shards when the config would
   synthesise them, and file-naming worker settings (CKPT_IN, ...) in `env:` or a stage.
@@ -56,6 +58,8 @@ def untrusted_config(config: PodConfig, pod_dir: Path) -> list[str]:
         found.append(f"env: {', '.join(outside)} outside the pod")
     if config.pass_env:
         found.append(f"pass_env: {', '.join(config.pass_env)}")
+    if config.alerts:
+        found.append("alerts: (webhooks read from this machine's environment)")
     paths = {"manifest": config.manifest, "checkpoints": config.checkpoint_path(0),
              "stages": config.stages, "criteria": config.criteria}
     if config.model.endswith(MODEL_FILE_SUFFIXES):

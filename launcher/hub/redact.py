@@ -1,5 +1,7 @@
 """Secrets out of everything the pod shows: the hub token (HF_TOKEN or the client's login
-cache) and anything that looks like one never reach events, status, logs or the dashboard."""
+cache), the alert webhooks' URLs (registered by launcher/alerts/webhooks.py when it reads
+them) and anything that looks like a token never reach events, status, logs or the
+dashboard."""
 
 from __future__ import annotations
 
@@ -7,13 +9,21 @@ import os
 import re
 
 _TOKEN_LIKE = re.compile(r"hf_[A-Za-z0-9_]{6,}")
+# Secrets this process read besides the hub token: the alert webhooks' URLs.
+_REGISTERED: set[str] = set()
 
 
 # ---- secrets ----------------------------------------------------------------------------
+def register_secret(value: str) -> None:
+    """`value` is scrubbed from now on (a webhook URL the launcher read from its env)."""
+    if value:
+        _REGISTERED.add(value)
+
+
 def scrub(text: str) -> str:
     """`text` without the hub token (HF_TOKEN or the client's login cache) or anything that
     looks like one: what goes into events, status and logs."""
-    secrets = {os.environ.get("HF_TOKEN") or ""}
+    secrets = {os.environ.get("HF_TOKEN") or "", *_REGISTERED}
     try:
         from huggingface_hub import get_token
         secrets.add(get_token() or "")

@@ -15,10 +15,34 @@ from pathlib import Path
 from launcher.paths import EVENTS_FILE  # noqa: F401 (re-exported)
 
 
+class Mirrors:
+    """Several mirrors of one EventLog (the TensorBoard run, the alerts), each called with
+    every record in order; `close` closes each."""
+
+    def __init__(self, *mirrors):
+        self.mirrors = [m for m in mirrors if m is not None]
+
+    def __call__(self, record: dict) -> None:
+        # Each mirror sees the record even when one before it fails: a full disk that
+        # fails the TensorBoard write is exactly when the alert of it must still go out.
+        error = None
+        for mirror in self.mirrors:
+            try:
+                mirror(record)
+            except Exception as exc:
+                error = error or exc
+        if error is not None:
+            raise error
+
+    def close(self) -> None:
+        for mirror in self.mirrors:
+            mirror.close()
+
 
 class EventLog:
     """`mirror`, if given, is called with each record after it is written (the launcher's
-    TensorBoard run: launcher/supervise/tensorboard_events.py)."""
+    TensorBoard run, launcher/supervise/tensorboard_events.py, and its alerts,
+    launcher/alerts/router.py, together in a Mirrors)."""
 
     def __init__(self, pod_dir: Path, mirror=None):
         self.path = pod_dir / EVENTS_FILE

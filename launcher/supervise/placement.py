@@ -37,8 +37,10 @@ class NodePlacement:
         entry = pod.manifest.entries.get(gpu) or ManifestEntry()   # none: token 0, no file
         if entry.checkpoint and not entry.hub_revision:
             run.apply(GpuEvent.GAVE_UP)
-            run.health.fail("node_lost", f"node {run.node} was lost and the hub holds no "
-                                         f"checkpoint of GPU {gpu} to resume from")
+            why = (f"node {run.node} was lost and the hub holds no checkpoint of GPU {gpu} "
+                   f"to resume from")
+            pod.events.emit("gpu_given_up", gpu=gpu, reason=why)
+            run.health.fail("node_lost", why)
             return
         write_manifest(pod.manifest)
         pod.events.emit("resume_point", gpu=gpu, from_token=from_token,

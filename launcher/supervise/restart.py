@@ -23,8 +23,9 @@ class RestartPolicy:
             run.restarts.popleft()
         if len(run.restarts) > policy.max_restarts:
             run.apply(GpuEvent.GAVE_UP)
-            run.health.fail("restarts", f"{len(run.restarts)} crashes within "
-                                        f"{policy.window_s:g}s (last: {reason})")
+            why = f"{len(run.restarts)} crashes within {policy.window_s:g}s (last: {reason})"
+            self.pod.events.emit("gpu_given_up", gpu=run.slot.gpu, reason=why)
+            run.health.fail("restarts", why)
             return
         delay = policy.backoff(len(run.restarts))
         run.apply(GpuEvent.CRASHED)

@@ -10,7 +10,8 @@ go to logs/events.jsonl before they act.
 The jobs are components sharing one PodRun (launcher/supervise/pod_run.py):
 WorkerMonitor (monitor.py), WorkerStarter (starter.py), RestartPolicy (restart.py),
 NodePlacement (placement.py), ExitHandlers (exits.py), StageRollback (rollback.py),
-PodEnding (ending.py), FinalVerdicts (final_verdicts.py), PodView (pod_view.py).
+PodEnding (ending.py), FinalVerdicts (final_verdicts.py), PodView (pod_view.py), DiskWatch
+(disk_watch.py: `disk_low` before the disk is full).
 
 Hub sync (issue 5, launcher/hub/sync.py): with a `hub:` configured, every poll gives the sync
 policy a tick (it pushes in a background thread, never blocking this loop), and when the
@@ -36,6 +37,7 @@ from launcher.pod.events import EventLog
 from launcher.pod.manifest import Manifest
 from launcher.pod.reserve import DiskReserve
 from launcher.supervise.backend import WorkerBackend
+from launcher.supervise.disk_watch import DiskWatch
 from launcher.supervise.ending import LOGS_MOVED, PodEnding
 from launcher.supervise.exits import ExitHandlers
 from launcher.supervise.final_verdicts import FinalVerdicts
@@ -84,6 +86,9 @@ class Supervisor:
         self.placement = NodePlacement(pod, self.starter)
         self.exits = ExitHandlers(pod, self.monitor, self.restarts, self.placement, self.ending)
         self.rollback = StageRollback(pod, self.ending, self.starter, self.view)
+        checkpoints = pod.pod_dir / plan.config.checkpoint_path(plan.slots[0].gpu)
+        self.disk = DiskWatch([pod.pod_dir, checkpoints.parent], plan.config.disk_low_gib,
+                              events, clock)
         # What a turn of the loop does for a GPU whose worker did not just end, by its state.
         self.tend_by_state = {GpuState.RUNNING: self.exits.on_silence,
                      GpuState.BACKOFF: self._restart_when_due,
@@ -167,6 +172,7 @@ class Supervisor:
             return
         self._tend_workers()
         self._judge_pod()
+        self.disk.check()
         if self.sync is not None:
             self._stop_pushes_once_taken_over()
             self.sync.tick()

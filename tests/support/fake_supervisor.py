@@ -39,13 +39,14 @@ def pod_template(tmp_path_factory):
 
 @pytest.fixture
 def make(tmp_path, pod_template):
-    def build(stage=3, nodes=None, max_time=None):
+    def build(stage=3, nodes=None, max_time=None, mirror=None):
         pod = tmp_path / "pod"
         if not pod.exists():
             shutil.copytree(pod_template, pod)
         plan, manifest = load_plan(pod, stage, "cpu:2", None, max_time=max_time)
         backend, clock = FakeBackend(pod, nodes), Clock()
-        sup = Supervisor(plan, manifest, CheckpointIndex(pod), EventLog(pod), backend=backend,
+        sup = Supervisor(plan, manifest, CheckpointIndex(pod), EventLog(pod, mirror=mirror),
+                         backend=backend,
                          clock=clock)
         return sup, backend, clock
     return build

@@ -1,0 +1,55 @@
+"""The EventLog's mirror that turns events into alerts (launcher/pod/events.py calls it
+with each record it writes, on the writer's thread: it must be quick and never raise).
+
+One message per incident: an alert whose key was said less than `repeat_after_s` ago is
+dropped here; the senders batch what fires at once and hold to a rate."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+from launcher.alerts.rules import AlertRules
+from launcher.alerts.senders import WebhookSender
+from launcher.alerts.webhooks import Webhook
+from launcher.config.alerts import AlertSettings
+from launcher.pod.events import EventLog
+
+
+class AlertRouter:
+    def __init__(self, pod_dir: Path, settings: AlertSettings, hooks: list[Webhook],
+                 **sender_options):
+        self.settings = settings
+        self.rules = AlertRules(settings)
+        self.said: dict[str, float] = {}        # incident key -> when it was last said
+        # Deliveries are recorded through a log without mirrors: the senders' threads
+        # never write the TensorBoard run (the loop's thread does) nor feed this router.
+        record = EventLog(pod_dir).emit
+        pod = f"{socket.gethostname()}:{pod_dir.name}"
+        self.senders = [WebhookSender(h, pod, record, settings.per_minute, **sender_options)
+                        for h in hooks]
+
+    def __call__(self, record: dict) -> None:
+        try:
+            alert = self.rules.alert_for(record)
+            if alert is None or not self.settings.wants(alert.severity):
+                return
+            now = time.monotonic()
+            last = self.said.get(alert.key)
+            if last is not None and now - last < self.settings.repeat_after_s:
+                return
+            self.said[alert.key] = now
+            for sender in self.senders:
+                sender.put(alert)
+        except Exception:        # an alert is never worth a supervision step
+            pass
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Deliver what is queued (the pod's last alerts: it failed, it stopped), for at
+        most `timeout_s` in all: a webhook that hangs does not hold the launcher's exit."""
+        deadline = time.monotonic() + timeout_s
+        for sender in self.senders:
+            sender.stop()
+        for sender in self.senders:
+            sender.join(deadline)

@@ -1,0 +1,129 @@
+"""One background thread per webhook: it delivers the alerts put in its bounded queue, and
+never blocks or crashes the supervision loop that puts them there.
+
+- What fires at once goes out as one message: after an alert the thread waits `batch_s`
+  for others (a lost node's GPUs, a rollback of every GPU) and sends a summary.
+- At most `per_minute` messages a minute: past it, alerts wait and join the next summary.
+- Bounded retries (`attempts`, each with `timeout_s`, backing off), then the message is
+  recorded as failed; a full queue drops the alert and counts it (said in the next one).
+- Each delivery is recorded as an event (`alert_sent` / `alert_failed`, the webhook named
+  by its variable, never its URL), through `record`.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from typing import Callable
+
+from launcher.alerts.formats import render
+from launcher.alerts.rules import Alert, worst
+from launcher.alerts.webhooks import DeliveryError, Webhook, post
+from launcher.hub.redact import scrub
+
+_STOP = object()
+
+
+class WebhookSender:
+    def __init__(self, hook: Webhook, pod: str, record: Callable[..., None], per_minute: int,
+                 queue_size: int = 256, attempts: int = 3, timeout_s: float = 5.0,
+                 backoff_s: float = 1.0, batch_s: float = 0.3):
+        self.hook, self.pod, self.record = hook, pod, record
+        self.per_minute, self.attempts = per_minute, attempts
+        self.timeout_s, self.backoff_s, self.batch_s = timeout_s, backoff_s, batch_s
+        self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._sent_at: deque = deque()          # monotonic times of the last minute's sends
+        self._closing = threading.Event()
+        self.dropped = 0                        # alerts a full queue refused
+        self._thread: threading.Thread | None = None
+
+    def put(self, alert: Alert) -> None:
+        """Never blocks: a hung webhook fills its queue, not the supervision loop."""
+        if self._thread is None:    # started at the first alert (after a --detach fork)
+            self._thread = threading.Thread(target=self._run, daemon=True,
+                                            name=f"alerts {self.hook.name}")
+            self._thread.start()
+        try:
+            self._queue.put_nowait(alert)
+        except queue.Full:
+            self.dropped += 1
+
+    def stop(self) -> None:
+        """Send what is queued now (no rate limit, no more waiting), then end."""
+        if self._thread is None:
+            return
+        self._closing.set()
+        try:
+            self._queue.put_nowait(_STOP)
+        except queue.Full:          # a hung webhook's full queue: the thread is left
+            pass
+
+    def join(self, deadline: float) -> None:
+        """Wait for the thread until monotonic `deadline` (a daemon: never past exit)."""
+        if self._thread is not None:
+            self._thread.join(max(0.0, deadline - time.monotonic()))
+
+    # ---- the thread -----------------------------------------------------------------
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            first = self._queue.get()
+            if first is _STOP:
+                return
+            batch, stopping = self._gather([first])
+            try:
+                self._deliver(batch)
+            except Exception:       # never let one message end the thread
+                pass
+
+    def _gather(self, batch: list[Alert]) -> tuple[list[Alert], bool]:
+        """What else fires within batch_s, and past the rate limit until a send is due."""
+        until = time.monotonic() + self.batch_s
+        while True:
+            now = time.monotonic()
+            while self._sent_at and self._sent_at[0] < now - 60:
+                self._sent_at.popleft()
+            if len(self._sent_at) >= self.per_minute and not self._closing.is_set():
+                until = max(until, self._sent_at[0] + 60)
+            if now >= until:
+                return batch, False
+            try:
+                item = self._queue.get(timeout=min(until - now, 0.5))
+            except queue.Empty:
+                continue
+            if item is _STOP:
+                return batch, True
+            batch.append(item)
+
+    def _deliver(self, batch: list[Alert]) -> None:
+        dropped, self.dropped = self.dropped, 0
+        body, headers = render(self.hook.format, batch, self.pod)
+        if dropped:
+            headers["X-Fractus-Dropped"] = str(dropped)
+        facts = {"alert": batch[0].event if len(batch) == 1 else "summary",
+                 "severity": worst(batch), "keys": [a.key for a in batch],
+                 "webhook": self.hook.name, **({"dropped": dropped} if dropped else {})}
+        error = None
+        for attempt in range(1, self.attempts + 1):
+            self._sent_at.append(time.monotonic())
+            try:
+                status = post(self.hook, body, headers, self.timeout_s)
+            except DeliveryError as exc:
+                error = exc
+                if not exc.retry or attempt == self.attempts:
+                    break
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+                continue
+            self._record("alert_sent", **facts, attempts=attempt, status=status,
+                         delay_s=round(time.time() - min(a.ts for a in batch), 3))
+            return
+        self._record("alert_failed", **facts, attempts=attempt,
+                     error=scrub(str(error)).replace(self.hook.url, "<webhook URL>"))
+
+    def _record(self, event: str, **fields) -> None:
+        try:
+            self.record(event, **fields)
+        except Exception:           # a full disk: the alert went (or not) all the same
+            pass
