@@ -6,10 +6,11 @@ dropped here; the senders batch what fires at once and hold to a rate."""
 
 from __future__ import annotations
 
-import socket
+import threading
 import time
 from pathlib import Path
 
+from launcher.alerts.formats import pod_label
 from launcher.alerts.rules import AlertRules
 from launcher.alerts.senders import WebhookSender
 from launcher.alerts.webhooks import Webhook
@@ -26,20 +27,22 @@ class AlertRouter:
         # Deliveries are recorded through a log without mirrors: the senders' threads
         # never write the TensorBoard run (the loop's thread does) nor feed this router.
         record = EventLog(pod_dir).emit
-        pod = f"{socket.gethostname()}:{pod_dir.name}"
-        self.senders = [WebhookSender(h, pod, record, settings.per_minute, **sender_options)
-                        for h in hooks]
+        self.senders = [WebhookSender(h, pod_label(pod_dir), record, settings.per_minute,
+                                      **sender_options) for h in hooks]
+        # Events are written by the loop, and by a backend's or the hub sync's threads.
+        self._lock = threading.Lock()
 
     def __call__(self, record: dict) -> None:
         try:
-            alert = self.rules.alert_for(record)
-            if alert is None or not self.settings.wants(alert.severity):
-                return
-            now = time.monotonic()
-            last = self.said.get(alert.key)
-            if last is not None and now - last < self.settings.repeat_after_s:
-                return
-            self.said[alert.key] = now
+            with self._lock:
+                alert = self.rules.alert_for(record)
+                if alert is None or not self.settings.wants(alert.severity):
+                    return
+                now = time.monotonic()
+                last = self.said.get(alert.key)
+                if last is not None and now - last < self.settings.repeat_after_s:
+                    return
+                self.said[alert.key] = now
             for sender in self.senders:
                 sender.put(alert)
         except Exception:        # an alert is never worth a supervision step

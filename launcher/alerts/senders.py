@@ -5,7 +5,8 @@ never blocks or crashes the supervision loop that puts them there.
   for others (a lost node's GPUs, a rollback of every GPU) and sends a summary.
 - At most `per_minute` messages a minute: past it, alerts wait and join the next summary.
 - Bounded retries (`attempts`, each with `timeout_s`, backing off), then the message is
-  recorded as failed; a full queue drops the alert and counts it (said in the next one).
+  recorded as failed; a full queue drops the alert and counts it (said in the next
+  message).
 - Each delivery is recorded as an event (`alert_sent` / `alert_failed`, the webhook named
   by its variable, never its URL), through `record`.
 """
@@ -36,7 +37,8 @@ class WebhookSender:
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
         self._sent_at: deque = deque()          # monotonic times of the last minute's sends
         self._closing = threading.Event()
-        self.dropped = 0                        # alerts a full queue refused
+        self.dropped = 0              # alerts a full queue refused, until the next message
+        self.dropped_total = 0
         self._thread: threading.Thread | None = None
 
     def put(self, alert: Alert) -> None:
@@ -49,6 +51,7 @@ class WebhookSender:
             self._queue.put_nowait(alert)
         except queue.Full:
             self.dropped += 1
+            self.dropped_total += 1
 
     def stop(self) -> None:
         """Send what is queued now (no rate limit, no more waiting), then end."""
@@ -85,23 +88,39 @@ class WebhookSender:
             now = time.monotonic()
             while self._sent_at and self._sent_at[0] < now - 60:
                 self._sent_at.popleft()
-            if len(self._sent_at) >= self.per_minute and not self._closing.is_set():
+            limited = len(self._sent_at) >= self.per_minute and not self._closing.is_set()
+            if limited:
                 until = max(until, self._sent_at[0] + 60)
             if now >= until:
-                return batch, False
+                return self._drain(batch)
+            if limited:
+                # Held by the rate: asleep until it opens or the launcher ends, not woken
+                # by each alert put meanwhile (each wake-up would take the GIL from the
+                # supervision loop that puts them).
+                self._closing.wait(until - now)
+                continue
             try:
-                item = self._queue.get(timeout=min(until - now, 0.5))
+                item = self._queue.get(timeout=until - now)
             except queue.Empty:
                 continue
             if item is _STOP:
                 return batch, True
             batch.append(item)
 
+    def _drain(self, batch: list[Alert]) -> tuple[list[Alert], bool]:
+        """`batch` with everything queued now; True when the stop was among it."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return batch, False
+            if item is _STOP:
+                return batch, True
+            batch.append(item)
+
     def _deliver(self, batch: list[Alert]) -> None:
         dropped, self.dropped = self.dropped, 0
-        body, headers = render(self.hook.format, batch, self.pod)
-        if dropped:
-            headers["X-Fractus-Dropped"] = str(dropped)
+        body, headers = render(self.hook.format, batch, self.pod, dropped)
         facts = {"alert": batch[0].event if len(batch) == 1 else "summary",
                  "severity": worst(batch), "keys": [a.key for a in batch],
                  "webhook": self.hook.name, **({"dropped": dropped} if dropped else {})}

@@ -25,7 +25,7 @@ def alert() -> None:
 @click.pass_context
 def test_alerts(ctx) -> None:
     """Send a test message to each configured webhook."""
-    from launcher.alerts.formats import render
+    from launcher.alerts.formats import pod_label, render
     from launcher.alerts.rules import Alert
     from launcher.alerts.webhooks import DeliveryError, configured_webhooks, post
     from launcher.config.podconfig import load_config
@@ -39,7 +39,7 @@ def test_alerts(ctx) -> None:
                    "test message: alerts from this pod reach you here", {}, time.time())
     failed = 0
     for hook in hooks:
-        body, headers = render(hook.format, [sample], pod_dir.name)
+        body, headers = render(hook.format, [sample], pod_label(pod_dir))
         try:
             status = post(hook, body, headers, timeout_s=10.0)
             click.echo(f"ok      {hook.name}: HTTP {status}")
