@@ -181,3 +181,22 @@ def test_a_webhook_that_fails_or_hangs_never_holds_the_supervision_loop(hooked, 
         assert failed and all(f["error"].startswith("HTTP 500") and f["attempts"] == 3
                               for f in failed)
     assert_url_nowhere(sup)
+
+
+def test_a_gpu_given_up_and_the_pod_failed_are_told_as_critical_in_one_summary(hooked, server):
+    """Crashes past the restart budget at stage 1: the GPU is given up (a new event) and
+    the pod fails in the same poll; both reach the webhook, together."""
+    sup, backend, clock, router = hooked("generic", stage=1, sender={"batch_s": 1.0})
+    sup.starter.start_all()
+    for _ in range(4):                   # max_restarts: 3
+        backend.exit(0, 1)
+        sup.step()
+        clock.now += 120
+        sup.step()
+    (given_up,) = events(sup, "gpu_given_up", gpu=0)
+    assert "4 crashes within 900s" in given_up["reason"]
+    alerts = all_delivered(router, server, "generic")
+    assert [a["title"].split(":")[0] for a in alerts] == ["GPU 0 given up",
+                                                          "pod FAILED at stage 1"]
+    (message,) = server.received
+    assert message.json()["severity"] == "critical"
