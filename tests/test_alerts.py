@@ -127,12 +127,18 @@ def test_a_stage_switch_is_told_passed_as_info_and_refused_as_warning():
         "stage switch 2 -> 3 REFUSED by the canary: ema_tf rose 0.4 > 0.2"
 
 
-def test_a_gpu_outlier_from_the_peers_check_is_routed():
-    alert = AlertRules(AlertSettings()).alert_for(
-        record("gpu_outlier", gpu=3, kind="straggler", facts={"tok_s": 700, "median": 1000}))
-    assert alert.severity == "warning" and alert.title == \
-        "GPU 3 is a straggler outlier among its peers"
-    assert alert.facts["facts"] == {"tok_s": 700, "median": 1000}
+def test_a_gpu_outlier_from_the_peers_check_is_routed_once_per_incident():
+    """The peers check's event (branch goodput: gpu, kind, value, median, threshold)."""
+    rules = AlertRules(AlertSettings())
+    outlier = record("gpu_outlier", gpu=3, kind="straggler", value=300.0, median=1000.0,
+                     threshold=700.0, window=5, action="alert")
+    first = rules.alert_for(outlier)
+    assert first.severity == "warning" and first.title == \
+        "GPU 3 off its peers (straggler): 300 vs its peers' median 1000 (threshold 700)"
+    assert first.facts["median"] == 1000.0
+    assert rules.alert_for(outlier).key == first.key          # the same incident
+    rules.alert_for(record("gpu_outlier_cleared", gpu=3, kind="straggler"))
+    assert rules.alert_for(outlier).key != first.key          # back with them, then off again
 
 
 # ---- one message per incident ----------------------------------------------------------

@@ -51,7 +51,9 @@ class AlertRules:
             "hub_taken_over": self._taken_over, "hub_budget_refused": self._budget,
             "disk_low": self._disk_low, "canary": self._canary,
             "canary_skipped": self._canary_skipped, "gpu_outlier": self._outlier,
+            "gpu_outlier_cleared": self._outlier_cleared,
         }
+        self.outlier_incident: dict[tuple, int] = {}    # (gpu, kind) -> times cleared
 
     def alert_for(self, record: dict) -> Alert | None:
         rule = self.table.get(record.get("event"))
@@ -154,6 +156,16 @@ class AlertRules:
                 f"canary ({f.get('reason')})")
 
     def _outlier(self, f):
-        gpu = f.get("gpu")
-        return ("warning", f"outlier:gpu{gpu}:{f.get('kind')}",
-                f"GPU {gpu} is a {f.get('kind')} outlier among its peers")
+        """The peers check (launcher/checks/peers.py): value, median, threshold, window."""
+        gpu, kind = f.get("gpu"), f.get("kind")
+        numbers = (f"{f['value']:g} vs its peers' median {f.get('median'):g} (threshold "
+                   f"{f.get('threshold'):g})" if isinstance(f.get("value"), (int, float))
+                   else "")
+        incident = self.outlier_incident.get((gpu, kind), 0)
+        return ("warning", f"outlier:gpu{gpu}:{kind}:{incident}",
+                f"GPU {gpu} off its peers ({kind})" + (f": {numbers}" if numbers else ""))
+
+    def _outlier_cleared(self, f):
+        key = (f.get("gpu"), f.get("kind"))
+        self.outlier_incident[key] = self.outlier_incident.get(key, 0) + 1   # a new one next
+        return None

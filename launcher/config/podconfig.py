@@ -149,6 +149,7 @@ PRESETS: dict[str, PodConfig] = {
         model="tiny", devices="cpu:2", env={"SEQ": "32", "ALLOW_FRESH_START": "1"},
         save_every=25, save_keep=3,
         log_every=5, poll_interval_s=0.5, stop_grace_s=30.0, hub="file://hub",
+        disk_low_gib=1.0,          # its checkpoints are kilobytes, not the 1B run's GiBs
         sync={"interval": 600},
         demo_data={"tokens": 1_000_000, "vocab": 512, "seed": 0}),
     # The production run: eight GPUs, the user's cadence (log every 40, save every 800).
