@@ -46,8 +46,7 @@ def make(tmp_path, pod_template):
         plan, manifest = load_plan(pod, stage, "cpu:2", None, max_time=max_time)
         backend, clock = FakeBackend(pod, nodes), Clock()
         sup = Supervisor(plan, manifest, CheckpointIndex(pod), EventLog(pod, mirror=mirror),
-                         backend=backend,
-                         clock=clock)
+                         backend=backend, clock=clock)
         return sup, backend, clock
     return build
 
