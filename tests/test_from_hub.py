@@ -24,11 +24,11 @@ pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationW
 URL = f"hf://{REPO_ID}"
 
 
-def launch_from_hub(pod: Path, *args: str) -> subprocess.CompletedProcess:
+def launch_from_hub(pod: Path, *args: str, url: str = URL) -> subprocess.CompletedProcess:
     """The CLI in a child process (nothing may be written into `pod` before it runs)."""
     try:
         return subprocess.run([sys.executable, "-m", "launcher.cli", "--pod-dir", str(pod),
-                               "launch", "--from-hub", URL, *args], cwd=REPO,
+                               "launch", "--from-hub", url, *args], cwd=REPO,
                               capture_output=True, text=True, timeout=150)
     finally:
         if pod.is_dir():

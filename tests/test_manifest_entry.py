@@ -162,6 +162,19 @@ def test_the_pushed_entry_names_the_hub_path_and_no_revision(tmp_path):
     assert m.entries[0].hub_revision == "old" and m.entries[0].start_token == 192
 
 
+def test_the_pushed_entry_keeps_the_stage_the_pod_resumes_at_not_the_checkpoints(tmp_path):
+    """Issue 18. Seen: a stage-3 checkpoint rolled back to stage 2 went to the hub as stage
+    3 (the checkpoint's), so `launch --from-hub` resumed at stage 3."""
+    m = read_manifest(write(tmp_path / "m.json", {
+        "gpu_0": {"start_token": 128, "stage": 2},
+        "gpu_1": {"start_token": 128}}))
+    trained_at_3 = {"next_token": 128, "sha256": SHA_A, "stage": 3}
+    hub_path = "checkpoints/fractus_1b_gpu0.pt"
+    assert m.entries[0].as_pushed(trained_at_3, hub_path, "data/s0.npy").stage == 2
+    # An entry recording no stage yet: the checkpoint's is all there is.
+    assert m.entries[1].as_pushed(trained_at_3, hub_path, "data/s1.npy").stage == 3
+
+
 def test_a_checkpoint_written_after_the_launcher_died_is_adopted_over_null_fields(tmp_path):
     """The reader allows null for updated_at and stage (a GPU may not have them yet); the
     launch that adopts a worker's unrecorded checkpoint read them as numbers (TypeError)."""

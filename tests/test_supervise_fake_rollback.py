@@ -9,9 +9,11 @@ import signal
 
 import pytest
 
-from launcher.pod.ckpt_index import FAILED
+from launcher.hub import open_store
+from launcher.pod.ckpt_index import FAILED, CheckpointIndex
 from launcher.pod.manifest import read_manifest
 from launcher.supervise.state import PodState
+from tests.support.hub_manifest import manifest_on_hub
 from tests.support.fake_supervisor import (  # noqa: F401 (fixtures)
     events,
     make,
@@ -156,3 +158,65 @@ def test_rollback_by_hand_of_a_gpu_none_of_whose_checkpoints_passed_starts_it_ov
     assert sup.pod.index.__class__(pod_dir).records[(0, unjudged["sha256"])]["verdict"] == FAILED
     assert (pod_dir / "checkpoints" / "fractus_1b_gpu0.pt.failed").is_file()
     assert not (pod_dir / "checkpoints" / "fractus_1b_gpu0.pt").exists()
+
+
+def pod_with_hub(pod_template, tmp_path):
+    """The pod `make` builds, with a file:// hub (made before `make`, which then uses it)."""
+    import shutil
+    pod_dir = tmp_path / "pod"
+    shutil.copytree(pod_template, pod_dir)
+    with open(pod_dir / "fractus-pod.yaml", "a") as config:
+        config.write("hub: file://hub\n")
+    return pod_dir
+
+
+def test_an_automatic_rollback_is_pushed_to_the_hub_at_once_not_at_the_interval(
+        make, pod_template, tmp_path):
+    """Issue 18. Seen: a rollback never reached the hub (the next push came an interval
+    later, or was skipped for holding the same checkpoints); `launch --from-hub` resumed at
+    the stage rolled back from. The rollback asks the sync for a push at its next tick."""
+    pod_dir = pod_with_hub(pod_template, tmp_path)     # the default sync interval: one hour
+    sup, backend, clock = make(stage=3)
+    sup.starter.start_all()
+    for gpu in (0, 1):
+        passed_checkpoint(sup, backend, gpu)
+    assert not events(sup, "sync_pushed")           # the interval is not due
+    backend.event(0, "nan", step=102)
+    sup.step()
+    assert sup.pod.stage == 2 and events(sup, "rollback", gpu=0)
+    assert sup.sync.busy, "the rollback asked for no push"
+    sup.sync._thread.join(120)                       # the push it asked for
+    sup.step()
+    (pushed,) = events(sup, "sync_pushed")
+    assert pushed["reason"] == "rollback"
+    assert open_store("file://hub", pod_dir).head() == pushed["revision"]
+    on_hub = manifest_on_hub(pod_dir, pushed["revision"])
+    assert on_hub.recorded_stage() == 2 and on_hub.entries[0].stage == 2
+
+
+def test_a_stage_switch_at_launch_is_pushed_to_the_hub_at_once(make, pod_template, tmp_path):
+    """Issue 18: the stage a launch switches to is recorded in the manifest before any
+    worker starts, and pushed at the first tick (the hub's copy named the stage below)."""
+    from launcher.pod.events import EventLog
+    from launcher.supervise.prepare import load_plan
+    from launcher.supervise.supervisor import Supervisor
+    from tests.support.fake_backend import FakeBackend
+    pod_dir = pod_with_hub(pod_template, tmp_path)
+    sup, backend, clock = make(stage=2)
+    sup.starter.start_all()
+    for gpu in (0, 1):
+        passed_checkpoint(sup, backend, gpu)
+    sup.stop_reason = "SIGTERM received"
+    sup.step()
+    sup.sync.finish()
+    (at_stage_2,) = events(sup, "sync_pushed")
+
+    plan, manifest = load_plan(pod_dir, 3, "cpu:2", None)
+    switched = Supervisor(plan, manifest, CheckpointIndex(pod_dir), EventLog(pod_dir),
+                          backend=FakeBackend(pod_dir), clock=clock)
+    switched.stop_reason = "SIGTERM received"      # the first turn of the loop stops it
+    switched.run()
+    pushes = events(sup, "sync_pushed")
+    assert [p["reason"] for p in pushes] == ["stop", "stage switch"], pushes
+    assert manifest_on_hub(pod_dir, pushes[-1]["revision"]).recorded_stage() == 3
+    assert at_stage_2["revision"] != pushes[-1]["revision"]

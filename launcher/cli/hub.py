@@ -129,7 +129,8 @@ def sync_push(ctx, message: str) -> None:
     pod_dir = pod_dir_of(ctx)
     _store(pod_dir)                        # refuses a pod without a hub
     revision, noted, skipped = push_now(pod_dir, load_config(pod_dir), message)
-    click.echo(f"skipped: revision {revision} already holds these checkpoints" if skipped
+    click.echo(f"skipped: revision {revision} already holds these checkpoints and this "
+               f"manifest" if skipped
                else f"pushed revision {revision}")
     click.echo(f"manifest: hub_revision recorded for GPU(s) {noted}" if noted else
                "manifest: hub_revision unchanged (a running launcher records it, or the "

@@ -8,6 +8,7 @@ as one revision; `record_revision` notes that revision in the pod's manifest.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -21,7 +22,8 @@ from pathlib import Path
 from launcher.errors import UserError
 from launcher.paths import MERGED_PATH, SNAPSHOT_DIR
 from launcher.pod.ckpt_index import CheckpointIndex
-from launcher.pod.manifest import Manifest, ManifestEntry, atomic_write_text
+from launcher.files import atomic_write_bytes
+from launcher.pod.manifest import Manifest, ManifestEntry
 from launcher.config.podconfig import CONFIG_NAME, PodConfig
 from launcher.pod.progress import progress
 
@@ -44,9 +46,22 @@ class Snapshot:
     manifest: Manifest | None = None
     merge: bool = False
 
-    def key(self) -> tuple:
-        """What the snapshot holds; an unchanged pod is not pushed twice."""
+    def checkpoints_key(self) -> tuple:
+        """The checkpoints it holds (and whether it merges them)."""
         return tuple(sorted(self.pushed.items())), self.merge
+
+    def key(self) -> tuple:
+        """What the snapshot holds, checkpoints and manifest: an unchanged pod is not pushed
+        twice, and a changed manifest (a rollback, a stage switch) over the same
+        checkpoints is."""
+        return self.checkpoints_key(), self.manifest_sha256()
+
+    def manifest_bytes(self) -> bytes:
+        """The manifest file exactly as the push commits it."""
+        return (json.dumps(self.manifest_doc, indent=2) + "\n").encode()
+
+    def manifest_sha256(self) -> str:
+        return hashlib.sha256(self.manifest_bytes()).hexdigest()
 
     def discard(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -105,6 +120,15 @@ def take_snapshot(pod_dir: Path, config: PodConfig, manifest: Manifest,
     return snap
 
 
+def _with_fresh_starts(manifest: Manifest, entries: dict[int, ManifestEntry]) -> dict:
+    """`entries` plus each GPU the pod resumes at token 0 with no checkpoint (one rolled
+    back with nothing passed to restore): its stage is part of where the pod stands. A GPU
+    whose checkpoint has not passed yet stays off the hub's manifest."""
+    fresh = {gpu: entry.copy() for gpu, entry in manifest.entries.items()
+             if gpu not in entries and entry.checkpoint is None and entry.start_token == 0}
+    return dict(sorted({**entries, **fresh}.items()))
+
+
 def hub_entry(entry: ManifestEntry | None, record: dict, hub_path: str,
               shard: str) -> ManifestEntry:
     """The manifest entry the hub holds for a GPU: its pushed checkpoint `record` (a
@@ -117,7 +141,8 @@ def _add_manifest(snap: Snapshot, pod_dir: Path, config: PodConfig, manifest: Ma
                   entries: dict[int, ManifestEntry]) -> None:
     """The manifest naming `entries`, and the pod's small files, join the snapshot."""
     snap.manifest_path = config.manifest
-    snap.manifest = Manifest(Path(config.manifest), entries, dict(manifest.extra))
+    snap.manifest = Manifest(Path(config.manifest), _with_fresh_starts(manifest, entries),
+                             dict(manifest.extra))
     snap.manifest_doc = snap.manifest.to_json()
     for rel in pod_files(pod_dir, config):
         snap.files[rel] = pod_dir / rel
@@ -150,7 +175,7 @@ def send(store, snap: Snapshot, message: str) -> str:
     for src, dest in snap.copies.items():
         shutil.copyfile(src, dest)
     manifest_file = snap.dir / "manifest.json"
-    atomic_write_text(manifest_file, json.dumps(snap.manifest_doc, indent=2) + "\n")
+    atomic_write_bytes(manifest_file, snap.manifest_bytes())
     snap.files[snap.manifest_path] = manifest_file
     if snap.merge:
         from launcher.hub.merge import merge_checkpoints

@@ -10,6 +10,12 @@ carries:
 - the pod config, stage and criteria files (so `launch --from-hub` can rebuild the pod),
 - optionally (`sync.merge: true`) the mean-merged brain.
 
+A change of what the manifest says (a rollback, a stage switch; `HubSync.manifest_changed`)
+is pushed at the next poll, whatever the interval, and recorded in logs/sync_state.json
+until a push lands it (a change made with no launcher running: `note_manifest_changed`, and
+the next launcher pushes it first). A push is skipped only when its checkpoints AND its
+manifest are those of the last one.
+
 The supervision loop only takes a *snapshot* (hard links to the immutable retained files:
 no copy, no hashing); a background thread verifies, pushes and retries (the retries live in
 the store). The loop picks the result up on a later poll: the revision is written into the
@@ -51,6 +57,14 @@ def update_sync_state(pod_dir: Path, **fields) -> dict:
     state = {**read_sync_state(pod_dir), **fields}
     write_json_state(pod_dir / SYNC_STATE, state)
     return state
+
+
+def note_manifest_changed(pod_dir: Path, reason: str) -> None:
+    """The manifest changed where no launcher's sync can push it now (a rollback by hand,
+    a decided rollback completed at launch): recorded, so the next launcher pushes it at its
+    first poll and `sync push` by hand clears it. Durable: a launcher killed before the
+    push leaves it for the next."""
+    update_sync_state(pod_dir, manifest_unpushed={"reason": reason, "at": time.time()})
 
 
 def refuse_vanished_store(store, pod_dir: Path, hub: str) -> None:
@@ -95,11 +109,18 @@ class HubSync:
         self.store = store_for(config, pod_dir)
         self.next_due = time.monotonic() + self.settings.interval_s
         self._thread: threading.Thread | None = None
-        self._job: tuple | None = None            # (snapshot, reason, started)
+        self._job: tuple | None = None            # (snapshot, reason, started, changes)
         self._outcome: tuple | None = None        # ("ok", revision) or ("error", message)
         self._last_key: tuple | None = None       # of the last push that landed
         self._tried_key: tuple | None = None      # of the last manifest push started
         self.taken_over: str | None = None        # another pod writes the run: no more pushes
+        # A manifest change (rollback, stage or phase switch) not yet in a landed push: why,
+        # how many changes were asked, and how many the last push started held (a push
+        # taken at change N lands changes up to N only).
+        unpushed = read_sync_state(pod_dir).get("manifest_unpushed") or {}
+        self.unpushed_change: str | None = unpushed.get("reason")
+        self._changes = 1 if self.unpushed_change else 0
+        self._changes_started = 0
         # A remote backend's nodes push the checkpoints: gpu -> the pushed record.
         self.node_pushes: Callable[[], dict[int, dict]] | None = None
         shutil.rmtree(pod_dir / SNAPSHOT_DIR, ignore_errors=True)   # a dead launcher's
@@ -124,16 +145,29 @@ class HubSync:
         the manifest naming them (and the pod's small files), once per change."""
         self.node_pushes = on_hub
 
+    def manifest_changed(self, reason: str) -> None:
+        """What the manifest says changed (a rollback, a stage switch, a phase switch): the
+        hub's copy is pushed at the next tick, whatever the interval, so `launch --from-hub`
+        resumes where the pod is. Recorded in the sync state until a push lands it."""
+        self.unpushed_change, self._changes = reason, self._changes + 1
+        note_manifest_changed(self.pod_dir, reason)
+
     def tick(self) -> None:
         self._harvest()
         if self.busy or self.taken_over:
             return
-        if self.node_pushes is not None:       # a node pushed: the manifest follows it
+        if self.unpushed_change is not None and (
+                self._changes != self._changes_started or time.monotonic() >= self.next_due):
+            # At once for a new change; one whose push failed is retried at the interval.
+            self._changes_started = self._changes
+            self.next_due = time.monotonic() + self.settings.interval_s
+            self._start(self.unpushed_change)
+        elif self.node_pushes is not None:       # a node pushed: the manifest follows it
             on_hub = self.node_pushes()
             key = self._pushed_key(on_hub)
             # Nothing on the hub yet: nothing to name. A key that failed is retried at the
             # interval, not on every poll (a hub that is down would be hammered).
-            if on_hub and key != self._last_key and (
+            if on_hub and key != self._last_checkpoints() and (
                     key != self._tried_key or time.monotonic() >= self.next_due):
                 self._tried_key = key
                 self.next_due = time.monotonic() + self.settings.interval_s
@@ -142,9 +176,12 @@ class HubSync:
             self.next_due = time.monotonic() + self.settings.interval_s
             self._start("interval")
 
+    def _last_checkpoints(self) -> tuple | None:
+        return self._last_key[0] if self._last_key else None
+
     def _pushed_key(self, on_hub: dict[int, dict]) -> tuple:
-        """Snapshot.key() of the manifest push that names `on_hub`: checked on every poll
-        without building the snapshot."""
+        """Snapshot.checkpoints_key() of the manifest push that names `on_hub`: checked on
+        every poll without building the snapshot (a manifest change asks for its push)."""
         return tuple(sorted((gpu, (self.config.checkpoint_path(gpu), r["sha256"]))
                             for gpu, r in on_hub.items())), False
 
@@ -176,7 +213,7 @@ class HubSync:
         """Until the push in flight ends (then harvested: True) or is abandoned (False)."""
         while self._thread is not None and self._thread.is_alive():
             if abandoned():
-                _snap, reason, started = self._job
+                _snap, reason, started, _changes = self._job
                 self._record_abandoned(reason, started, "abandoned: a second signal arrived "
                                                         "while it was pushing")
                 return False      # the daemon thread dies with the process; the pod is intact
@@ -206,8 +243,10 @@ class HubSync:
             self.events.emit("sync_skipped", reason=reason,
                              why="no passed checkpoint yet" if snap is None
                              else "nothing new since the last push")
+            self._landed(self._changes)      # nothing the hub lacks
             return
-        self._job = (snap, reason, time.time())
+        # The snapshot holds the manifest as it is now: every change asked so far.
+        self._job = (snap, reason, time.time(), self._changes)
         update_sync_state(self.pod_dir, in_flight=True, last_attempt_at=time.time())
         message = (f"fractus-pod sync ({reason}): " + ", ".join(
             f"gpu{g}@{self.manifest_token(snap, g):,}" for g in sorted(snap.pushed)))
@@ -241,7 +280,7 @@ class HubSync:
         if self._thread is None or self._thread.is_alive():
             return
         self._thread = None
-        (snap, reason, started), self._job = self._job, None
+        (snap, reason, started, changes), self._job = self._job, None
         kind, value = self._outcome or ("error", "the sync thread ended without a result")
         self._outcome = None
         snap.discard()
@@ -249,6 +288,7 @@ class HubSync:
         tokens = {g: self.manifest_token(snap, g) for g in sorted(snap.pushed)}
         if kind == "ok":
             self._last_key = snap.key()
+            self._landed(changes)
             noted = record_revision(self.manifest, snap, value)
             if noted:
                 write_manifest(self.manifest)
@@ -264,8 +304,14 @@ class HubSync:
             update_sync_state(self.pod_dir, in_flight=False, last_error=value,
                               last_error_at=time.time(), last_result="error")
             self.events.emit("sync_failed", reason=reason, error=value, seconds=seconds,
-                             retry="at the next interval" if reason in ("interval", "manifest")
-                             else "none")
+                             retry="none" if reason == "stop" else "at the next interval")
+
+    def _landed(self, changes: int) -> None:
+        """The hub holds the manifest as of change number `changes`: a change asked since
+        is still to push."""
+        if self.unpushed_change is not None and changes == self._changes:
+            self.unpushed_change = None
+            update_sync_state(self.pod_dir, manifest_unpushed=None)
 
 
 def record_taken_over(pod_dir: Path, events: EventLog, message: str, reason: str) -> None:

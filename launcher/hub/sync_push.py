@@ -1,5 +1,6 @@
 """`fractus-pod sync push`: the launcher's push, by hand (launcher/hub/sync.py decides what a
-push holds). A push of what the hub's head already holds is skipped, not committed again."""
+push holds). A push of what the hub's head already holds (the same checkpoints and the same
+manifest) is skipped, not committed again; a changed manifest alone (a rollback) is pushed."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ from launcher.hub.sync import (
 
 
 def already_pushed(store, snap: Snapshot) -> str | None:
-    """The hub's head revision when it already holds exactly the snapshot's checkpoints (a
-    push of the same content again would only add a revision), else None."""
+    """The hub's head revision when it already holds exactly the snapshot's checkpoints and
+    manifest (a push of the same content again would only add a revision), else None."""
     from launcher.hub.lease import hub_lease, pod_id
     head = store.head()
     if head is None:
@@ -32,8 +33,9 @@ def already_pushed(store, snap: Snapshot) -> str | None:
     if lease is not None and lease["pod_id"] != pod_id(store.pod_dir):
         return None        # another pod's run: the push must say so, not skip
     held = store.files(head)
+    wanted = [*snap.pushed.values(), (snap.manifest_path, snap.manifest_sha256())]
     same = all(held.get(path) is not None and held[path].sha256 == sha
-               for path, sha in snap.pushed.values())
+               for path, sha in wanted)
     return head if same else None
 
 
@@ -42,7 +44,7 @@ def push_now(pod_dir: Path, config: PodConfig,
     """`fractus-pod sync push` with no launcher running: same snapshot, same manifest note.
     With a launcher running the manifest is its own, so only the push happens here.
     Returns (revision, GPUs whose hub_revision was recorded, whether it was skipped because
-    the hub's head already holds these checkpoints)."""
+    the hub's head already holds these checkpoints and this manifest)."""
     from launcher.errors import UserError
     from launcher.pod.lock import PodLock, read_holder
     from launcher.pod.manifest import read_manifest
@@ -74,9 +76,12 @@ def push_now(pod_dir: Path, config: PodConfig,
         noted = [] if running else record_revision(manifest, snap, revision)
         if noted:
             write_manifest(manifest)
+        if not running:      # the hub holds the manifest now (a launcher clears its own)
+            update_sync_state(pod_dir, manifest_unpushed=None)
         if unchanged:
             EventLog(pod_dir).emit("sync_skipped", reason="by hand", revision=revision,
-                                   why="the hub's head already holds these checkpoints")
+                                   why="the hub's head already holds these checkpoints "
+                                       "and this manifest")
             return revision, noted, True
         update_sync_state(pod_dir, last_revision=revision, last_revision_hub=config.hub,
                           last_success_at=time.time(),

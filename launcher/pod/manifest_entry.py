@@ -171,13 +171,16 @@ class ManifestEntry:
     def as_pushed(self, record: dict, hub_path: str, shard: str) -> ManifestEntry:
         """The entry the hub gets with a pushed passed checkpoint `record` at `hub_path` (its
         own shard, else `shard`): no hub_revision (a pushed manifest cannot know its own
-        commit)."""
+        commit). The stage is the entry's (the stage the pod resumes at: a rollback or a
+        stage switch sets it), the checkpoint's only for an entry recording none: a
+        checkpoint trained at stage 3 and rolled back to stage 2 resumes at 2."""
         pushed = self.copy()
         pushed._forget("hub_revision")
         for name, value in (("start_token", int(record["next_token"])),
                             ("checkpoint", hub_path), ("checkpoint_sha256", record["sha256"]),
                             ("shard", self.shard or shard),
-                            ("stage", record.get("stage", self.stage)),
+                            ("stage", self.stage if self.stage is not None
+                                       else record.get("stage")),
                             ("ema_tf", record.get("ema_tf")), ("lb", record.get("lb")),
                             ("updated_at", record.get("ts", self.updated_at))):
             pushed[name] = value

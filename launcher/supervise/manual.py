@@ -79,7 +79,14 @@ def manual_rollback(pod_dir: Path, to_stage: int, gpus: list[int]) -> str:
             write_manifest(manifest)
         events.emit("stage_change", from_stage=from_stage, to_stage=to_stage,
                     reason="rollback by hand")
+        if config.hub:
+            # No launcher to push it: the next one does at its first poll, or `sync push`.
+            from launcher.hub.sync import note_manifest_changed
+            note_manifest_changed(pod_dir, "rollback by hand")
     lines.append(f"pod set to stage {to_stage}; resume with `fractus-pod launch --stage {to_stage}`")
+    if config.hub:
+        lines.append(f"the hub ({config.hub}) still holds the pod as it was: `fractus-pod sync "
+                     f"push` pushes the rollback now (the next launch pushes it at its start)")
     return "\n".join(lines)
 
 

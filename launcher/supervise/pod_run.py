@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from launcher.checks.probe_monitor import ProbeMonitor
 from launcher.pod.ckpt_index import CheckpointIndex
@@ -46,6 +47,9 @@ class PodRun:
     # Where each GPU stood at launch (the checkpoint it resumed from): on a remote backend
     # the resume point after a lost node, or of a rollback, when nothing newer passed.
     launch_entries: dict[int, ManifestEntry] = field(default_factory=dict)
+    # Told why, each time what the manifest says changed (a rollback, a stage or phase
+    # switch): the hub sync pushes it at once (launcher/hub/sync.py HubSync.manifest_changed).
+    on_manifest_change: Callable[[str], None] = lambda reason: None
 
     def __post_init__(self):
         if not self.launch_entries:

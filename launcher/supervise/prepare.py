@@ -176,6 +176,9 @@ def complete_decided_rollback(plan: LaunchPlan, manifest: Manifest, index: Check
         return
     write_manifest(manifest)
     clear_decision(plan.pod_dir)
+    if plan.config.hub:      # the hub still holds the stage rolled back from
+        from launcher.hub.sync import note_manifest_changed
+        note_manifest_changed(plan.pod_dir, "rollback")
     if not stage_given:
         plan.stage = manifest.recorded_stage([s.gpu for s in plan.slots]) or to_stage
         check_worker_settings(plan.stages, plan.stage, plan.config,

@@ -71,6 +71,7 @@ class StageRollback:
         pod.rolled_back = pod.rolled_back or auto
         pod.events.emit("stage_change", from_stage=from_stage, to_stage=target_stage,
                         reason="rollback")
+        pod.on_manifest_change("rollback")
         pod.stage, self.announced = target_stage, None
         self.starter.start_all()
         pod.events.emit("pod_running", stage=pod.stage, after="rollback")

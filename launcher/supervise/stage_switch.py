@@ -88,14 +88,15 @@ def canary_gate(plan, manifest, events, no_canary: bool, stop: EarlyStop) -> Non
                                f"with --no-canary")
 
 
-def record_stage(manifest, gpus: list[int], stage: int, events) -> None:
+def record_stage(manifest, gpus: list[int], stage: int, events) -> bool:
     """The stage a launch runs, recorded for every GPU of it with progress before any worker
     starts (a switch up has passed its canary by then): a run stopped or killed before some
     GPU's first checkpoint at the new stage still leaves one recorded stage, so the next
-    plain `launch` resumes there instead of going back."""
+    plain `launch` resumes there instead of going back. True when it changed the stage."""
     recorded = manifest.recorded_stages(gpus)
     if not recorded or recorded == [stage]:
-        return
+        return False
     manifest.set_stage(stage, gpus)
     events.emit("stage_change", from_stage=recorded, to_stage=stage, reason="launch")
     write_manifest(manifest)
+    return True

@@ -77,6 +77,8 @@ class Supervisor:
         # ValueError for a malformed hub URL: the CLI reports it before anything starts.
         self.sync = (HubSync(pod.pod_dir, plan.config, manifest, index, events)
                      if plan.config.hub else None)
+        if self.sync is not None:
+            pod.on_manifest_change = self.sync.manifest_changed
         self.view = PodView(pod)
         self.monitor = WorkerMonitor(pod)
         self.ending = PodEnding(pod, self.monitor, self.view)
@@ -147,7 +149,8 @@ class Supervisor:
         self.ending.reserve = DiskReserve(pod.pod_dir)
         pod.logs_id = dir_id(pod.pod_dir / "logs")
         try:
-            record_stage(pod.manifest, list(pod.runs), pod.stage, pod.events)
+            if record_stage(pod.manifest, list(pod.runs), pod.stage, pod.events):
+                pod.on_manifest_change("stage switch")
             self.starter.start_all()
         except OSError as exc:
             self.ending.on_write_error(exc)
