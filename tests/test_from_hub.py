@@ -3,8 +3,6 @@ from the test hub (real HfApi, real launcher and workers) resumes where the hub 
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,25 +12,15 @@ from fractus.data import synth
 from launcher.pod.ckpt_index import CheckpointIndex
 from launcher.cli import main as cli_main
 from tests.support.e2e import (REPO, SHARD_TOKENS, TOKENS_PER_STEP,  # noqa: F401
-                               Launcher, events_of, kill_workers, launchers, make_pod,
-                               manifest_json, worker_records)
+                               Launcher, events_of, launchers, make_pod, manifest_json,
+                               worker_records)
+from tests.support.from_hub import launch_from_hub
 from tests.support.hf_client import REPO_ID, assert_no_token, quiet_hf_client  # noqa: F401
 from tests.support.hub_pod import CKPT, FAST_PASS
 from tests.support.hub_server import test_hub  # noqa: F401  (pytest fixture)
 
 pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")
 URL = f"hf://{REPO_ID}"
-
-
-def launch_from_hub(pod: Path, *args: str, url: str = URL) -> subprocess.CompletedProcess:
-    """The CLI in a child process (nothing may be written into `pod` before it runs)."""
-    try:
-        return subprocess.run([sys.executable, "-m", "launcher.cli", "--pod-dir", str(pod),
-                               "launch", "--from-hub", url, *args], cwd=REPO,
-                              capture_output=True, text=True, timeout=150)
-    finally:
-        if pod.is_dir():
-            kill_workers(pod)
 
 
 def test_rebuilt_pod_resumes_at_the_pinned_revisions_tokens_with_equal_weights(
@@ -58,7 +46,7 @@ def test_rebuilt_pod_resumes_at_the_pinned_revisions_tokens_with_equal_weights(
     assert cli_main(["--pod-dir", str(pod), "launch", "--from-hub", URL]) == 2
 
     rebuilt = tmp_path / "rebuilt"
-    done = launch_from_hub(rebuilt, "--revision", pinned["revision"], "--max-steps", "1")
+    done = launch_from_hub(rebuilt, URL, "--revision", pinned["revision"], "--max-steps", "1")
     assert done.returncode == 0, done.stdout + done.stderr
     (event,) = events_of(rebuilt, "rebuilt_from_hub")
     assert event["revision"] == pinned["revision"]
@@ -98,7 +86,7 @@ def test_a_pod_whose_shards_are_only_on_a_dataset_repo_is_rebuilt_with_verified_
     pushed_manifest = manifest_json(pod)
 
     rebuilt = tmp_path / "rebuilt"
-    done = launch_from_hub(rebuilt, "--max-steps", "1")
+    done = launch_from_hub(rebuilt, URL, "--max-steps", "1")
     assert done.returncode == 0, done.stdout + done.stderr
     (event,) = events_of(rebuilt, "rebuilt_from_hub")
     assert event["revision"] == pushed["revision"]
@@ -118,7 +106,7 @@ def test_a_pod_whose_shards_are_only_on_a_dataset_repo_is_rebuilt_with_verified_
 
 def test_from_hub_refuses_a_revision_the_hub_does_not_have(test_hub, tmp_path):
     pod = tmp_path / "empty"
-    done = launch_from_hub(pod, "--revision", "0" * 40)
+    done = launch_from_hub(pod, URL, "--revision", "0" * 40)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "revision" in done.stderr
     assert not pod.exists()         # nothing left behind: the same command can be rerun

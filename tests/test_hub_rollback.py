@@ -8,7 +8,6 @@ launcher, workers and `launch --from-hub` (tiny CPU pod)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -18,34 +17,21 @@ from launcher.config.podconfig import load_config
 from launcher.hub import open_store
 from launcher.hub.sync import read_sync_state
 from launcher.hub.sync_push import push_now
-from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex, sha256_file
-from launcher.pod.manifest import apply_checkpoint, read_manifest, write_manifest
+from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex
+from launcher.pod.manifest import read_manifest, write_manifest
+from tests.support.e2e import (TOKENS_PER_STEP, Launcher, events_of,  # noqa: F401
+                               launchers, make_pod, manifest_json, worker_records)
+from tests.support.from_hub import launch_from_hub
+from tests.support.hf_client import REPO_ID, quiet_hf_client  # noqa: F401  (fixture)
 from tests.support.hub_manifest import manifest_on_hub
+from tests.support.hub_pod import FAST_PASS, pod, write_checkpoint  # noqa: F401 (fixture)
 from tests.support.hub_server import test_hub  # noqa: F401  (pytest fixture)
-from tests.test_from_hub import launch_from_hub
-from tests.test_hub_sync import FAST_PASS
-from tests.test_hub_sync_hf import REPO_ID, _quiet_client  # noqa: F401  (fixture)
-from tests.test_launcher_e2e import (TOKENS_PER_STEP, Launcher,  # noqa: F401
-                                     events_of, launchers, make_pod, manifest_json,
-                                     worker_records)
 
 
 def checkpoint_at(pod: Path, gpu: int, token: int, stage: int, verdict: str) -> None:
-    """A (fake) checkpoint file of GPU `gpu` trained at `stage`, its event recorded in the
-    checkpoint index and the manifest as the launcher records a worker's."""
-    config = load_config(pod)
-    manifest, index = read_manifest(pod / config.manifest), CheckpointIndex(pod)
-    path = pod / config.checkpoint_path(gpu)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")                 # replaced, as the worker does
-    tmp.write_bytes(os.urandom(4096) + f"gpu{gpu}@{token}".encode())
-    os.replace(tmp, path)
-    event = {"path": str(path), "sha256": sha256_file(path), "next_token": token,
-             "step": token // 32, "ema_tf": 5.0, "lb": 1.0, "bytes": path.stat().st_size}
-    index.add(gpu, event, stage, config.checkpoint_path(gpu))
-    if verdict != "pending":
-        index.mark(gpu, event["sha256"], verdict, "test")
-    apply_checkpoint(manifest, gpu, event, stage, pod, config.shard_path(gpu))
+    """A (fake) checkpoint of GPU `gpu` trained at `stage`, recorded as the launcher does."""
+    manifest = read_manifest(pod / load_config(pod).manifest)
+    write_checkpoint(pod, CheckpointIndex(pod), manifest, gpu, token, verdict, stage=stage)
     write_manifest(manifest)
 
 
@@ -53,15 +39,6 @@ def pod_at_stage_3(pod: Path) -> None:
     """Two GPUs whose newest checkpoint, trained at stage 3, passed."""
     for gpu in (0, 1):
         checkpoint_at(pod, gpu, 100 * (gpu + 1), 3, PASSED)
-
-
-@pytest.fixture
-def pod(tmp_path) -> Path:
-    pod = tmp_path / "pod"
-    assert cli_main(["--pod-dir", str(pod), "init", "--preset", "tiny-cpu", "--no-data"]) == 0
-    config = (pod / "fractus-pod.yaml").read_text()
-    (pod / "fractus-pod.yaml").write_text(config + "hub: file://hub\n")
-    return pod
 
 
 def test_a_push_after_a_rollback_by_hand_is_not_skipped_and_holds_the_rolled_back_stage(
@@ -132,8 +109,9 @@ def test_a_rollback_by_hand_reaches_a_hub_through_the_real_client(test_hub, tmp_
     the hub (`sync pull --from`) stands at the rolled-back stage and tokens."""
     pod = tmp_path / "pod"
     assert cli_main(["--pod-dir", str(pod), "init", "--preset", "tiny-cpu", "--no-data"]) == 0
-    with open(pod / "fractus-pod.yaml", "a") as config:
-        config.write(f"hub: hf://{REPO_ID}\n")
+    config_file = pod / "fractus-pod.yaml"
+    config_file.write_text(config_file.read_text().replace("hub: file://hub",
+                                                           f"hub: hf://{REPO_ID}"))
     pod_at_stage_3(pod)
     checkpoint_at(pod, 0, 150, 3, FAILED)         # newer than the passed one, failed
     config = load_config(pod)
@@ -178,7 +156,7 @@ def test_a_rollback_by_hand_then_a_push_rebuilds_the_pod_at_the_rolled_back_stag
     assert tokens == {0: 5 * TOKENS_PER_STEP, 1: 6 * TOKENS_PER_STEP}
 
     rebuilt = tmp_path / "rebuilt"
-    done = launch_from_hub(rebuilt, "--max-steps", "1", url=f"file://{pod / 'hub'}")
+    done = launch_from_hub(rebuilt, f"file://{pod / 'hub'}", "--max-steps", "1")
     assert done.returncode == 0, done.stdout + done.stderr
     (launch,) = events_of(rebuilt, "launch")
     assert launch["stage"] == 2

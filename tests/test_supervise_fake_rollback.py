@@ -160,23 +160,12 @@ def test_rollback_by_hand_of_a_gpu_none_of_whose_checkpoints_passed_starts_it_ov
     assert not (pod_dir / "checkpoints" / "fractus_1b_gpu0.pt").exists()
 
 
-def pod_with_hub(pod_template, tmp_path):
-    """The pod `make` builds, with a file:// hub (made before `make`, which then uses it)."""
-    import shutil
-    pod_dir = tmp_path / "pod"
-    shutil.copytree(pod_template, pod_dir)
-    with open(pod_dir / "fractus-pod.yaml", "a") as config:
-        config.write("hub: file://hub\n")
-    return pod_dir
-
-
-def test_an_automatic_rollback_is_pushed_to_the_hub_at_once_not_at_the_interval(
-        make, pod_template, tmp_path):
+def test_an_automatic_rollback_is_pushed_to_the_hub_at_once_not_at_the_interval(make):
     """Issue 18. Seen: a rollback never reached the hub (the next push came an interval
     later, or was skipped for holding the same checkpoints); `launch --from-hub` resumed at
     the stage rolled back from. The rollback asks the sync for a push at its next tick."""
-    pod_dir = pod_with_hub(pod_template, tmp_path)     # the default sync interval: one hour
-    sup, backend, clock = make(stage=3)
+    sup, backend, clock = make(stage=3)          # hub: file://hub, sync interval: one hour
+    pod_dir = sup.pod.pod_dir
     sup.starter.start_all()
     for gpu in (0, 1):
         passed_checkpoint(sup, backend, gpu)
@@ -194,15 +183,15 @@ def test_an_automatic_rollback_is_pushed_to_the_hub_at_once_not_at_the_interval(
     assert on_hub.recorded_stage() == 2 and on_hub.entries[0].stage == 2
 
 
-def test_a_stage_switch_at_launch_is_pushed_to_the_hub_at_once(make, pod_template, tmp_path):
+def test_a_stage_switch_at_launch_is_pushed_to_the_hub_at_once(make):
     """Issue 18: the stage a launch switches to is recorded in the manifest before any
     worker starts, and pushed at the first tick (the hub's copy named the stage below)."""
     from launcher.pod.events import EventLog
     from launcher.supervise.prepare import load_plan
     from launcher.supervise.supervisor import Supervisor
     from tests.support.fake_backend import FakeBackend
-    pod_dir = pod_with_hub(pod_template, tmp_path)
-    sup, backend, clock = make(stage=2)
+    sup, backend, clock = make(stage=2)          # hub: file://hub
+    pod_dir = sup.pod.pod_dir
     sup.starter.start_all()
     for gpu in (0, 1):
         passed_checkpoint(sup, backend, gpu)

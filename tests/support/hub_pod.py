@@ -32,18 +32,19 @@ def pod(tmp_path) -> Path:
 
 
 def write_checkpoint(pod: Path, index: CheckpointIndex, manifest, gpu: int, token: int,
-                     verdict: str) -> dict:
-    """A checkpoint file as the worker writes it (replaced atomically) and its event."""
+                     verdict: str, stage: int = 1) -> dict:
+    """A checkpoint file as the worker writes it (replaced atomically) and its event, trained
+    at `stage`."""
     path = pod / CKPT.format(gpu)
     tmp = path.with_suffix(".tmp")
     tmp.write_bytes(os.urandom(4096) + f"gpu{gpu}@{token}".encode())
     os.replace(tmp, path)
     event = {"path": str(path), "sha256": sha256_file(path), "next_token": token,
              "step": token // 32, "ema_tf": 5.0, "lb": 1.0, "bytes": path.stat().st_size}
-    index.add(gpu, event, 1, CKPT.format(gpu))
+    index.add(gpu, event, stage, CKPT.format(gpu))
     if verdict != "pending":
         index.mark(gpu, event["sha256"], verdict, "test")
-    apply_checkpoint(manifest, gpu, event, 1, pod, f"data/shard_phase2_gpu{gpu}.npy")
+    apply_checkpoint(manifest, gpu, event, stage, pod, f"data/shard_phase2_gpu{gpu}.npy")
     return event
 
 
