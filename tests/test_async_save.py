@@ -104,7 +104,9 @@ def test_the_event_comes_only_once_the_file_is_durable(tmp_path, state):
 def test_one_save_in_flight_and_one_snapshot_of_memory(tmp_path, state):
     model, optimizer = state
     held = HeldWriter()
-    saver = AsyncCheckpointer(tmp_path / "c.pt", 2, CPU, lambda *a: None,
+    durable = []
+    saver = AsyncCheckpointer(tmp_path / "c.pt", 2, CPU,
+                              lambda saved, tag, timing: durable.append(tag),
                               on_write=lambda tag: held if tag == 1 else None)
     saver.submit(payload(model, optimizer, 1), 1)
     assert held.writing.wait(30)
@@ -115,14 +117,26 @@ def test_one_save_in_flight_and_one_snapshot_of_memory(tmp_path, state):
     assert saver.snapshot.nbytes >= sum(distinct.values())
     one_snapshot = saver.snapshot.nbytes
 
+    # The write in flight is released only once the second submit waits for it, and each
+    # snapshot records which writes were durable when it was taken: the second snapshot
+    # after the first write (no copy over buffers a write is still reading).
+    durable_at_snapshot, wait_for_flight, take = [], saver.wait, saver.snapshot.take
+
+    def waits_then_released():
+        held.release.set()
+        wait_for_flight()
+
+    def recorded_take(copied):
+        durable_at_snapshot.append(list(durable))
+        return take(copied)
+    saver.wait, saver.snapshot.take = waits_then_released, recorded_take
     second = threading.Thread(target=saver.submit, args=(payload(model, optimizer, 2), 2))
     second.start()
-    second.join(1.0)
-    assert second.is_alive()                    # waits for the write in flight
-    held.release.set()
     second.join(60)
     assert not second.is_alive()
+    held.release.set()                          # (a submit that did not wait: let it end)
     saver.wait()
+    assert durable_at_snapshot == [[1]]         # waited for the write in flight
     assert {k: b.data_ptr() for k, b in saver.snapshot._buffers.items()} == buffers  # reused
     assert saver.snapshot.nbytes == one_snapshot
     assert load_checkpoint(tmp_path / "c.pt")["train_state"]["step"] == 2

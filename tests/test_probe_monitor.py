@@ -83,6 +83,7 @@ class Nodes:
 
     def __init__(self, ars: dict):
         self.ars, self.calls, self.gate = ars, [], threading.Event()
+        self.threads = []               # the probe thread of each call, to join
         self.gate.set()
 
     def hold(self, gpu, checkpoint, sha256):
@@ -90,6 +91,7 @@ class Nodes:
 
     def run(self, request, *, timeout_s, **options):
         self.calls.append(request.checkpoint)
+        self.threads.append(threading.current_thread())
         self.gate.wait(10)
         if isinstance(self.ars[request.checkpoint], Exception):
             raise self.ars[request.checkpoint]
@@ -122,7 +124,8 @@ def test_a_probe_of_a_lost_node_is_abandoned_without_a_verdict(tmp_path):
     dropped = monitor.abandon(0)
     assert [r.sha256 for r in dropped] == ["sha-a", "sha-b"] and not monitor.busy()
     nodes.gate.set()                     # the lost node's late answer: no verdict from it
-    time.sleep(0.2)
+    nodes.threads[0].join(10)            # ...is in the monitor's queue once its thread ends
+    assert not nodes.threads[0].is_alive()
     assert monitor.poll() == [] and monitor.vouched_step(0) is None
     monitor.on_checkpoint(0, "c.pt", "shard0.npy", "sha-c", 15)          # probing goes on
     (outcome,) = drain(monitor)

@@ -350,9 +350,9 @@ def test_on_a_remote_backend_a_failed_manifest_push_is_retried_at_the_interval_n
     while not events(sup, "sync_failed") and time.monotonic() < deadline:
         sup.step()
         time.sleep(0.05)
-    for _ in range(20):
+    for _ in range(20):                 # no push (thread) started again before the interval
         sup.step()
-        time.sleep(0.01)
+        assert not sup.sync.busy
     (failed,) = events(sup, "sync_failed")
     assert failed["reason"] == "manifest" and failed["retry"] == "at the next interval"
     assert "hub unreachable" in failed["error"] and len(sent) == 1

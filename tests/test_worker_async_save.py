@@ -6,13 +6,13 @@ A real worker subprocess and signals; the save_hang fault holds one background w
 mid-file (its temp file has bytes, nothing is renamed) for as long as the test needs."""
 
 import signal
-import time
 from pathlib import Path
 
 from fractus.train.checkpoint import sha256_file
-from tests.support.worker_utils import (events, metrics_lines, read_jsonl, run_worker,
-                                        start_worker, worker_env, write_synth_shard)
 from tests.support.e2e import wait_for
+from tests.support.worker_utils import (events, metrics_lines, read_jsonl, run_worker,
+                                        start_worker, wait_for_line, worker_env,
+                                        write_synth_shard)
 
 
 def temp_files(ckpt_out: str) -> list[Path]:
@@ -33,10 +33,12 @@ def test_second_signal_during_a_background_write_exits_at_once_keeping_the_previ
     assert previous["step"] == 2 and sha256_file(env["CKPT_OUT"]) == previous["sha256"]
 
     child.send_signal(signal.SIGTERM)
-    time.sleep(1.0)
-    assert child.poll() is None        # the first signal waits for the write in flight
+    wait_for_line(child, "SIGTERM: finishing the step")     # taken: the first signal only asks
     child.send_signal(signal.SIGTERM)
+    # 143, not 0: the worker was still waiting for the write in flight when the second
+    # signal came (the first one's graceful stop would have exited 0).
     assert child.wait(timeout=10) == 128 + signal.SIGTERM
+    assert not events(read_jsonl(env["METRICS"]), "done")      # it never went on to the end
     assert [c["step"] for c in events(read_jsonl(env["METRICS"]), "checkpoint")] == [2]
     assert sha256_file(env["CKPT_OUT"]) == previous["sha256"]
 

@@ -11,7 +11,8 @@ import torch
 
 from fractus.train.checkpoint import sha256_file
 from tests.support.worker_utils import (events, load_ckpt, metrics_lines, read_jsonl,
-                                        run_worker, start_worker, worker_env, write_synth_shard)
+                                        run_worker, start_worker, wait_for_line, worker_env,
+                                        write_synth_shard)
 
 COMMON = {"SS_RATE": "0.5", "LR": "0.05"}
 
@@ -100,11 +101,13 @@ def test_second_signal_exits_at_once(tmp_path):
     while not metrics_lines(read_jsonl(env["METRICS"])) and time.time() < deadline:
         time.sleep(0.02)
     child.send_signal(signal.SIGTERM)
-    time.sleep(0.5)
-    assert child.poll() is None  # stuck in the hanging step: the first signal only asks
+    wait_for_line(child, "SIGTERM: finishing the step")     # taken: it only asks
     child.send_signal(signal.SIGINT)
+    # 130, not 0: the worker was still in its hanging step when SIGINT came, and SIGINT
+    # found the stop already asked (a SIGINT taken first would have only asked, too).
     assert child.wait(timeout=10) == 128 + signal.SIGINT
-    assert not events(read_jsonl(env["METRICS"]), "checkpoint")
+    records = read_jsonl(env["METRICS"])
+    assert not events(records, "checkpoint") and not events(records, "done")
 
 
 def test_batch_change_resets_the_carried_state(tmp_path):

@@ -60,8 +60,9 @@ class StopSignal:
     so the first signal ends the worker at once (exit 0, no checkpoint) instead of making
     the launcher wait out a compile and kill it."""
 
-    def __init__(self, environ=None):
+    def __init__(self, environ=None, label: str = "worker"):
         environ = os.environ if environ is None else environ
+        self.label = label                  # "GPU i": the prefix of the worker's lines
         self.requested: str | None = None
         self.repeated_sigterm_is_parent_death = (
             environ.get(PARENT_DEATH_ENV) == signal.SIGTERM.name)
@@ -79,12 +80,17 @@ class StopSignal:
         self.requested = signal.Signals(signum).name
         if not self.progressed:
             raise StoppedBeforeProgress(self.requested)
+        # Said at once: finishing the step and the saves can take minutes, and whoever sent
+        # the signal (a person, the launcher's log, a test) learns it was taken and what a
+        # second one does. os.write: a print here could re-enter a print it interrupted.
+        os.write(2, f"{self.label}: {self.requested}: finishing the step, then a checkpoint; "
+                    f"a second signal exits at once without one\n".encode())
 
 
 class Worker:
     def __init__(self, settings: WorkerSettings):
         self.s = settings
-        self.stop = StopSignal()
+        self.stop = StopSignal(label=f"GPU {settings.gpu_id}")
 
     # --- setup: no writes until every check has passed ----------------------------------
     def setup(self) -> None:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import selectors
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -76,6 +78,23 @@ def start_worker(env: dict, cwd: Path | None = None, **popen_kwargs) -> subproce
     kwargs = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
     kwargs.update(popen_kwargs)
     return subprocess.Popen(worker_command(), env=env, cwd=cwd or REPO_ROOT, **kwargs)
+
+
+def wait_for_line(child: subprocess.Popen, text: str, timeout: float = 90) -> str:
+    """Read the child's stderr pipe until a line holding `text` arrives; return what was read.
+    Fails at once if the child closes it (exits) first, or after `timeout` seconds."""
+    read, deadline = b"", time.monotonic() + timeout
+    fd = child.stderr.fileno()
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        while text.encode() not in read.rpartition(b"\n")[0]:
+            left = deadline - time.monotonic()
+            assert left > 0, f"no stderr line with {text!r} in {timeout}s:\n{read.decode()}"
+            if selector.select(left):
+                chunk = os.read(fd, 65536)
+                assert chunk, f"the child closed stderr without {text!r}:\n{read.decode()}"
+                read += chunk
+    return read.decode()
 
 
 def read_jsonl(path) -> list[dict]:
