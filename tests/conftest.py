@@ -1,9 +1,16 @@
-"""Shared test fixtures. Module-specific helpers live in tests/support/."""
+"""Shared test fixtures. Module-specific helpers live in tests/support/.
+
+The trained pods are made once per session (a real worker or launcher run each) and only
+read: a test or module copies one (tests/support/pods.py: copy_pod) before changing it. A
+session fixture imported into several modules would run once per module; defined here it
+runs once."""
 
 import signal
 from pathlib import Path
 
 import pytest
+
+from tests.support.pods import stage1_pod
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # The reference outputs travel with the repository (provenance: tests/fixtures/legacy/README.md),
@@ -27,3 +34,17 @@ def _signal_handlers_restored():
     yield
     for sig, handler in saved.items():
         signal.signal(sig, handler)
+
+
+@pytest.fixture(scope="session")
+def worker_trained_pod(tmp_path_factory) -> Path:
+    """A tiny CPU pod trained 3 steps at stage 1 by the real worker. Read-only: copy it."""
+    return stage1_pod(tmp_path_factory.mktemp("worker_trained") / "pod")
+
+
+@pytest.fixture(scope="session")
+def launcher_trained_pod(tmp_path_factory) -> Path:
+    """A tiny CPU pod (tests/support/canary_pod.py's criteria) trained 3 steps at stage 1 by
+    the real launcher. Read-only: copy it."""
+    from tests.support.canary_pod import launched_stage1_pod
+    return launched_stage1_pod(tmp_path_factory.mktemp("launcher_trained"))

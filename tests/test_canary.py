@@ -1,8 +1,9 @@
 """The stage canary: real worker processes on a tiny CPU pod, plus the pure comparisons.
 
-The pod (module fixture): `init --preset tiny-cpu`, one synthetic shard, 3 steps trained at
-stage 1 by the real worker, the manifest written from its checkpoint event (as the
-launcher does). Each canary then runs two real workers from that checkpoint.
+The pod (a copy per module of tests/conftest.py's worker_trained_pod): `init --preset
+tiny-cpu`, one synthetic shard, 3 steps trained at stage 1 by the real worker, the manifest
+written from its checkpoint event (as the launcher does). Each canary then runs two real
+workers from that checkpoint.
 """
 
 import hashlib
@@ -21,15 +22,15 @@ from launcher.pod.manifest import read_manifest
 from launcher.config.podconfig import load_config
 from launcher.worker.process import read_records
 
-from tests.support.pods import stage1_pod
+from tests.support.pods import copy_pod
 from tests.support.wrong_kernel import WRONG_KERNEL
 
 STEPS = 4
 
 
 @pytest.fixture(scope="module")
-def pod(tmp_path_factory) -> Path:
-    return stage1_pod(tmp_path_factory.mktemp("pod"))
+def pod(worker_trained_pod, tmp_path_factory) -> Path:
+    return copy_pod(worker_trained_pod, tmp_path_factory.mktemp("pod") / "pod")
 
 
 def snapshot(pod: Path) -> dict:

@@ -20,8 +20,8 @@ import torch
 from launcher.pod.ckpt_index import sha256_file
 from launcher.cli import main as cli_main
 from launcher.pod.events import read_events
-from tests.support.trusted_pod import (CKPT, MANIFEST, manifest_of, pod,  # noqa: F401 (fixtures)
-                                       rewrite_checkpoint, set_entry, trained)
+from tests.support.trusted_pod import (CKPT, MANIFEST, manifest_of, pod,  # noqa: F401 (fixture)
+                                       rewrite_checkpoint, set_entry)
 from tests.support.worker_utils import REPO_ROOT, run_worker, worker_env
 
 

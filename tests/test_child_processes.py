@@ -25,7 +25,7 @@ import psutil
 import pytest
 
 from launcher.child import child_env, resolve_command
-from tests.support.pods import stage1_pod
+from tests.support.pods import copy_pod
 from tests.support.v1_run import add_decoy_package
 from tests.support.e2e import (SEQ, TEST_CRITERIA, Launcher, events_of, launchers,
                                make_pod, wait_for, worker_records)
@@ -107,8 +107,8 @@ def test_child_env_passes_only_allowed_names():
 
 
 def test_probe_child_imports_our_engine_gets_no_secret_and_dies_with_its_launcher(
-        tmp_path, cleanup):
-    pod = stage1_pod(tmp_path / "pod", steps=2)
+        tmp_path, cleanup, worker_trained_pod):
+    pod = copy_pod(worker_trained_pod, tmp_path / "pod")
     add_decoy_package(pod)
     env = dict(os.environ, HF_TOKEN=SECRET, GITHUB_TOKEN=SECRET,
                PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))

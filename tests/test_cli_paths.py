@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.support.canary_pod import pod, stage1_pod  # noqa: F401 (fixtures: a launched pod)
+from tests.support.canary_pod import pod  # noqa: F401 (fixture: a launched pod)
 from tests.support.e2e import (REPO, Launcher, events_of, launchers,  # noqa: F401
                                manifest_json, wait_for)
 

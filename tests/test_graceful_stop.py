@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.support.canary_pod import pod, stage1_pod  # noqa: F401 (fixtures: a launched pod)
+from tests.support.canary_pod import pod  # noqa: F401 (fixture: a launched pod)
 from tests.support.e2e import (REPO, TOKENS_PER_STEP, Launcher, events_of,  # noqa: F401
                                launchers, manifest_json, wait_for, worker_records)
 

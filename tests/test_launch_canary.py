@@ -1,7 +1,7 @@
 """`fractus-pod launch --stage N` on a pod at stage M < N runs the stage canary first.
 
 Real processes: the launcher CLI as a child process, real tiny CPU workers. One pod is
-trained 3 steps at stage 1 by the real launcher (module fixture); each test works on a copy.
+trained 3 steps at stage 1 by the real launcher (once per session); each test works on a copy.
 The wrong engine is the test-double kernel of tests/support/wrong_kernel.py (a sitecustomize on
 PYTHONPATH registering an attention impl with a wrong normaliser), selected by the pod's
 stage table for stage 2.
@@ -25,8 +25,7 @@ from launcher.errors import UserError
 from launcher.config.devices import Slot
 from launcher.config.podconfig import load_config
 from launcher.worker.process import WorkerSpec, build_env
-from tests.support.canary_pod import (CANARY_STEPS, CRITERIA, fractus_pod, pod,  # noqa: F401
-                                      stage1_pod)
+from tests.support.canary_pod import CANARY_STEPS, CRITERIA, fractus_pod, pod  # noqa: F401
 from tests.support.e2e import (REPO, TEST_CRITERIA, TOKENS_PER_STEP, events_of, manifest_json,
                                wait_for, worker_records)
 from tests.support.wrong_kernel import WRONG_KERNEL

@@ -12,11 +12,10 @@ from pathlib import Path
 from launcher.cli import main as cli_main
 from launcher.hub.merge import is_carried_state
 from launcher.pod.manifest import RUN_ID_KEY
-from tests.support.trusted_pod import (CKPT, MANIFEST, manifest_of, pod, rewrite_checkpoint,
-                                       trained)
+from tests.support.trusted_pod import CKPT, MANIFEST, manifest_of, pod, rewrite_checkpoint
 
 OUT = "checkpoints/FRACTUS_1B_8GPU_MERGED.pt"
-__all__ = ["trained", "pod"]     # the fixtures, imported for pytest
+__all__ = ["pod"]     # the fixture, imported for pytest
 
 
 def edit_manifest(pod: Path, edit) -> None:

@@ -1,7 +1,8 @@
 """`fractus-pod probe`: the AR probe of a GPU's newest checkpoint, run by the real CLI.
 
-The pod (module fixture): `init --preset tiny-cpu`, one synthetic shard, 3 steps trained at
-stage 1 by the real worker, the manifest written from its checkpoint event.
+The pod (a copy per module of tests/conftest.py's worker_trained_pod): `init --preset
+tiny-cpu`, one synthetic shard, 3 steps trained at stage 1 by the real worker, the manifest
+written from its checkpoint event.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from fractus.eval.probe import probe_checkpoint
 from launcher.pod.manifest import read_manifest
 from launcher.config.podconfig import load_config
 
-from tests.support.pods import stage1_pod
+from tests.support.pods import copy_pod
 
 REPO = Path(__file__).resolve().parents[1]
 NUMBERS = ("ar", "ar_acc", "cold_tf", "start", "rows", "next_token")
@@ -29,8 +30,8 @@ def fractus_pod(pod: Path, *args: str):
 
 
 @pytest.fixture(scope="module")
-def pod(tmp_path_factory) -> Path:
-    return stage1_pod(tmp_path_factory.mktemp("pod"))
+def pod(worker_trained_pod, tmp_path_factory) -> Path:
+    return copy_pod(worker_trained_pod, tmp_path_factory.mktemp("pod") / "pod")
 
 
 def probe_json(pod: Path, *args: str) -> dict:

@@ -129,7 +129,7 @@ def test_rollback_by_hand_leaves_no_stale_verdict_and_names_both_stages(tmp_path
     assert markers([change])[0]["label"] == "stage 2 -> 1"
 
 
-def test_a_workers_newer_save_is_no_replaced_checkpoint(tmp_path):
+def test_a_workers_newer_save_is_no_replaced_checkpoint(tmp_path, worker_trained_pod):
     """Issue 16 item 4: `status` while a pod ran warned "does not hold the bytes the
     manifest records ... replaced after the launcher recorded it" in 10 of 25 polls of a
     healthy pod: the worker had saved again (and rotated) between the manifest's write and
@@ -141,8 +141,8 @@ def test_a_workers_newer_save_is_no_replaced_checkpoint(tmp_path):
     from launcher.config.stages import load_stages
     from launcher.pod.manifest import read_manifest
     from launcher.worker.process import WorkerSpec, build_env, worker_command
-    from tests.support.pods import stage1_pod
-    pod = stage1_pod(tmp_path / "pod", steps=3)
+    from tests.support.pods import copy_pod
+    pod = copy_pod(worker_trained_pod, tmp_path / "pod")     # trained 3 steps
     config = load_config(pod)
     entry = read_manifest(pod / config.manifest).entries[0]
     live = pod / entry.checkpoint

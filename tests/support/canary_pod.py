@@ -1,9 +1,8 @@
-"""A tiny CPU pod trained 3 steps at stage 1 by the real launcher (one per test module), and a
+"""A tiny CPU pod trained 3 steps at stage 1 by the real launcher (once per session), and a
 copy of it per test: the starting point of tests that switch stages through the canary."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.e2e import REPO, TEST_CRITERIA, make_pod, manifest_json
+from tests.support.pods import copy_pod
 
 CANARY_STEPS = 3
 CRITERIA = {**TEST_CRITERIA, "canary": {"steps": CANARY_STEPS, "timeout_s": 120},
@@ -22,9 +22,10 @@ def fractus_pod(pod: Path, *args: str, env: dict | None = None, timeout: float =
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture(scope="module")
-def stage1_pod(tmp_path_factory) -> Path:
-    pod = make_pod(tmp_path_factory.mktemp("stage1"), criteria=CRITERIA)
+def launched_stage1_pod(root: Path) -> Path:
+    """A pod under `root` trained 3 steps at stage 1 by the real launcher on GPU 0 (made once
+    per session: tests/conftest.py's launcher_trained_pod)."""
+    pod = make_pod(root, criteria=CRITERIA)
     done = fractus_pod(pod, "launch", "--stage", "1", "--gpus", "0", "--max-steps", "3")
     assert done.returncode == 0, done.stdout + done.stderr
     assert manifest_json(pod)["gpu_0"]["stage"] == 1
@@ -32,7 +33,5 @@ def stage1_pod(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def pod(stage1_pod, tmp_path) -> Path:
-    copy = tmp_path / "pod"
-    shutil.copytree(stage1_pod, copy)
-    return copy
+def pod(launcher_trained_pod, tmp_path) -> Path:
+    return copy_pod(launcher_trained_pod, tmp_path / "pod")

@@ -6,6 +6,7 @@ written from the worker's last checkpoint event, as the launcher does.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -30,3 +31,9 @@ def stage1_pod(pod: Path, steps: int = 3) -> Path:
     apply_checkpoint(manifest, 0, event, 1, pod, config.shard_path(0))
     write_manifest(manifest)
     return pod
+
+
+def copy_pod(template: Path, dest: Path) -> Path:
+    """A copy of a trained pod (tests/conftest.py's session templates) to change freely."""
+    shutil.copytree(template, dest)
+    return dest

@@ -1,12 +1,11 @@
-"""A real tiny pod trained 3 steps by the real worker (tests/support/pods.py), once per test
-module, copied per test; and edits of its manifest entry and checkpoint that keep the two
-consistent (the manifest names the new bytes), for tests of which checkpoints a launch or a
-merge trusts."""
+"""A real tiny pod trained 3 steps by the real worker (tests/conftest.py's
+worker_trained_pod, once per session), copied per test; and edits of its manifest entry and
+checkpoint that keep the two consistent (the manifest names the new bytes), for tests of
+which checkpoints a launch or a merge trusts."""
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -14,21 +13,14 @@ import torch
 
 from launcher.pod.ckpt_index import sha256_file
 from tests.support.pod_files import MANIFEST
-from tests.support.pods import stage1_pod
+from tests.support.pods import copy_pod
 
 CKPT = "checkpoints/fractus_1b_gpu0.pt"
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    return stage1_pod(tmp_path_factory.mktemp("trained") / "pod")
-
-
 @pytest.fixture
-def pod(trained, tmp_path) -> Path:
-    copy = tmp_path / "pod"
-    shutil.copytree(trained, copy, symlinks=True)
-    return copy
+def pod(worker_trained_pod, tmp_path) -> Path:
+    return copy_pod(worker_trained_pod, tmp_path / "pod")
 
 
 def manifest_of(pod: Path) -> dict:
