@@ -1,5 +1,5 @@
 """`fractus-pod`: init, status, stop, rollback, probe (launch: launcher/cli/launch.py; sync and
-merge: launcher/cli/hub.py; dashboard and plot: launcher/cli/view.py; adopt: launcher/cli/adopt.py).
+merge: launcher/cli/hub.py; dashboard, plot and report: launcher/cli/view.py; adopt: launcher/cli/adopt.py).
 
 Every user mistake (bad file, bad option, busy pod) is one line on stderr and exit code 2,
 with nothing started. `launch` exits 0 when the pod stopped or finished, 1 when it FAILED
@@ -23,6 +23,7 @@ from launcher.cli.alert import alert
 from launcher.cli.launch import launch
 from launcher.cli.hub import POD_DIR_HELP, merge, pod_dir_of, pod_dir_option, sync
 from launcher.cli.view import dashboard, plot
+from launcher.cli.view import report as report_command
 from launcher.errors import Refused, UserError
 
 
@@ -225,6 +226,7 @@ cli.add_command(sync)
 cli.add_command(merge)
 cli.add_command(dashboard)
 cli.add_command(plot)
+cli.add_command(report_command)     # launcher/cli/view.py
 cli.add_command(adopt)      # launcher/cli/adopt.py
 cli.add_command(launch)     # launcher/cli/launch.py
 cli.add_command(data)       # launcher/cli/data.py

@@ -68,6 +68,9 @@ class PodConfig:
     # The launcher records `disk_low` (and alerts) when the pod's disk has less free than
     # this, before a save fails on a full disk (a 1B checkpoint with its optimizer: ~12 GiB).
     disk_low_gib: float = 20.0
+    # What one GPU-hour costs (any currency): the goodput ledger turns GPU-hours into money
+    # (launcher/dashboard/goodput.py). None: hours only.
+    price_per_gpu_hour: float | None = None
 
     def shard_path(self, gpu: int) -> str:
         return self.shards.format(i=gpu)
@@ -196,7 +199,11 @@ NUMERIC_RANGES: dict[str, tuple[float, float]] = {
     "poll_interval_s": (0.05, 3600),
     "stop_grace_s": (0, 86400),
     "disk_low_gib": (0, 10**9),
+    "price_per_gpu_hour": (0, 10**6),
 }
+# Keys whose default is None, with the type a given value must have.
+_OPTIONAL_TYPES = {"hub": str, "demo_data": dict, "ray": dict, "data": dict, "alerts": dict,
+                   "price_per_gpu_hour": float}
 # A path template may hold {i} only (no other field, format spec or conversion: "{i}_{j}"
 # and "{i}{" crashed `format`, and a width spec like "{i:>999999999}" would allocate).
 _TEMPLATE_FIELDS = ("i",)
@@ -242,15 +249,15 @@ def _check_types(data: dict, source: str) -> None:
     defaults = PodConfig()
     for key, value in data.items():
         default = getattr(defaults, key)
-        if value is None and key in ("hub", "demo_data", "ray", "data", "alerts"):
+        if value is None and key in _OPTIONAL_TYPES:
             continue
-        expected = type(default) if default is not None else (str if key == "hub" else dict)
+        expected = type(default) if default is not None else _OPTIONAL_TYPES[key]
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             continue
         if isinstance(value, bool) or not isinstance(value, expected):
             raise UserError(f"{source}: {key} must be {_KIND[expected]}, got {value!r}")
     for key, (low, high) in NUMERIC_RANGES.items():
-        if key in data and not low <= data[key] <= high:
+        if data.get(key) is not None and not low <= data[key] <= high:
             raise UserError(f"{source}: {key} must be between {low:g} and {high:g}, got "
                             f"{data[key]!r}; the default is {getattr(defaults, key)!r}")
     for key in ("shards", "checkpoints"):

@@ -3,7 +3,8 @@
 Sources: logs/pod_state.json (the launcher's view: pids, verdicts), the manifest (resume
 points, hub revisions), each worker's METRICS file (latest numbers), logs/events.jsonl,
 logs/sync_state.json (the hub sync: last pushed revision and time, last error),
-logs/canary.json (the last stage canary's verdict, written by `launch`).
+logs/canary.json (the last stage canary's verdict, written by `launch`), and the goodput
+ledger computed from the events and metrics (launcher/dashboard/goodput.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from launcher.pod.manifest import ManifestEntry, ManifestError, current_stage, r
 from launcher.config.devices import parse_devices
 from launcher.config.podconfig import PodConfig
 from launcher.pod.live_state import read_pod_state
+from launcher.dashboard.goodput import goodput_line, pod_ledger
 from launcher.dashboard.status_table import age as _age, fmt as _fmt, gpu_table, natural_width
 from launcher.worker.process import metrics_path
 
@@ -160,6 +162,7 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8) -> dict:
             "restarts": last.get("restarts", 0),
             "last_error": last.get("last_error"),
             "verdict_from_last_run": state is None and bool(last) and verdict is not None,
+            "peers": live.get("peers") or {},     # off its peers now (a running pod only)
         })
     pod_state = (state or {}).get("pod_state") if holder is not None else None
     if pod_state is None:
@@ -180,6 +183,9 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8) -> dict:
         "events": read_events(pod_dir, last=n_events),
         "sync": _sync_report(pod_dir, config, now),
         "canary": _canary_report(pod_dir),
+        # A live launcher's session counts up to now; a dead one's ends at its last record.
+        "goodput": pod_ledger(pod_dir, now=now if state else None,
+                              price_per_gpu_hour=config.price_per_gpu_hour).to_dict(),
     }
 
 
@@ -375,6 +381,8 @@ def render(report: dict, width: int | None = None):
                               style="red"))
         if r.get("hub_note"):
             parts.append(Text(f"GPU {r['gpu']} hub: {r['hub_note']}", style="yellow"))
+        for mark in (r.get("peers") or {}).values():
+            parts.append(Text(f"GPU {r['gpu']} off its peers: {mark}", style="yellow"))
     sync = report.get("sync")
     if sync:
         line = (f"hub {sync['hub']} (every {_age(sync['interval_s'])}): last push "
@@ -390,6 +398,8 @@ def render(report: dict, width: int | None = None):
                               + (", since succeeded" if sync.get("last_result") == "ok" else "")
                               + f"): {sync['last_error']}",
                               style="yellow" if sync.get("last_result") == "ok" else "red"))
+    if report.get("goodput"):
+        parts.append(Text(goodput_line(report["goodput"])))
     canary = report.get("canary")
     if canary:
         when = time.strftime("%H:%M:%S", time.localtime(canary.get("ts") or 0))
