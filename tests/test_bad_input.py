@@ -122,10 +122,19 @@ def bomb_under(key: str) -> str:
     (lambda pod: (pod / "manifests/trusted_loss.yaml").write_text(
         (pod / "manifests/trusted_loss.yaml").read_text().replace("band: 3.0", "band: .inf")),
      "band: must be a finite number"),
+    (lambda pod: edit_config(pod, price_per_gpu_hour=-0.5),
+     r"price_per_gpu_hour must be between 0 and 1e\+06, got -0.5"),
+    (lambda pod: edit_config(pod, price_per_gpu_hour="2 EUR"),
+     "price_per_gpu_hour must be a number"),
+    (lambda pod: (pod / "manifests/trusted_loss.yaml").write_text(
+        (pod / "manifests/trusted_loss.yaml").read_text().replace("fraction: 0.7",
+                                                                   "fraction: 1.5")),
+     r"peers.fraction: must be in \(0, 1\], got 1.5"),
 ], ids=["latin1", "field-j", "open-brace", "width-spec", "huge-range", "backwards", "superscript",
         "cpu-100000", "poll-negative", "grace-negative", "grace-nan", "a-int", "bogus-env",
         "model", "s3-hub", "sync-inf", "demo-data", "stages-dir", "yaml-line", "bomb-save-every",
-        "bomb-env", "deep", "tolerance-nan", "band-inf"])
+        "bomb-env", "deep", "tolerance-nan", "band-inf", "price-negative", "price-text",
+        "peers-fraction"])
 def test_a_bad_config_file_is_one_line_before_anything(pod, capsys, write, words):
     write(pod)
     line = refused(pod, capsys)
@@ -134,7 +143,7 @@ def test_a_bad_config_file_is_one_line_before_anything(pod, capsys, write, words
 
 def test_the_criteria_file_has_the_values_these_tests_replace(pod):
     text = (pod / "manifests/trusted_loss.yaml").read_text()
-    assert "tolerance: 0.5" in text and "band: 3.0" in text
+    assert "tolerance: 0.5" in text and "band: 3.0" in text and "fraction: 0.7" in text
 
 
 def test_a_yaml_error_names_its_line(pod, capsys):

@@ -9,6 +9,7 @@ they are parsed (and their keys checked) by launcher/checks/canary.py and launch
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import typing
 from dataclasses import dataclass
@@ -85,6 +86,24 @@ class HangPolicy:
 
 
 @dataclass(frozen=True)
+class PeersThresholds:
+    """Each GPU judged against the others of the pod (launcher/checks/peers.py)."""
+    fraction: float              # straggler: median tok_s below fraction x its peers' median
+    windowLines: int             # the last metrics lines of each GPU the medians are over
+    k: float                     # loss outlier: ema_tf more than k robust deviations off
+    minDeviation: float          # floor of the peers' robust deviation (nats)
+    minGpus: int                 # fewer GPUs with a full window: no verdict
+
+
+PEER_ACTIONS = ("alert", "rollback")
+
+
+@dataclass(frozen=True)
+class PeersSpec(PeersThresholds):
+    action: str                  # alert (event + status mark) or rollback (fails the GPU)
+
+
+@dataclass(frozen=True)
 class Criteria:
     finite: FiniteSpec
     continuity: ContinuitySpec
@@ -94,6 +113,7 @@ class Criteria:
     loss_spike: LossSpikeSpec
     restarts: RestartPolicy
     hang: HangPolicy
+    peers: PeersSpec
 
 
 # The one registry of checks: name -> its spec; health.py measures each of them, in order.
@@ -130,15 +150,34 @@ def _build(cls, where: str, data) -> object:
     return cls(**values)
 
 
+def _peers(data, source: str) -> PeersSpec:
+    where = f"{source}: peers"
+    if not isinstance(data, dict):
+        raise UserError(f"{where}: expected a mapping, got {type(data).__name__}")
+    given = dict(data)
+    action = given.pop("action", None)
+    if action not in PEER_ACTIONS:
+        raise UserError(f"{where}.action: must be one of {', '.join(PEER_ACTIONS)}, got "
+                        f"{action!r}")
+    spec = PeersSpec(**dataclasses.asdict(_build(PeersThresholds, where, given)),
+                     action=action)
+    if not 0 < spec.fraction <= 1:
+        raise UserError(f"{where}.fraction: must be in (0, 1], got {spec.fraction:g}")
+    if spec.windowLines < 1 or spec.minGpus < 3:
+        raise UserError(f"{where}: windowLines must be >= 1 and minGpus >= 3 (a median of "
+                        f"peers needs two), got {spec.windowLines} and {spec.minGpus}")
+    return spec
+
+
 def parse_criteria(data: dict, source: str = "criteria") -> Criteria:
     """`data` (a parsed criteria file) over the shipped file's values, typed and checked."""
     data = with_shipped_defaults(data)
     if not isinstance(data, dict):
         raise UserError(f"{source}: expected a mapping with 'checks' and 'supervision'")
-    unknown = sorted(set(data) - {"checks", "supervision", *OTHER_SECTIONS})
+    unknown = sorted(set(data) - {"checks", "supervision", "peers", *OTHER_SECTIONS})
     if unknown:
         raise UserError(f"{source}: unknown top-level key(s) {unknown}; known: "
-                        f"{['checks', 'supervision', *OTHER_SECTIONS]}")
+                        f"{['checks', 'supervision', 'peers', *OTHER_SECTIONS]}")
     checks = data.get("checks") or {}
     supervision = data.get("supervision") or {}
     for section, known in (("checks", CHECKS), ("supervision", _SUPERVISION_CLASSES)):
@@ -152,7 +191,7 @@ def parse_criteria(data: dict, source: str = "criteria") -> Criteria:
              for name, cls in CHECKS.items()}
     parts.update({name: _build(cls, f"{source}: supervision.{name}", supervision.get(name))
                   for name, cls in _SUPERVISION_CLASSES.items()})
-    return Criteria(**parts)
+    return Criteria(**parts, peers=_peers(data.get("peers"), source))
 
 
 def load_criteria(path: str | Path) -> Criteria:

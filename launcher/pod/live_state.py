@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from launcher.paths import STATE_FILE, REQUEST_FILE, STOP_REQUEST_FILE  # noqa: F401
@@ -29,6 +29,7 @@ class GpuSnapshot:
     reason: str | None
     checks: dict
     last_error: str | None
+    peers: dict = field(default_factory=dict)    # kind -> the mark (launcher/checks/peers.py)
 
 
 @dataclass(frozen=True)

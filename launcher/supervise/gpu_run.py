@@ -31,6 +31,7 @@ class GpuRun:
     done_reason: str | None = None       # its worker's `done` event: why it ended (this start)
     verified_seen: tuple | None = None
     announced_wait: bool = False         # its gpu_waiting event is out
+    peer_marks: dict = field(default_factory=dict)   # kind -> why it is off its peers now
 
     def apply(self, event: GpuEvent) -> GpuState:
         self.state = transition(self.state, event)

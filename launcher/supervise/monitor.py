@@ -9,6 +9,7 @@ it never starts or stops a worker.
 
 from __future__ import annotations
 
+from launcher.checks.peers import PeersCheck
 from launcher.checks.probe_outcome import apply_outcome
 from launcher.pod.ckpt_index import FAILED as CK_FAILED
 from launcher.pod.ckpt_index import PASSED as CK_PASSED
@@ -21,12 +22,14 @@ from launcher.supervise.pod_run import PodRun
 class WorkerMonitor:
     def __init__(self, pod: PodRun):
         self.pod = pod
+        self.peers = PeersCheck(pod.plan.criteria.peers)
         # A worker's own events, each to its one reaction (metrics lines are the common case).
         self.on_event = {"checkpoint": self.on_checkpoint,
                          "nan": lambda run, record: run.health.event(record),
                          "oom": lambda run, record: run.health.event(record),
                          "error": self.on_error,
-                         "done": self.on_done}
+                         "done": self.on_done,
+                         "start": lambda run, record: self.peers.restart(run.slot.gpu)}
 
     def drain(self, run: GpuRun) -> None:
         for record in run.tail.read():
@@ -34,9 +37,33 @@ class WorkerMonitor:
                 run.last_line_at = self.pod.clock()
                 run.last_metrics = record
                 run.health.feed(record)
+                self.peers.feed(run.slot.gpu, record)
                 self.mark_verified(run)
             elif record.get("type") == "event" and record.get("event") in self.on_event:
                 self.on_event[record["event"]](run, record)
+
+    def judge_peers(self) -> None:
+        """Each running GPU against its peers: a GPU newly off them gets its `gpu_outlier`
+        event (the alert) and a status mark, or with `action: rollback` fails its checks;
+        one back with them loses the mark (`gpu_outlier_cleared`)."""
+        pod = self.pod
+        for run in pod.runs.values():
+            if run.proc is None:          # only running workers are peers
+                self.peers.restart(run.slot.gpu)
+        found = {(o.gpu, o.kind): o for o in self.peers.judge()}
+        action = pod.plan.criteria.peers.action
+        for gpu, run in pod.runs.items():
+            for kind in [k for k in run.peer_marks if (gpu, k) not in found]:
+                del run.peer_marks[kind]
+                pod.events.emit("gpu_outlier_cleared", gpu=gpu, kind=kind)
+        for (gpu, kind), outlier in found.items():
+            run = pod.runs[gpu]
+            if kind in run.peer_marks:
+                continue                  # one event per incident
+            run.peer_marks[kind] = outlier.mark()
+            pod.events.emit("gpu_outlier", **outlier.event_fields(), action=action)
+            if action == "rollback":
+                run.health.fail(f"peers_{kind}", outlier.mark())
 
     def on_done(self, run: GpuRun, event: dict) -> None:
         run.done_reason = str(event.get("reason"))

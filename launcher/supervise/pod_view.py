@@ -36,7 +36,8 @@ def gpu_snapshot(run: GpuRun) -> GpuSnapshot:
         exit_code=run.exit_code,
         restarts=len(run.restarts), verdict=verdict.phase if verdict else None,
         reason=verdict.reason if verdict else None,
-        checks=verdict.checks if verdict else {}, last_error=run.last_error)
+        checks=verdict.checks if verdict else {}, last_error=run.last_error,
+        peers=dict(run.peer_marks))
 
 
 class PodView:

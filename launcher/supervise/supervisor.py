@@ -212,6 +212,7 @@ class Supervisor:
             elif run.state in self.tend_by_state:
                 self.tend_by_state[run.state](run, now)
         self.monitor.collect_probes()
+        self.monitor.judge_peers()
 
     def _restart_when_due(self, run: GpuRun, now: float) -> None:
         if self.restarts.due(run, now):

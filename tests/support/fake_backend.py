@@ -110,14 +110,16 @@ class FakeBackend(WorkerBackend):
         with open(path, "a") as f:
             f.write(json.dumps({"gpu": worker.gpu, **record}) + "\n")
 
-    def train(self, gpu: int, steps: int, tf: float = 5.0, lb: float = 2.0) -> None:
+    def train(self, gpu: int, steps: int, tf: float = 5.0, lb: float = 2.0,
+              tok_s: float = 1000.0) -> None:
         worker = self.current(gpu)
         for _ in range(steps):
             worker.step += 1
             worker.next_token += TOKENS_PER_STEP
             self.line(worker, {"type": "metrics", "step": worker.step,
                                "next_token": worker.next_token, "tf": tf, "ema_tf": tf,
-                               "ss": tf, "ema_ss": tf, "lb": lb, "grad_norm": 1.0})
+                               "ss": tf, "ema_ss": tf, "lb": lb, "grad_norm": 1.0,
+                               "tok_s": tok_s})
 
     def checkpoint(self, worker: FakeWorker | int, ema_tf: float | None = 5.0) -> dict:
         worker = self.current(worker) if isinstance(worker, int) else worker

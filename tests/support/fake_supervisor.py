@@ -39,11 +39,11 @@ def pod_template(tmp_path_factory):
 
 @pytest.fixture
 def make(tmp_path, pod_template):
-    def build(stage=3, nodes=None, max_time=None, mirror=None):
+    def build(stage=3, nodes=None, max_time=None, mirror=None, devices="cpu:2"):
         pod = tmp_path / "pod"
         if not pod.exists():
             shutil.copytree(pod_template, pod)
-        plan, manifest = load_plan(pod, stage, "cpu:2", None, max_time=max_time)
+        plan, manifest = load_plan(pod, stage, devices, None, max_time=max_time)
         backend, clock = FakeBackend(pod, nodes), Clock()
         sup = Supervisor(plan, manifest, CheckpointIndex(pod), EventLog(pod, mirror=mirror),
                          backend=backend, clock=clock)
