@@ -111,6 +111,17 @@ def test_dashboard_page_in_chromium(tmp_path, browser):
         rows = browser.find_elements("css selector", "#gpu-table tbody tr")
         assert [r.get_attribute("data-gpu") for r in rows] == ["0", "1"]
         assert "7d0491ed2631" in rows[1].text            # the hub revision, as `status`
+        # The goodput panel: the ledger's line, then trained and each cause that lost time.
+        from launcher.dashboard.goodput import pod_ledger
+        ledger = pod_ledger(pod).to_dict()
+        assert browser.find_element("id", "goodput-line").text.startswith(
+            f"goodput {100 * ledger['goodput']:.1f}% of {ledger['gpu_hours']:.2f} GPU-h")
+        causes = {r.get_attribute("data-cause"): r.text for r in browser.find_elements(
+            "css selector", "#goodput-table tbody tr")}
+        assert list(causes)[0] == "trained"
+        assert set(causes) == {"trained"} | {c for c, s in ledger["lost_s"].items() if s > 0}
+        assert causes["retrain_rollback"].startswith("re-training after a rollback")
+        assert len(browser.find_elements("css selector", "#goodput-bar span")) == len(causes)
         SCREENSHOT.parent.mkdir(exist_ok=True)
         browser.save_screenshot(str(SCREENSHOT))
         # x: the tokens trained (the default), labelled so; the clock on request.

@@ -90,12 +90,17 @@ def init(ctx, preset: str, force: bool, no_data: bool) -> None:
 def status(ctx, as_json: bool, watch: bool, wide: bool) -> None:
     """Per GPU: liveness, stage, progress, losses, speed, memory, checkpoint, verdict."""
     from launcher.config.podconfig import load_config
-    from launcher.dashboard.status import StatusView, collect
+    from launcher.dashboard.goodput import LedgerSource
+    from launcher.dashboard.status import StatusView, collect, goodput_report
     pod_dir = pod_dir_of(ctx)
     config = load_config(pod_dir)
+    ledger = LedgerSource(pod_dir)      # --watch: each refresh reads only appended lines
+
+    def report() -> dict:
+        return collect(pod_dir, config, goodput=goodput_report(pod_dir, config, ledger))
     if as_json:
         while True:
-            click.echo(json.dumps(collect(pod_dir, config), default=str))
+            click.echo(json.dumps(report(), default=str))
             if not watch:
                 return
             time.sleep(2)
@@ -103,7 +108,7 @@ def status(ctx, as_json: bool, watch: bool, wide: bool) -> None:
     console = Console(width=None if sys.stdout.isatty() else 200)
 
     def view() -> StatusView:
-        shown = StatusView(collect(pod_dir, config), wide=wide)
+        shown = StatusView(report(), wide=wide)
         if wide:       # past the terminal's edge, as `kubectl get -o wide` does
             console.width = max(console.width, shown.natural_width())
         return shown

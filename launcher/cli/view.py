@@ -80,16 +80,12 @@ def plot(ctx, out: str, width: int, height: int, x_mode: str) -> None:
 @click.pass_context
 def report(ctx, markdown: bool) -> None:
     """A run's summary: goodput, GPU-hours (and money), time lost by cause, incidents."""
-    import time
     from launcher.config.podconfig import load_config
-    from launcher.dashboard.goodput import pod_ledger
     from launcher.dashboard.report import render_markdown, render_text
+    from launcher.dashboard.status import goodput_report
     from launcher.pod.events import read_events
-    from launcher.pod.lock import read_holder
     pod_dir = pod_dir_of(ctx)
     config = load_config(pod_dir)
-    # A live launcher's session counts up to now; a dead one's ends at its last record.
-    now = time.time() if read_holder(pod_dir) is not None else None
-    ledger = pod_ledger(pod_dir, now=now, price_per_gpu_hour=config.price_per_gpu_hour)
     render = render_markdown if markdown else render_text
-    click.echo(render(str(pod_dir), ledger.to_dict(), read_events(pod_dir)), nl=not markdown)
+    click.echo(render(str(pod_dir), goodput_report(pod_dir, config), read_events(pod_dir)),
+               nl=not markdown)

@@ -25,11 +25,16 @@ and the supervision loop stays free of it (1000 events in a few ms: docs/BENCHMA
 
 from __future__ import annotations
 
+import bisect
+import json
+import math
+import re
 from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
 
 from launcher.pod.events import read_events
-from launcher.worker.process import metrics_path, read_records
+from launcher.worker.process import metrics_path
 
 CAUSES = ("load", "retrain_rollback", "retrain_crash", "crash", "hang", "canary",
           "node_wait", "checkpoint_stall", "stopped")
@@ -108,7 +113,8 @@ class Ledger:
                 "cost": self.money(self.gpu_seconds),
                 "lost_cost": {c: self.money(s) for c, s in lost.items()}
                 if self.price_per_gpu_hour is not None else None,
-                "gpus": {str(g): led.to_dict() for g, led in sorted(self.gpus.items())}}
+                "gpus": {str(g): led.to_dict() for g, led in sorted(self.gpus.items())},
+                "cause_text": CAUSE_TEXT}
 
 
 def goodput_line(ledger: dict) -> str:
@@ -140,60 +146,59 @@ def hours(seconds: float) -> str:
     return duration(seconds, "GPU-")
 
 
-class _GpuSweep:
-    """One GPU's state through the merged, time-ordered records."""
+@dataclass
+class _Session:
+    start: float
+    gpus: list[int]
+    canary_s: float                  # the canaries just before it (the pod waited on them)
+    end: float | None = None         # None: still open (a live launcher, or one that died)
+    last_event: float = 0.0
 
-    def __init__(self, gpu: int):
-        self.led = GpuLedger(gpu)
-        self.state, self.since = _OUT, 0.0
-        self.high_water = 0          # the furthest token any metrics line reached
-        self.token = 0               # where the running worker is
-        self.retrain_cause = "retrain_crash"
-        self.stall_s = 0.0           # checkpoint stall to take out of the next training span
-        self.failing = False         # its checks failed: a kill now is the rollback's
 
-    def close(self, ts: float, cause: str | None = None) -> None:
-        """Book [since, ts] to the current state's bucket (or `cause`), and move `since`."""
-        span = max(0.0, ts - self.since)
-        if self.state != _OUT:
-            self.led.wall_s += span
-            bucket = cause or {_LOAD: "load", _BACKOFF: "load", _NODE_WAIT: "node_wait",
-                               _STOPPED: "stopped", _TRAIN: "stopped"}[self.state]
-            self.led.lost_s[bucket] += span
-        self.since = max(self.since, ts)
+def _sessions(events: list[dict]) -> list[_Session]:
+    """The launcher sessions: each `launch` to its end event, or to the next launch."""
+    sessions: list[_Session] = []
+    canary_s = 0.0
+    for e in events:
+        name, ts = e.get("event"), e["ts"]
+        current = sessions[-1] if sessions and sessions[-1].end is None else None
+        if name == "launch":
+            gpus = [g for g in e.get("gpus") or [] if isinstance(g, int)]
+            sessions.append(_Session(ts, gpus, canary_s, last_event=ts))
+            canary_s = 0.0
+        elif current is None:
+            seconds = e.get("seconds")
+            if name == "canary" and isinstance(seconds, (int, float)) and seconds > 0:
+                canary_s += float(seconds)
+        elif name in SESSION_ENDS:
+            current.end = ts
+        else:
+            current.last_event = ts
+    return sessions
 
-    def to(self, ts: float, state: str, cause: str | None = None) -> None:
-        self.close(ts, cause)
-        self.state = state
 
-    def metrics(self, ts: float, next_token: int) -> None:
-        if self.state == _LOAD:          # the run's first line: its load is over
-            self.to(ts, _TRAIN)
-        elif self.state == _TRAIN:
-            self.train_span(ts, next_token)
-        # Tokens count from where this run started (its first line's step included).
-        new = max(0, next_token - max(self.token, self.high_water))
-        again = max(0, min(next_token, self.high_water) - self.token)
-        self.led.tokens_trained += new
-        self.led.tokens_retrained += again
-        self.token = next_token
-        self.high_water = max(self.high_water, next_token)
+def _close_open_sessions(sessions: list[_Session], last_line: dict[int, list[float]],
+                         now: float | None) -> None:
+    """A session without an end event: the last one runs until `now` (given for a live
+    launcher); any other ended with its launcher's (or its workers') last record."""
+    for i, session in enumerate(sessions):
+        if session.end is not None:
+            continue
+        if now is not None and i == len(sessions) - 1:
+            session.end = max(now, session.last_event)
+            continue
+        limit = sessions[i + 1].start if i + 1 < len(sessions) else math.inf
+        ends = [session.last_event]
+        for gpu in session.gpus:
+            times = last_line.get(gpu, [])
+            k = bisect.bisect_left(times, limit)
+            if k and times[k - 1] >= session.start:
+                ends.append(times[k - 1])
+        session.end = max(ends)
 
-    def train_span(self, ts: float, next_token: int) -> None:
-        """A span between two metrics lines: new tokens are trained, old ones retrained
-        (split by tokens when the span crosses the high-water mark); a save's stall out."""
-        span = max(0.0, ts - self.since)
-        stall = min(self.stall_s, span)
-        self.stall_s -= stall
-        work = span - stall
-        done = max(1, next_token - self.token)
-        again = max(0, min(next_token, self.high_water) - self.token)
-        retrain = work * min(1.0, again / done)
-        self.led.wall_s += span
-        self.led.lost_s["checkpoint_stall"] += stall
-        self.led.lost_s[self.retrain_cause] += retrain
-        self.led.trained_s += work - retrain
-        self.since = max(self.since, ts)
+
+# Ordering of records at the same instant: a session opens first and closes last.
+_OPEN, _EVENT, _LINE, _CLOSE = 0, 1, 2, 3
 
 
 def compute_ledger(events: list[dict], metrics: dict[int, list[dict]],
@@ -202,105 +207,217 @@ def compute_ledger(events: list[dict], metrics: dict[int, list[dict]],
     """The ledger of `events` (logs/events.jsonl records) and `metrics` (GPU -> its METRICS
     records). `now`: the time a still-running last session is counted up to (None: up to
     its last record, as for a launcher that died)."""
-    marks = [(e.get("ts"), 0, e) for e in events]
-    for gpu, records in metrics.items():
-        marks += [(r.get("ts"), 1, {**r, "gpu": gpu}) for r in records]
-    marks = [m for m in marks if isinstance(m[0], (int, float))]
-    marks.sort(key=lambda m: (m[0], m[1]))
-    sweeps: dict[int, _GpuSweep] = {}
-    wall, sessions = 0.0, 0
-    session_start: float | None = None
-    canary_s, last_ts = 0.0, None
-    in_session: set[int] = set()
+    return _ledger(events, {gpu: _marks(records) for gpu, records in metrics.items()}, now,
+                   price_per_gpu_hour)
 
-    def end_session(ts: float) -> None:
-        nonlocal wall, session_start
-        for gpu in in_session:
-            sweep = sweeps[gpu]
-            sweep.to(ts, _OUT, cause="stopped" if sweep.state in (_BACKOFF, _TRAIN) else None)
-        wall += max(0.0, ts - session_start)
-        in_session.clear()
-        session_start = None
 
-    for ts, _, record in marks:
-        name = record.get("event") if record.get("type") != "metrics" else "metrics"
-        gpu = record.get("gpu")
-        if name == "launch":
-            if session_start is not None:        # the last launcher died unrecorded
-                end_session(last_ts if last_ts is not None else ts)
-            sessions += 1
-            session_start = ts
-            for g in record.get("gpus") or []:
-                if not isinstance(g, int):
+def _marks(records: list[dict]) -> list[tuple]:
+    """A GPU's METRICS records as the sweep reads them, (ts, order, kind, value): its
+    metrics lines ("m", the token) and the stalls of its checkpoint saves ("stall", s)."""
+    marks = [(r["ts"], _LINE, "m", r["next_token"]) for r in records
+             if r.get("type") == "metrics" and isinstance(r.get("ts"), (int, float))
+             and isinstance(r.get("next_token"), int)]
+    marks += [(r["ts"], _LINE, "stall", float(r["stall_s"])) for r in records
+              if r.get("event") == "checkpoint" and isinstance(r.get("ts"), (int, float))
+              and isinstance(r.get("stall_s"), (int, float)) and r["stall_s"] > 0]
+    return marks
+
+
+# A metrics line as the worker writes it (docs/WORKER.md, json.dumps' separators): the two
+# fields the ledger needs, read without parsing the line (7x faster than json.loads, which
+# reads any other line: a metrics line in another key order, a checkpoint's stall).
+_METRICS_LINE = re.compile(rb'\{"type": "metrics", "ts": ([0-9.eE+-]+), "gpu": -?\d+, '
+                           rb'"step": -?\d+, "next_token": (\d+)[,}]')
+
+
+class MarksTail:
+    """The sweep's marks of one METRICS file (see _marks), read fast and incrementally: a
+    long run's files hold hundreds of thousands of lines, and a process that asks again
+    (the dashboard, `status --watch`) reads only what was appended since."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.marks: list[tuple] = []
+        self.offset, self.partial, self.identity = 0, b"", None
+
+    def read(self) -> list[tuple]:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return self.marks
+        if (st.st_dev, st.st_ino) != self.identity or st.st_size < self.offset:
+            self.marks, self.offset, self.partial = [], 0, b""     # a new or cut file
+            self.identity = (st.st_dev, st.st_ino)
+        if st.st_size == self.offset:
+            return self.marks
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read(st.st_size - self.offset)
+        self.offset += len(data)
+        lines = (self.partial + data).split(b"\n")
+        self.partial = lines.pop()       # an unfinished last line waits for its newline
+        others = []
+        match = _METRICS_LINE.match
+        for line in lines:
+            found = match(line)
+            if found is not None:
+                self.marks.append((float(found[1]), _LINE, "m", int(found[2])))
+            elif b'"metrics"' in line or b'"stall_s"' in line:
+                try:
+                    record = json.loads(line)
+                except (json.JSONDecodeError, UnicodeDecodeError):
                     continue
-                sweep = sweeps.setdefault(g, _GpuSweep(g))
-                sweep.state, sweep.since = _LOAD, ts
-                sweep.led.wall_s += canary_s
-                sweep.led.lost_s["canary"] += canary_s
-                in_session.add(g)
-            wall += canary_s
-            canary_s = 0.0
-        elif name == "canary" and session_start is None:
-            seconds = record.get("seconds")
-            canary_s += float(seconds) if isinstance(seconds, (int, float)) and seconds > 0 else 0
-        elif session_start is None:
-            pass                                 # between sessions: nobody pays a GPU
-        elif name in SESSION_ENDS:
-            end_session(ts)
-        elif isinstance(gpu, int) and gpu in in_session:
-            _gpu_record(sweeps[gpu], ts, name, record)
-        last_ts = ts if session_start is not None else last_ts
-    if session_start is not None:
-        end_session(max(now, last_ts) if now is not None else last_ts)
-    return Ledger(wall_s=wall, gpus={g: s.led for g, s in sweeps.items()},
-                  sessions=sessions, price_per_gpu_hour=price_per_gpu_hour)
+                if isinstance(record, dict):
+                    others.append(record)
+        self.marks += _marks(others)
+        return self.marks
 
 
-def _gpu_record(sweep: _GpuSweep, ts: float, name: str, record: dict) -> None:
-    """One record about `sweep`'s GPU inside a session: its state changes."""
-    if name == "metrics":
-        token = record.get("next_token")
-        if isinstance(token, int):
-            sweep.metrics(ts, token)
-    elif name == "worker_start":
-        sweep.to(ts, _LOAD)
-        sweep.failing = False
-        start = record.get("start_token")
-        sweep.token = start if isinstance(start, int) else 0
-    elif name == "checkpoint" and record.get("type") == "event":
-        stall = record.get("stall_s")
-        if isinstance(stall, (int, float)) and stall > 0:
-            sweep.stall_s += float(stall)
-    elif name == "hang":
-        sweep.to(ts, _BACKOFF, cause="hang" if sweep.state == _TRAIN else None)
-        sweep.retrain_cause = "retrain_crash"
-    elif name == "check_failed":
-        sweep.failing = True
-    elif name == "worker_exit":
-        crashed = record.get("code") not in (0, None)
-        # A GPU killed for a rollback loses its work since the last line to the rollback.
-        lost = "retrain_rollback" if sweep.failing else "crash" if crashed else "stopped"
-        if sweep.state == _TRAIN:
-            sweep.close(ts, cause=lost)
-        sweep.to(ts, _BACKOFF if crashed else _STOPPED)
-        if crashed and not sweep.failing:
-            sweep.retrain_cause = "retrain_crash"
-    elif name == "rollback":
-        sweep.to(ts, _BACKOFF, cause="retrain_rollback" if sweep.state == _TRAIN else None)
-        sweep.retrain_cause = "retrain_rollback"
-    elif name in ("node_lost", "gpu_waiting"):
-        sweep.to(ts, _NODE_WAIT)
-        sweep.retrain_cause = "retrain_crash"
+def read_marks(path: Path) -> list[tuple]:
+    return MarksTail(path).read()
+
+
+class LedgerSource:
+    """A pod's ledger from its files; kept by a process that asks again, it re-reads only
+    the metrics lines appended since (the events file is small: read whole)."""
+
+    def __init__(self, pod_dir: Path):
+        self.pod_dir = pod_dir
+        self.tails: dict[int, MarksTail] = {}
+
+    def ledger(self, now: float | None = None,
+               price_per_gpu_hour: float | None = None) -> Ledger:
+        events = read_events(self.pod_dir)
+        gpus = {g for e in events if e.get("event") == "launch"
+                for g in (e.get("gpus") or []) if isinstance(g, int)}
+        for gpu in gpus - set(self.tails):
+            self.tails[gpu] = MarksTail(self.pod_dir / metrics_path(gpu))
+        lines = {gpu: self.tails[gpu].read() for gpu in sorted(gpus)}
+        return _ledger(events, lines, now, price_per_gpu_hour)
+
+
+def _ledger(events: list[dict], lines: dict[int, list[tuple]], now: float | None,
+            price_per_gpu_hour: float | None) -> Ledger:
+    events = sorted((e for e in events if isinstance(e.get("ts"), (int, float))),
+                    key=itemgetter("ts"))
+    sessions = _sessions(events)
+    _close_open_sessions(sessions, {g: sorted(t[0] for t in recs if t[2] == "m")
+                                    for g, recs in lines.items()}, now)
+    streams: dict[int, list[tuple]] = {}
+    for session in sessions:
+        for gpu in session.gpus:
+            streams.setdefault(gpu, []).extend(
+                [(session.start, _OPEN, "open", session.canary_s),
+                 (session.end, _CLOSE, "close", None)])
+    for e in events:
+        gpu = e.get("gpu")
+        if isinstance(gpu, int) and gpu in streams:
+            streams[gpu].append((e["ts"], _EVENT, e.get("event"), e))
+    ledgers = {}
+    for gpu, stream in streams.items():
+        stream.extend(lines.get(gpu, ()))
+        stream.sort(key=itemgetter(0, 1))
+        ledgers[gpu] = _sweep(gpu, stream)
+    wall = sum(s.end - s.start + s.canary_s for s in sessions)
+    return Ledger(wall_s=wall, gpus=ledgers, sessions=len(sessions),
+                  price_per_gpu_hour=price_per_gpu_hour)
+
+
+def _sweep(gpu: int, stream: list[tuple]) -> GpuLedger:
+    """One GPU's time-ordered records, each instant booked to the bucket of its state.
+
+    States: out (no session), load (until the run's first line), train, backoff (a crash's
+    or a rollback's wait to restart: load), node_wait, stopped. Every span [since, ts] goes
+    to one bucket, so the buckets add up to the sessions' time."""
+    led = GpuLedger(gpu)
+    lost = led.lost_s
+    state, since = _OUT, 0.0
+    high_water = token = 0           # the furthest token any line reached; the run's token
+    retrain_cause = "retrain_crash"
+    stall_s = 0.0                    # a save's stall to take out of the next training span
+    failing = False                  # its checks failed: a kill now is the rollback's
+    idle_bucket = {_LOAD: "load", _BACKOFF: "load", _NODE_WAIT: "node_wait",
+                   _STOPPED: "stopped", _TRAIN: "stopped"}
+    for ts, _, kind, value in stream:
+        if kind == "m":
+            if state == _TRAIN:      # a span between two lines: trained, or trained again
+                span = ts - since if ts > since else 0.0
+                stall = stall_s if stall_s < span else span
+                stall_s -= stall
+                work = span - stall
+                done = value - token
+                again = (value if value < high_water else high_water) - token
+                retrain = work * again / done if done > 0 and again > 0 else 0.0
+                if retrain > work:
+                    retrain = work
+                lost["checkpoint_stall"] += stall
+                lost[retrain_cause] += retrain
+                led.trained_s += work - retrain
+                led.wall_s += span
+                since = ts
+            elif state == _LOAD:     # the run's first line: its load is over
+                span = ts - since if ts > since else 0.0
+                lost["load"] += span
+                led.wall_s += span
+                since, state = ts, _TRAIN
+            else:
+                continue             # a line outside a session, or after its worker ended
+            # Tokens count from where the run started (its first line's step included).
+            top = token if token > high_water else high_water
+            if value > top:
+                led.tokens_trained += value - top
+            again = (value if value < high_water else high_water) - token
+            if again > 0:
+                led.tokens_retrained += again
+            token = value
+            if value > high_water:
+                high_water = value
+            continue
+        if kind == "stall":
+            stall_s += value
+            continue
+        # A change of state: book the span so far (to `cause`, else the state's own bucket).
+        cause, new_state = None, None
+        if kind == "open":
+            lost["canary"] += value
+            led.wall_s += value
+            since, state = ts, _LOAD
+            continue
+        if kind == "close":
+            cause, new_state = ("stopped" if state in (_BACKOFF, _TRAIN) else None), _OUT
+        elif kind == "worker_start":
+            new_state, failing = _LOAD, False
+            start = value.get("start_token")
+        elif kind == "hang":
+            cause, new_state = ("hang" if state == _TRAIN else None), _BACKOFF
+            retrain_cause = "retrain_crash"
+        elif kind == "check_failed":
+            failing = True
+        elif kind == "worker_exit":
+            crashed = value.get("code") not in (0, None)
+            # A GPU killed for its rollback loses its work since the last line to it.
+            if state == _TRAIN:
+                cause = "retrain_rollback" if failing else "crash" if crashed else "stopped"
+            new_state = _BACKOFF if crashed else _STOPPED
+            if crashed and not failing:
+                retrain_cause = "retrain_crash"
+        elif kind == "rollback":
+            cause = "retrain_rollback" if state == _TRAIN else None
+            new_state, retrain_cause = _BACKOFF, "retrain_rollback"
+        elif kind in ("node_lost", "gpu_waiting"):
+            new_state, retrain_cause = _NODE_WAIT, "retrain_crash"
+        if new_state is None or state == _OUT:
+            continue                 # no change, or an event outside a session
+        span = ts - since if ts > since else 0.0
+        lost[cause or idle_bucket[state]] += span
+        led.wall_s += span
+        since, state = ts, new_state
+        if kind == "worker_start":
+            token = start if isinstance(start, int) else 0
+    return led
 
 
 def pod_ledger(pod_dir: Path, now: float | None = None,
                price_per_gpu_hour: float | None = None) -> Ledger:
-    """The ledger of the pod at `pod_dir`, from its files."""
-    events = read_events(pod_dir)
-    gpus = {g for e in events if e.get("event") == "launch" for g in (e.get("gpus") or [])
-            if isinstance(g, int)}
-    metrics = {}
-    for gpu in sorted(gpus):
-        path = pod_dir / metrics_path(gpu)
-        metrics[gpu] = read_records(path) if path.is_file() else []
-    return compute_ledger(events, metrics, now=now, price_per_gpu_hour=price_per_gpu_hour)
+    """The ledger of the pod at `pod_dir`, from its files (read once)."""
+    return LedgerSource(pod_dir).ledger(now, price_per_gpu_hour)

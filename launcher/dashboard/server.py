@@ -27,6 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
+from launcher.dashboard.goodput import LedgerSource
 from launcher.dashboard.series import PodSeries, metrics_files
 from launcher.dashboard.timeline import MARKER_COLORS, read_timeline
 from launcher.dashboard.xaxis import X_MODES, pod_axis
@@ -37,6 +38,7 @@ STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; ch
                 ".css": "text/css; charset=utf-8", ".LICENSE": "text/plain; charset=utf-8"}
 DEFAULT_POINTS, MAX_POINTS = 1000, 4000
 TABLE_REFRESH_S = 30      # ages in the table move without any file changing
+LEDGER_S = 30             # the goodput panel's ledger is swept again at most this often
 WATCHED = (EVENTS_FILE, "logs/pod_state.json", "logs/sync_state.json", "logs/canary.json")
 
 
@@ -47,6 +49,9 @@ class DashboardData:
         self.pod_dir = pod_dir
         self.config = config
         self.series = PodSeries(pod_dir)
+        self.ledger = LedgerSource(pod_dir)
+        self.goodput: dict | None = None       # the ledger, recomputed every LEDGER_S at most
+        self.goodput_at = -math.inf
         self._lock = threading.Lock()
 
     def version(self) -> str:
@@ -82,8 +87,17 @@ class DashboardData:
                            for name, per_gpu in curves.items()},
                 **read_timeline(self.pod_dir, self.series.newest_ts, axis),
                 "marker_colors": MARKER_COLORS,
-                "status": collect(self.pod_dir, self.config),
+                "status": collect(self.pod_dir, self.config, goodput=self.fresh_goodput()),
             }
+
+    def fresh_goodput(self) -> dict:
+        """The goodput ledger, swept again at most every LEDGER_S: a long run's sweep takes
+        a second, and its numbers move slowly (only appended lines are read each time)."""
+        from launcher.dashboard.status import goodput_report
+        if self.goodput is None or time.monotonic() - self.goodput_at >= LEDGER_S:
+            self.goodput = goodput_report(self.pod_dir, self.config, self.ledger)
+            self.goodput_at = time.monotonic()
+        return self.goodput
 
 
 def _floats(values) -> list:

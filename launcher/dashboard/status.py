@@ -24,7 +24,7 @@ from launcher.pod.manifest import ManifestEntry, ManifestError, current_stage, r
 from launcher.config.devices import parse_devices
 from launcher.config.podconfig import PodConfig
 from launcher.pod.live_state import read_pod_state
-from launcher.dashboard.goodput import goodput_line, pod_ledger
+from launcher.dashboard.goodput import LedgerSource, goodput_line
 from launcher.dashboard.status_table import age as _age, fmt as _fmt, gpu_table, natural_width
 from launcher.worker.process import metrics_path
 
@@ -76,7 +76,17 @@ def _alive(pid) -> bool:
 NOT_LISTED = ManifestEntry(start_token=None)
 
 
-def collect(pod_dir: Path, config: PodConfig, n_events: int = 8) -> dict:
+def goodput_report(pod_dir: Path, config: PodConfig, source: LedgerSource | None = None) -> dict:
+    """The goodput ledger as a dict; `source` kept by a caller that asks again (only the
+    appended metrics lines are read). A live launcher's session counts up to now; a dead
+    one's ends at its last record."""
+    now = time.time() if read_holder(pod_dir) is not None else None
+    return (source or LedgerSource(pod_dir)).ledger(now, config.price_per_gpu_hour).to_dict()
+
+
+def collect(pod_dir: Path, config: PodConfig, n_events: int = 8,
+            goodput: dict | None = None) -> dict:
+    """`goodput`: the ledger when the caller has it (else read from the files here)."""
     now = time.time()
     holder = read_holder(pod_dir)
     state = read_pod_state(pod_dir) if holder is not None else None
@@ -183,9 +193,7 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8) -> dict:
         "events": read_events(pod_dir, last=n_events),
         "sync": _sync_report(pod_dir, config, now),
         "canary": _canary_report(pod_dir),
-        # A live launcher's session counts up to now; a dead one's ends at its last record.
-        "goodput": pod_ledger(pod_dir, now=now if state else None,
-                              price_per_gpu_hour=config.price_per_gpu_hour).to_dict(),
+        "goodput": goodput if goodput is not None else goodput_report(pod_dir, config),
     }
 
 

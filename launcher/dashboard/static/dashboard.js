@@ -161,7 +161,52 @@ const COLUMNS = [
   ["hub rev", r => fmt(r.hub_revision).slice(0, 12)], ["restarts", r => fmt(r.restarts)],
   ["verdict", r => fmt(r.verdict) + (r.verdict_from_last_run ? " (last run)" : ""), true],
   ["reason", r => fmt(r.reason), true],
+  ["off its peers", r => Object.values(r.peers || {}).join("; ") || "-", true],
 ];
+
+// The goodput panel: trained first, then each cause of lost time, one colour each.
+const GOODPUT_COLORS = {
+  trained: "#2e7d32", load: "#90a4ae", retrain_rollback: "#d62728", retrain_crash: "#ff7f0e",
+  crash: "#8c564b", hang: "#9467bd", canary: "#17becf", node_wait: "#bcbd22",
+  checkpoint_stall: "#e377c2", stopped: "#cfd8dc",
+};
+function gpuTime(s) { return s >= 360 ? `${(s / 3600).toFixed(2)} GPU-h` : `${Math.round(s)} GPU-s`; }
+
+function drawGoodput(d) {
+  const g = d.status.goodput;
+  if (!g) return;
+  const total = g.gpu_hours * 3600;
+  const money = v => v === null || v === undefined ? "-" : v.toFixed(2);
+  document.getElementById("goodput-line").textContent = Object.keys(g.gpus).length ?
+    `goodput ${g.goodput === null ? "-" : (100 * g.goodput).toFixed(1) + "%"} of ` +
+    `${g.gpu_hours.toFixed(2)} GPU-h` + (g.cost === null ? "" : `, ${money(g.cost)} paid`) +
+    `; ${g.tokens_retrained.toLocaleString("en-US")} tokens trained again`
+    : "no launch recorded yet";
+  const parts = [["trained", "trained", g.trained_gpu_hours * 3600, null]].concat(
+    Object.entries(g.lost_s).filter(([, s]) => s > 0)
+      .map(([cause, s]) => [cause, g.cause_text[cause], s, g.lost_cost ? g.lost_cost[cause] : null]));
+  document.getElementById("goodput-bar").replaceChildren(...parts.map(([cause, label, s]) => {
+    const span = document.createElement("span");
+    span.style.width = `${total > 0 ? 100 * s / total : 0}%`;
+    span.style.background = GOODPUT_COLORS[cause];
+    span.title = label;
+    return span;
+  }));
+  document.querySelector("#goodput-table tbody").replaceChildren(...parts.map(
+    ([cause, label, s, cost]) => {
+      const tr = document.createElement("tr");
+      tr.dataset.cause = cause;
+      const name = text("td", label, "text");
+      const swatch = document.createElement("i");
+      swatch.style.background = GOODPUT_COLORS[cause];
+      name.prepend(swatch);
+      tr.append(name, text("td", gpuTime(s)),
+                text("td", total > 0 ? `${(100 * s / total).toFixed(1)}%` : "-"),
+                text("td", cause === "trained" ? money(g.cost === null ? null :
+                     g.cost - Object.values(g.lost_cost).reduce((a, b) => a + b, 0)) : money(cost)));
+      return tr;
+    }));
+}
 
 function text(tag, content, cls) {
   const el = document.createElement(tag);
@@ -233,7 +278,7 @@ async function poll() {
     const d = await res.json();
     if (!d.unchanged && mode === state.xMode) {    // (an answer for the old axis: dropped)
       state.data = d; state.version = d.version;
-      drawCurves(d); drawStatus(d); drawMarkers(d);
+      drawCurves(d); drawStatus(d); drawMarkers(d); drawGoodput(d);
       state.lastRender = Date.now();
       if (state.readyMs === undefined) state.readyMs = performance.now();  // page ready
     }
