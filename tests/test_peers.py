@@ -98,3 +98,24 @@ def test_the_supervisor_alerts_once_per_incident_and_marks_the_gpu(make):
     sup.step()
     assert events(sup, "gpu_outlier_cleared", gpu=2, kind=STRAGGLER)
     assert pod_state(sup)["gpus"]["2"]["peers"] == {}
+
+
+def test_with_action_rollback_the_straggler_fails_its_checks_and_the_stage_rolls_back(
+        make, tmp_path, pod_template):
+    import shutil
+    pod = tmp_path / "pod"
+    shutil.copytree(pod_template, pod)
+    criteria = pod / "manifests" / "trusted_loss.yaml"
+    doc = yaml.safe_load(criteria.read_text())
+    doc["peers"]["action"] = "rollback"
+    criteria.write_text(yaml.safe_dump(doc))
+    sup, backend, clock = make(devices="cpu:4")
+    sup.starter.start_all()
+    for gpu in range(4):
+        backend.train(gpu, 5, tok_s=300.0 if gpu == 2 else 1000.0)
+    sup.step()                     # judged: GPU 2 fails its peers check
+    (flagged,) = events(sup, "gpu_outlier")
+    assert flagged["gpu"] == 2 and flagged["action"] == "rollback"
+    sup.step()                     # the pod acts on the failed GPU as on any failed check
+    (failed,) = events(sup, "check_failed")
+    assert failed["gpu"] == 2 and "straggler" in failed["reason"]
