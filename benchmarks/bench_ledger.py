@@ -32,7 +32,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from launcher.dashboard.goodput import compute_ledger, pod_ledger  # noqa: E402
+from launcher.dashboard.goodput import compute_ledger  # noqa: E402
+from launcher.dashboard.goodput_files import pod_ledger  # noqa: E402
 from launcher.paths import EVENTS_FILE, metrics_path  # noqa: E402
 
 LINE_S, TOKENS_PER_LINE = 20.0, 40 * 8 * 2048

@@ -112,7 +112,7 @@ def test_dashboard_page_in_chromium(tmp_path, browser):
         assert [r.get_attribute("data-gpu") for r in rows] == ["0", "1"]
         assert "7d0491ed2631" in rows[1].text            # the hub revision, as `status`
         # The goodput panel: the ledger's line, then trained and each cause that lost time.
-        from launcher.dashboard.goodput import pod_ledger
+        from launcher.dashboard.goodput_files import pod_ledger
         ledger = pod_ledger(pod).to_dict()
         assert browser.find_element("id", "goodput-line").text.startswith(
             f"goodput {100 * ledger['goodput']:.1f}% of {ledger['gpu_hours']:.2f} GPU-h")

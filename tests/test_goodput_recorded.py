@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.dashboard.goodput import pod_ledger
+from launcher.dashboard.goodput_files import pod_ledger
 from launcher.pod.events import read_events
 
 RECORDED = Path(__file__).resolve().parent / "fixtures" / "recorded_pod"
@@ -29,16 +29,17 @@ def test_the_recorded_pods_rollback_is_booked_and_every_gpu_adds_up(tmp_path):
 
 
 def test_the_fast_reader_reads_a_real_workers_lines_as_json_does():
-    from launcher.dashboard.goodput import _marks, read_marks
+    from launcher.dashboard.goodput import marks_of
+    from launcher.dashboard.goodput_files import read_marks
     from launcher.worker.process import read_records
     for gpu in (0, 1):
         path = RECORDED / "logs" / f"metrics_gpu{gpu}.jsonl"
         fast = read_marks(path)
-        assert len(fast) > 100 and sorted(fast) == sorted(_marks(read_records(path)))
+        assert len(fast) > 100 and sorted(fast) == sorted(marks_of(read_records(path)))
 
 
 def test_a_kept_reader_reads_only_what_was_appended_and_starts_over_on_a_new_file(tmp_path):
-    from launcher.dashboard.goodput import MarksTail
+    from launcher.dashboard.goodput_files import MarksTail
     path = tmp_path / "metrics_gpu0.jsonl"
     lines = (RECORDED / "logs" / "metrics_gpu0.jsonl").read_bytes().splitlines(keepends=True)
     path.write_bytes(b"".join(lines[:10]) + lines[10][:20])      # a line half written

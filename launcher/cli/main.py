@@ -90,8 +90,8 @@ def init(ctx, preset: str, force: bool, no_data: bool) -> None:
 def status(ctx, as_json: bool, watch: bool, wide: bool) -> None:
     """Per GPU: liveness, stage, progress, losses, speed, memory, checkpoint, verdict."""
     from launcher.config.podconfig import load_config
-    from launcher.dashboard.goodput import LedgerSource
-    from launcher.dashboard.status import StatusView, collect, goodput_report
+    from launcher.dashboard.goodput_files import LedgerSource, goodput_report
+    from launcher.dashboard.status import StatusView, collect
     pod_dir = pod_dir_of(ctx)
     config = load_config(pod_dir)
     ledger = LedgerSource(pod_dir)      # --watch: each refresh reads only appended lines

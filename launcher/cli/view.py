@@ -82,7 +82,7 @@ def report(ctx, markdown: bool) -> None:
     """A run's summary: goodput, GPU-hours (and money), time lost by cause, incidents."""
     from launcher.config.podconfig import load_config
     from launcher.dashboard.report import render_markdown, render_text
-    from launcher.dashboard.status import goodput_report
+    from launcher.dashboard.goodput_files import goodput_report
     from launcher.pod.events import read_events
     pod_dir = pod_dir_of(ctx)
     config = load_config(pod_dir)

@@ -20,21 +20,17 @@ construction; the buckets are:
 
 Computed on demand (status, the dashboard, `report`), not written by the launcher: the
 events and metrics files are the one source of truth, a ledger file could only lag them,
-and the supervision loop stays free of it (1000 events in a few ms: docs/BENCHMARKS.md).
+and the supervision loop stays free of it (a 1000-event run: ~60 ms; docs/BENCHMARKS.md).
+Reading the files: launcher/dashboard/goodput_files.py.
 """
 
 from __future__ import annotations
 
 import bisect
-import json
 import math
-import re
 from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
-
-from launcher.pod.events import read_events
-from launcher.worker.process import metrics_path
 
 CAUSES = ("load", "retrain_rollback", "retrain_crash", "crash", "hang", "canary",
           "node_wait", "checkpoint_stall", "stopped")
@@ -197,8 +193,8 @@ def _close_open_sessions(sessions: list[_Session], last_line: dict[int, list[flo
         session.end = max(ends)
 
 
-# Ordering of records at the same instant: a session opens first and closes last.
-_OPEN, _EVENT, _LINE, _CLOSE = 0, 1, 2, 3
+# Ordering of records at the same instant (LINE: also the files' reader): a session opens first and closes last.
+_OPEN, _EVENT, LINE, _CLOSE = 0, 1, 2, 3
 
 
 def compute_ledger(events: list[dict], metrics: dict[int, list[dict]],
@@ -207,96 +203,23 @@ def compute_ledger(events: list[dict], metrics: dict[int, list[dict]],
     """The ledger of `events` (logs/events.jsonl records) and `metrics` (GPU -> its METRICS
     records). `now`: the time a still-running last session is counted up to (None: up to
     its last record, as for a launcher that died)."""
-    return _ledger(events, {gpu: _marks(records) for gpu, records in metrics.items()}, now,
+    return ledger_of(events, {gpu: marks_of(records) for gpu, records in metrics.items()}, now,
                    price_per_gpu_hour)
 
 
-def _marks(records: list[dict]) -> list[tuple]:
+def marks_of(records: list[dict]) -> list[tuple]:
     """A GPU's METRICS records as the sweep reads them, (ts, order, kind, value): its
     metrics lines ("m", the token) and the stalls of its checkpoint saves ("stall", s)."""
-    marks = [(r["ts"], _LINE, "m", r["next_token"]) for r in records
+    marks = [(r["ts"], LINE, "m", r["next_token"]) for r in records
              if r.get("type") == "metrics" and isinstance(r.get("ts"), (int, float))
              and isinstance(r.get("next_token"), int)]
-    marks += [(r["ts"], _LINE, "stall", float(r["stall_s"])) for r in records
+    marks += [(r["ts"], LINE, "stall", float(r["stall_s"])) for r in records
               if r.get("event") == "checkpoint" and isinstance(r.get("ts"), (int, float))
               and isinstance(r.get("stall_s"), (int, float)) and r["stall_s"] > 0]
     return marks
 
 
-# A metrics line as the worker writes it (docs/WORKER.md, json.dumps' separators): the two
-# fields the ledger needs, read without parsing the line (7x faster than json.loads, which
-# reads any other line: a metrics line in another key order, a checkpoint's stall).
-_METRICS_LINE = re.compile(rb'\{"type": "metrics", "ts": ([0-9.eE+-]+), "gpu": -?\d+, '
-                           rb'"step": -?\d+, "next_token": (\d+)[,}]')
-
-
-class MarksTail:
-    """The sweep's marks of one METRICS file (see _marks), read fast and incrementally: a
-    long run's files hold hundreds of thousands of lines, and a process that asks again
-    (the dashboard, `status --watch`) reads only what was appended since."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.marks: list[tuple] = []
-        self.offset, self.partial, self.identity = 0, b"", None
-
-    def read(self) -> list[tuple]:
-        try:
-            st = self.path.stat()
-        except FileNotFoundError:
-            return self.marks
-        if (st.st_dev, st.st_ino) != self.identity or st.st_size < self.offset:
-            self.marks, self.offset, self.partial = [], 0, b""     # a new or cut file
-            self.identity = (st.st_dev, st.st_ino)
-        if st.st_size == self.offset:
-            return self.marks
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            data = f.read(st.st_size - self.offset)
-        self.offset += len(data)
-        lines = (self.partial + data).split(b"\n")
-        self.partial = lines.pop()       # an unfinished last line waits for its newline
-        others = []
-        match = _METRICS_LINE.match
-        for line in lines:
-            found = match(line)
-            if found is not None:
-                self.marks.append((float(found[1]), _LINE, "m", int(found[2])))
-            elif b'"metrics"' in line or b'"stall_s"' in line:
-                try:
-                    record = json.loads(line)
-                except (json.JSONDecodeError, UnicodeDecodeError):
-                    continue
-                if isinstance(record, dict):
-                    others.append(record)
-        self.marks += _marks(others)
-        return self.marks
-
-
-def read_marks(path: Path) -> list[tuple]:
-    return MarksTail(path).read()
-
-
-class LedgerSource:
-    """A pod's ledger from its files; kept by a process that asks again, it re-reads only
-    the metrics lines appended since (the events file is small: read whole)."""
-
-    def __init__(self, pod_dir: Path):
-        self.pod_dir = pod_dir
-        self.tails: dict[int, MarksTail] = {}
-
-    def ledger(self, now: float | None = None,
-               price_per_gpu_hour: float | None = None) -> Ledger:
-        events = read_events(self.pod_dir)
-        gpus = {g for e in events if e.get("event") == "launch"
-                for g in (e.get("gpus") or []) if isinstance(g, int)}
-        for gpu in gpus - set(self.tails):
-            self.tails[gpu] = MarksTail(self.pod_dir / metrics_path(gpu))
-        lines = {gpu: self.tails[gpu].read() for gpu in sorted(gpus)}
-        return _ledger(events, lines, now, price_per_gpu_hour)
-
-
-def _ledger(events: list[dict], lines: dict[int, list[tuple]], now: float | None,
+def ledger_of(events: list[dict], lines: dict[int, list[tuple]], now: float | None,
             price_per_gpu_hour: float | None) -> Ledger:
     events = sorted((e for e in events if isinstance(e.get("ts"), (int, float))),
                     key=itemgetter("ts"))
@@ -415,9 +338,3 @@ def _sweep(gpu: int, stream: list[tuple]) -> GpuLedger:
         if kind == "worker_start":
             token = start if isinstance(start, int) else 0
     return led
-
-
-def pod_ledger(pod_dir: Path, now: float | None = None,
-               price_per_gpu_hour: float | None = None) -> Ledger:
-    """The ledger of the pod at `pod_dir`, from its files (read once)."""
-    return LedgerSource(pod_dir).ledger(now, price_per_gpu_hour)

@@ -27,7 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
-from launcher.dashboard.goodput import LedgerSource
+from launcher.dashboard.goodput_files import LedgerSource, goodput_report
 from launcher.dashboard.series import PodSeries, metrics_files
 from launcher.dashboard.timeline import MARKER_COLORS, read_timeline
 from launcher.dashboard.xaxis import X_MODES, pod_axis
@@ -93,7 +93,6 @@ class DashboardData:
     def fresh_goodput(self) -> dict:
         """The goodput ledger, swept again at most every LEDGER_S: a long run's sweep takes
         a second, and its numbers move slowly (only appended lines are read each time)."""
-        from launcher.dashboard.status import goodput_report
         if self.goodput is None or time.monotonic() - self.goodput_at >= LEDGER_S:
             self.goodput = goodput_report(self.pod_dir, self.config, self.ledger)
             self.goodput_at = time.monotonic()

@@ -24,7 +24,8 @@ from launcher.pod.manifest import ManifestEntry, ManifestError, current_stage, r
 from launcher.config.devices import parse_devices
 from launcher.config.podconfig import PodConfig
 from launcher.pod.live_state import read_pod_state
-from launcher.dashboard.goodput import LedgerSource, goodput_line
+from launcher.dashboard.goodput import goodput_line
+from launcher.dashboard.goodput_files import goodput_report
 from launcher.dashboard.status_table import age as _age, fmt as _fmt, gpu_table, natural_width
 from launcher.worker.process import metrics_path
 
@@ -74,14 +75,6 @@ def _alive(pid) -> bool:
 
 # The row of a GPU the manifest does not list (a new pod): no recorded field, not even a start.
 NOT_LISTED = ManifestEntry(start_token=None)
-
-
-def goodput_report(pod_dir: Path, config: PodConfig, source: LedgerSource | None = None) -> dict:
-    """The goodput ledger as a dict; `source` kept by a caller that asks again (only the
-    appended metrics lines are read). A live launcher's session counts up to now; a dead
-    one's ends at its last record."""
-    now = time.time() if read_holder(pod_dir) is not None else None
-    return (source or LedgerSource(pod_dir)).ledger(now, config.price_per_gpu_hour).to_dict()
 
 
 def collect(pod_dir: Path, config: PodConfig, n_events: int = 8,

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.dashboard.goodput import Ledger, pod_ledger
+from launcher.dashboard.goodput import Ledger
+from launcher.dashboard.goodput_files import pod_ledger
 from launcher.pod.events import read_events
 from launcher.worker.process import metrics_path, read_records
 

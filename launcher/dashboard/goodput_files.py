@@ -1,0 +1,103 @@
+"""The goodput ledger of a pod from its files (launcher/dashboard/goodput.py sweeps them):
+logs/events.jsonl read whole (it is small), the workers' METRICS files read fast and, for a
+process that asks again (the dashboard, `status --watch`), incrementally."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+from launcher.config.podconfig import PodConfig
+from launcher.dashboard.goodput import LINE, Ledger, ledger_of, marks_of
+from launcher.pod.events import read_events
+from launcher.pod.lock import read_holder
+from launcher.worker.process import metrics_path
+
+# A metrics line as the worker writes it (docs/WORKER.md, json.dumps' separators): the two
+# fields the ledger needs, read without parsing the line (half the CPU time of json.loads,
+# docs/BENCHMARKS.md); JSON reads any other line (a metrics line in another key order, a
+# checkpoint's stall).
+_METRICS_LINE = re.compile(rb'\{"type": "metrics", "ts": ([0-9.eE+-]+), "gpu": -?\d+, '
+                           rb'"step": -?\d+, "next_token": (\d+)[,}]')
+
+
+class MarksTail:
+    """The sweep's marks of one METRICS file (see marks_of), read fast and incrementally: a
+    long run's files hold hundreds of thousands of lines, and a process that asks again
+    (the dashboard, `status --watch`) reads only what was appended since."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.marks: list[tuple] = []
+        self.offset, self.partial, self.identity = 0, b"", None
+
+    def read(self) -> list[tuple]:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return self.marks
+        if (st.st_dev, st.st_ino) != self.identity or st.st_size < self.offset:
+            self.marks, self.offset, self.partial = [], 0, b""     # a new or cut file
+            self.identity = (st.st_dev, st.st_ino)
+        if st.st_size == self.offset:
+            return self.marks
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read(st.st_size - self.offset)
+        self.offset += len(data)
+        lines = (self.partial + data).split(b"\n")
+        self.partial = lines.pop()       # an unfinished last line waits for its newline
+        others = []
+        match = _METRICS_LINE.match
+        for line in lines:
+            found = match(line)
+            if found is not None:
+                self.marks.append((float(found[1]), LINE, "m", int(found[2])))
+            elif b'"metrics"' in line or b'"stall_s"' in line:
+                try:
+                    record = json.loads(line)
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    continue
+                if isinstance(record, dict):
+                    others.append(record)
+        self.marks += marks_of(others)
+        return self.marks
+
+
+def read_marks(path: Path) -> list[tuple]:
+    return MarksTail(path).read()
+
+
+class LedgerSource:
+    """A pod's ledger from its files; kept by a process that asks again, it re-reads only
+    the metrics lines appended since (the events file is small: read whole)."""
+
+    def __init__(self, pod_dir: Path):
+        self.pod_dir = pod_dir
+        self.tails: dict[int, MarksTail] = {}
+
+    def ledger(self, now: float | None = None,
+               price_per_gpu_hour: float | None = None) -> Ledger:
+        events = read_events(self.pod_dir)
+        gpus = {g for e in events if e.get("event") == "launch"
+                for g in (e.get("gpus") or []) if isinstance(g, int)}
+        for gpu in gpus - set(self.tails):
+            self.tails[gpu] = MarksTail(self.pod_dir / metrics_path(gpu))
+        lines = {gpu: self.tails[gpu].read() for gpu in sorted(gpus)}
+        return ledger_of(events, lines, now, price_per_gpu_hour)
+
+
+def pod_ledger(pod_dir: Path, now: float | None = None,
+               price_per_gpu_hour: float | None = None) -> Ledger:
+    """The ledger of the pod at `pod_dir`, from its files (read once)."""
+    return LedgerSource(pod_dir).ledger(now, price_per_gpu_hour)
+
+
+def goodput_report(pod_dir: Path, config: PodConfig, source: LedgerSource | None = None) -> dict:
+    """The ledger as a dict (status, report, the dashboard); `source` kept by a caller that
+    asks again. A live launcher's session counts up to now; a dead one's ends at its last
+    record."""
+    now = time.time() if read_holder(pod_dir) is not None else None
+    return (source or LedgerSource(pod_dir)).ledger(now, config.price_per_gpu_hour).to_dict()
