@@ -7,14 +7,19 @@ from __future__ import annotations
 import pytest
 import yaml
 
+import dataclasses
+
 from launcher.checks.criteria import PeersSpec, parse_criteria
 from launcher.checks.peers import LOSS, STRAGGLER, PeersCheck
 from launcher.errors import UserError
 from tests.support.fake_supervisor import events, make, pod_state, pod_template  # noqa: F401
 
 
+SHIPPED = parse_criteria({}).peers       # manifests/trusted_loss.yaml's peers: section
+
+
 def fed(speeds: dict[int, float], losses: dict[int, float], lines: int = 5,
-        spec: PeersSpec = PeersSpec()) -> PeersCheck:
+        spec: PeersSpec = SHIPPED) -> PeersCheck:
     check = PeersCheck(spec)
     for i in range(lines):
         for gpu, tok_s in speeds.items():
@@ -35,7 +40,7 @@ def test_a_slow_gpu_is_a_straggler_and_its_peers_are_not():
     speeds[3] = 800
     assert fed(speeds, {g: 5.0 for g in speeds}).judge() == []
     assert [o.gpu for o in fed(speeds, {g: 5.0 for g in speeds},
-                               spec=PeersSpec(fraction=0.9)).judge()] == [3]
+                               spec=dataclasses.replace(SHIPPED, fraction=0.9)).judge()] == [3]
 
 
 def test_a_shifted_loss_is_flagged_and_a_spread_pack_is_not():
@@ -67,12 +72,9 @@ def test_bad_peers_settings_are_one_line(peers, words):
         parse_criteria({"peers": peers})
 
 
-def test_the_shipped_criteria_file_documents_the_defaults():
-    from launcher.config.podconfig import DEFAULT_MANIFESTS
-    doc = yaml.safe_load((DEFAULT_MANIFESTS / "trusted_loss.yaml").read_text())
-    assert parse_criteria(doc).peers == PeersSpec()
-    assert set(doc["peers"]) == {"fraction", "windowLines", "k", "minDeviation", "minGpus",
-                                 "action"}
+def test_the_shipped_criteria_file_holds_the_documented_settings():
+    assert SHIPPED == PeersSpec(fraction=0.7, windowLines=5, k=5.0, minDeviation=0.05,
+                                minGpus=4, action="alert")
 
 
 def test_the_supervisor_alerts_once_per_incident_and_marks_the_gpu(make):
