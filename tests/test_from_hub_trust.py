@@ -103,3 +103,49 @@ def test_paths_outside_the_pod_and_passed_env_are_named(tmp_path):
     alerting = PodConfig(alerts={"webhooks": [{"format": "generic", "url_env": "AWS_URL"}]})
     assert untrusted_config(alerting, pod) == [
         "alerts: (webhooks read from this machine's environment)"]
+
+
+def test_sync_pull_from_a_hub_filters_its_config_as_launch_from_hub_does(tmp_path):
+    """`sync pull --from URL` took the hub's fractus-pod.yaml as it was (the gap left by item
+    15): a config naming a worker command and a Ray cluster of the hub's choosing is refused
+    in one line, nothing pulled, into a new folder or over an existing pod; the user's
+    --trust-hub-config takes it."""
+    source = make_pod(tmp_path / "a")
+    config = yaml.safe_load((source / "fractus-pod.yaml").read_text())
+    config.update(worker=HOSTILE_WORKER, ray={"address": "10.9.9.9:6379"})
+    (source / "fractus-pod.yaml").write_text(yaml.safe_dump(config))
+    url = f"file://{tmp_path / 'hub'}"
+    open_store(url, source).push({"fractus-pod.yaml": source / "fractus-pod.yaml",
+                                  "manifests/stages.yaml": source / "manifests/stages.yaml"},
+                                 "a hostile config")
+    new = tmp_path / "new" / "pod"
+    existing = make_pod(tmp_path / "b")
+    before = {p: p.read_bytes() for p in sorted(existing.rglob("*")) if p.is_file()}
+    for pod in (new, existing):
+        done = fractus_pod(pod, "sync", "pull", "--from", url)
+        assert done.returncode == 2, done.stdout + done.stderr
+        (line,) = done.stderr.strip().splitlines()              # one line, no traceback
+        assert line.startswith("error: sync pull --from: ")
+        assert "worker: ['/bin/sh', '-c'" in line and "ray.address: 10.9.9.9:6379" in line
+        assert "nothing was pulled" in line and "--trust-hub-config" in line
+    assert not new.exists()
+    assert {p: p.read_bytes() for p in sorted(existing.rglob("*")) if p.is_file()} == before
+
+    done = fractus_pod(new, "sync", "pull", "--from", url, "--trust-hub-config")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert yaml.safe_load((new / "fractus-pod.yaml").read_text())["worker"] == HOSTILE_WORKER
+
+
+def test_a_hub_configs_ray_section_names_no_cluster_or_directory_of_its_own(tmp_path):
+    pod = tmp_path / "pod"
+    pod.mkdir()
+    assert untrusted_config(PodConfig(ray={"resource": "fractus_gpu", "fence_s": 30}), pod) == []
+    named = PodConfig(ray={"address": "10.9.9.9:6379", "workdir": "/srv/{node}"})
+    assert untrusted_config(named, pod) == [
+        "ray.address: 10.9.9.9:6379 (a cluster the hub names; give yours with --ray ADDRESS)",
+        "ray.workdir: /srv/{node} outside {pod}"]
+    # launch --from-hub --ray ADDRESS: the user's cluster replaces the hub's.
+    assert untrusted_config(PodConfig(ray={"address": "10.9.9.9:6379"}), pod,
+                            ray_address="127.0.0.1:6379") == []
+    assert untrusted_config(PodConfig(ray={"address": "a:1", "workdir": "{pod}/../{node}"}),
+                            pod, ray_address="a:1") == ["ray.workdir: {pod}/../{node} outside {pod}"]

@@ -92,8 +92,7 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
         raise UserError("--trust-hub-config goes with --from-hub (a pod's own "
                         "fractus-pod.yaml is always taken as it is)")
     if from_hub:
-        _rebuild(pod_dir, from_hub, revision, on_cluster=ray_address is not None,
-                 trust_config=trust_hub_config)
+        _rebuild(pod_dir, from_hub, revision, ray_address, trust_config=trust_hub_config)
     lock = PodLock(pod_dir)
     if (pod_dir / CONFIG_NAME).is_file():    # else load_plan refuses, writing nothing
         lock.acquire()
@@ -110,6 +109,9 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
                                                            or plan.stage) < plan.stage)
             from launcher.config.ray_settings import RaySettings
             ray_settings = RaySettings.parse(plan.config.ray, ray_address)
+            if ray_settings is not None:    # before anything is written: a refusal writes nothing
+                from launcher.supervise.ray_reach import refuse_unreachable
+                refuse_unreachable(ray_settings)
             if ray_settings is None:        # on Ray the nodes hold the GPUs, not this machine
                 from launcher.config.gpus import check_cuda_present
                 check_cuda_present([s.gpu for s in plan.slots if s.device == "cuda"],
@@ -201,20 +203,21 @@ def _ray_backend(pod_dir: Path, plan, settings, events):
     try:
         return RayBackend(pod_dir, plan.config, settings, events)
     except ConnectionError as exc:
-        raise UserError(f"ray: cannot reach the cluster at {settings.address} "
-                        f"({' '.join(str(exc).split())[:200]}); is `ray start` running "
-                        f"there?") from None
+        from launcher.supervise.ray_reach import unreachable
+        raise UserError(unreachable(settings.address, exc)) from None
 
 
-def _rebuild(pod_dir: Path, url: str, revision: str | None, on_cluster: bool,
+def _rebuild(pod_dir: Path, url: str, revision: str | None, ray_address: str | None,
              trust_config: bool) -> None:
     """launch --from-hub: fill the empty pod directory from one pinned hub revision (for a
-    Ray cluster, `on_cluster`, without the weights: each node pulls its GPU's)."""
+    Ray cluster, `--ray ray_address`, without the weights: each node pulls its GPU's)."""
+    on_cluster = ray_address is not None
     from launcher.pod.events import EventLog
     from launcher.hub.from_hub import rebuild_from_hub
     from launcher.hub import HubError
     try:
-        rev, config, lease = rebuild_from_hub(pod_dir, url, revision, on_cluster, trust_config)
+        rev, config, lease = rebuild_from_hub(pod_dir, url, revision, on_cluster, trust_config,
+                                              ray_address)
     except HubError as exc:
         if exc.status == 404:              # no such repo or revision: the user's to fix
             raise UserError(f"--from-hub: {exc}") from None

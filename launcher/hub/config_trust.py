@@ -12,9 +12,13 @@ where it would write on this machine:
   webhook URLs, chosen by the user);
 - paths outside the new pod: the manifest, checkpoints, stage and criteria files and a model
   file (the rebuild and the run write or read them there), the shards when the config would
-  synthesise them, and file-naming worker settings (CKPT_IN, ...) in `env:` or a stage.
+  synthesise them, and file-naming worker settings (CKPT_IN, ...) in `env:` or a stage;
+- `ray:` naming a cluster the local user did not (`address`, unless `launch --ray ADDRESS`
+  overrides it: a driver unpickles what that cluster's actors send, and the workers train
+  there), or a node `workdir` outside `{pod}` (the head is often a node too).
 
-`launch --from-hub URL --trust-hub-config` takes them as they are.
+`launch --from-hub URL --trust-hub-config` and `sync pull --from URL --trust-hub-config`
+take them as they are.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pathlib import Path
 
 from fractus.train.env import PATH_VARS
 from launcher.config.podconfig import PodConfig
+from launcher.config.ray_settings import DEFAULT_WORKDIR
 from launcher.config.stages import Stage
 from launcher.pod.manifest import resolve_in_pod
 
@@ -47,9 +52,24 @@ def _outside_settings(pod_dir: Path, settings: dict[str, str]) -> list[str]:
             if _names_a_file(name, value) and _outside(pod_dir, value)]
 
 
-def untrusted_config(config: PodConfig, pod_dir: Path) -> list[str]:
+def _untrusted_ray(ray: dict | None, pod_dir: Path, ray_address: str | None) -> list[str]:
+    found = []
+    ray = ray or {}
+    if ray.get("address") and ray_address is None:
+        found.append(f"ray.address: {ray['address']} (a cluster the hub names; give yours "
+                     f"with --ray ADDRESS)")
+    workdir = ray.get("workdir", DEFAULT_WORKDIR)
+    head, _, rest = workdir.partition("/")
+    if head != "{pod}" or _outside(pod_dir, rest.replace("{node}", "node") or "."):
+        found.append(f"ray.workdir: {workdir} outside {{pod}}")
+    return found
+
+
+def untrusted_config(config: PodConfig, pod_dir: Path,
+                     ray_address: str | None = None) -> list[str]:
     """What `config` (pulled from a hub into `pod_dir`) sets that would run or write on
-    this machine, one short phrase each; empty when it is data only."""
+    this machine, one short phrase each; empty when it is data only. `ray_address`: the
+    cluster the local user named (launch --ray), which replaces the config's."""
     found = []
     if config.worker != PodConfig().worker:
         found.append(f"worker: {config.worker}")
@@ -68,6 +88,8 @@ def untrusted_config(config: PodConfig, pod_dir: Path) -> list[str]:
         paths["shards"] = config.shard_path(0)
     found += [f"{key}: {path} outside the pod" for key, path in paths.items()
               if _outside(pod_dir, path)]
+    if config.ray is not None:
+        found += _untrusted_ray(config.ray, pod_dir, ray_address)
     return found
 
 
@@ -78,8 +100,9 @@ def untrusted_stages(stages: dict[int, Stage], pod_dir: Path) -> list[str]:
             if (names := _outside_settings(pod_dir, stage.settings))]
 
 
-def refusal(url: str, found: list[str]) -> str:
+def refusal(url: str, found: list[str], command: str = "--from-hub",
+            left: str = "the directory is left empty") -> str:
     """The one line that says what was refused and how the user takes it anyway."""
-    return (f"--from-hub: the hub's pod config would run or write on this machine: "
-            f"{'; '.join(found)}; nothing was taken (the directory is left empty); if you "
+    return (f"{command}: the hub's pod config would run or write on this machine: "
+            f"{'; '.join(found)}; nothing was taken ({left}); if you "
             f"trust whoever can write {url}, rerun with --trust-hub-config")

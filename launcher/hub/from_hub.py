@@ -33,7 +33,8 @@ def absolute_hub_url(url: str, base: Path) -> str:
 
 def rebuild_from_hub(pod_dir: Path, url: str, revision: str | None,
                      on_cluster: bool = False,
-                     trust_config: bool = False) -> tuple[str, PodConfig, dict]:
+                     trust_config: bool = False,
+                     ray_address: str | None = None) -> tuple[str, PodConfig, dict]:
     """Fill an EMPTY pod directory from one pinned hub revision: config, stage/criteria
     files, manifest and the checkpoints it names (each verified by sha256 against the hub
     index AND the manifest). Shards come from the config's own path; the tiny preset's
@@ -43,7 +44,8 @@ def rebuild_from_hub(pod_dir: Path, url: str, revision: str | None,
     config) the weights stay on the hub: the manifest names them at the revision, and each
     node pulls its GPU's checkpoint when it starts the worker (verified there).
     A config that would run or write anything on this machine (launcher/hub/config_trust.py)
-    is refused unless `trust_config` (the user's --trust-hub-config).
+    is refused unless `trust_config` (the user's --trust-hub-config); `ray_address` is the
+    cluster the user named (launch --ray), which replaces one the config names.
     Returns (revision, config, the lease taken)."""
     from launcher.errors import UserError
     if pod_dir.exists() and (not pod_dir.is_dir() or any(pod_dir.iterdir())):
@@ -53,7 +55,7 @@ def rebuild_from_hub(pod_dir: Path, url: str, revision: str | None,
     created = not pod_dir.exists()
     pod_dir.mkdir(parents=True, exist_ok=True)
     try:
-        rev, config = _rebuild(pod_dir, url, revision, on_cluster, trust_config)
+        rev, config = _rebuild(pod_dir, url, revision, on_cluster, trust_config, ray_address)
         from launcher.hub import open_store
         from launcher.hub.lease import take_over
         return rev, config, take_over(open_store(url, pod_dir), pod_dir)
@@ -86,12 +88,13 @@ def keep_hub(pod_dir: Path, url: str, note: str) -> None:
 
 
 def _rebuild(pod_dir: Path, url: str, revision: str | None, on_cluster: bool,
-             trust_config: bool) -> tuple[str, PodConfig]:
+             trust_config: bool, ray_address: str | None) -> tuple[str, PodConfig]:
     from launcher.hub import open_store
     store = open_store(url, pod_dir)
     if revision is not None:
         rev = store.resolve(revision)
-        return rev, _rebuild_at(pod_dir, url, store, rev, on_cluster, trust_config)
+        return rev, _rebuild_at(pod_dir, url, store, rev, on_cluster, trust_config,
+                                ray_address)
     # The newest revision, unless it is mid-push: on a Ray pod a node commits its checkpoint
     # and the launcher then commits the manifest naming it; a launcher that died between
     # the two leaves a head whose manifest names the previous bytes. The newest revision
@@ -100,7 +103,8 @@ def _rebuild(pod_dir: Path, url: str, revision: str | None, on_cluster: bool,
     skipped: list[MidPush] = []
     for entry in store.history()[:MAX_WALK_BACK]:
         try:
-            config = _rebuild_at(pod_dir, url, store, entry.revision, on_cluster, trust_config)
+            config = _rebuild_at(pod_dir, url, store, entry.revision, on_cluster, trust_config,
+                                 ray_address)
         except MidPush as exc:
             skipped.append(exc)
             empty_dir(pod_dir)
@@ -125,7 +129,7 @@ class MidPush(IntegrityError):
 
 
 def _rebuild_at(pod_dir: Path, url: str, store, rev: str, on_cluster: bool,
-                trust_config: bool) -> PodConfig:
+                trust_config: bool, ray_address: str | None) -> PodConfig:
     from launcher.errors import UserError
     from launcher.pod.manifest import read_manifest
     from launcher.config.podconfig import load_config, write_demo_shards
@@ -138,7 +142,7 @@ def _rebuild_at(pod_dir: Path, url: str, store, rev: str, on_cluster: bool,
     store.pull([CONFIG_NAME], rev)
     keep_hub(pod_dir, url, f"rebuilt from {url} at revision {rev}")
     config = load_config(pod_dir)
-    if not trust_config and (found := untrusted_config(config, pod_dir)):
+    if not trust_config and (found := untrusted_config(config, pod_dir, ray_address)):
         raise UserError(refusal(url, found))      # before anything else is pulled
     store.pull([p for p in (config.manifest, config.stages, config.criteria, config.model)
                 if p in tracked], rev)

@@ -1,7 +1,10 @@
 """`fractus-pod sync pull`: files of one hub revision into a pod directory.
 
 Into a new folder (`--from URL`, no pod config needed: the pulled config then points at
-that hub), or into a pod from its own `hub:`. The pod's live state (the manifest and every
+that hub), or into a pod from its own `hub:`. A config pulled `--from` a hub goes through
+the same trust filter as `launch --from-hub` (launcher/hub/config_trust.py): one that would
+run or write anything on this machine is refused, nothing pulled, unless
+`--trust-hub-config`. The pod's live state (the manifest and every
 checkpoint it names) is never replaced by other bytes without `--force`: an old revision's
 checkpoint over the newest one would silently move a GPU back.
 """
@@ -42,10 +45,26 @@ def _refuse_overwriting_live(pod_dir: Path, config: PodConfig, wanted: list[str]
                 f"fractus-pod --pod-dir NEW sync pull --from {url}")
 
 
+def _refuse_untrusted(pod_dir: Path, store, revision: str, wanted: list[str], url: str) -> None:
+    """The hub's config (and its stages file, when pulled too), read in the store's scratch
+    folder, never among the pod's files: refused before anything is pulled."""
+    from launcher.config.stages import load_stages
+    from launcher.hub.config_trust import refusal, untrusted_config, untrusted_stages
+    with store.fetched(CONFIG_NAME, revision) as path:
+        config = load_config(path.parent)
+    found = untrusted_config(config, pod_dir)
+    if config.stages in wanted and config.stages in store.files(revision):
+        with store.fetched(config.stages, revision) as path:
+            found += untrusted_stages(load_stages(path), pod_dir)
+    if found:
+        raise UserError(refusal(url, found, "sync pull --from", "nothing was pulled"))
+
+
 def pull_into_pod(pod_dir: Path, url: str | None, revision: str | None, paths: list[str],
-                  force: bool) -> tuple[str, str, dict[str, Path]]:
+                  force: bool, trust_config: bool = False) -> tuple[str, str, dict[str, Path]]:
     """Pull `paths` (default: every file) of `revision` (default: newest) from `url` (default:
-    the pod's `hub:`). Returns (url, revision, {path: local file})."""
+    the pod's `hub:`). Returns (url, revision, {path: local file}). `trust_config`: the
+    user's --trust-hub-config (a config from a hub the pod does not name is filtered)."""
     from launcher.hub.from_hub import absolute_hub_url, keep_hub
     from launcher.hub import open_store
     from launcher.hub.integrity import pod_relpath
@@ -59,6 +78,7 @@ def pull_into_pod(pod_dir: Path, url: str | None, revision: str | None, paths: l
             raise UserError(f"no hub configured: set `hub:` in {CONFIG_NAME} (file://DIR or "
                             f"hf://owner/repo), or give --from URL")
         url = config.hub
+        trust_config = True        # the hub this pod's own config names: the user's choice
     else:
         url = absolute_hub_url(url, Path.cwd())
     store = open_store(url, pod_dir)
@@ -72,6 +92,8 @@ def pull_into_pod(pod_dir: Path, url: str | None, revision: str | None, paths: l
     made = not pod_dir.exists()
     pod_dir.mkdir(parents=True, exist_ok=True)
     try:
+        if not trust_config and CONFIG_NAME in wanted and CONFIG_NAME in index:
+            _refuse_untrusted(pod_dir, store, revision, wanted, url)
         pulled = store.pull(wanted, revision)
     except BaseException:
         if made:             # a refused pull into a new folder leaves no folder behind

@@ -1,0 +1,45 @@
+"""Is the Ray cluster there? Asked before `launch` writes anything to the pod.
+
+`ray.init(address=...)` to an address where nothing listens does not fail: it retries for
+ever, after the launcher took the pod lock, made the run id and wrote its state files. A
+refusal must leave the pod byte for byte as it was (issue 16, item 19), so the launcher
+first opens a plain TCP connection to the cluster's GCS address (no Ray import: fork-safe,
+the driver itself is made after a --detach fork) and refuses in one line when it fails.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from launcher.config.ray_settings import RaySettings
+from launcher.errors import UserError
+
+REACH_TIMEOUT_S = 10.0     # a loaded head answers a TCP handshake well within this
+
+
+def gcs_endpoint(address: str) -> tuple[str, int] | None:
+    """(host, port) of a `host:port` address; None for what Ray resolves itself (`auto`,
+    a `ray://` client address, anything without a port)."""
+    if address == "auto" or "://" in address:
+        return None
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def refuse_unreachable(settings: RaySettings, timeout_s: float = REACH_TIMEOUT_S) -> None:
+    endpoint = gcs_endpoint(settings.address)
+    if endpoint is None:
+        return
+    try:
+        socket.create_connection(endpoint, timeout=timeout_s).close()
+    except OSError as exc:
+        raise UserError(unreachable(settings.address, exc)) from None
+
+
+def unreachable(address: str, exc: BaseException) -> str:
+    """The one line of a cluster that cannot be reached (here, or by Ray itself)."""
+    return (f"ray: cannot reach the cluster at {address} "
+            f"({' '.join(str(exc).split())[:200] or type(exc).__name__}); is `ray start` "
+            f"running there? (give its address with --ray HOST:PORT or ray: {{address: ...}})")

@@ -1,0 +1,39 @@
+"""`launch` onto a Ray cluster that is not there refuses before it writes anything (issue 16,
+item 19): one `error:` line naming the address, exit 2, and the pod byte for byte as it
+was. `ray.init` to such an address retried for ever after the launcher had taken the lock
+and written its state files. No cluster is started: the address is a bound port that
+nobody listens on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.e2e import REPO, make_pod
+
+
+def tree(pod: Path) -> dict[str, str]:
+    """Every directory and file under the pod, a file by its bytes' sha256 and its mode."""
+    return {str(p.relative_to(pod)): (f"{hashlib.sha256(p.read_bytes()).hexdigest()} "
+                                      f"{p.stat().st_mode:o}" if p.is_file() else "dir")
+            for p in sorted(pod.rglob("*"))}
+
+
+def test_an_unreachable_cluster_is_refused_before_anything_is_written(tmp_path):
+    pod = make_pod(tmp_path)
+    before = tree(pod)
+    with socket.socket() as closed:            # bound, never listening: refused at once
+        closed.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{closed.getsockname()[1]}"
+        done = subprocess.run([sys.executable, "-m", "launcher.cli", "--pod-dir", str(pod),
+                               "launch", "--stage", "1", "--ray", address],
+                              cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    (line,) = done.stderr.strip().splitlines()                 # one line, no traceback
+    assert line.startswith(f"error: ray: cannot reach the cluster at {address} ")
+    assert "--ray HOST:PORT" in line
+    assert tree(pod) == before
