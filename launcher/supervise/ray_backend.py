@@ -12,6 +12,9 @@ pushed to the hub by the node that holds it (`on_passed`); the launcher notes th
 revision (`take_pushed`). AR probes run on the node that holds the checkpoint (`NodeProbes`,
 launcher/supervise/ray_probes.py).
 
+An actor whose process died on a node that is alive is replaced there
+(launcher/supervise/ray_adopt.py).
+
 A node lost (Ray reports the GPU's actor dead: `ActorDiedError`) ends the GPU's worker
 with `WorkerExit(node_lost=True)` once the node has fenced itself for certain
 (launcher/supervise/ray_fence.py: no heartbeat for `fence_s`, then the worker's grace); the
@@ -31,6 +34,7 @@ from launcher.pod.events import EventLog
 from launcher.config.devices import Slot
 from launcher.config.podconfig import PodConfig
 from launcher.supervise.backend import WorkerBackend, WorkerExit, WorkerHandle
+from launcher.supervise.ray_adopt import NodeAdoption
 from launcher.supervise.ray_fence import NAMESPACE, Heartbeat, actor_prefix, end_orphans
 from launcher.supervise.ray_node import NodeWorker
 from launcher.config.ray_settings import RaySettings
@@ -52,6 +56,11 @@ class RayHandle(WorkerHandle):
     poll_ref: object = None           # the poll in flight (never dropped: it carries lines)
     ended: WorkerExit | None = None
     lost_after: float | None = None   # Ray reported its actor dead: lost at this time
+    node_id: str | None = None        # the node's full id (NodeAffinity for a replacement)
+    metrics: str | None = None        # its metrics file, relative to the node's workdir
+    read_to: int | None = None        # the byte of that file the launcher has read up to
+    adopt_ref: object = None          # a replacement actor on the same node taking over
+    adopt_by: float = 0.0             # ... answering by then (monotonic), else: lost
 
 
 @dataclass
@@ -62,7 +71,7 @@ class _Push:
     started: float = field(default_factory=time.time)
 
 
-class RayBackend(WorkerBackend):
+class RayBackend(NodeAdoption, WorkerBackend):
     name = "ray"
     files_here = False        # checkpoints are on the nodes; a node fetches what it lacks
 
@@ -88,6 +97,7 @@ class RayBackend(WorkerBackend):
                                "stopped (its worker saved) before any worker starts")
         self.handles: dict[int, RayHandle] = {}
         self.actors: dict[int, object] = {}
+        self.slots: dict[int, Slot] = {}
         self.queued: dict[int, dict] = {}       # gpu -> newest passed record to push
         self.pushes: dict[int, _Push] = {}
         self.on_hub: dict[int, dict] = {}       # gpu -> newest pushed record + hub_revision
@@ -111,26 +121,36 @@ class RayBackend(WorkerBackend):
         name, _ = self._resource(slot)
         return self.ray.available_resources().get(name, 0) >= 1
 
+    def _new_actor(self, slot: Slot, node_id: str | None = None):
+        """The GPU's actor: spread over the nodes, or on `node_id` (a replacement)."""
+        _, options = self._resource(slot)
+        strategy = "SPREAD"
+        if node_id is not None:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+            strategy = NodeAffinitySchedulingStrategy(node_id, soft=False)
+        return self.actor_class.options(
+            # poll, push, an AR probe, a stop and a heartbeat can all be in flight at once
+            scheduling_strategy=strategy, max_concurrency=5, max_restarts=0,
+            # outlives a launcher killed with -9 until it fences (its worker's final
+            # save); named, so that the next launcher of this pod finds it
+            lifetime="detached",
+            name=f"{self.actor_prefix}gpu{slot.gpu}-{uuid.uuid4().hex[:8]}",
+            **options).remote(slot.gpu, self.settings.workdir, str(self.pod_dir.resolve()),
+                              self.hub_url, self.writer, list(self.config.worker),
+                              self.settings.fence_s, self.config.stop_grace_s)
+
     def start(self, spec: WorkerSpec) -> RayHandle:
         gpu = spec.slot.gpu
+        self.slots[gpu] = spec.slot
         actor = self.actors.get(gpu)
         if actor is None:              # first start, or its node was lost: a new actor
-            _, options = self._resource(spec.slot)
-            actor = self.actor_class.options(
-                # poll, push, an AR probe, a stop and a heartbeat can all be in flight at once
-                scheduling_strategy="SPREAD", max_concurrency=5, max_restarts=0,
-                # outlives a launcher killed with -9 until it fences (its worker's final
-                # save); named, so that the next launcher of this pod finds it
-                lifetime="detached", name=f"{self.actor_prefix}gpu{gpu}-{uuid.uuid4().hex[:8]}",
-                **options).remote(gpu, self.settings.workdir, str(self.pod_dir.resolve()),
-                                  self.hub_url, self.writer, list(self.config.worker),
-                                  self.settings.fence_s, self.config.stop_grace_s)
-            self.actors[gpu] = actor
+            actor = self.actors[gpu] = self._new_actor(spec.slot)
         checkpoint = ({"path": spec.ckpt_in, "sha256": spec.ckpt_sha256,
                        "revision": spec.ckpt_revision} if spec.ckpt_in else None)
         handle = RayHandle(gpu, None, None, actor=actor)
-        handle.start_ref = actor.start.remote(build_env(self.config, spec, base={}),
-                                              checkpoint, spec.slot.device == "cuda",
+        settings = build_env(self.config, spec, base={})
+        handle.metrics = settings["METRICS"]
+        handle.start_ref = actor.start.remote(settings, checkpoint, spec.slot.device == "cuda",
                                               sorted(pod_env_names(self.config)))
         self.handles[gpu] = handle
         return handle
@@ -142,7 +162,10 @@ class RayBackend(WorkerBackend):
         self.last_round_trip = time.monotonic()
         for handle in [h for h in self.handles.values() if h.lost_after and not h.ended]:
             self._lost(handle)          # declared lost once its node has fenced itself
-        live = [h for h in self.handles.values() if h.ended is None and h.lost_after is None]
+        for handle in [h for h in self.handles.values() if h.adopt_ref is not None]:
+            self._adopted(handle, timeout=0)
+        live = [h for h in self.handles.values()
+                if h.ended is None and h.lost_after is None and h.adopt_ref is None]
         self._placed([h for h in live if h.start_ref is not None])
         for handle in live:
             if handle.start_ref is None and handle.ended is None and handle.poll_ref is None:
@@ -184,7 +207,7 @@ class RayBackend(WorkerBackend):
                 self._log(handle.gpu, f"worker start failed on its node: {exc}")
                 handle.ended = WorkerExit(1, error=error)
                 continue
-            handle.pid, handle.node = info["pid"], info["node"]
+            handle.pid, handle.node, handle.node_id = info["pid"], info["node"], info["node_id"]
             self.heartbeat.heard(handle.actor)
             self.events.emit("worker_placed", gpu=handle.gpu, node=info["node"],
                              pid=info["pid"], workdir=info["workdir"])
@@ -196,12 +219,14 @@ class RayBackend(WorkerBackend):
         """Apply one answer of the actor, (exit code, lines); a dead actor is a lost node,
         a call that raised on the node a crashed worker."""
         try:
-            code, lines = answer if answer is not None else self.ray.get(ref)
+            code, lines, *read_to = answer if answer is not None else self.ray.get(ref)
         except self.ray.exceptions.RayActorError:
             return self._lost(handle)
         except self.ray.exceptions.RayError as exc:
             return self._failed(handle, exc)
         self._append_lines(handle.gpu, lines)
+        if read_to:                      # a poll's answer: where the next reader goes on
+            handle.read_to = read_to[0]
         if code is not None:
             handle.ended = WorkerExit(code)
         return handle.ended
@@ -247,6 +272,10 @@ class RayBackend(WorkerBackend):
         node has fenced itself for certain (Heartbeat.lost_after), not before; `wait`: block
         until then (a stop or kill must return an exit, and a rollback or a hang's restart
         would otherwise place the GPU again while the node may still train it)."""
+        if handle.lost_after is None and handle.adopt_ref is None and self._replace(handle):
+            if wait:                    # its node lives: a new actor there takes over
+                self._adopted(handle, timeout=None)
+            return handle.ended
         if handle.lost_after is None:
             handle.lost_after = self.heartbeat.lost_after(handle.actor)
             self.actors.pop(handle.gpu, None)
@@ -273,6 +302,8 @@ class RayBackend(WorkerBackend):
         """Collect the polls in flight (their lines), then `call(actor)` on each, which
         returns (exit code, its last lines)."""
         for handle in handles:
+            if handle.adopt_ref is not None:
+                self._adopted(handle, timeout=None)
             if handle.lost_after is not None and handle.ended is None:
                 self._lost(handle, wait=True)
             if handle.poll_ref is not None:

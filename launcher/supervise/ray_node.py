@@ -54,13 +54,15 @@ from launcher.worker.process import kill, terminate, worker_env, worker_log_path
 NODE_LOCAL_INPUTS = ("SHARD", "MODEL")
 RESUME = "resume"               # a probe's name for the checkpoint the worker started from
 FENCE_CHECK_S = 1.0             # how often an actor looks at its last heartbeat
+ADOPT_CHECK_S = 0.2             # how often `adopt` looks whether the previous worker ended
 
 
 class NodeWorker:
     def __init__(self, gpu: int, workdir: str, pod_dir: str, hub_url: str | None,
                  writer: str | None, command: list[str], fence_s: float, grace_s: float):
         import ray
-        self.node = ray.get_runtime_context().get_node_id()[:12]
+        self.node_id = ray.get_runtime_context().get_node_id()   # for NodeAffinity
+        self.node = self.node_id[:12]
         self.gpu, self.hub_url, self.command = gpu, hub_url, command
         self.writer = writer              # the head's pod id: its nodes push as that pod
         self.pod_dir = Path(pod_dir)
@@ -113,8 +115,8 @@ class NodeWorker:
                 self.proc = child.spawn(self.command, cwd=self.workdir, env=env, keep=keep,
                                         stdout=log, stderr=subprocess.STDOUT,
                                         death_signal=signal.SIGTERM)
-        return {"pid": self.proc.pid, "node": self.node, "workdir": str(self.workdir),
-                "pulled": pulled}
+        return {"pid": self.proc.pid, "node": self.node, "node_id": self.node_id,
+                "workdir": str(self.workdir), "pulled": pulled}
 
     def heartbeat(self) -> None:
         """The launcher is there (RayBackend's heartbeat thread, every HEARTBEAT_S)."""
@@ -149,11 +151,32 @@ class NodeWorker:
             return str(self.pod_dir / value)
         return value
 
-    def poll(self) -> tuple[int | None, bytes]:
-        """(exit code or None, the complete metrics lines written since the last poll)."""
+    def poll(self) -> tuple[int | None, bytes, int]:
+        """(exit code or None, the complete metrics lines written since the last poll, the
+        byte offset of the metrics file they end at: where a replacement actor of this GPU
+        on this node goes on reading if this one dies, see `adopt`)."""
         with self.lock:
             code = self.proc.poll() if self.proc is not None else None
-            return code, self._new_lines()     # after the exit code: nothing is left behind
+            lines = self._new_lines()          # after the exit code: nothing is left behind
+            return code, lines, self.offset - len(self.partial)
+
+    def adopt(self, pid: int, metrics: str, offset: int) -> tuple[int | None, bytes]:
+        """Take over from this GPU's previous actor on this node, whose process died while
+        the node lives: its worker `pid` got SIGTERM with it and saves its final checkpoint;
+        wait for it to end (SIGKILL after grace_s: never two workers of one GPU), then hand
+        over the metrics lines it wrote past `offset` (its final checkpoint event among them,
+        retained here), so that the GPU resumes from this node's newest checkpoint."""
+        deadline = time.monotonic() + self.grace_s
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(ADOPT_CHECK_S)
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+            while _alive(pid):
+                time.sleep(ADOPT_CHECK_S)
+        self.heard = time.monotonic()
+        with self.lock:
+            self.metrics, self.offset, self.partial = self.workdir / metrics, offset, b""
+            return None, self._new_lines()
 
     def signal(self, signum: int) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -271,6 +294,15 @@ class NodeWorker:
         open_store(self.hub_url, self.workdir).pull([checkpoint["path"]],
                                                     revision=checkpoint["revision"])
         return True
+
+
+def _alive(pid: int) -> bool:
+    """The process runs (a zombie has ended: it only waits to be reaped)."""
+    import psutil
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def push_as_pod(hub_url: str, workdir: Path, writer: str, hub_path: str, local: Path,
