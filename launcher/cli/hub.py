@@ -106,14 +106,24 @@ def _store(pod_dir: Path):
 @_hub_errors
 def sync_history(ctx) -> None:
     """Revisions of the hub store, newest first."""
-    store = _store(pod_dir_of(ctx))
+    from launcher.config.podconfig import load_config
+    pod_dir = pod_dir_of(ctx)
+    store = _store(pod_dir)
     entries = store.history()
     if not entries:
         click.echo(f"no revisions in {store.url} yet (`fractus-pod sync push`, or a running "
                    f"launcher pushes every sync interval)")
+    config = load_config(pod_dir)
+    settings = config.retention_settings()
+    marks: dict[str, str] = {}
+    if settings is not None and entries:   # without a policy nothing is ever deleted
+        from launcher.hub.retention import history_marks
+        marks, storage = history_marks(store, settings, pod_dir, config.manifest)
+        click.echo(storage)
     for entry in entries:
+        mark = f"  [{marks[entry.revision]}]" if entry.revision in marks else ""
         click.echo(f"{entry.revision[:12]}  {entry.timestamp.isoformat(timespec='seconds')}  "
-                   f"{entry.message}")
+                   f"{entry.message}{mark}")
 
 
 @sync.command("push")

@@ -54,6 +54,9 @@ class PodConfig:
     # The hub sync policy (launcher/hub/sync.py): interval (seconds, or "30m"/"1h"), merge
     # (also push the mean-merged brain), attempts/backoff_s (retries of one hub call).
     sync: dict = field(default_factory=lambda: {"interval": 3600})
+    # How much of the run the hub keeps (launcher/config/retention.py): keep, milestones,
+    # pins, budget. None: every push is kept.
+    retention: dict | None = None
     # `init` writes synthetic shards with these (tiny preset); unused otherwise.
     demo_data: dict | None = None
     # Run the workers on a Ray cluster (launcher/supervise/ray_backend.py): address,
@@ -87,6 +90,10 @@ class PodConfig:
     def alert_settings(self) -> "AlertSettings | None":
         from launcher.config.alerts import AlertSettings
         return AlertSettings.parse(self.alerts)
+
+    def retention_settings(self) -> "RetentionSettings | None":
+        from launcher.config.retention import RetentionSettings
+        return RetentionSettings.parse(self.retention)
 
 
 @dataclass(frozen=True)
@@ -203,7 +210,7 @@ NUMERIC_RANGES: dict[str, tuple[float, float]] = {
 }
 # Keys whose default is None, with the type a given value must have.
 _OPTIONAL_TYPES = {"hub": str, "demo_data": dict, "ray": dict, "data": dict, "alerts": dict,
-                   "price_per_gpu_hour": float}
+                   "retention": dict, "price_per_gpu_hour": float}
 # A path template may hold {i} only (no other field, format spec or conversion: "{i}_{j}"
 # and "{i}{" crashed `format`, and a width spec like "{i:>999999999}" would allocate).
 _TEMPLATE_FIELDS = ("i",)
@@ -341,6 +348,8 @@ def load_config(pod_dir: Path) -> PodConfig:
     config.env = {str(k): str(v) for k, v in config.env.items()}
     _check_pass_env(config.pass_env, str(path))
     SyncSettings.parse(config.sync, f"{path}: sync")    # fail early on a bad sync policy
+    from launcher.config.retention import RetentionSettings
+    RetentionSettings.parse(config.retention, f"{path}: retention")
     from launcher.config.ray_settings import RaySettings
     RaySettings.check(config.ray, source=f"{path}: ray")
     from launcher.config.data_source import DataSource

@@ -295,6 +295,7 @@ def _canary_report(pod_dir: Path) -> dict | None:
 def _sync_report(pod_dir: Path, config: PodConfig, now: float) -> dict | None:
     """The hub sync as the launcher (or `sync push`) last recorded it; errors re-scrubbed."""
     from launcher.hub.redact import scrub
+    from launcher.hub.retention import STATE_KEYS as STORAGE_KEYS
     from launcher.hub.sync import read_sync_state
     if not config.hub:
         return None
@@ -314,7 +315,10 @@ def _sync_report(pod_dir: Path, config: PodConfig, now: float) -> dict | None:
             "last_error": scrub(error) if error else None,
             "last_error_at": state.get("last_error_at"),
             "last_error_age_s": age("last_error_at"),
-            "taken_over": state.get("taken_over")}
+            "taken_over": state.get("taken_over"),
+            # retention (launcher/hub/retention.py): recorded after each push under a policy
+            "storage": {k: state.get(k) for k in STORAGE_KEYS}
+            if state.get("hub_bytes_kept") is not None else None}
 
 
 def _held(tokens: dict | None) -> str:
@@ -394,6 +398,9 @@ def render(report: dict, width: int | None = None):
                 + _held(sync.get("last_pushed_tokens"))
                 + (" ; pushing now" if sync.get("in_flight") else ""))
         parts.append(Text(line))
+        if sync.get("storage"):
+            from launcher.hub.retention import storage_line
+            parts.append(Text(storage_line(sync["storage"])))
         if sync.get("last_error") and not sync.get("taken_over"):   # (that one is on top)
             parts.append(Text(f"hub last error ({_age(sync['last_error_age_s'])} ago"
                               + (", since succeeded" if sync.get("last_result") == "ok" else "")

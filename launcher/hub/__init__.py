@@ -24,6 +24,10 @@ One interface, two backends chosen by the pod config's `hub:` URL:
     # what a revision holds: {path: FileEntry(sha256, size)}
     store.files(rev)
 
+    # storage (launcher/hub/retention.py applies the pod's `retention:` after each push)
+    store.stored_objects()                        # {sha256: size} of the large objects held
+    store.delete_objects([sha, ...])              # for good (hf://: permanently_delete_lfs_files)
+
 CLI wiring: catch HubError (and ValueError for bad paths/URLs) and print `str(exc)`: it is one
 line, never contains the token, and exit 2 for user mistakes. PushConflict means another
 writer changed the same paths: stop and report, do not force. IntegrityError means bytes did

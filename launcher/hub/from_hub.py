@@ -135,6 +135,7 @@ def _rebuild_at(pod_dir: Path, url: str, store, rev: str, on_cluster: bool,
     from launcher.config.podconfig import load_config, write_demo_shards
     from launcher.config.stages import load_stages
     from launcher.hub.config_trust import refusal, untrusted_config, untrusted_stages
+    from launcher.hub.retention import refuse_deleted
     tracked = store.files(rev)
     if CONFIG_NAME not in tracked:
         raise UserError(f"revision {rev[:12]} of {url} holds no {CONFIG_NAME}: not a pod "
@@ -164,6 +165,7 @@ def _rebuild_at(pod_dir: Path, url: str, store, rev: str, on_cluster: bool,
         wanted.append(rel)
     if differing:
         raise MidPush(rev, "; ".join(differing))
+    refuse_deleted(store, rev, tracked, wanted)
     if not (on_cluster or config.ray is not None):
         store.pull(wanted, rev)
     for entry in manifest.entries.values():

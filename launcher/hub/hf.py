@@ -88,6 +88,9 @@ class HfStore(Store):
         # token=None lets the client find HF_TOKEN or its login cache on each call.
         self._api = HfApi(endpoint=endpoint, token=token)
         self._repo_ready = False
+        # A commit's index never changes: read (or pushed) once per revision, kept here.
+        self._indexes: dict[str, tuple[dict[str, FileEntry], str | None]] = {}
+        self._lfs_listing: list = []           # the last list_lfs_files answer
         _install_client_timeouts()
 
     # -- plumbing ------------------------------------------------------------------------
@@ -175,6 +178,12 @@ class HfStore(Store):
 
     def _read_index(self, revision: str) -> tuple[dict[str, FileEntry], str | None]:
         """(index, push_id) at a full commit id; a commit without index tracks nothing."""
+        if revision not in self._indexes:
+            self._indexes[revision] = self._download_index(revision)
+        index, push_id = self._indexes[revision]
+        return dict(index), push_id
+
+    def _download_index(self, revision: str) -> tuple[dict[str, FileEntry], str | None]:
         scratch = self._scratch()
         try:
             try:
@@ -214,6 +223,32 @@ class HfStore(Store):
                 log.warning("hub: %s; downloading again (%d/%d)", exc, attempt + 1, DOWNLOAD_ATTEMPTS)
             finally:
                 self._cleanup(scratch)
+
+    # -- storage -------------------------------------------------------------------------
+    def stored_objects(self) -> dict[str, int]:
+        try:
+            self._lfs_listing = self._call(lambda: list(self._api.list_lfs_files(
+                self.repo_id, repo_type=self.repo_type)), "listing LFS files")
+        except HubError as exc:
+            if exc.status != 404:
+                raise
+            self._lfs_listing = []
+        return {f.file_oid: f.size for f in self._lfs_listing}
+
+    def delete_objects(self, shas: list[str]) -> None:
+        # The deletion call takes the listing's own records: those of the last listing
+        # (retention lists, then deletes), listed again when one is missing from it.
+        wanted = set(shas)
+        if not wanted <= {f.file_oid for f in self._lfs_listing}:
+            self.stored_objects()
+        doomed = [f for f in self._lfs_listing if f.file_oid in wanted]
+        if not doomed:
+            return
+        # rewrite_history=False: the commits stay (their small files, `sync history`); only
+        # the objects go. The Hub's documented call for freeing LFS storage.
+        self._call(lambda: self._api.permanently_delete_lfs_files(
+            self.repo_id, doomed, rewrite_history=False, repo_type=self.repo_type),
+            "deleting LFS files")
 
     # -- writing -------------------------------------------------------------------------
     def _ensure_repo(self) -> None:
@@ -263,6 +298,7 @@ class HfStore(Store):
                     "committing",
                 )
                 log.info("hub: pushed %d file(s) to %s as %s", len(entries), self.url, info.oid[:12])
+                self._indexes[info.oid] = (index, push_id)
                 return info.oid
             except HfHubHTTPError as exc:
                 if http_status(exc) not in CONFLICT_STATUS:

@@ -116,6 +116,29 @@ class FileStore(Store):
             raise IntegrityError(f"{rel} at revision {revision[:12]}: object missing from {self.url}")
         install_copy(obj, dest, entry, f"{rel} at revision {revision[:12]}")
 
+    # -- storage -------------------------------------------------------------------------
+    def stored_objects(self) -> dict[str, int]:
+        out = {}
+        try:
+            shards = [d for d in os.scandir(self.root / "objects")
+                      if d.is_dir() and len(d.name) == 2]
+        except FileNotFoundError:
+            return out
+        for shard in shards:
+            for obj in os.scandir(shard.path):
+                if obj.is_file():
+                    out[obj.name] = obj.stat().st_size
+        return out
+
+    def delete_objects(self, shas: list[str]) -> None:
+        with self._locked():      # the head cannot move meanwhile: never one it names
+            head = self.head()
+            named = {e.sha256 for e in self._index(head).values()} if head else set()
+            doomed = [sha for sha in shas if sha not in named]
+            # No fsync: a deletion a crash undoes is done again after the next push.
+            for sha in doomed:
+                self._object(sha).unlink(missing_ok=True)
+
     # -- writing -------------------------------------------------------------------------
     def push(self, files: PushFiles, message: str, *, base: str | None = None,
              expected: Mapping[str, str] | None = None) -> str:

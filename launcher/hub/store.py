@@ -90,6 +90,15 @@ class Store(ABC):
     def _fetch(self, rel: str, entry: FileEntry, revision: str, dest: Path) -> None:
         """Place the verified bytes of `rel` at `revision` into `dest`, atomically."""
 
+    # -- storage (launcher/hub/retention.py) ---------------------------------------------
+    @abstractmethod
+    def stored_objects(self) -> dict[str, int]:
+        """sha256 -> size of every large object the store holds (what storage costs)."""
+
+    @abstractmethod
+    def delete_objects(self, shas: list[str]) -> None:
+        """Delete these objects for good; revisions naming them can no longer be pulled."""
+
     # -- shared behaviour ----------------------------------------------------------------
     def files(self, revision: str | None = None) -> dict[str, FileEntry]:
         """The hub index at `revision` (default head): every tracked path with sha256 and size."""

@@ -45,7 +45,8 @@ from launcher.pod.events import EventLog
 from launcher.pod.manifest import Manifest, write_manifest
 from launcher.config.podconfig import PodConfig
 from launcher.hub.redact import describe_error
-from launcher.hub.snapshot import (Snapshot, record_revision, send, take_manifest_snapshot,
+from launcher.hub.retention import record_budget_refused, record_storage
+from launcher.hub.snapshot import (Snapshot, record_revision, take_manifest_snapshot,
                                    take_snapshot)
 
 # ---- the sync state file (read by status) ------------------------------------------------
@@ -110,7 +111,9 @@ class HubSync:
         self.next_due = time.monotonic() + self.settings.interval_s
         self._thread: threading.Thread | None = None
         self._job: tuple | None = None            # (snapshot, reason, started, changes)
-        self._outcome: tuple | None = None        # ("ok", revision) or ("error", message)
+        # ("ok", Pushed), ("error" | "budget" | "taken_over", message)
+        self._outcome: tuple | None = None
+        self.retention = config.retention_settings()
         self._last_key: tuple | None = None       # of the last push that landed
         self._tried_key: tuple | None = None      # of the last manifest push started
         self.taken_over: str | None = None        # another pod writes the run: no more pushes
@@ -267,11 +270,15 @@ class HubSync:
 
     def _run(self, snap: Snapshot, message: str) -> None:
         from launcher.hub.lease import RunTakenOver
+        from launcher.hub.retention import BudgetRefused, push_with_retention
         try:
             refuse_vanished_store(self.store, self.pod_dir, self.config.hub)
-            self._outcome = ("ok", send(self.store, snap, message))
+            self._outcome = ("ok", push_with_retention(
+                self.store, self.retention, snap, message, self.config.manifest))
         except RunTakenOver as exc:   # another pod writes the run: this one stops pushing
             self._outcome = ("taken_over", str(exc))
+        except BudgetRefused as exc:  # over retention.budget: nothing sent, training goes on
+            self._outcome = ("budget", str(exc))
         except Exception as exc:      # any failure: recorded, retried next interval
             self._outcome = ("error", describe_error(exc))
 
@@ -287,6 +294,7 @@ class HubSync:
         seconds = round(time.time() - started, 2)
         tokens = {g: self.manifest_token(snap, g) for g in sorted(snap.pushed)}
         if kind == "ok":
+            pushed, value = value, value.revision
             self._last_key = snap.key()
             self._landed(changes)
             noted = record_revision(self.manifest, snap, value)
@@ -298,6 +306,11 @@ class HubSync:
                               last_result="ok", taken_over=None)
             self.events.emit("sync_pushed", reason=reason, revision=value, tokens=tokens,
                              files=len(snap.files), seconds=seconds, hub_revision_for=noted)
+            record_storage(self.pod_dir, self.events, pushed)
+        elif kind == "budget":
+            record_budget_refused(self.pod_dir, self.events, value, reason,
+                                  "at the next interval" if reason in ("interval", "manifest")
+                                  else "none")
         elif kind == "taken_over":
             self.stop_taken_over(value, reason)
         else:

@@ -12,7 +12,9 @@ from launcher.pod.events import EventLog
 from launcher.pod.manifest import write_manifest
 from launcher.config.podconfig import PodConfig
 from launcher.hub.redact import describe_error
-from launcher.hub.snapshot import Snapshot, record_revision, send, take_snapshot
+from launcher.hub.retention import (BudgetRefused, Pushed, push_with_retention,
+                                    record_budget_refused, record_storage)
+from launcher.hub.snapshot import Snapshot, record_revision, take_snapshot
 from launcher.hub.sync import (
     HubSync,
     record_taken_over,
@@ -62,11 +64,16 @@ def push_now(pod_dir: Path, config: PodConfig,
         try:
             refuse_vanished_store(store, pod_dir, config.hub)
             unchanged = already_pushed(store, snap)
-            revision = unchanged or send(store, snap, message)
+            pushed = Pushed(unchanged) if unchanged else push_with_retention(
+                store, config.retention_settings(), snap, message, config.manifest)
+            revision = pushed.revision
         except Exception as exc:
             from launcher.hub.lease import RunTakenOver
             if isinstance(exc, RunTakenOver):
                 record_taken_over(pod_dir, EventLog(pod_dir), str(exc), "by hand")
+            elif isinstance(exc, BudgetRefused):    # the user's limit: exit 2, one line
+                record_budget_refused(pod_dir, EventLog(pod_dir), str(exc), "by hand", "none")
+                raise UserError(str(exc)) from None
             else:
                 update_sync_state(pod_dir, last_error=describe_error(exc),
                                   last_error_at=time.time(), last_result="error")
@@ -89,6 +96,7 @@ def push_now(pod_dir: Path, config: PodConfig,
                               g: HubSync.manifest_token(snap, g) for g in snap.pushed})
         EventLog(pod_dir).emit("sync_pushed", reason="by hand", revision=revision,
                                files=len(snap.files), hub_revision_for=noted)
+        record_storage(pod_dir, EventLog(pod_dir), pushed)
         return revision, noted, False
     finally:
         if lock is not None:

@@ -19,6 +19,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Iterator
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from .hub_lfs_files import LFS_FILES_ROUTES, LfsFilesRoutes
 from .hub_repo import Blob, Commit, Fault, HubRefusal, hub_date
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ ROUTES = [  # (methods, pattern, route name); first match wins
     ({"GET"}, _API + r"/tree/(?P<rev>[^/]+)(?:/(?P<path>.*))?$", "tree"),
     ({"GET"}, _API + r"/commits/(?P<rev>[^/]+)$", "commits"),
     ({"GET"}, _API + r"/xet-(?:read|write)-token/.*$", "xet"),
+    *[(methods, _API + tail, name) for methods, tail, name in LFS_FILES_ROUTES],
     ({"GET"}, _API + r"(?:/revision/(?P<rev>[^/]+))?$", "repo_info"),
     ({"POST"}, _GIT + r"\.git/info/lfs/objects/batch$", "lfs_batch"),
     ({"PUT"}, r"^/_lfs/(?P<oid>[0-9a-f]{64})$", "lfs_upload"),
@@ -43,7 +45,7 @@ ROUTES = [  # (methods, pattern, route name); first match wins
     ({"GET", "HEAD"}, _GIT + r"/resolve/(?P<rev>[^/]+)/(?P<path>.+)$", "resolve"),
 ]
 _COMPILED = [(methods, re.compile(pattern), name) for methods, pattern, name in ROUTES]
-WRITE_ROUTES = {"create", "preupload", "commit", "lfs_batch", "lfs_verify"}
+WRITE_ROUTES = {"create", "preupload", "commit", "lfs_batch", "lfs_verify", "lfs_delete"}
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,7 @@ class Request:
     authenticated: bool
 
 
-class HubHandler(BaseHTTPRequestHandler):
+class HubHandler(LfsFilesRoutes, BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def log_message(self, format, *args):  # noqa: A002 - the stdlib signature
@@ -298,6 +300,8 @@ class HubHandler(BaseHTTPRequestHandler):
         blob = commit.tree.get(args["path"])
         if blob is None:
             raise HubRefusal(404, "Entry not found", "EntryNotFound")
+        if blob.sha256 and not self.hub.state.has_lfs(blob.sha256):
+            raise HubRefusal(404, "the file's LFS object was permanently deleted", "EntryNotFound")
         self._send_blob(blob, commit, fault)
 
     def _send_blob(self, blob: Blob, commit: Commit, fault: Fault | None) -> None:

@@ -62,6 +62,10 @@ class Repo:
     private: bool
     commits: dict[str, Commit] = field(default_factory=dict)
     branches: dict[str, str] = field(default_factory=dict)
+    # LFS objects the repo holds (its storage): sha256 -> (a path that named it, pushed at).
+    # Objects are shared on disk; a repo's permanent deletion drops its ownership, and the
+    # bytes go when no repo owns them.
+    lfs: dict[str, tuple[str, float]] = field(default_factory=dict)
 
     def resolve(self, rev: str) -> Commit:
         if rev in self.branches:
@@ -114,6 +118,16 @@ class HubState:
         path = self.lfs_path(sha256)
         return path.is_file() and (size is None or path.stat().st_size == size)
 
+    def delete_lfs(self, repo: Repo, shas: list[str]) -> None:
+        """`permanently_delete_lfs_files(rewrite_history=False)`: the repo no longer holds
+        these objects; commits that name them stay, and their downloads fail."""
+        with self.lock:
+            for sha in shas:
+                if repo.lfs.pop(sha, None) is None:
+                    raise HubRefusal(404, f"LFS object {sha} not found in {repo.repo_id}")
+                if not any(sha in other.lfs for other in self.repos.values()):
+                    self.lfs_path(sha).unlink(missing_ok=True)
+
     def upload_mode(self, path: str, size: int, sample: bytes) -> str:
         if size >= LFS_MIN_SIZE or path.endswith(LFS_SUFFIXES) or b"\0" in sample:
             return "lfs"
@@ -131,6 +145,8 @@ class HubState:
             tree = dict(repo.commits[head].tree)
             for op in ops:
                 self._apply(tree, op)
+                if op["key"] == "lfsFile":
+                    repo.lfs.setdefault(op["value"]["oid"], (op["value"]["path"], time.time()))
             return self._add_commit(repo, branch, head, title, message, tree)
 
     def _apply(self, tree: dict[str, Blob], op: dict) -> None:

@@ -11,6 +11,9 @@ Served with the stdlib ThreadingHTTPServer on a free loopback port:
                                                            X-Linked-Etag/-Size, Range support
 - GET  /api/{type}s/{repo}/tree/{rev}[/{path}]             tree listing
 - GET  /api/{type}s/{repo}/commits/{rev}                   list_repo_commits
+- GET  /api/{type}s/{repo}/lfs-files (Link paging)        list_lfs_files
+- POST /api/{type}s/{repo}/lfs-files/batch                 permanently_delete_lfs_files
+                                                           (tests/support/hub_lfs_files.py)
 
 Xet is never advertised (no X-Xet-* headers); uploads need the client's documented switch
 HF_HUB_DISABLE_XET=1 (the fixture sets it), otherwise a client with hf_xet installed asks for
@@ -47,6 +50,7 @@ class HubServer:
         self.state = HubState(Path(root))
         self.faults = Faults()
         self.token = token
+        self.lfs_page_size = 100          # list_lfs_files' page; a test lowers it to page
         self.requests: list[Request] = []
         self._lock = threading.Lock()
         self._httpd = _Server(("127.0.0.1", 0), HubHandler)  # port 0: a free port

@@ -1,0 +1,85 @@
+"""`retention:` of the pod config: how much of the run the hub keeps (launcher/hub/retention.py).
+
+    retention:
+      keep: 3              # the newest K pushes keep their checkpoints (1..1000)
+      milestones: true     # also the last push of every stage and every merged brain
+      pins: [9f2c1ab]      # revisions (7+ hex characters) kept whatever their age
+      budget: 800GB        # a push that would make the hub hold more is refused
+
+No `retention:` key keeps every push (the behaviour before retention existed). Parsed once,
+here; bad values exit 2 with one line.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from launcher.errors import UserError, refuse_unknown_keys
+
+KEEP_RANGE = (1, 1000)
+BUDGET_RANGE = (64 << 10, 1 << 60)           # 64 KiB .. 1 EiB
+_PIN = re.compile(r"^[0-9a-f]{7,64}$")
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGTP]?i?B)\s*$", re.IGNORECASE)
+_UNIT = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15,
+         "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40, "PIB": 1 << 50}
+
+
+@dataclass(frozen=True)
+class RetentionSettings:
+    keep: int
+    milestones: bool = True
+    pins: tuple[str, ...] = ()
+    budget_bytes: int | None = None
+
+    KEYS = ("keep", "milestones", "pins", "budget")
+
+    @classmethod
+    def parse(cls, data: dict | None, source: str = "retention") -> "RetentionSettings | None":
+        """None: no retention key, every push is kept."""
+        if data is None:
+            return None
+        if not isinstance(data, dict):
+            raise UserError(f"{source} must be a mapping like {{keep: 3, budget: 800GB}}, "
+                            f"got {data!r}")
+        refuse_unknown_keys(data, cls.KEYS, source)
+        keep = data.get("keep")
+        low, high = KEEP_RANGE
+        if isinstance(keep, bool) or not isinstance(keep, int) or not low <= keep <= high:
+            raise UserError(f"{source}.keep must be an integer from {low} to {high} (the "
+                            f"newest pushes whose checkpoints the hub keeps), got {keep!r}")
+        milestones = data.get("milestones", True)
+        if not isinstance(milestones, bool):
+            raise UserError(f"{source}.milestones must be true or false, got {milestones!r}")
+        pins = data.get("pins") or []
+        if not isinstance(pins, list) or not all(isinstance(p, str) and _PIN.match(p.lower())
+                                                 for p in pins):
+            raise UserError(f"{source}.pins must be a list of revision ids (7 to 64 hex "
+                            f"characters, as `fractus-pod sync history` shows), got {pins!r}")
+        budget = data.get("budget")
+        return cls(keep, milestones, tuple(p.lower() for p in pins),
+                   None if budget is None else parse_size(budget, f"{source}.budget"))
+
+
+def parse_size(value, what: str) -> int:
+    """Bytes from an integer or a string like "800GB", "1TiB", "500 MB"."""
+    size = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        size = value
+    elif isinstance(value, str) and (m := _SIZE.match(value)):
+        size = int(float(m.group(1)) * _UNIT[m.group(2).upper()])
+    low, high = BUDGET_RANGE
+    if size is None or not low <= size <= high:
+        raise UserError(f"{what} must be a size from 64KiB to 1EiB (bytes, or like \"800GB\", "
+                        f"\"1TiB\"), got {value!r}")
+    return size
+
+
+def human_bytes(size: float) -> str:
+    """Decimal units, as the Hub states its storage limits (100 GB, 1 TB)."""
+    unit = "B"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(size) < 1000 or unit == "TB":
+            break
+        size /= 1000
+    return f"{size:.0f} {unit}" if unit == "B" else f"{size:.2f} {unit}"

@@ -1,0 +1,339 @@
+"""Bounded hub storage: which revisions keep their checkpoints, what the hub holds, the budget.
+
+After every push the hub would otherwise keep each revision's checkpoint objects forever
+(~70 GB per push at the 1B preset). The policy (`retention:` of the pod config, parsed in
+launcher/config/retention.py) keeps:
+- the newest `keep` pushes (a push: a revision whose checkpoints differ from its parent's;
+  a lease takeover or a manifest-only commit names the same objects as the push before it),
+- with `milestones`, the last push of every stage (the stages the pushed manifest records
+  differ in the next push) and every merged brain object,
+- every revision named in `pins`,
+- the objects the pushed manifest and the pod's own manifest name (after a rollback it
+  names older bytes, which a recovery pulls from the hub), whatever else the policy says.
+Every other checkpoint object that some revision names is deleted for real through the
+store (hf://: `list_lfs_files` + `permanently_delete_lfs_files`; file://: unlink). Only
+objects some revision names are candidates: an object a concurrent push uploaded but has not
+committed yet is never touched.
+
+What each revision names (its checkpoint objects, stage, merged brain) never changes, so it
+is read from the hub once and kept in the ledger `logs/hub_ledger.json` (a cache: a pod
+rebuilt with `launch --from-hub` reads it again from the revisions themselves).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from launcher.config.retention import RetentionSettings, human_bytes
+from launcher.files import read_json_state, write_json_state
+from launcher.paths import MERGED_PATH
+
+from .integrity import HubError
+
+LEDGER = "logs/hub_ledger.json"
+CHECKPOINT_SUFFIXES = (".pt", ".safetensors", ".bin")
+
+
+class BudgetRefused(HubError):
+    """A push would make the hub hold more than `retention.budget`: not sent."""
+
+
+@dataclass(frozen=True)
+class RevisionFacts:
+    """What one revision names: fixed once committed."""
+    objects: dict[str, int]         # sha256 -> size of each checkpoint file it names
+    stages: tuple[int, ...]         # the distinct stages its manifest's GPUs record
+    merged: str | None              # sha256 of the merged brain it names, if any
+
+    def to_json(self) -> dict:
+        return {"objects": self.objects, "stages": list(self.stages), "merged": self.merged}
+
+    @classmethod
+    def from_json(cls, doc: dict) -> "RevisionFacts":
+        objects = {str(k): int(v) for k, v in dict(doc["objects"]).items()}
+        return cls(objects, tuple(int(s) for s in doc["stages"]), doc.get("merged"))
+
+
+@dataclass
+class Plan:
+    """The policy applied to the hub's history (newest first)."""
+    revisions: list[str]                              # every revision, newest first
+    kept: dict[str, str] = field(default_factory=dict)    # revision -> why it is kept
+    needed: set[str] = field(default_factory=set)         # objects no deletion may touch
+    delete: dict[str, int] = field(default_factory=dict)  # sha256 -> size, to delete now
+    stored: dict[str, int] = field(default_factory=dict)  # what the hub holds before
+    facts: dict[str, RevisionFacts] = field(default_factory=dict)
+
+    @property
+    def kept_bytes(self) -> int:
+        return sum(size for sha, size in self.stored.items() if sha not in self.delete)
+
+
+# ---- the ledger: facts per revision, read once ------------------------------------------
+def revision_facts(store, revision: str, manifest_path: str) -> RevisionFacts:
+    """Read from the hub: the revision's index and the stages its manifest records."""
+    from launcher.pod.manifest import ManifestError, read_manifest
+    index = store.files(revision)
+    objects = {e.sha256: e.size for path, e in index.items()
+               if path.endswith(CHECKPOINT_SUFFIXES)}
+    merged = index[MERGED_PATH].sha256 if MERGED_PATH in index else None
+    stages: tuple[int, ...] = ()
+    if manifest_path in index:
+        with store.fetched(manifest_path, revision) as local:
+            try:
+                stages = tuple(read_manifest(local).recorded_stages())
+            except ManifestError:
+                stages = ()          # a manifest the launcher cannot read names no stage
+    return RevisionFacts(objects, stages, merged)
+
+
+def pushed_facts(store, revision: str, manifest) -> RevisionFacts:
+    """The facts of a revision this pod just pushed: its index (the store has it at hand
+    after the push) and the stages of the manifest it sent (`manifest`), not read back."""
+    index = store.files(revision)
+    return RevisionFacts({e.sha256: e.size for path, e in index.items()
+                          if path.endswith(CHECKPOINT_SUFFIXES)},
+                         tuple(manifest.recorded_stages()),
+                         index[MERGED_PATH].sha256 if MERGED_PATH in index else None)
+
+
+def load_facts(store, revisions: list[str], pod_dir: Path, manifest_path: str,
+               new: dict[str, RevisionFacts] | None = None) -> dict[str, RevisionFacts]:
+    """Facts of `revisions`: `new` ones given, the ledger's, else read (and recorded)."""
+    path = pod_dir / LEDGER
+    doc = read_json_state(path)
+    stored = dict(doc.get("revisions") or {}) if doc.get("hub") == store.url else {}
+    known: dict[str, RevisionFacts] = {}
+    for rev in revisions:
+        if rev in stored:
+            try:
+                known[rev] = RevisionFacts.from_json(stored[rev])
+            except (KeyError, TypeError, ValueError):
+                del stored[rev]      # a damaged entry is read again from the hub
+    fresh = {**(new or {})}
+    fresh.update({rev: revision_facts(store, rev, manifest_path) for rev in revisions
+                  if rev not in known and rev not in fresh})
+    known.update(fresh)
+    if fresh:
+        # Only revisions the hub still lists: the ledger stays the size of the history.
+        stored.update({rev: facts.to_json() for rev, facts in fresh.items()})
+        write_json_state(path, {"hub": store.url, "revisions": {
+            rev: stored[rev] for rev in revisions if rev in stored}})
+    return {rev: known[rev] for rev in revisions}
+
+
+# ---- the policy ---------------------------------------------------------------------------
+def plan(store, settings: RetentionSettings, pod_dir: Path, manifest_path: str,
+         protected: set[str] = frozenset(),
+         new: dict[str, RevisionFacts] | None = None) -> Plan:
+    """What the policy keeps and deletes now (nothing is deleted here). `protected`:
+    sha256 of objects the pod's manifest names, never deleted; `new`: facts of a revision
+    just pushed."""
+    revisions = [h.revision for h in store.history()]
+    facts = load_facts(store, revisions, pod_dir, manifest_path, new)
+    out = Plan(revisions, stored=store.stored_objects(), facts=facts)
+    pushes = _pushes(revisions, facts)
+    for rev in pushes[:settings.keep]:
+        out.kept[rev] = f"one of the newest {settings.keep}"
+    for pin in settings.pins:
+        for rev in revisions:
+            if rev.startswith(pin):
+                out.kept.setdefault(rev, "pinned")
+    if settings.milestones:
+        # A GPU's stage changed after `older` (a switch, or a rollback): `older` is the
+        # last push of its stage. Per GPU: one GPU still at its old checkpoint keeps the
+        # pod's lowest stage unchanged while the others moved on.
+        for newer, older in zip(pushes, pushes[1:]):
+            stages = facts[older].stages
+            if stages and facts[newer].stages != stages:
+                out.kept.setdefault(older, f"end of stage {max(stages)}")
+        out.needed.update(f.merged for f in facts.values() if f.merged)
+    for rev in out.kept:
+        out.needed.update(facts[rev].objects)
+    out.needed.update(protected)
+    named = {sha for f in facts.values() for sha in f.objects}
+    out.delete = {sha: size for sha, size in out.stored.items()
+                  if sha in named and sha not in out.needed}
+    return out
+
+
+def _pushes(revisions: list[str], facts: dict[str, RevisionFacts]) -> list[str]:
+    """Revisions (newest first) whose checkpoints differ from their parent's: one per push."""
+    out = []
+    for rev, parent in zip(revisions, [*revisions[1:], None]):
+        objects = facts[rev].objects
+        if objects and (parent is None or objects != facts[parent].objects):
+            out.append(rev)
+    return out
+
+
+def deleted_revisions(todo: Plan) -> set[str]:
+    """Revisions some of whose checkpoint objects the hub no longer holds (or will not,
+    once `todo.delete` is applied): they cannot rebuild a pod any more."""
+    held = set(todo.stored) - set(todo.delete)
+    return {rev for rev, f in todo.facts.items() if any(sha not in held for sha in f.objects)}
+
+
+def refuse_deleted(store, revision: str, tracked: dict, paths: list[str]) -> None:
+    """`launch --from-hub --revision R` on a revision whose checkpoints the retention policy
+    deleted: one line (UserError), before anything is pulled."""
+    from launcher.errors import UserError
+    wanted = {tracked[p].sha256 for p in paths if p in tracked}
+    if not wanted:
+        return
+    gone = wanted - set(store.stored_objects())
+    if gone:
+        raise UserError(f"revision {revision[:12]} of {store.url}: its checkpoints were "
+                        f"deleted by the hub's retention policy; `fractus-pod sync history` "
+                        f"lists the revisions that still rebuild a pod")
+
+
+# ---- around a push ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Pushed:
+    """A push under the policy: its revision, then what retention did after it."""
+    revision: str
+    storage: dict | None = None          # the figures for sync_state + the event's fields
+    retention_error: str | None = None   # a failed retention step (the push still landed)
+
+
+def push_with_retention(store, settings: RetentionSettings | None, snap, message: str,
+                        manifest_path: str) -> Pushed:
+    """`send` the snapshot under the policy: the budget checked first (BudgetRefused, nothing
+    sent), then what it no longer keeps deleted. Without a policy: a plain `send`. A failed
+    deletion never fails the push: it is done again after the next one."""
+    from .snapshot import send
+    if settings is None:
+        return Pushed(send(store, snap, message))
+    check_budget(store, settings, {sha: snap.files[path].stat().st_size
+                                   for path, sha in snap.pushed.values() if path in snap.files})
+    revision = send(store, snap, message)
+    try:
+        new = {revision: pushed_facts(store, revision, snap.manifest)}
+        protected = {sha for _path, sha in snap.pushed.values()}
+        protected |= named_by_pod_manifest(store.pod_dir / manifest_path)
+        return Pushed(revision, apply_retention(
+            store, settings, store.pod_dir, manifest_path, protected, new))
+    except (HubError, OSError) as exc:
+        from .redact import describe_error
+        return Pushed(revision, retention_error=describe_error(exc))
+
+
+def named_by_pod_manifest(path: Path) -> set[str]:
+    """The checkpoints the pod's own manifest names (it may name older bytes than the push,
+    after a rollback): their hub copies are what a recovery pulls, never deleted."""
+    from launcher.pod.manifest import ManifestError, read_manifest
+    try:
+        manifest = read_manifest(path)
+    except (ManifestError, OSError):
+        return set()
+    return {e.checkpoint_sha256 for e in manifest.entries.values() if e.checkpoint_sha256}
+
+
+def apply_retention(store, settings: RetentionSettings, pod_dir: Path, manifest_path: str,
+                    protected: set[str], new: dict[str, RevisionFacts]) -> dict:
+    """Delete what the policy no longer keeps. Returns the storage figures (for
+    sync_state) and the `hub_retention` event's fields."""
+    started = time.monotonic()
+    todo = plan(store, settings, pod_dir, manifest_path, protected, new)
+    if todo.delete:
+        store.delete_objects(sorted(todo.delete))
+    storage = storage_figures(todo, settings)
+    return {**storage, "kept_revisions": sorted(r[:12] for r in todo.kept),
+            "deleted_objects": len(todo.delete), "freed_bytes": sum(todo.delete.values()),
+            "retention_seconds": round(time.monotonic() - started, 3)}
+
+
+def storage_figures(todo: Plan, settings: RetentionSettings | None) -> dict:
+    """Bytes kept, bytes per push (the head's checkpoints), pushes until the budget."""
+    per_push = sum(todo.facts[todo.revisions[0]].objects.values()) if todo.revisions else 0
+    kept = todo.kept_bytes
+    budget = settings.budget_bytes if settings else None
+    return {"hub_bytes_kept": kept, "hub_bytes_per_push": per_push, "hub_budget_bytes": budget,
+            "hub_pushes_until_budget": pushes_until_budget(kept, per_push, settings)}
+
+
+def pushes_until_budget(kept: int, per_push: int, settings: RetentionSettings | None):
+    """How many more pushes fit: None when no budget is set, "unbounded" when retention
+    frees as much as each push adds and the peak (kept + one push) fits."""
+    if settings is None or settings.budget_bytes is None or per_push <= 0:
+        return None
+    if kept + per_push <= settings.budget_bytes:
+        return "unbounded"
+    return max(0, (settings.budget_bytes - kept) // per_push)
+
+
+def check_budget(store, settings: RetentionSettings | None, sizes: dict[str, int]) -> None:
+    """Before a push of checkpoint objects `sizes` (sha256 -> bytes): BudgetRefused when the
+    hub would hold more than the budget. A budget smaller than one push is named as such
+    (it is known at the first push, when the checkpoints' size is)."""
+    if settings is None or settings.budget_bytes is None:
+        return
+    budget = settings.budget_bytes
+    one_push = sum(sizes.values())
+    if one_push > budget:
+        raise BudgetRefused(
+            f"retention.budget {human_bytes(budget)} is smaller than one push "
+            f"({human_bytes(one_push)}, checked at the first push): raise retention.budget "
+            f"to at least {human_bytes(one_push * (settings.keep + 1))} (keep "
+            f"{settings.keep} + the push in flight)")
+    stored = store.stored_objects()
+    new = sum(size for sha, size in sizes.items() if sha not in stored)
+    if sum(stored.values()) + new > budget:
+        raise BudgetRefused(
+            f"push refused: the hub would hold {human_bytes(sum(stored.values()) + new)}, "
+            f"over retention.budget {human_bytes(budget)}; lower retention.keep, unpin "
+            f"revisions or raise the budget (the pod keeps training)")
+
+
+# ---- what the pod records --------------------------------------------------------------
+STATE_KEYS = ("hub_bytes_kept", "hub_bytes_per_push", "hub_budget_bytes",
+              "hub_pushes_until_budget")
+
+
+def record_storage(pod_dir: Path, events, pushed: Pushed) -> None:
+    """After a push under a policy: the storage figures into sync_state (status shows them),
+    the retention's outcome as an event."""
+    from .sync import update_sync_state
+    if pushed.storage is not None:
+        update_sync_state(pod_dir, **{k: pushed.storage[k] for k in STATE_KEYS})
+        events.emit("hub_retention", **{k: v for k, v in pushed.storage.items()
+                                        if k not in STATE_KEYS or k == "hub_bytes_kept"})
+    if pushed.retention_error is not None:
+        events.emit("hub_retention_failed", error=pushed.retention_error,
+                    retry="after the next push")
+
+
+def record_budget_refused(pod_dir: Path, events, message: str, reason: str, retry: str) -> None:
+    """A push the budget refused: said in status (last error) and as an event."""
+    from .sync import update_sync_state
+    update_sync_state(pod_dir, in_flight=False, last_error=message, last_error_at=time.time(),
+                      last_result="budget_refused")
+    events.emit("hub_budget_refused", reason=reason, error=message, retry=retry)
+
+
+# ---- `sync history` ------------------------------------------------------------------------
+def history_marks(store, settings: RetentionSettings, pod_dir: Path,
+                  manifest_path: str) -> tuple[dict[str, str], str]:
+    """Per revision: why the policy keeps it, or that its checkpoints were deleted; and one
+    line of the hub's storage (bytes kept, per push, pushes until the budget)."""
+    todo = plan(store, settings, pod_dir, manifest_path)
+    todo.delete = {}             # what the hub holds now, not what the next push frees
+    marks = {rev: "checkpoints deleted: cannot rebuild a pod" for rev in deleted_revisions(todo)}
+    marks.update({rev: f"kept: {why}" for rev, why in todo.kept.items() if rev not in marks})
+    return marks, storage_line(storage_figures(todo, settings))
+
+
+def storage_line(figures: dict) -> str:
+    """One line a person reads: status and `sync history` alike."""
+    line = (f"hub storage: {human_bytes(figures['hub_bytes_kept'])} kept, "
+            f"{human_bytes(figures['hub_bytes_per_push'])} per push")
+    budget = figures.get("hub_budget_bytes")
+    if budget:
+        left = figures.get("hub_pushes_until_budget")
+        line += (f", budget {human_bytes(budget)}: "
+                 + ("retention keeps it within the budget" if left == "unbounded"
+                    else f"{left} more push(es) fit"))
+    return line

@@ -1,0 +1,253 @@
+"""Bounded hub storage (`retention:`): after N pushes with keep K the store holds exactly the
+kept revisions' and milestones' checkpoint objects (bytes counted), on file:// and on the
+test hub through the real HfApi (`list_lfs_files`, `permanently_delete_lfs_files`); kept
+revisions still rebuild a pod, deleted ones are refused in one line; the budget refuses a
+push with one line and an event. Pushes are the real `sync push` / HubSync code on
+checkpoint files written as the worker writes them (random bytes: no training needed)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from launcher.cli import main as cli_main
+from launcher.config.podconfig import load_config
+from launcher.hub import open_store
+from launcher.hub.from_hub import rebuild_from_hub
+from launcher.hub.retention import CHECKPOINT_SUFFIXES
+from launcher.hub.sync import HubSync, read_sync_state
+from launcher.pod.ckpt_index import PASSED, CheckpointIndex, sha256_file
+from launcher.pod.events import EventLog, read_events
+from launcher.pod.manifest import apply_checkpoint, read_manifest, write_manifest
+from tests.support.hub_server import test_hub  # noqa: F401  (pytest fixture)
+from tests.support.passed_checkpoints import new_checkpoints as passed_checkpoints
+
+pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")
+GPUS = 4
+CKPT_BYTES = 64 << 10
+REPO_ID = "fractus/retention"
+
+
+@pytest.fixture(params=["file", "hf"])
+def hub_url(request, tmp_path, monkeypatch):
+    """The same policy on both backends: a file:// store, and the test hub (real HfApi)."""
+    if request.param == "file":
+        return f"file://{tmp_path / 'store'}"
+    hub = request.getfixturevalue("test_hub")
+    hub.lfs_page_size = 3        # the listing pages: the client follows the Link header
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    return f"hf://{REPO_ID}"
+
+
+def make_pod(tmp_path: Path, hub: str, retention: dict | None) -> Path:
+    pod = tmp_path / "pod"
+    assert cli_main(["--pod-dir", str(pod), "init", "--preset", "tiny-cpu", "--no-data"]) == 0
+    config = yaml.safe_load((pod / "fractus-pod.yaml").read_text())
+    config.update(hub=hub, retention=retention, devices=f"cpu:{GPUS}")
+    (pod / "fractus-pod.yaml").write_text(yaml.safe_dump(config))
+    return pod
+
+
+def new_checkpoints(pod: Path, token: int, stage: int = 1, gpus=range(GPUS)) -> None:
+    passed_checkpoints(pod, token, CKPT_BYTES, gpus, stage)
+
+
+def push(pod: Path, capsys) -> str:
+    """`fractus-pod sync push`: the revision it made."""
+    assert cli_main(["--pod-dir", str(pod), "sync", "push"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines()
+                if x.startswith(("pushed revision", "skipped")))
+    assert line.startswith("pushed revision "), line
+    return line.split()[-1]
+
+
+def checkpoint_objects(store, revision: str) -> dict[str, int]:
+    return {e.sha256: e.size for p, e in store.files(revision).items()
+            if p.endswith(CHECKPOINT_SUFFIXES)}
+
+
+def stored_checkpoint_bytes(store, named: set[str]) -> int:
+    """Bytes of checkpoint objects the store holds (what the policy bounds)."""
+    return sum(size for sha, size in store.stored_objects().items() if sha in named)
+
+
+def test_after_n_pushes_with_keep_k_the_store_holds_exactly_the_kept_objects(
+        tmp_path, capsys, hub_url):
+    pod = make_pod(tmp_path, hub_url, {"keep": 2})
+    store = open_store(hub_url, pod)
+    revisions = []
+    for n in range(5):
+        new_checkpoints(pod, 1000 * (n + 1))
+        revisions.append(push(pod, capsys))
+        # Never an object the newest manifest names.
+        named_now = {e["checkpoint_sha256"] for k, e in
+                     json.loads(store.read_bytes(load_config(pod).manifest, revisions[-1])).items()
+                     if k.startswith("gpu_")}
+        assert len(named_now) == GPUS and named_now <= set(store.stored_objects())
+    objects = {rev: checkpoint_objects(store, rev) for rev in revisions}
+    named = {sha for o in objects.values() for sha in o}
+    kept = {sha: size for rev in revisions[-2:] for sha, size in objects[rev].items()}
+    held = {sha: size for sha, size in store.stored_objects().items() if sha in named}
+    assert held == kept
+    assert sum(held.values()) == 2 * GPUS * CKPT_BYTES
+    # What status reads: the storage figures of the last push.
+    state = read_sync_state(pod)
+    assert state["hub_bytes_per_push"] == GPUS * CKPT_BYTES
+    assert state["hub_bytes_kept"] >= 2 * GPUS * CKPT_BYTES
+    (event,) = [e for e in read_events(pod) if e.get("event") == "hub_retention"][-1:]
+    assert event["deleted_objects"] == GPUS and event["freed_bytes"] == GPUS * CKPT_BYTES
+    assert cli_main(["--pod-dir", str(pod), "status", "--wide"]) == 0
+    assert "hub storage: " in capsys.readouterr().out
+
+    # `sync history` marks the revisions that can no longer rebuild a pod, and says storage.
+    assert cli_main(["--pod-dir", str(pod), "sync", "history"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("hub storage: ") and "per push" in out[0]
+    by_rev = {line.split()[0]: line for line in out[1:]}
+    for rev in revisions[:3]:
+        assert "checkpoints deleted" in by_rev[rev[:12]]
+    for rev in revisions[3:]:
+        assert "kept: one of the newest 2" in by_rev[rev[:12]]
+
+    # Each kept revision still rebuilds a pod; a deleted one is refused in one line, before
+    # anything is pulled (the directory stays empty).
+    rebuilt = tmp_path / "rebuilt"
+    rev, _config, _lease = rebuild_from_hub(rebuilt, hub_url, revisions[-2])
+    manifest = json.loads((rebuilt / load_config(rebuilt).manifest).read_text())
+    for gpu in range(GPUS):
+        path = rebuilt / manifest[f"gpu_{gpu}"]["checkpoint"]
+        assert sha256_file(path) == manifest[f"gpu_{gpu}"]["checkpoint_sha256"]
+    refused = tmp_path / "refused"
+    code = cli_main(["--pod-dir", str(refused), "launch", "--from-hub",
+                     hub_url, "--revision", revisions[1]])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "deleted by the hub's retention policy" in err[0] and revisions[1][:12] in err[0]
+    assert not refused.exists() or not any(refused.iterdir())
+
+
+def test_stage_ends_and_pins_are_kept_and_an_unchanged_gpus_checkpoint_survives(
+        tmp_path, capsys):
+    hub_url = f"file://{tmp_path / 'store'}"
+    pod = make_pod(tmp_path, hub_url, {"keep": 1})
+    store = open_store(hub_url, pod)
+    new_checkpoints(pod, 1000)
+    pinned = push(pod, capsys)
+    config = yaml.safe_load((pod / "fractus-pod.yaml").read_text())
+    config["retention"] = {"keep": 1, "pins": [pinned[:9]]}      # a prefix, as people type
+    (pod / "fractus-pod.yaml").write_text(yaml.safe_dump(config))
+    new_checkpoints(pod, 2000)
+    push(pod, capsys)
+    new_checkpoints(pod, 3000)
+    stage1_end = push(pod, capsys)
+    # GPU 3 stops moving: its stage-1 checkpoint is named by every later revision.
+    for token in (4000, 5000, 6000):
+        new_checkpoints(pod, token, stage=2, gpus=range(GPUS - 1))
+        head = push(pod, capsys)
+
+    named = {sha for h in store.history() for sha in checkpoint_objects(store, h.revision)}
+    expected = {**checkpoint_objects(store, head), **checkpoint_objects(store, stage1_end),
+                **checkpoint_objects(store, pinned)}
+    held = {sha: size for sha, size in store.stored_objects().items() if sha in named}
+    assert held == expected
+    # GPU 3's one checkpoint is in all of them; head + stage end + pin, nothing else.
+    assert sum(held.values()) == (3 * GPUS - 1) * CKPT_BYTES
+    assert cli_main(["--pod-dir", str(pod), "sync", "history"]) == 0
+    out = capsys.readouterr().out
+    assert f"{stage1_end[:12]}" in out and "kept: end of stage 1" in out
+    assert "kept: pinned" in out
+
+
+def test_a_push_over_the_budget_is_refused_in_one_line_and_an_event(tmp_path, capsys):
+    hub_url = f"file://{tmp_path / 'store'}"
+    one_push = GPUS * CKPT_BYTES
+    # keep 3 needs 4 pushes' room at the peak (the new one lands before the oldest goes).
+    pod = make_pod(tmp_path, hub_url, {"keep": 3, "budget": int(3.5 * one_push)})
+    store = open_store(hub_url, pod)
+    for n in range(3):
+        new_checkpoints(pod, 1000 * (n + 1))
+        push(pod, capsys)
+    before = store.head()
+    new_checkpoints(pod, 4000)
+    assert cli_main(["--pod-dir", str(pod), "sync", "push"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "retention.budget" in err[0] and "push refused" in err[0], err
+    assert store.head() == before
+    refused = [e for e in read_events(pod) if e.get("event") == "hub_budget_refused"]
+    assert len(refused) == 1 and refused[0]["reason"] == "by hand"
+
+    # The launcher's push: refused the same way, recorded, and never raised into the loop.
+    config = load_config(pod)
+    manifest = read_manifest(pod / config.manifest)
+    sync = HubSync(pod, config, manifest, CheckpointIndex(pod), EventLog(pod))
+    sync.finish()
+    assert store.head() == before
+    state = read_sync_state(pod)
+    assert state["last_result"] == "budget_refused" and "push refused" in state["last_error"]
+    refused = [e for e in read_events(pod) if e.get("event") == "hub_budget_refused"]
+    assert [e["reason"] for e in refused] == ["by hand", "stop"]
+
+
+def test_a_budget_smaller_than_one_push_says_so_at_the_first_push(tmp_path, capsys):
+    hub_url = f"file://{tmp_path / 'store'}"
+    pod = make_pod(tmp_path, hub_url, {"keep": 2, "budget": "1MiB"})
+    new_checkpoints(pod, 1000)
+    big = load_config(pod).checkpoint_path(0)
+    # Four 64 KiB checkpoints fit in 1 MiB: grow one GPU's past it.
+    (pod / big).write_bytes(os.urandom(2 << 20))
+    index = CheckpointIndex(pod)
+    event = {"path": str(pod / big), "sha256": sha256_file(pod / big), "next_token": 2000,
+             "step": 60, "ema_tf": 5.0, "lb": 1.0, "bytes": 2 << 20}
+    index.add(0, event, 1, big)
+    index.mark(0, event["sha256"], PASSED, "test")
+    manifest = read_manifest(pod / load_config(pod).manifest)
+    apply_checkpoint(manifest, 0, event, 1, pod, load_config(pod).shard_path(0))
+    write_manifest(manifest)
+    assert cli_main(["--pod-dir", str(pod), "sync", "push"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "smaller than one push" in err[0] and "first push" in err[0], err
+    assert not (tmp_path / "store" / "refs").exists()
+
+
+@pytest.mark.parametrize("retention, words", [
+    ({"keep": 0}, "retention.keep must be an integer from 1"),
+    ({"keep": "3"}, "retention.keep must be an integer"),
+    ({"keep": 3, "budget": "lots"}, "retention.budget must be a size"),
+    ({"keep": 3, "budget": 10}, "retention.budget must be a size"),
+    ({"keep": 3, "pins": ["main"]}, "retention.pins must be a list of revision ids"),
+    ({"keep": 3, "milestones": "yes"}, "retention.milestones must be true or false"),
+    ({"keep": 3, "forever": True}, "forever"),
+])
+def test_a_bad_retention_is_one_line_and_writes_nothing(tmp_path, capsys, retention, words):
+    pod = make_pod(tmp_path, f"file://{tmp_path / 'store'}", retention)
+    before = sorted((p, p.read_bytes() if p.is_file() else None) for p in pod.rglob("*"))
+    assert cli_main(["--pod-dir", str(pod), "sync", "push"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0] and err[0].startswith("error: "), err
+    assert sorted((p, p.read_bytes() if p.is_file() else None) for p in pod.rglob("*")) == before
+
+
+def test_checkpoints_the_pods_own_manifest_names_are_never_deleted(tmp_path, capsys):
+    """After a rollback the pod's manifest names older bytes than the newest push: their hub
+    copy is what a recovery pulls (`hub_revision`), so retention keeps it."""
+    hub_url = f"file://{tmp_path / 'store'}"
+    pod = make_pod(tmp_path, hub_url, {"keep": 2, "milestones": False})
+    store = open_store(hub_url, pod)
+    new_checkpoints(pod, 1000)
+    first = push(pod, capsys)
+    manifest_path = pod / load_config(pod).manifest
+    rolled_back = manifest_path.read_bytes()       # the manifest naming the first push
+    new_checkpoints(pod, 2000)
+    push(pod, capsys)
+    new_checkpoints(pod, 3000)
+    manifest_path.write_bytes(rolled_back)          # as a rollback to the first push leaves it
+    third = push(pod, capsys)
+    held = set(store.stored_objects())
+    assert len(checkpoint_objects(store, first)) == GPUS
+    assert set(checkpoint_objects(store, first)) <= held
+    assert set(checkpoint_objects(store, third)) <= held
