@@ -229,7 +229,8 @@ def training_payload(model, optimizer, settings, *, next_token: int, step: int,
         "format": FORMAT_VERSION, "next_token": next_token, "step": step,
         "ema_tf": ema_tf, "ema_ss": ema_ss, "rng": capture_rng(device),
         "carry_batch": model.carried_batch_size, "settings": settings.to_dict(),
-        "version": __version__, "shard": shard, "saved_at": time.time(),
+        "version": __version__, "shard": shard, "phase": settings.phase,
+        "saved_at": time.time(),
         # identity, checked by the launcher against the manifest entry naming this file
         "gpu": settings.gpu_id, "run_id": settings.run_id,
     }

@@ -171,6 +171,11 @@ class WorkerSettings:
     run_id: str | None = _var("RUN_ID", None, _text,
                               "Identity of the run, recorded in each checkpoint (the launcher "
                               "sets it from the manifest's run_id).")
+    phase: int = _var("PHASE", 1, _int_at_least(1),
+                      "The data phase SHARD belongs to (1-based), recorded in each checkpoint. "
+                      "A checkpoint of phase PHASE-1 starts this phase at START_TOKEN=0 with "
+                      "its weights, optimizer state, carry and RNG (the launcher's phase "
+                      "switch); a checkpoint of another phase is refused.")
     force_start_token: bool = _var("FORCE_START_TOKEN", False, _flag,
                                    "1: accept a START_TOKEN that disagrees with the checkpoint.")
     allow_fresh_start: bool = _var("ALLOW_FRESH_START", False, _flag,

@@ -101,7 +101,9 @@ def find_start(settings: WorkerSettings, shard_len: int) -> StartPoint:
         start = StartPoint(config, int(ts["next_token"]), str(source), "full", ck,
                            step=int(ts["step"]), ema_tf=ts["ema_tf"], ema_ss=ts["ema_ss"],
                            rng=ts["rng"])
-        if settings.start_token is not None and settings.start_token != start.next_token:
+        if _phase_start(settings, ts, source):
+            start.next_token = 0      # the new phase's shard from its first token
+        elif settings.start_token is not None and settings.start_token != start.next_token:
             if not settings.force_start_token:
                 raise SettingsError(
                     f"START_TOKEN={settings.start_token} disagrees with the checkpoint "
@@ -122,6 +124,27 @@ def find_start(settings: WorkerSettings, shard_len: int) -> StartPoint:
         raise SettingsError(f"START_TOKEN={start.next_token} is past the end of the shard "
                             f"({shard_len} tokens)")
     return start
+
+
+def _phase_start(settings: WorkerSettings, train_state: dict, source: Path) -> bool:
+    """Whether this start is a data phase's first: the checkpoint ended phase PHASE-1 (no
+    recorded phase: phase 1) and START_TOKEN=0. A checkpoint of a later phase, or of an
+    earlier one than the previous, is refused: it would re-train or skip a phase."""
+    recorded = train_state.get("phase", 1)
+    if not isinstance(recorded, int) or isinstance(recorded, bool) or recorded < 1:
+        raise SettingsError(f"checkpoint {source} records phase {recorded!r}, not a phase "
+                            f"number")
+    if recorded == settings.phase:
+        return False
+    if recorded == settings.phase - 1 and settings.start_token == 0:
+        return True
+    if recorded == settings.phase - 1:
+        raise SettingsError(f"checkpoint {source} ends phase {recorded}: phase "
+                            f"{settings.phase} starts from it at START_TOKEN=0, got "
+                            f"START_TOKEN={settings.start_token}")
+    raise SettingsError(f"checkpoint {source} is of data phase {recorded}, not phase "
+                        f"{settings.phase} (PHASE) or the one before; set PHASE to "
+                        f"{recorded} to resume it")
 
 
 def build_model(start: StartPoint, batch: int, device: torch.device):

@@ -160,8 +160,8 @@ class Worker:
         or a write on this thread. Either way the event follows the durable file."""
         t0 = time.perf_counter()
         payload = self._payload()
-        numbers = {"next_token": self.next_token, "step": self.step, "ema_tf": self.ema_tf,
-                   "ema_ss": self.ema_ss, "lb": self.last_lb}
+        numbers = {"next_token": self.next_token, "phase": self.s.phase, "step": self.step,
+                   "ema_tf": self.ema_tf, "ema_ss": self.ema_ss, "lb": self.last_lb}
         if self.saver is not None:
             self.saver.submit(payload, numbers)
         else:
@@ -350,6 +350,7 @@ class Worker:
             except OSError:      # the log's disk is full: the exit code still says why
                 pass
         self.log.event("done", reason=reason, step=self.step, next_token=self.next_token,
+                       phase=s.phase,
                        ema_tf=self.ema_tf, ema_ss=self.ema_ss)
         print(f"GPU {s.gpu_id}: DONE ({reason}) next_token={self.next_token}", flush=True)
         self.log.close()
