@@ -143,13 +143,14 @@ class ResumePoint:
     checkpoint: str | None       # relative to the pod dir (or absolute); None: a fresh model
     start_token: int | None      # None: the full checkpoint's own next_token
     ema_tf: float | None
+    phase: int = 1               # the data phase it trains on (its shard)
 
 
 def resume_point(pod_dir: Path, config: PodConfig, gpu: int) -> ResumePoint:
     """Where GPU `gpu` resumes: its manifest entry, else its canonical checkpoint file."""
     entry = read_manifest(pod_dir / config.manifest).entries.get(gpu)
     if entry and entry.checkpoint:
-        return ResumePoint(entry.checkpoint, entry.start_token, entry.ema_tf)
+        return ResumePoint(entry.checkpoint, entry.start_token, entry.ema_tf, entry.at_phase)
     canonical = config.checkpoint_path(gpu)
     if (pod_dir / canonical).is_file():
         return ResumePoint(canonical, None, None)   # the worker reads train_state.next_token
@@ -174,7 +175,7 @@ def canary_env(config: PodConfig, slot: Slot, stage: Stage, start: ResumePoint, 
                run_dir: Path, exact: bool) -> dict:
     """The launcher's worker environment for this stage, redirected to scratch files."""
     spec = WorkerSpec(slot, stage.settings, start_token=start.start_token,
-                      ckpt_in=start.checkpoint, max_steps=steps)
+                      ckpt_in=start.checkpoint, max_steps=steps, phase=start.phase)
     env = build_env(config, spec)
     env.update({"CKPT_OUT": str(run_dir / "canary.pt"), "METRICS": str(run_dir / "metrics.jsonl"),
                 "LOG_EVERY": "1", "SAVE_EVERY": "0", "SAVE_KEEP": "1",

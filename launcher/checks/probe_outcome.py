@@ -10,6 +10,7 @@ from launcher.checks.criteria import AT_ONCE
 from launcher.checks.health import FAILED, SUCCESSFUL, CheckState, GpuHealth, Measurement
 from launcher.checks.probe_check import Baseline
 from launcher.pod.ckpt_index import FAILED as CK_FAILED
+from launcher.pod.manifest import event_position
 
 BASELINE = "baseline"          # an outcome that set the baseline (no verdict)
 CHECK_NAME = "probe"           # its name among the GPU's health checks
@@ -74,5 +75,6 @@ def _fail_from(request: ProbeRequest, index, reason: str) -> None:
     if probed is None:
         return
     for record in rows:
-        if record["next_token"] >= probed["next_token"] and record["verdict"] != CK_FAILED:
+        if event_position(record) >= event_position(probed) and \
+                record["verdict"] != CK_FAILED:
             index.mark(request.gpu, record["sha256"], CK_FAILED, f"AR probe failed: {reason}")

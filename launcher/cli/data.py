@@ -38,7 +38,7 @@ def push(ctx, url: str) -> None:
     from launcher.hub.sync import retry_policy
     pod_dir = pod_dir_of(ctx)
     config = load_config(pod_dir)
-    paths = [config.shard_path(s.gpu) for s in parse_devices(config.devices)]
+    paths = [rel for s in parse_devices(config.devices) for rel in config.shard_paths(s.gpu)]
     try:
         source, uploaded = push_shards(pod_dir, paths, absolute_hub_url(url, Path.cwd()),
                                        retry_policy(config))

@@ -7,6 +7,7 @@ relative to the pod directory. Unknown keys are refused (a typo must not be igno
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ import yaml
 from launcher.paths import CONFIG_NAME  # noqa: F401 (re-exported)
 from launcher.errors import UserError, refuse_unknown_keys
 from launcher.config.devices import parse_devices
+from launcher.config.phases import Phase, parse_phases
 from launcher.config.yamlfile import read_yaml
 
 if TYPE_CHECKING:
@@ -33,7 +35,8 @@ class PodConfig:
     # "cpu:N" (N CPU workers), "cuda" (every visible GPU), "cuda:0,1,2" or "cuda:0-7",
     # or "auto": every GPU nvidia-smi lists, else cpu:2.
     devices: str = "auto"
-    shards: str = "data/shard_phase2_gpu{i}.npy"
+    # One shard pattern, or an ordered list of data phases (launcher/config/phases.py).
+    shards: str | list = "data/shard_phase2_gpu{i}.npy"
     checkpoints: str = "checkpoints/fractus_1b_gpu{i}.pt"
     manifest: str = "checkpoints/RESUME_MANIFEST_8GPU.json"
     stages: str = "manifests/stages.yaml"
@@ -75,8 +78,31 @@ class PodConfig:
     # (launcher/dashboard/goodput.py). None: hours only.
     price_per_gpu_hour: float | None = None
 
-    def shard_path(self, gpu: int) -> str:
-        return self.shards.format(i=gpu)
+    @property
+    def phases(self) -> tuple[Phase, ...]:
+        """`shards:` parsed (once per value: the list is the user's, kept raw for to_dict)."""
+        cached = self.__dict__.get("_phases")
+        if cached is None or cached[0] != self.shards:
+            cached = (copy.deepcopy(self.shards),
+                      parse_phases(self.shards, "shards", _check_template))
+            self.__dict__["_phases"] = cached
+        return cached[1]
+
+    def phase(self, number: int) -> Phase:
+        """Phase `number` (1-based); ValueError past the last (a manifest naming a phase the
+        config no longer lists is refused by the caller with its own fix)."""
+        if not 1 <= number <= len(self.phases):
+            raise ValueError(f"phase {number} is not one of the {len(self.phases)} phase(s) "
+                             f"shards: lists")
+        return self.phases[number - 1]
+
+    def shard_path(self, gpu: int, phase: int = 1) -> str:
+        """GPU `gpu`'s shard in phase `phase` (1: the first, or the only one)."""
+        return self.phase(phase).shard(gpu)
+
+    def shard_paths(self, gpu: int) -> list[str]:
+        """Every phase's shard of GPU `gpu`, in phase order: what the GPU trains on in all."""
+        return [phase.shard(gpu) for phase in self.phases]
 
     def checkpoint_path(self, gpu: int) -> str:
         return self.checkpoints.format(i=gpu)
@@ -219,6 +245,8 @@ _TEMPLATE_FIELDS = ("i",)
 def _check_template(key: str, value: str, source: str) -> None:
     import string
     fix = f"write it like {getattr(PodConfig(), key)!r}, with {{i}} for the GPU index"
+    if not isinstance(value, str):
+        raise UserError(f"{source}: {key} must be a path string, got {value!r}; {fix}")
     try:
         parts = list(string.Formatter().parse(value))
     except ValueError as exc:
@@ -258,6 +286,8 @@ def _check_types(data: dict, source: str) -> None:
         default = getattr(defaults, key)
         if value is None and key in _OPTIONAL_TYPES:
             continue
+        if key == "shards":
+            continue        # a pattern or a list of phases: parse_phases checks it below
         expected = type(default) if default is not None else _OPTIONAL_TYPES[key]
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             continue
@@ -267,9 +297,10 @@ def _check_types(data: dict, source: str) -> None:
         if data.get(key) is not None and not low <= data[key] <= high:
             raise UserError(f"{source}: {key} must be between {low:g} and {high:g}, got "
                             f"{data[key]!r}; the default is {getattr(defaults, key)!r}")
-    for key in ("shards", "checkpoints"):
-        if key in data:
-            _check_template(key, data[key], source)
+    if "checkpoints" in data:
+        _check_template("checkpoints", data["checkpoints"], source)
+    if "shards" in data:
+        parse_phases(data["shards"], source, _check_template)
     if "env" in data:
         _check_env(data["env"], source)
     if data.get("hub") is not None:
@@ -418,13 +449,14 @@ def missing_shards_fix(pod_dir: Path, missing: list[str]) -> str:
 
 
 def missing_shards(pod_dir: Path, config: PodConfig) -> list[str]:
-    """The shard paths of the config's devices that are not files yet (relative to the pod)."""
+    """The shard paths of the config's devices, every phase's, that are not files yet
+    (relative to the pod)."""
     try:
         slots = parse_devices(config.devices)
     except UserError:
         return []
-    return [config.shard_path(s.gpu) for s in slots
-            if not (pod_dir / config.shard_path(s.gpu)).is_file()]
+    return [rel for s in slots for rel in config.shard_paths(s.gpu)
+            if not (pod_dir / rel).is_file()]
 
 
 def write_demo_shards(pod_dir: Path, config: PodConfig) -> list[Path]:

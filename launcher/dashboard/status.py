@@ -20,7 +20,8 @@ from launcher.pod.ckpt_index import CheckpointIndex
 from launcher.pod.events import read_events
 from launcher.checks.health import PENDING, RUNNING
 from launcher.pod.lock import read_holder
-from launcher.pod.manifest import ManifestEntry, ManifestError, current_stage, read_manifest
+from launcher.pod.manifest import (ManifestEntry, ManifestError, current_stage, event_position,
+                                   read_manifest)
 from launcher.config.devices import parse_devices
 from launcher.config.podconfig import PodConfig
 from launcher.pod.live_state import read_pod_state
@@ -111,8 +112,12 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8,
             metrics = {}          # a line from before this launch: not this run's numbers
         if live.get("state") == "waiting":
             metrics = {}          # its lost worker's: it resumes at the manifest's point
-        shard = (entry and entry.shard) or config.shard_path(gpu)
-        length = _shard_len(pod_dir, shard)
+        phase = entry.at_phase if entry else 1
+        try:
+            shard = (entry and entry.shard) or config.shard_path(gpu, phase)
+        except ValueError:        # a phase the config no longer lists (launch refuses it)
+            shard = None
+        length = _shard_len(pod_dir, shard) if shard else None
         # Running: the worker's newest line is the truth; stopped: the manifest is (the
         # final checkpoint comes after the last metrics line, a rollback before it).
         next_token = (metrics.get("next_token") if state and metrics else None)
@@ -143,6 +148,11 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8,
             "alive": _alive(pid) if node is None else live.get("state") == "running",
             "state": live.get("state", "not running"),
             "stage": entry.stage,
+            # The data phase and its shard: shard_pct is the share of this phase done.
+            "phase": phase,
+            "phases": len(config.phases),
+            "phase_name": config.phases[phase - 1].name if phase <= len(config.phases)
+            else None,
             "next_token": next_token,
             "start_token": entry.start_token,
             "shard_tokens": length,
@@ -257,7 +267,7 @@ def _checkpoint_problem(pod_dir: Path, gpu: int, entry: ManifestEntry,
         return f"{rel} cannot be read: {exc.strerror or exc}"
     if actual == recorded or any(r["sha256"] == actual for r in index.pending(gpu)):
         return None     # (or a newer checkpoint the running launcher is recording)
-    if _newer_save(pod_dir, gpu, actual, entry.start_token or 0):
+    if _newer_save(pod_dir, gpu, actual, (entry.at_phase, entry.start_token or 0)):
         # The worker's own save past the recorded one, read between its rotation and the
         # launcher's record of it (index and manifest were read before the hashing): no
         # replacement. 10 of 25 polls of a healthy pod warned here. An older checkpoint
@@ -267,19 +277,19 @@ def _checkpoint_problem(pod_dir: Path, gpu: int, entry: ManifestEntry,
             f"manifest {recorded[:12]}...): it was replaced after the launcher recorded it")
 
 
-def _newer_save(pod_dir: Path, gpu: int, sha256: str, recorded_token: int) -> bool:
-    """Whether these bytes are a save of the GPU's worker past `recorded_token`: in the
+def _newer_save(pod_dir: Path, gpu: int, sha256: str, recorded: tuple[int, int]) -> bool:
+    """Whether these bytes are a save of the GPU's worker past `recorded` (phase, token): in the
     checkpoint index read now, or in a checkpoint event of the worker's METRICS file's tail
     (read after the file was hashed, so the event of the save that was hashed is written
     by then; an older save is in the index)."""
-    if any(r["sha256"] == sha256 and r["next_token"] > recorded_token
+    if any(r["sha256"] == sha256 and event_position(r) > recorded
            for r in CheckpointIndex(pod_dir).for_gpu(gpu)):
         return True
 
     def newer(record: dict) -> bool:
         token = record.get("next_token")
         return (record.get("event") == "checkpoint" and record.get("sha256") == sha256
-                and isinstance(token, int) and token > recorded_token)
+                and isinstance(token, int) and event_position(record) > recorded)
     return last_record(pod_dir / metrics_path(gpu), newer) is not None
 
 

@@ -56,6 +56,7 @@ COLUMNS = (
     Column("NODE", lambda r: fmt(r.get("node"))[:12], 11),
     Column("state", lambda r: r["state"], 1),
     Column("stage", lambda r: fmt(r["stage"]), 5, right=True),
+    Column("phase", lambda r: f"{fmt(r.get('phase'))}/{fmt(r.get('phases'))}", 16, right=True),
     Column("next_token", lambda r: fmt(r["next_token"], ","), 3, right=True),
     Column("shard %", lambda r: fmt(r["shard_pct"], ".2f"), 7, right=True),
     Column("ema_tf", lambda r: fmt(r["ema_tf"], ".4f"), 4, right=True),

@@ -18,12 +18,13 @@ import uuid
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from launcher.errors import UserError
 from launcher.paths import MERGED_PATH, SNAPSHOT_DIR
 from launcher.pod.ckpt_index import CheckpointIndex
 from launcher.files import atomic_write_bytes
-from launcher.pod.manifest import Manifest, ManifestEntry
+from launcher.pod.manifest import Manifest, ManifestEntry, event_phase
 from launcher.config.podconfig import CONFIG_NAME, PodConfig
 from launcher.pod.progress import progress
 
@@ -44,6 +45,9 @@ class Snapshot:
     manifest_doc: dict = field(default_factory=dict)
     # The manifest the push sends: each merged checkpoint must be its GPU's own entry's.
     manifest: Manifest | None = None
+    # The pod config's shard of a GPU in a data phase (PodConfig.shard_path), for the
+    # identity check of each merged checkpoint.
+    shard_of: Callable[..., str] | None = None
     merge: bool = False
 
     def checkpoints_key(self) -> tuple:
@@ -112,7 +116,8 @@ def take_snapshot(pod_dir: Path, config: PodConfig, manifest: Manifest,
         snap.files[hub_path] = local
         snap.expected[hub_path] = record["sha256"]
         snap.pushed[gpu] = (hub_path, record["sha256"])
-        entries[gpu] = hub_entry(entry, record, hub_path, config.shard_path(gpu))
+        entries[gpu] = hub_entry(entry, record, hub_path,
+                                 config.shard_path(gpu, event_phase(record)))
     if not entries:
         snap.discard()
         return None
@@ -144,6 +149,7 @@ def _add_manifest(snap: Snapshot, pod_dir: Path, config: PodConfig, manifest: Ma
     snap.manifest = Manifest(Path(config.manifest), _with_fresh_starts(manifest, entries),
                              dict(manifest.extra))
     snap.manifest_doc = snap.manifest.to_json()
+    snap.shard_of = config.shard_path
     for rel in pod_files(pod_dir, config):
         snap.files[rel] = pod_dir / rel
 
@@ -163,7 +169,7 @@ def take_manifest_snapshot(pod_dir: Path, config: PodConfig, manifest: Manifest,
         snap.pushed[gpu] = (hub_path, record["sha256"])
         snap.on_hub[hub_path] = record["hub_revision"]
         entries[gpu] = hub_entry(manifest.entries.get(gpu), record, hub_path,
-                                 config.shard_path(gpu))
+                                 config.shard_path(gpu, event_phase(record)))
     snap.dir.mkdir(parents=True, exist_ok=True)
     _add_manifest(snap, pod_dir, config, manifest, entries)
     return snap
@@ -192,9 +198,7 @@ def send(store, snap: Snapshot, message: str) -> str:
 
         def its_own(path: str, local: Path) -> None:
             """The launch's identity rules (GPU, shard, run, token) against the pushed entry."""
-            entries = snap.manifest.entries
-            check_entry(snap.manifest, store.pod_dir, gpu_of[path],
-                        lambda gpu: entries[gpu].shard, path=local)
+            check_entry(snap.manifest, store.pod_dir, gpu_of[path], snap.shard_of, path=local)
 
         try:
             merge_checkpoints([path for _, (path, _sha) in sorted(snap.pushed.items())],

@@ -95,6 +95,8 @@ class CheckpointIndex:
             "next_token": int(event["next_token"]), "step": event.get("step"),
             "ema_tf": event.get("ema_tf"), "lb": event.get("lb"), "stage": stage,
             "verdict": verdict, "reason": reason}
+        if event.get("phase", 1) != 1:     # a later data phase (none recorded: phase 1)
+            record["phase"] = int(event["phase"])
         record["retained"] = self._retain(record, event.get("bytes"), event.get("mtime_ns"))
         return self._append(record)
 
@@ -110,9 +112,9 @@ class CheckpointIndex:
         return record
 
     def for_gpu(self, gpu: int) -> list[dict]:
-        """This GPU's checkpoints, oldest token first."""
+        """This GPU's checkpoints, oldest first: by data phase, then token."""
         rows = [r for (g, _), r in self.records.items() if g == gpu]
-        return sorted(rows, key=lambda r: (r["next_token"], r.get("ts", 0)))
+        return sorted(rows, key=lambda r: (r.get("phase") or 1, r["next_token"], r.get("ts", 0)))
 
     def pending(self, gpu: int) -> list[dict]:
         return [r for r in self.for_gpu(gpu) if r["verdict"] == PENDING]

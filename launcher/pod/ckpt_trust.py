@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 
-from launcher.pod.manifest import RUN_ID_KEY, Manifest, ManifestError
+from launcher.pod.manifest import RUN_ID_KEY, Manifest, ManifestError, phase_shard
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,7 @@ class CheckpointIdentity:
     shard: str | None
     run_id: str | None
     next_token: int | None     # full (v2) checkpoints only: the exact resume token
+    phase: int | None = None   # the data phase it was trained in (None: not recorded)
 
 
 def read_identity(path: Path, model: str | None = None,
@@ -42,11 +43,13 @@ def read_identity(path: Path, model: str | None = None,
         else {}
     gpu = train_state.get("gpu", config.get("gpu"))
     next_token = train_state.get("next_token")
+    phase = train_state.get("phase")
     return CheckpointIdentity(
         gpu=gpu if isinstance(gpu, int) and not isinstance(gpu, bool) else None,
         shard=train_state.get("shard") if isinstance(train_state.get("shard"), str) else None,
         run_id=train_state.get("run_id") if isinstance(train_state.get("run_id"), str) else None,
-        next_token=next_token if isinstance(next_token, int) else None)
+        next_token=next_token if isinstance(next_token, int) else None,
+        phase=phase if isinstance(phase, int) and not isinstance(phase, bool) else None)
 
 
 def _check_model_fit(ck: dict, model: str, pod_dir: Path | None) -> None:
@@ -75,10 +78,30 @@ def _check_model_fit(ck: dict, model: str, pod_dir: Path | None) -> None:
         raise ValueError(f"its tensors do not fit model {model!r} ({mismatch})")
 
 
+def _phase_start(manifest: Manifest, gpu: int, found: CheckpointIdentity, shard_of) -> bool:
+    """Whether the entry is a phase switch the launcher recorded (launcher/supervise/
+    phase_switch.py): at token 0 of phase N > 1, its own shard that phase's, resuming from a
+    checkpoint of phase N-1 trained on phase N-1's shard. Nothing else passes for one."""
+    entry = manifest.entries[gpu]
+    if entry.at_phase < 2 or entry.start_token != 0:
+        return False
+    if found.phase is not None and found.phase != entry.at_phase - 1:
+        return False
+    if found.shard is None:
+        return False
+    try:
+        ended, current = shard_of(gpu, entry.at_phase - 1), shard_of(gpu, entry.at_phase)
+    except ValueError:
+        return False
+    return PurePath(found.shard).name == PurePath(ended).name and \
+        (entry.shard is None or PurePath(entry.shard).name == PurePath(current).name)
+
+
 def check_entry(manifest: Manifest, pod_dir: Path, gpu: int, shard_of,
                 model: str | None = None, path: Path | None = None) -> None:
     """Refuse (ManifestError, one line) a named checkpoint that is not GPU `gpu`'s own at
-    the entry's start_token. `shard_of(gpu)` is the config's shard path; `model`, the
+    the entry's start_token (or the end of the phase before, at a phase's token 0).
+    `shard_of(gpu, phase)` is the config's shard path; `model`, the
     pod's model, which the file's tensors must fit; `path` the file to read when it is not
     the named one in the pod (a hub copy fetched for a merge)."""
     entry = manifest.entries.get(gpu)
@@ -93,18 +116,25 @@ def check_entry(manifest: Manifest, pod_dir: Path, gpu: int, shard_of,
                             f"GPU back") from None
     # At token 0 another GPU's weights are an initialisation, not a resume (the user's own
     # practice: a new GPU starts from the merged brain, whose config names GPU 0; adopt
-    # --init-new-from): nothing of this GPU's shard has been trained yet.
-    if found.gpu is not None and found.gpu != gpu and entry.start_token > 0:
+    # --init-new-from): nothing of this GPU's shard has been trained yet. Token 0 of a later
+    # data phase is a resume of the GPU's own run.
+    if found.gpu is not None and found.gpu != gpu and entry.position > (1, 0):
         raise ManifestError(f"{where} was written by GPU {found.gpu}, not GPU {gpu}; point "
                             f"gpu_{gpu} at its own checkpoint")
-    shard = entry.shard or shard_of(gpu)
-    if found.shard is not None and PurePath(found.shard).name != PurePath(shard).name:
-        raise ManifestError(f"{where} was trained on shard {found.shard}, not {shard}; point "
-                            f"gpu_{gpu} at a checkpoint of its own shard")
     run_id = manifest.extra.get(RUN_ID_KEY)
     if found.run_id is not None and run_id is not None and found.run_id != run_id:
         raise ManifestError(f"{where} belongs to run {found.run_id}, not this pod's run "
                             f"{run_id}; point gpu_{gpu} at a checkpoint of this run")
+    if _phase_start(manifest, gpu, found, shard_of):
+        return      # the end of the phase before: the switch the launcher recorded
+    shard = entry.shard or phase_shard(manifest, gpu, shard_of)
+    if found.shard is not None and PurePath(found.shard).name != PurePath(shard).name:
+        raise ManifestError(f"{where} was trained on shard {found.shard}, not {shard}; point "
+                            f"gpu_{gpu} at a checkpoint of its own shard")
+    if found.phase is not None and found.phase != entry.at_phase:
+        raise ManifestError(f"{where} was written in data phase {found.phase}, not the "
+                            f"entry's phase {entry.at_phase}; point gpu_{gpu} at a checkpoint "
+                            f"of its phase")
     if found.next_token is not None and found.next_token != entry.start_token:
         raise ManifestError(f"{where} resumes at token {found.next_token} but the entry's "
                             f"start_token is {entry.start_token}; set start_token to "

@@ -244,11 +244,12 @@ def validate_for_launch(manifest: Manifest, pod_dir: Path, gpus: list[int],
     for gpu in gpus:
         entry = manifest.entries.get(gpu)
         named = entry.shard if entry else None
-        if named and os.path.normpath(named) != os.path.normpath(shard_path_of(gpu)):
+        configured = phase_shard(manifest, gpu, shard_path_of)
+        if named and os.path.normpath(named) != os.path.normpath(configured):
             raise ManifestError(f"{where}: gpu_{gpu} trained on shard {named} but the pod "
-                                f"config's shards: names {shard_path_of(gpu)}; make "
+                                f"config's shards: names {configured}; make "
                                 f"shards: in fractus-pod.yaml name the manifest's shard")
-        shard = pod_dir / (named or shard_path_of(gpu))
+        shard = pod_dir / (named or configured)
         if not shard.is_file():
             raise ManifestError(f"shard for GPU {gpu} not found: {shard}; put it there or fix "
                                 f"shards: in fractus-pod.yaml")
@@ -271,6 +272,19 @@ def validate_for_launch(manifest: Manifest, pod_dir: Path, gpus: list[int],
         if entry.start_token > 0 and not ckpt:
             raise ManifestError(f"{where}: gpu_{gpu} has progress (start_token "
                                 f"{entry.start_token}) but names no checkpoint")
+
+
+def phase_shard(manifest: Manifest, gpu: int, shard_path_of) -> str:
+    """The config's shard (`shard_path_of(gpu, phase)`) for the data phase GPU `gpu`'s entry
+    is in; ManifestError when the config lists fewer phases than the entry has reached."""
+    entry = manifest.entries.get(gpu)
+    phase = entry.at_phase if entry else 1
+    try:
+        return shard_path_of(gpu, phase)
+    except ValueError as exc:
+        raise ManifestError(f"manifest {manifest.path}: gpu_{gpu} is in data phase {phase} "
+                            f"but {exc}; list that phase's shard in shards: of "
+                            f"fractus-pod.yaml") from None
 
 
 def checkpoint_not_a_file(where: str, gpu: int, name: str, pod_dir: Path) -> str:
@@ -317,22 +331,38 @@ def relative_to_pod(path: str | Path, pod_dir: Path) -> str:
 def apply_checkpoint(manifest: Manifest, gpu: int, event: dict, stage: int, pod_dir: Path,
                      shard: str) -> bool:
     """Advance a GPU's entry from a worker's checkpoint event. False if it was stale.
+    `shard`: the shard of the event's data phase.
 
-    An event whose next_token is behind the entry is refused (BackwardsError) unless it
+    An event whose (phase, next_token) is behind the entry is refused (BackwardsError) unless it
     repeats what is already recorded: only a rollback may move a GPU backwards."""
     entry = manifest.entries.get(gpu)
     next_token = int(event["next_token"])
+    phase = event_phase(event)
     if entry is not None:
-        if next_token < entry.start_token:
-            raise BackwardsError(f"gpu_{gpu}: checkpoint at token {next_token} is behind the "
-                                 f"manifest ({entry.start_token}); refused")
-        if entry.start_token == next_token and entry.checkpoint_sha256 == event.get("sha256"):
+        if (phase, next_token) < entry.position:
+            raise BackwardsError(f"gpu_{gpu}: checkpoint at phase {phase} token {next_token} "
+                                 f"is behind the manifest (phase {entry.at_phase} token "
+                                 f"{entry.start_token}); refused")
+        if entry.position == (phase, next_token) and \
+                entry.checkpoint_sha256 == event.get("sha256"):
             return False
     else:
         entry = manifest.entries[gpu] = ManifestEntry(start_token=next_token)
     entry.advance(next_token, relative_to_pod(event["path"], pod_dir), event.get("sha256"),
-                  shard, stage, event.get("ema_tf"), event.get("lb"))
+                  shard, stage, event.get("ema_tf"), event.get("lb"), phase)
     return True
+
+
+def event_position(event: dict) -> tuple[int, int]:
+    """(phase, next_token) of a checkpoint event or index record: the order of progress."""
+    return event_phase(event), int(event["next_token"])
+
+
+def event_phase(event: dict) -> int:
+    """The data phase a worker's checkpoint event (or index record) was written in: 1 when
+    it records none (a worker before phases, a one-phase pod)."""
+    phase = event.get("phase")
+    return phase if isinstance(phase, int) and not isinstance(phase, bool) and phase >= 1 else 1
 
 
 def apply_rollback(manifest: Manifest, gpu: int, target: dict, stage: int) -> ManifestEntry:

@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass, field
 
 # The per-GPU fields this launcher maintains, in the order they are written.
-ENTRY_FIELDS = ("start_token", "checkpoint", "checkpoint_sha256", "shard", "stage", "ema_tf",
-                "lb", "updated_at", "hub_revision")
+ENTRY_FIELDS = ("start_token", "checkpoint", "checkpoint_sha256", "shard", "phase", "stage",
+                "ema_tf", "lb", "updated_at", "hub_revision")
 # Foreign progress fields that mean the same as start_token: kept equal to it at every write.
 SAME_AS_START_TOKEN = ("tokens_processed",)
 # The fields that describe the checkpoint an entry resumes from (gone for a fresh start).
@@ -38,6 +38,8 @@ _FIELD_TYPES = {
     "shard": ("a path string", lambda v: isinstance(v, str) and bool(v)),
     "stage": ("an integer >= 1", lambda v: isinstance(v, int) and not isinstance(v, bool)
               and v >= 1),
+    "phase": ("an integer from 1 to 1000", lambda v: isinstance(v, int)
+              and not isinstance(v, bool) and 1 <= v <= 1000),
     "ema_tf": ("a number", _is_number),
     "lb": ("a number", _is_number),
     "updated_at": ("a number (unix time)", _is_number),
@@ -55,6 +57,9 @@ class ManifestEntry:
     checkpoint: str | None = None           # relative to the pod (or absolute inside it)
     checkpoint_sha256: str | None = None
     shard: str | None = None
+    # The data phase (1-based) start_token counts in; None: never switched, phase 1. Written
+    # only once a GPU has switched, so a one-phase pod's manifest keeps its user's layout.
+    phase: int | None = None
     stage: int | None = None                # the stage its checkpoint was trained at
     ema_tf: float | None = None
     lb: float | None = None
@@ -130,18 +135,41 @@ class ManifestEntry:
         if name in self.recorded:
             self.recorded.remove(name)
 
+    # ---- progress: where the GPU is, in (phase, token) order ------------------------------
+    @property
+    def at_phase(self) -> int:
+        """The data phase start_token counts in (1 when none is recorded)."""
+        return self.phase or 1
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """(phase, start_token): progress compares in this order, never by token alone
+        (token 0 of phase 2 is after every token of phase 1)."""
+        return self.at_phase, self.start_token
+
     # ---- the operations that change an entry ---------------------------------------------
     def advance(self, next_token: int, checkpoint: str, sha256: str | None, shard: str,
-                stage: int, ema_tf: float | None, lb: float | None) -> None:
-        """To a checkpoint a worker wrote (the caller refuses going backwards)."""
+                stage: int, ema_tf: float | None, lb: float | None,
+                phase: int = 1) -> None:
+        """To a checkpoint a worker wrote in `phase` (the caller refuses going backwards)."""
         self._forget_hub_revision_unless(sha256)
         for name, value in (("start_token", next_token), ("checkpoint", checkpoint),
                             ("checkpoint_sha256", sha256), ("shard", shard), ("stage", stage),
                             ("ema_tf", ema_tf), ("lb", lb), ("updated_at", time.time())):
             self[name] = value
+        self._note_phase(phase)
+
+    def switch_phase(self, phase: int, shard: str) -> None:
+        """To token 0 of data phase `phase`'s `shard`, resuming from the checkpoint it names
+        (the end of the phase before): weights, optimizer and carry continue."""
+        for name, value in (("start_token", 0), ("shard", shard), ("phase", phase),
+                            ("updated_at", time.time())):
+            self[name] = value
 
     def roll_back(self, target: dict, stage: int) -> None:
-        """To a passed checkpoint `target` (a checkpoint-index record); its shard is kept."""
+        """To a passed checkpoint `target` (a checkpoint-index record); its shard is kept,
+        unless the target is of another data phase: then the entry names none, and the
+        config's shard of that phase applies."""
         self._forget_hub_revision_unless(target["sha256"])
         for name, value in (("start_token", int(target["next_token"])),
                             ("checkpoint", target["path"]),
@@ -149,6 +177,15 @@ class ManifestEntry:
                             ("ema_tf", target.get("ema_tf")), ("lb", target.get("lb")),
                             ("updated_at", time.time())):
             self[name] = value
+        phase = int(target.get("phase") or 1)
+        if phase != self.at_phase:
+            self._forget("shard")
+        self._note_phase(phase)
+
+    def _note_phase(self, phase: int) -> None:
+        """Record `phase` once it is past 1, or when the entry already records one."""
+        if phase != 1 or self.phase is not None:
+            self["phase"] = phase
 
     def start_over(self) -> None:
         """Back to token 0 with no checkpoint: nothing the GPU wrote is left to resume from."""
@@ -170,20 +207,34 @@ class ManifestEntry:
 
     def as_pushed(self, record: dict, hub_path: str, shard: str) -> ManifestEntry:
         """The entry the hub gets with a pushed passed checkpoint `record` at `hub_path` (its
-        own shard, else `shard`): no hub_revision (a pushed manifest cannot know its own
-        commit). The stage is the entry's (the stage the pod resumes at: a rollback or a
-        stage switch sets it), the checkpoint's only for an entry recording none: a
-        checkpoint trained at stage 3 and rolled back to stage 2 resumes at 2."""
+        own shard, else `shard`, the shard of the record's data phase): no hub_revision (a
+        pushed manifest cannot know its own commit). The stage is the entry's (the stage the
+        pod resumes at: a rollback or a stage switch sets it), the checkpoint's only for an
+        entry recording none: a checkpoint trained at stage 3 and rolled back to stage 2
+        resumes at 2. When the entry is a phase switch from that very checkpoint, the switch
+        is what is pushed."""
         pushed = self.copy()
         pushed._forget("hub_revision")
-        for name, value in (("start_token", int(record["next_token"])),
+        if record["sha256"] == self.checkpoint_sha256 and self.at_phase > 1 and \
+                self.start_token == 0:
+            # A phase switch from this checkpoint: the hub resumes at the new phase's token 0.
+            position = {"start_token": 0, "shard": self.shard or shard, "phase": self.phase}
+        else:
+            phase = int(record.get("phase") or 1)
+            same_phase = phase == self.at_phase
+            position = {"start_token": int(record["next_token"]),
+                        "shard": (self.shard if same_phase else None) or shard,
+                        "phase": phase if (phase > 1 or self.phase is not None) else None}
+        for name, value in (("start_token", position["start_token"]),
                             ("checkpoint", hub_path), ("checkpoint_sha256", record["sha256"]),
-                            ("shard", self.shard or shard),
+                            ("shard", position["shard"]),
                             ("stage", self.stage if self.stage is not None
                                        else record.get("stage")),
                             ("ema_tf", record.get("ema_tf")), ("lb", record.get("lb")),
                             ("updated_at", record.get("ts", self.updated_at))):
             pushed[name] = value
+        if position["phase"] is not None:
+            pushed["phase"] = position["phase"]
         return pushed
 
     def _forget_hub_revision_unless(self, new_sha256: str | None) -> None:

@@ -9,6 +9,7 @@ from launcher.supervise.backend import WorkerExit
 from launcher.supervise.ending import PodEnding
 from launcher.supervise.gpu_run import GpuRun
 from launcher.supervise.monitor import WorkerMonitor
+from launcher.supervise.phase_switch import PhaseSwitch
 from launcher.supervise.placement import NodePlacement
 from launcher.supervise.pod_run import PodRun
 from launcher.supervise.restart import RestartPolicy
@@ -20,9 +21,9 @@ STOPPED_BY_SIGNAL = ("signal", "signal_before_first_step")
 
 class ExitHandlers:
     def __init__(self, pod: PodRun, monitor: WorkerMonitor, restarts: RestartPolicy,
-                 placement: NodePlacement, ending: PodEnding):
+                 placement: NodePlacement, ending: PodEnding, phases: PhaseSwitch):
         self.pod, self.monitor, self.restarts = pod, monitor, restarts
-        self.placement, self.ending = placement, ending
+        self.placement, self.ending, self.phases = placement, ending, phases
         self.by_event = {
             GpuEvent.FINISHED: self.finished,
             GpuEvent.STOPPED: self.stopped,
@@ -77,6 +78,8 @@ class ExitHandlers:
             # must not idle while the pod says running, so it restarts, within the budget.
             self.restarts.crash(run, f"stopped by a signal the launcher did not send "
                                      f"(done: {run.done_reason})")
+            return
+        if self.phases.switch(run):      # the end of a phase's shard: on to the next one
             return
         run.apply(GpuEvent.FINISHED)
 

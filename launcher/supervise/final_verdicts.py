@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 
+from launcher.pod.manifest import event_phase
 from launcher.pod.progress import progress
 from launcher.supervise.monitor import WorkerMonitor
 from launcher.supervise.pod_run import PodRun
@@ -33,7 +34,8 @@ class FinalVerdicts:
             record = last[gpu] = pending[-1]
             if pod.probes is not None:
                 pod.probes.probe_final(gpu, record.get("retained") or record["path"],
-                                       pod.plan.config.shard_path(gpu), record["sha256"],
+                                       pod.plan.config.shard_path(gpu, event_phase(record)),
+                                       record["sha256"],
                                        record.get("step"))
         if not last:
             return

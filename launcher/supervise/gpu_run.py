@@ -29,6 +29,7 @@ class GpuRun:
     last_error: str | None = None        # the worker's last error (event, else its log)
     error_reported: bool = False         # this run's worker wrote an `error` event
     done_reason: str | None = None       # its worker's `done` event: why it ended (this start)
+    done_at: tuple | None = None         # ... and where: (phase, next_token)
     verified_seen: tuple | None = None
     announced_wait: bool = False         # its gpu_waiting event is out
     peer_marks: dict = field(default_factory=dict)   # kind -> why it is off its peers now

@@ -17,6 +17,7 @@ from launcher.pod.manifest import (
     apply_rollback,
     atomic_write_text,
     current_stage,
+    event_position,
     read_manifest,
     write_manifest,
 )
@@ -65,7 +66,8 @@ def manual_rollback(pod_dir: Path, to_stage: int, gpus: list[int]) -> str:
                                          to_stage))
                 continue
             for record in index.for_gpu(gpu):
-                if record["next_token"] > target["next_token"] and record["verdict"] != FAILED:
+                if event_position(record) > event_position(target) and \
+                        record["verdict"] != FAILED:
                     index.mark(gpu, record["sha256"], FAILED, "rolled back by hand")
             events.emit("rollback", gpu=gpu, from_stage=manifest.entries[gpu].stage,
                         to_stage=to_stage, from_token=manifest.start_token(gpu),
@@ -176,7 +178,8 @@ def _probe_files(pod_dir: Path, config, gpu: int | None, checkpoint: str | None,
         raise UserError(f"GPU {gpu} has no checkpoint to probe yet")
     ckpt = _existing(pod_dir, start.checkpoint, f"GPU {gpu} checkpoint", typed=False)
     shard_path = (_existing(pod_dir, shard, "shard", typed=True) if shard is not None else
-                  _existing(pod_dir, (entry and entry.shard) or config.shard_path(gpu),
+                  _existing(pod_dir, (entry and entry.shard) or
+                            config.shard_path(gpu, entry.at_phase if entry else 1),
                             f"GPU {gpu} shard", typed=False))
     head = start.start_token
     if head is None and entry is not None:
@@ -195,7 +198,7 @@ def _shard_head(pod_dir: Path, config, shard_path: Path) -> tuple[int, str]:
         return 0, "the start of the shard"
     for gpu in sorted(gpus):
         entry = manifest.entries.get(gpu)
-        rel = (entry and entry.shard) or config.shard_path(gpu)
+        rel = (entry and entry.shard) or config.shard_path(gpu, entry.at_phase if entry else 1)
         if (pod_dir / rel).resolve() == shard_path and entry and entry.start_token is not None:
             return entry.start_token, f"GPU {gpu}'s manifest head, token {entry.start_token:,}"
     return 0, "the start of the shard (no GPU of the manifest trains on it)"

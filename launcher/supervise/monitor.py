@@ -13,8 +13,8 @@ from launcher.checks.peers import PeersCheck
 from launcher.checks.probe_outcome import apply_outcome
 from launcher.pod.ckpt_index import FAILED as CK_FAILED
 from launcher.pod.ckpt_index import PASSED as CK_PASSED
-from launcher.pod.manifest import (BackwardsError, apply_checkpoint, relative_to_pod,
-                                   resolve_in_pod, write_manifest)
+from launcher.pod.manifest import (BackwardsError, apply_checkpoint, event_phase,
+                                   relative_to_pod, resolve_in_pod, write_manifest)
 from launcher.supervise.gpu_run import GpuRun
 from launcher.supervise.pod_run import PodRun
 
@@ -67,6 +67,8 @@ class WorkerMonitor:
 
     def on_done(self, run: GpuRun, event: dict) -> None:
         run.done_reason = str(event.get("reason"))
+        if isinstance(event.get("next_token"), int):
+            run.done_at = (event_phase(event), event["next_token"])
 
     def on_error(self, run: GpuRun, event: dict) -> None:
         run.last_error, run.error_reported = str(event.get("message"))[:300], True
@@ -83,7 +85,7 @@ class WorkerMonitor:
             return
         try:
             changed = apply_checkpoint(pod.manifest, gpu, event, pod.stage, pod.pod_dir,
-                                       pod.plan.config.shard_path(gpu))
+                                       pod.plan.config.shard_path(gpu, event_phase(event)))
         except BackwardsError as exc:
             pod.events.emit("manifest_refused", gpu=gpu, reason=str(exc))
             return
@@ -96,7 +98,8 @@ class WorkerMonitor:
         else:
             probed = rel if event.get("retained", True) else None
         if pod.probes is not None and probed is not None:
-            pod.probes.on_checkpoint(gpu, probed, pod.plan.config.shard_path(gpu),
+            pod.probes.on_checkpoint(gpu, probed,
+                                     pod.plan.config.shard_path(gpu, event_phase(event)),
                                      record["sha256"], record.get("step"))
         self.mark_verified(run)
 

@@ -26,7 +26,10 @@ from launcher.pod.manifest import (
     Manifest,
     ManifestError,
     apply_checkpoint,
+    event_phase,
+    event_position,
     name_default_checkpoints,
+    phase_shard,
     read_manifest,
     relative_to_pod,
     validate_for_launch,
@@ -140,11 +143,11 @@ def reconcile(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
         gpu = slot.gpu
         entry = manifest.entries.get(gpu)
         since = (entry.updated_at or 0.0) if entry else 0.0
-        current = entry.start_token if entry else -1
+        current = entry.position if entry else (1, -1)
         candidates = [r for r in read_records(plan.pod_dir / metrics_path(gpu))
                       if r.get("event") == "checkpoint" and r.get("ts", 0) > since
-                      and int(r.get("next_token", -1)) > current]
-        for event in sorted(candidates, key=lambda r: -int(r["next_token"])):
+                      and isinstance(r.get("next_token"), int) and event_position(r) > current]
+        for event in sorted(candidates, key=event_position, reverse=True):
             recorded = index.records.get((gpu, event.get("sha256")))
             if recorded is not None and recorded["verdict"] == "failed":
                 continue
@@ -155,7 +158,7 @@ def reconcile(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
             rel = relative_to_pod(event["path"], plan.pod_dir)
             index.add(gpu, event, stage, rel)
             apply_checkpoint(manifest, gpu, event, stage, plan.pod_dir,
-                             (entry.shard if entry else None) or plan.config.shard_path(gpu))
+                             plan.config.shard_path(gpu, event_phase(event)))
             events.emit("manifest_reconciled", gpu=gpu, start_token=int(event["next_token"]),
                         checkpoint=rel, reason="checkpoint written after the launcher stopped")
             changed = True
@@ -259,12 +262,15 @@ def ensure_run_id(manifest: Manifest) -> None:
 
 
 def shard_paths(plan: LaunchPlan, manifest: Manifest) -> list[str]:
-    """The shards this launch trains on, one per GPU: the manifest entry's, else the
-    config's."""
+    """The shards this launch trains on: per GPU, the one of its current data phase (the
+    manifest entry's, else the config's) and every later phase's, so that a phase never
+    ends on a shard that is not there hours into the run."""
     paths = []
     for slot in plan.slots:
         entry = manifest.entries.get(slot.gpu)
-        paths.append((entry.shard if entry else None) or plan.config.shard_path(slot.gpu))
+        paths.append((entry.shard if entry else None) or
+                     phase_shard(manifest, slot.gpu, plan.config.shard_path))
+        paths += plan.config.shard_paths(slot.gpu)[entry.at_phase if entry else 1:]
     return paths
 
 
@@ -317,7 +323,8 @@ def record_baselines(plan: LaunchPlan, manifest: Manifest, index: CheckpointInde
             continue
         path = plan.pod_dir / entry.checkpoint
         sha = entry.checkpoint_sha256 or sha256_file(path)
-        event = {"sha256": sha, "next_token": entry.start_token, "path": entry.checkpoint,
+        event = {"sha256": sha, "next_token": entry.start_token, "phase": entry.at_phase,
+                 "path": entry.checkpoint,
                  "ema_tf": entry.ema_tf, "lb": entry.lb,
                  "bytes": path.stat().st_size}
         reason = "launch baseline: the checkpoint the manifest names"

@@ -46,7 +46,7 @@ from pathlib import Path
 from launcher import child
 from launcher.paths import NODE_LEASE_DIR, PROBE_DIR
 from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex, link_or_copy, sha256_file
-from launcher.pod.manifest import relative_to_pod
+from launcher.pod.manifest import event_position, relative_to_pod
 from launcher.worker.process import kill, terminate, worker_env, worker_log_path
 
 # Settings resolved against the node's directory, else the head's pod directory (the same
@@ -273,7 +273,7 @@ class NodeWorker:
                                sha256, message)
         with self.lock:
             for older in self.index.pending(self.gpu):
-                if older["next_token"] < record["next_token"]:
+                if event_position(older) < event_position(record):
                     self.index.mark(self.gpu, older["sha256"], FAILED,
                                     "superseded: a newer checkpoint passed on the launcher")
             self.index.mark(self.gpu, sha256, PASSED, f"pushed as {revision}")

@@ -25,7 +25,7 @@ class WorkerStarter:
         if pod.probes is not None:
             entries = {g: pod.manifest.entries.get(g) or ManifestEntry() for g in pod.runs}
             pod.probes.start_stage(pod.stage, {
-                g: (e.checkpoint, e.shard or pod.plan.config.shard_path(g))
+                g: (e.checkpoint, e.shard or pod.plan.config.shard_path(g, e.at_phase))
                 for g, e in entries.items()},
                 heads={g: e.start_token for g, e in entries.items() if e.checkpoint})
         pod.move(PodEvent.STARTED)
@@ -50,10 +50,10 @@ class WorkerStarter:
         run.tail.read()                      # skip anything older than this start
         run.proc = pod.backend.start(spec)
         run.apply(GpuEvent.STARTED)
-        run.exit_code, run.node, run.done_reason = None, run.proc.node, None
+        run.exit_code, run.node, run.done_reason, run.done_at = None, run.proc.node, None, None
         run.started_at, run.last_line_at, run.error_reported = pod.clock(), None, False
         pod.events.emit("worker_start", gpu=gpu, pid=run.proc.pid, stage=pod.stage,
-                        start_token=spec.start_token, checkpoint=spec.ckpt_in,
+                        start_token=spec.start_token, phase=spec.phase, checkpoint=spec.ckpt_in,
                         fault=spec.fault, **({"node": run.node} if run.node else {}))
 
     def spec(self, run: GpuRun) -> WorkerSpec:
@@ -66,7 +66,8 @@ class WorkerStarter:
                           fault=pod.plan.faults.pop(run.slot.gpu, None), stage=pod.stage,
                           run_id=pod.manifest.extra.get(RUN_ID_KEY),
                           ckpt_sha256=entry.checkpoint_sha256 if entry else None,
-                          ckpt_revision=entry.hub_revision if entry else None)
+                          ckpt_revision=entry.hub_revision if entry else None,
+                          phase=entry.at_phase if entry else 1)
 
     def recover(self, gpu: int) -> bool:
         """Before a restart: the entry's checkpoint must hold its recorded bytes (a worker

@@ -44,6 +44,7 @@ from launcher.supervise.final_verdicts import FinalVerdicts
 from launcher.supervise.gpu_run import GpuRun
 from launcher.supervise.monitor import WorkerMonitor
 from launcher.supervise.placement import NodePlacement
+from launcher.supervise.phase_switch import PhaseSwitch
 from launcher.supervise.pod_run import PodRun
 from launcher.supervise.pod_view import PodView, warn
 from launcher.supervise.prepare import LaunchPlan
@@ -86,7 +87,8 @@ class Supervisor:
         self.starter = WorkerStarter(pod, self.ending, self.view)
         self.restarts = RestartPolicy(pod)
         self.placement = NodePlacement(pod, self.starter)
-        self.exits = ExitHandlers(pod, self.monitor, self.restarts, self.placement, self.ending)
+        self.exits = ExitHandlers(pod, self.monitor, self.restarts, self.placement, self.ending,
+                                  PhaseSwitch(pod, self.starter))
         self.rollback = StageRollback(pod, self.ending, self.starter, self.view)
         checkpoints = pod.pod_dir / plan.config.checkpoint_path(plan.slots[0].gpu)
         self.disk = DiskWatch([pod.pod_dir, checkpoints.parent], plan.config.disk_low_gib,

@@ -42,6 +42,7 @@ class WorkerSpec:
     fault: str | None = None           # FRACTUS_FAULT, tests only
     stage: int | None = None           # STAGE: shown in TensorBoard only
     run_id: str | None = None          # RUN_ID: the manifest's run, recorded in checkpoints
+    phase: int = 1                     # PHASE: the data phase whose shard it trains on
     # The bytes ckpt_in must hold and the hub revision holding them: a remote backend's
     # node pulls the file when its own disk lacks it.
     ckpt_sha256: str | None = None
@@ -63,7 +64,8 @@ def build_env(config: PodConfig, spec: WorkerSpec, base: dict | None = None) -> 
     env.update({
         "GPU_ID": str(gpu),
         "MODEL": config.model,
-        "SHARD": config.shard_path(gpu),
+        "SHARD": config.shard_path(gpu, spec.phase),
+        "PHASE": str(spec.phase),
         "CKPT_OUT": config.checkpoint_path(gpu),
         "METRICS": metrics_path(gpu),
         "SAVE_EVERY": str(config.save_every),
