@@ -132,9 +132,16 @@ class FakeBackend(WorkerBackend):
         event = {"type": "event", "event": "checkpoint", "path": str(path),
                  "sha256": hashlib.sha256(payload).hexdigest(), "bytes": len(payload),
                  "next_token": worker.next_token, "step": worker.step, "ema_tf": ema_tf,
-                 "lb": 2.0, "ts": time.time()}
+                 "lb": 2.0, "ts": time.time(), "phase": worker.spec.phase}
         self.line(worker, event)
         return event
+
+    def end_of_shard(self, gpu: int) -> None:
+        """The worker reached the end of its phase's shard: its `done` event, then exit 0."""
+        worker = self.current(gpu)
+        self.event(gpu, "done", reason="end_of_shard", step=worker.step,
+                   next_token=worker.next_token, phase=worker.spec.phase)
+        self.exit(gpu, 0)
 
     def checkpoint_line(self, gpu: int, retained: bool) -> dict:
         """A checkpoint event as a Ray node hands it to the head: no file here, and whether
