@@ -188,3 +188,16 @@ def test_a_rollback_to_an_earlier_phase_takes_that_phase_and_its_shard(tmp_path)
     assert entry.position == (1, 2048) and entry.shard is None    # the config's phase 1 shard
     write_manifest(manifest)
     assert json.loads((tmp_path / "m.json").read_text())["gpu_0"]["phase"] == 1
+
+
+def test_a_push_names_the_switch_once_it_resumes_from_the_pushed_checkpoint(tmp_path):
+    manifest = _switched_manifest(tmp_path)
+    entry = manifest.entries[0]
+    entry["checkpoint_sha256"] = "a" * 64
+    end_of_phase_one = {"sha256": "a" * 64, "next_token": 4096, "stage": 1}
+    pushed = entry.as_pushed(end_of_phase_one, "checkpoints/fractus_1b_gpu0.pt",
+                             "data/shard_gpu0.pt")
+    assert (pushed.position, pushed.shard) == ((2, 0), "data/shard_phase2_gpu0.npy")
+    older = {"sha256": "b" * 64, "next_token": 2048, "stage": 1}     # the newest passed
+    pushed = entry.as_pushed(older, "checkpoints/fractus_1b_gpu0.pt", "data/shard_gpu0.pt")
+    assert (pushed.position, pushed.shard) == ((1, 2048), "data/shard_gpu0.pt")

@@ -23,7 +23,7 @@ from pathlib import Path
 from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex, rotated_names, sha256_file
 from launcher.errors import UserError
 from launcher.pod.events import EventLog
-from launcher.pod.manifest import Manifest, apply_rollback
+from launcher.pod.manifest import Manifest, apply_rollback, event_position
 
 
 def failed_record(manifest: Manifest, index: CheckpointIndex, gpu: int) -> dict | None:
@@ -36,7 +36,7 @@ def failed_record(manifest: Manifest, index: CheckpointIndex, gpu: int) -> dict 
     sha = entry.checkpoint_sha256
     if sha is None:
         suspects = [r for r in index.for_gpu(gpu) if r["verdict"] == FAILED
-                    and r["path"] == path and r["next_token"] == entry.start_token]
+                    and r["path"] == path and event_position(r) == entry.position]
         file = index.pod_dir / path
         if not suspects or not file.is_file():
             return None

@@ -145,6 +145,6 @@ def launch_point(pod: PodRun, gpu: int) -> dict | None:
     entry = pod.launch_entries.get(gpu)
     if entry is None or not (entry.checkpoint and entry.hub_revision):
         return None
-    return {"next_token": entry.start_token, "path": entry.checkpoint,
+    return {"next_token": entry.start_token, "phase": entry.at_phase, "path": entry.checkpoint,
             "sha256": entry.checkpoint_sha256, "hub_revision": entry.hub_revision,
             "ema_tf": entry.ema_tf, "lb": entry.lb}
