@@ -201,3 +201,14 @@ def test_a_push_names_the_switch_once_it_resumes_from_the_pushed_checkpoint(tmp_
     older = {"sha256": "b" * 64, "next_token": 2048, "stage": 1}     # the newest passed
     pushed = entry.as_pushed(older, "checkpoints/fractus_1b_gpu0.pt", "data/shard_gpu0.pt")
     assert (pushed.position, pushed.shard) == ((1, 2048), "data/shard_gpu0.pt")
+
+
+def test_a_launch_needs_the_current_and_every_later_phase_shard(pod):
+    """What `launch` fetches (with `data:`) and refuses when missing: per GPU its current
+    phase's shard and the later ones', never a phase it has left."""
+    from launcher.supervise.prepare import load_plan, shard_paths
+    set_shards(pod, TWO_PHASES)
+    (pod / MANIFEST).write_text(json.dumps({"gpu_1": {"start_token": 0, "phase": 2}}))
+    plan, manifest = load_plan(pod, 1, None, None)
+    assert shard_paths(plan, manifest) == ["data/shard_gpu0.pt", "data/shard_phase2_gpu0.npy",
+                                           "data/shard_phase2_gpu1.npy"]
