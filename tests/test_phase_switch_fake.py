@@ -39,6 +39,8 @@ def phased(make, tmp_path, pod_template):
 
 def test_the_end_of_phase_one_switches_the_gpu_and_the_end_of_the_last_is_done(phased):
     sup, backend, clock = phased(stage=1)
+    told = []
+    sup.pod.on_manifest_change = told.append        # the hub sync's hook
     sup.starter.start_all()
     backend.train(0, 10)
     ended = backend.checkpoint(0)
@@ -48,6 +50,7 @@ def test_the_end_of_phase_one_switches_the_gpu_and_the_end_of_the_last_is_done(p
     assert (entry.position, entry.shard, entry.checkpoint_sha256) == \
         ((2, 0), PHASE2.format(i=0), ended["sha256"])
     switch, = events(sup, "phase_switch")
+    assert told == ["phase switch"]
     assert (switch["gpu"], switch["from_phase"], switch["to_phase"], switch["ended_at_token"],
             switch["start_token"]) == (0, 1, 2, 10 * TOKENS_PER_STEP, 0)
     spec = backend.current(0).spec
@@ -61,7 +64,7 @@ def test_the_end_of_phase_one_switches_the_gpu_and_the_end_of_the_last_is_done(p
     backend.end_of_shard(0)
     sup.step()
     assert sup.pod.runs[0].state is GpuState.DONE
-    assert len(events(sup, "phase_switch")) == 1
+    assert len(events(sup, "phase_switch")) == 1 and told == ["phase switch"]
     assert read_manifest(sup.pod.manifest.path).entries[0].position == (2, 4 * TOKENS_PER_STEP)
     backend.exit(1, 0)
     sup.step()

@@ -7,7 +7,8 @@ manifest entry (phase, shard, start_token 0; the checkpoint it names, the end of
 before, stays): that write is the commit point. A launcher killed before it resumes the
 GPU at the end of the old phase, whose worker ends its shard again at once and is switched
 then; after it, the launch resumes at the new phase's token 0 (prepare's identity check
-accepts exactly this switch). Then the `phase_switch` event, then the worker's restart on
+accepts exactly this switch). Then the `phase_switch` event and the hub sync told (it
+pushes the changed manifest at its next tick), then the worker's restart on
 the new shard (PHASE=N: the worker starts at token 0 from the phase N-1 checkpoint). A GPU
 whose last phase ends is done.
 """
@@ -53,6 +54,7 @@ class PhaseSwitch:
                         name=pod.plan.config.phase(phase).name, ended_at_token=ended_at,
                         shard=shard, start_token=0, checkpoint=entry.checkpoint,
                         checkpoint_sha256=entry.checkpoint_sha256)
+        pod.on_manifest_change("phase switch")            # the hub gets it at once
         run.apply(GpuEvent.FINISHED)                      # done with the old phase ...
         self.starter.start(run, fresh_health=False)       # ... and on the new one at once
         return True
