@@ -119,7 +119,7 @@ def main() -> None:
     parser.add_argument("--polls", type=int, default=400)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    from launcher.config.podconfig import init_pod
+    from launcher.config.pod_setup import init_pod
     import yaml
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

@@ -9,11 +9,11 @@ import time
 import pytest
 
 from launcher.alerts.router import AlertRouter
-from launcher.alerts.rules import Alert, AlertRules
+from launcher.alerts.rules import AlertRules
 from launcher.alerts.webhooks import Webhook
 from launcher.cli import main as cli_main
 from launcher.config.alerts import AlertSettings, WebhookSetting
-from launcher.config.podconfig import init_pod
+from launcher.config.pod_setup import init_pod
 from launcher.errors import UserError
 from launcher.pod.events import read_events
 from tests.support.alerting import HOOK_ENV, SECRET_PATH, configure_alerts, delivered

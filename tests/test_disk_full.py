@@ -110,7 +110,7 @@ def test_launcher_own_writes_on_a_full_disk_fail_the_pod_without_a_crash(tmp_pat
     crash, and a failed event write fails the pod with the reason recorded, in the space
     its reserve frees."""
     from launcher.pod.events import EventLog, read_events
-    from launcher.config.podconfig import init_pod
+    from launcher.config.pod_setup import init_pod
     from launcher.pod.reserve import DiskReserve
     from launcher.pod.live_state import read_pod_state
     from tests.support.pod_history import supervisor_for

@@ -127,7 +127,7 @@ def recorded(tmp_path):
 
     import yaml
 
-    from launcher.config.podconfig import init_pod
+    from launcher.config.pod_setup import init_pod
     from launcher.paths import EVENTS_FILE, metrics_path
     pod = tmp_path / "pod"
     init_pod(pod, "tiny-cpu")

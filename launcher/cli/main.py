@@ -49,13 +49,8 @@ def cli(ctx: click.Context, pod_dir: str) -> None:
 @click.pass_context
 def init(ctx, preset: str, force: bool, no_data: bool) -> None:
     """Write fractus-pod.yaml (and, for tiny-cpu, synthetic shards under data/)."""
-    from launcher.config.podconfig import (
-        init_pod,
-        load_config,
-        missing_shards,
-        missing_shards_fix,
-        write_demo_shards,
-    )
+    from launcher.config.podconfig import load_config
+    from launcher.config.pod_setup import init_pod, missing_shards, missing_shards_fix, write_demo_shards
     pod_dir = pod_dir_of(ctx)
     written, kept = init_pod(pod_dir, preset, force=force)
     for path in written:

@@ -20,43 +20,18 @@ from launcher.pod.ckpt_index import CheckpointIndex
 from launcher.pod.events import read_events
 from launcher.checks.health import PENDING, RUNNING
 from launcher.pod.lock import read_holder
-from launcher.pod.manifest import (ManifestEntry, ManifestError, current_stage, event_position,
-                                   read_manifest)
+from launcher.pod.manifest import ManifestEntry, ManifestError, current_stage, read_manifest
 from launcher.config.devices import parse_devices
 from launcher.config.podconfig import PodConfig
 from launcher.pod.live_state import read_pod_state
 from launcher.dashboard.goodput import goodput_line
 from launcher.dashboard.goodput_files import goodput_report
+from launcher.dashboard.status_checkpoints import (checkpoint_problem, hub_note, hub_tokens,
+                                                  last_metrics, node_checkpoint_age)
 from launcher.dashboard.status_table import age as _age, fmt as _fmt, gpu_table, natural_width
 from launcher.worker.process import metrics_path
 
-TAIL_BYTES = 64 * 1024
 WIDE_EVENT_CHARS = 400    # `status --wide`: an event line in full, up to this
-
-
-def last_metrics(path: Path) -> dict | None:
-    """The newest metrics record of a METRICS file, reading only its tail."""
-    return last_record(path, lambda record: record.get("type") == "metrics")
-
-
-def last_record(path: Path, wanted) -> dict | None:
-    """The newest record of a METRICS file for which `wanted(record)`, reading its tail."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - TAIL_BYTES))
-            lines = f.read().split(b"\n")
-    except FileNotFoundError:
-        return None
-    for line in reversed(lines):
-        try:
-            record = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            continue
-        if isinstance(record, dict) and wanted(record):
-            return record
-    return None
 
 
 def _shard_len(pod_dir: Path, rel: str) -> int | None:
@@ -96,7 +71,7 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8,
         gpus = sorted(entries)
     unrun = sorted(set(entries) - set(gpus))
     index = CheckpointIndex(pod_dir)
-    hub_tokens = _hub_tokens(pod_dir) if config.hub else None
+    held_on_hub = hub_tokens(pod_dir) if config.hub else None
     gpu_states = (state or {}).get("gpus", {})
     # A Ray pod: each checkpoint is on its node's disk, none on this one by design.
     on_nodes = bool(last_state.get("checkpoints_on_nodes")) or config.ray is not None
@@ -125,7 +100,7 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8,
             next_token = entry.start_token if entry else metrics.get("next_token")
         entry = entry or NOT_LISTED
         if on_nodes:
-            ckpt_age = _node_checkpoint_age(pod_dir, gpu, entry, live, now)
+            ckpt_age = node_checkpoint_age(pod_dir, gpu, entry, live, now)
         else:
             ckpt = pod_dir / entry.checkpoint if entry.checkpoint else None
             ckpt_age = now - ckpt.stat().st_mtime if ckpt is not None and ckpt.exists() \
@@ -167,9 +142,9 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8,
             "checkpoint": entry.checkpoint,
             "checkpoint_age_s": ckpt_age,
             "checkpoint_problem": None if on_nodes
-            else _checkpoint_problem(pod_dir, gpu, entry, index),
+            else checkpoint_problem(pod_dir, gpu, entry, index),
             "hub_revision": entry.hub_revision,
-            "hub_note": _hub_note(entry, hub_tokens, gpu),
+            "hub_note": hub_note(entry, held_on_hub, gpu),
             "verdict": verdict,
             "reason": reason,
             "restarts": last.get("restarts", 0),
@@ -212,85 +187,6 @@ def _stage_name(pod_dir: Path, config, stage: int | None) -> str | None:
     except UserError:
         return None
     return found.name if found else None
-
-
-def _node_checkpoint_age(pod_dir: Path, gpu: int, entry: ManifestEntry, live: dict,
-                         now: float) -> float | None:
-    """A Ray pod's checkpoint age, from the checkpoint events its nodes sent to the head:
-    the newest save, or for a GPU waiting for a node the checkpoint it resumes from."""
-    def wanted(record: dict) -> bool:
-        return record.get("event") == "checkpoint" and (
-            live.get("state") != "waiting" or record.get("sha256") == entry.checkpoint_sha256)
-    record = last_record(pod_dir / metrics_path(gpu), wanted)
-    if record is None:
-        return None
-    saved = record["mtime_ns"] / 1e9 if record.get("mtime_ns") else record.get("ts")
-    return now - saved if isinstance(saved, (int, float)) else None
-
-
-def _hub_tokens(pod_dir: Path) -> dict:
-    """GPU (as a string) -> the token of its checkpoint in the last push to the hub."""
-    from launcher.hub.sync import read_sync_state
-    tokens = read_sync_state(pod_dir).get("last_pushed_tokens")
-    return tokens if isinstance(tokens, dict) else {}
-
-
-def _hub_note(entry: ManifestEntry, hub_tokens: dict | None, gpu: int) -> str | None:
-    """With a hub, when the checkpoint the manifest names is not on it (only passed ones are
-    pushed, so the newest mostly is not): the hub cannot restore damage to it, and what it
-    holds instead (issue 16, item 27)."""
-    if hub_tokens is None or not entry.checkpoint or entry.hub_revision:
-        return None
-    held = hub_tokens.get(str(gpu))
-    holds = (f"hub holds token {int(held):,}" if isinstance(held, (int, float))
-             else "the hub holds none of its checkpoints")
-    return (f"newest checkpoint (token {entry.start_token:,}) not on the hub yet (only "
-            f"passed ones are pushed); {holds}")
-
-
-def _checkpoint_problem(pod_dir: Path, gpu: int, entry: ManifestEntry,
-                        index: CheckpointIndex) -> str | None:
-    """Why the checkpoint the manifest names is not the one it records (None: it is). A file
-    replaced behind the manifest's back (a `sync pull --force`, a copy) would otherwise only
-    show when a launch resumes from it."""
-    rel, recorded = entry.checkpoint, entry.checkpoint_sha256
-    if not rel:
-        return None
-    path = pod_dir / rel
-    if not path.is_file():
-        return f"{rel} is missing"
-    if not recorded:
-        return None
-    try:
-        actual = index.file_sha256(gpu, path, recorded)
-    except OSError as exc:
-        return f"{rel} cannot be read: {exc.strerror or exc}"
-    if actual == recorded or any(r["sha256"] == actual for r in index.pending(gpu)):
-        return None     # (or a newer checkpoint the running launcher is recording)
-    if _newer_save(pod_dir, gpu, actual, (entry.at_phase, entry.start_token or 0)):
-        # The worker's own save past the recorded one, read between its rotation and the
-        # launcher's record of it (index and manifest were read before the hashing): no
-        # replacement. 10 of 25 polls of a healthy pod warned here. An older checkpoint
-        # put back (`sync pull --force` of an old revision) still warns.
-        return None
-    return (f"{rel} does not hold the bytes the manifest records (sha256 {actual[:12]}..., "
-            f"manifest {recorded[:12]}...): it was replaced after the launcher recorded it")
-
-
-def _newer_save(pod_dir: Path, gpu: int, sha256: str, recorded: tuple[int, int]) -> bool:
-    """Whether these bytes are a save of the GPU's worker past `recorded` (phase, token): in the
-    checkpoint index read now, or in a checkpoint event of the worker's METRICS file's tail
-    (read after the file was hashed, so the event of the save that was hashed is written
-    by then; an older save is in the index)."""
-    if any(r["sha256"] == sha256 and event_position(r) > recorded
-           for r in CheckpointIndex(pod_dir).for_gpu(gpu)):
-        return True
-
-    def newer(record: dict) -> bool:
-        token = record.get("next_token")
-        return (record.get("event") == "checkpoint" and record.get("sha256") == sha256
-                and isinstance(token, int) and event_position(record) > recorded)
-    return last_record(pod_dir / metrics_path(gpu), newer) is not None
 
 
 def _canary_report(pod_dir: Path) -> dict | None:

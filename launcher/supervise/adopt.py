@@ -32,8 +32,8 @@ from launcher.errors import UserError
 from launcher.pod.manifest import (Manifest, ManifestEntry, ManifestError, read_manifest,
                                     write_manifest)
 from launcher.config.devices import parse_devices
-from launcher.config.podconfig import (CONFIG_NAME, DEFAULT_MANIFESTS, PodConfig, load_config,
-                                       write_config)
+from launcher.config.podconfig import CONFIG_NAME, DEFAULT_MANIFESTS, PodConfig, load_config
+from launcher.config.pod_setup import write_config
 from launcher.pod.progress import progress
 
 MANIFEST_CANDIDATES = ("checkpoints/RESUME_MANIFEST_8GPU.json", "RESUME_MANIFEST.json",
@@ -309,7 +309,7 @@ def adopt(pod_dir: Path, devices: str | None = None, model: str | None = None,
     _hash_all(pod_dir, adoption.gpus)
     config = _pod_config(pod_dir, adoption)
     _write_support_files(pod_dir, config, adoption)
-    from launcher.config.podconfig import config_text
+    from launcher.config.pod_setup import config_text
     if not (pod_dir / CONFIG_NAME).is_file() or \
             (pod_dir / CONFIG_NAME).read_text() != config_text(config, "adopted"):
         write_config(pod_dir, config, "adopted")

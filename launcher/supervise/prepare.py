@@ -36,7 +36,8 @@ from launcher.pod.manifest import (
     write_manifest,
 )
 from launcher.config.devices import Slot, parse_devices
-from launcher.config.podconfig import PodConfig, check_model, load_config, missing_shards_fix
+from launcher.config.podconfig import PodConfig, check_model, load_config
+from launcher.config.pod_setup import missing_shards_fix
 from launcher.hub.recover import recover_all
 from launcher.config.stages import Stage, get_stage, load_stages
 from launcher.worker.process import busy_cuda_gpus, metrics_path, read_records, running_workers

@@ -1,0 +1,118 @@
+"""What `status` says of each GPU's checkpoint, read from the pod's files: the newest record
+of a worker's METRICS tail, a Ray node's checkpoint age, whether the checkpoint the manifest
+names still holds the recorded bytes, and whether the hub holds it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from launcher.pod.ckpt_index import CheckpointIndex
+from launcher.pod.manifest import ManifestEntry, event_position
+from launcher.worker.process import metrics_path
+
+TAIL_BYTES = 64 * 1024
+
+
+def last_metrics(path: Path) -> dict | None:
+    """The newest metrics record of a METRICS file, reading only its tail."""
+    return last_record(path, lambda record: record.get("type") == "metrics")
+
+
+def last_record(path: Path, wanted) -> dict | None:
+    """The newest record of a METRICS file for which `wanted(record)`, reading its tail."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - TAIL_BYTES))
+            lines = f.read().split(b"\n")
+    except FileNotFoundError:
+        return None
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
+        if isinstance(record, dict) and wanted(record):
+            return record
+    return None
+
+
+def node_checkpoint_age(pod_dir: Path, gpu: int, entry: ManifestEntry, live: dict,
+                         now: float) -> float | None:
+    """A Ray pod's checkpoint age, from the checkpoint events its nodes sent to the head:
+    the newest save, or for a GPU waiting for a node the checkpoint it resumes from."""
+    def wanted(record: dict) -> bool:
+        return record.get("event") == "checkpoint" and (
+            live.get("state") != "waiting" or record.get("sha256") == entry.checkpoint_sha256)
+    record = last_record(pod_dir / metrics_path(gpu), wanted)
+    if record is None:
+        return None
+    saved = record["mtime_ns"] / 1e9 if record.get("mtime_ns") else record.get("ts")
+    return now - saved if isinstance(saved, (int, float)) else None
+
+
+def hub_tokens(pod_dir: Path) -> dict:
+    """GPU (as a string) -> the token of its checkpoint in the last push to the hub."""
+    from launcher.hub.sync import read_sync_state
+    tokens = read_sync_state(pod_dir).get("last_pushed_tokens")
+    return tokens if isinstance(tokens, dict) else {}
+
+
+def hub_note(entry: ManifestEntry, hub_tokens: dict | None, gpu: int) -> str | None:
+    """With a hub, when the checkpoint the manifest names is not on it (only passed ones are
+    pushed, so the newest mostly is not): the hub cannot restore damage to it, and what it
+    holds instead (issue 16, item 27)."""
+    if hub_tokens is None or not entry.checkpoint or entry.hub_revision:
+        return None
+    held = hub_tokens.get(str(gpu))
+    holds = (f"hub holds token {int(held):,}" if isinstance(held, (int, float))
+             else "the hub holds none of its checkpoints")
+    return (f"newest checkpoint (token {entry.start_token:,}) not on the hub yet (only "
+            f"passed ones are pushed); {holds}")
+
+
+def checkpoint_problem(pod_dir: Path, gpu: int, entry: ManifestEntry,
+                        index: CheckpointIndex) -> str | None:
+    """Why the checkpoint the manifest names is not the one it records (None: it is). A file
+    replaced behind the manifest's back (a `sync pull --force`, a copy) would otherwise only
+    show when a launch resumes from it."""
+    rel, recorded = entry.checkpoint, entry.checkpoint_sha256
+    if not rel:
+        return None
+    path = pod_dir / rel
+    if not path.is_file():
+        return f"{rel} is missing"
+    if not recorded:
+        return None
+    try:
+        actual = index.file_sha256(gpu, path, recorded)
+    except OSError as exc:
+        return f"{rel} cannot be read: {exc.strerror or exc}"
+    if actual == recorded or any(r["sha256"] == actual for r in index.pending(gpu)):
+        return None     # (or a newer checkpoint the running launcher is recording)
+    if newer_save(pod_dir, gpu, actual, (entry.at_phase, entry.start_token or 0)):
+        # The worker's own save past the recorded one, read between its rotation and the
+        # launcher's record of it (index and manifest were read before the hashing): no
+        # replacement. 10 of 25 polls of a healthy pod warned here. An older checkpoint
+        # put back (`sync pull --force` of an old revision) still warns.
+        return None
+    return (f"{rel} does not hold the bytes the manifest records (sha256 {actual[:12]}..., "
+            f"manifest {recorded[:12]}...): it was replaced after the launcher recorded it")
+
+
+def newer_save(pod_dir: Path, gpu: int, sha256: str, recorded: tuple[int, int]) -> bool:
+    """Whether these bytes are a save of the GPU's worker past `recorded` (phase, token): in the
+    checkpoint index read now, or in a checkpoint event of the worker's METRICS file's tail
+    (read after the file was hashed, so the event of the save that was hashed is written
+    by then; an older save is in the index)."""
+    if any(r["sha256"] == sha256 and event_position(r) > recorded
+           for r in CheckpointIndex(pod_dir).for_gpu(gpu)):
+        return True
+
+    def newer(record: dict) -> bool:
+        token = record.get("next_token")
+        return (record.get("event") == "checkpoint" and record.get("sha256") == sha256
+                and isinstance(token, int) and event_position(record) > recorded)
+    return last_record(pod_dir / metrics_path(gpu), newer) is not None
