@@ -27,6 +27,7 @@ def tensorboard_dir(gpu: int) -> str:
 # ---- written by the launcher ----------------------------------------------------------
 EVENTS_FILE = "logs/events.jsonl"
 TENSORBOARD_RUN = "logs/tb/launcher"
+TRACKIO_DIR = "logs/trackio"        # trackio's local store, when `tracker:` is set
 INDEX_FILE = "logs/checkpoints.jsonl"
 PASSED_DIR = "checkpoints/retained"
 STATE_FILE = "logs/pod_state.json"

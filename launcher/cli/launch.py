@@ -125,6 +125,8 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
                     raise UserError(f"hub: {exc}") from None
             from launcher.alerts.webhooks import configured_webhooks
             alerting = configured_webhooks(plan.config)     # a webhook's URL: exit 2
+            from launcher.config.tracker import check_installed
+            check_installed(plan.config.tracker_settings())
             refuse_if_busy(plan)
             fetch_shards(plan, manifest)
             events = EventLog(pod_dir, mirror=_mirrors(pod_dir, alerting))

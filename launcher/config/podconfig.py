@@ -75,6 +75,8 @@ class PodConfig:
     data: "DataSource | None" = None
     # Webhooks told of failures, rollbacks, refused pushes... (launcher/config/alerts.py).
     alerts: dict | None = None
+    # The GPUs' metrics mirrored to trackio (launcher/config/tracker.py). None: off.
+    tracker: dict | None = None
     # The launcher records `disk_low` (and alerts) when the pod's disk has less free than
     # this, before a save fails on a full disk (a 1B checkpoint with its optimizer: ~12 GiB).
     disk_low_gib: float = 20.0
@@ -120,6 +122,10 @@ class PodConfig:
     def alert_settings(self) -> "AlertSettings | None":
         from launcher.config.alerts import AlertSettings
         return AlertSettings.parse(self.alerts)
+
+    def tracker_settings(self) -> "TrackerSettings | None":
+        from launcher.config.tracker import TrackerSettings
+        return TrackerSettings.parse(self.tracker)
 
     def retention_settings(self) -> "RetentionSettings | None":
         from launcher.config.retention import RetentionSettings
@@ -210,7 +216,7 @@ NUMERIC_RANGES: dict[str, tuple[float, float]] = {
 }
 # Keys whose default is None, with the type a given value must have.
 _OPTIONAL_TYPES = {"hub": str, "demo_data": dict, "ray": dict, "data": dict, "alerts": dict,
-                   "retention": dict, "price_per_gpu_hour": float}
+                   "retention": dict, "tracker": dict, "price_per_gpu_hour": float}
 # A path template may hold {i} only (no other field, format spec or conversion: "{i}_{j}"
 # and "{i}{" crashed `format`, and a width spec like "{i:>999999999}" would allocate).
 _TEMPLATE_FIELDS = ("i",)
@@ -355,6 +361,8 @@ def load_config(pod_dir: Path) -> PodConfig:
     SyncSettings.parse(config.sync, f"{path}: sync")    # fail early on a bad sync policy
     from launcher.config.retention import RetentionSettings
     RetentionSettings.parse(config.retention, f"{path}: retention")
+    from launcher.config.tracker import TrackerSettings
+    TrackerSettings.parse(config.tracker, f"{path}: tracker")
     from launcher.config.ray_settings import RaySettings
     RaySettings.check(config.ray, source=f"{path}: ray")
     from launcher.config.data_source import DataSource

@@ -48,6 +48,9 @@ class EventLog:
         self.path = pod_dir / EVENTS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.mirror = mirror
+        # Also called with each record, and kept when `mirror` is replaced (a detached
+        # launcher makes new mirrors): the supervisor's tracker sink, which never raises.
+        self.taps: list = []
 
     def emit(self, event: str, **fields) -> dict:
         record = {"ts": time.time(), "event": event, **fields}
@@ -60,6 +63,8 @@ class EventLog:
             os.fsync(fd)
         finally:
             os.close(fd)
+        for tap in self.taps:
+            tap(record)
         if self.mirror is not None:
             self.mirror(record)
         return record

@@ -38,6 +38,8 @@ class WorkerMonitor:
                 run.last_metrics = record
                 run.health.feed(record)
                 self.peers.feed(run.slot.gpu, record)
+                if self.pod.tracker is not None:
+                    self.pod.tracker.metrics(run.slot.gpu, record)
                 self.mark_verified(run)
             elif record.get("type") == "event" and record.get("event") in self.on_event:
                 self.on_event[record["event"]](run, record)

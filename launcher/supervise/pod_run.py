@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from launcher.checks.probe_monitor import ProbeMonitor
 from launcher.pod.ckpt_index import CheckpointIndex
@@ -22,6 +22,9 @@ from launcher.supervise.backend import WorkerBackend
 from launcher.supervise.gpu_run import GpuRun
 from launcher.supervise.prepare import LaunchPlan
 from launcher.supervise.state import PodEvent, PodState, transition
+
+if TYPE_CHECKING:           # tracker_sink imports nothing of the supervisor's at run time
+    from launcher.supervise.tracker_sink import TrackerSink
 
 
 @dataclass
@@ -50,6 +53,8 @@ class PodRun:
     # Told why, each time what the manifest says changed (a rollback, a stage or phase
     # switch): the hub sync pushes it at once (launcher/hub/sync.py HubSync.manifest_changed).
     on_manifest_change: Callable[[str], None] = lambda reason: None
+    # The metrics mirrored to trackio (`tracker:`, launcher/supervise/tracker_sink.py).
+    tracker: "TrackerSink | None" = None
 
     def __post_init__(self):
         if not self.launch_entries:

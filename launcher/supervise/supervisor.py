@@ -43,6 +43,7 @@ from launcher.supervise.exits import ExitHandlers
 from launcher.supervise.final_verdicts import FinalVerdicts
 from launcher.supervise.gpu_run import GpuRun
 from launcher.supervise.monitor import WorkerMonitor
+from launcher.supervise.tracker_sink import TrackerSink
 from launcher.supervise.placement import NodePlacement
 from launcher.supervise.phase_switch import PhaseSwitch
 from launcher.supervise.pod_run import PodRun
@@ -80,6 +81,10 @@ class Supervisor:
                      if plan.config.hub else None)
         if self.sync is not None:
             pod.on_manifest_change = self.sync.manifest_changed
+        tracking = plan.config.tracker_settings()
+        if tracking is not None:
+            pod.tracker = TrackerSink(pod.pod_dir, tracking)
+            events.taps.append(pod.tracker)
         self.view = PodView(pod)
         self.monitor = WorkerMonitor(pod)
         self.ending = PodEnding(pod, self.monitor, self.view)
@@ -244,6 +249,8 @@ class Supervisor:
         close, the backend (its nodes' last pushes) and the hub sync (the end of a run is
         pushed, whatever ended it)."""
         pod = self.pod
+        if pod.tracker is not None:      # the run's last lines, whatever ended it
+            pod.tracker.close()
         if pod.files_lost:               # nothing can be read or recorded: only close
             if pod.probes is not None:
                 pod.probes.close()

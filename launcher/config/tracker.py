@@ -1,0 +1,55 @@
+"""`tracker:` of the pod config: the GPUs' metrics mirrored to a tracker the user can share
+(issue 19; launcher/supervise/tracker_sink.py).
+
+    tracker:
+      kind: trackio          # Hugging Face's local-first tracker (pip install 'fractus-pod[tracker]')
+      project: fractus-1b    # the trackio project the pod's runs go into
+
+Off without the key. trackio keeps its store inside the pod (logs/trackio/, see
+launcher/paths.py): the config names no path, command or token. Parsed once here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from dataclasses import dataclass
+
+from launcher.errors import UserError, refuse_unknown_keys
+
+KINDS = ("trackio",)
+_PROJECT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
+
+
+@dataclass(frozen=True)
+class TrackerSettings:
+    kind: str
+    project: str
+
+    KEYS = ("kind", "project")
+
+    @classmethod
+    def parse(cls, data: dict | None, source: str = "tracker") -> "TrackerSettings | None":
+        """None when the config has no `tracker:` (nothing is mirrored)."""
+        if data is None:
+            return None
+        if not isinstance(data, dict):
+            raise UserError(f"{source} must be a mapping like {{kind: trackio, project: "
+                            f"NAME}}, got {data!r}")
+        refuse_unknown_keys(data, cls.KEYS, source)
+        kind, project = data.get("kind"), data.get("project")
+        if kind not in KINDS:
+            raise UserError(f"{source}.kind must be one of {', '.join(KINDS)}, got {kind!r}")
+        if not isinstance(project, str) or not _PROJECT.fullmatch(project):
+            raise UserError(f"{source}.project must be a name of 1 to 96 letters, digits, "
+                            f"'.', '_' or '-' (e.g. fractus-1b), got {project!r}")
+        return cls(kind, project)
+
+
+def check_installed(settings: "TrackerSettings | None") -> None:
+    """A launch with `tracker:` refuses early (nothing written) when trackio is missing,
+    rather than run with a sink that turns itself off at the first line."""
+    if settings is not None and importlib.util.find_spec(settings.kind) is None:
+        raise UserError(f"tracker: kind {settings.kind} needs the {settings.kind} package: "
+                        f"pip install 'fractus-pod[tracker]', or remove tracker: from "
+                        f"fractus-pod.yaml")
