@@ -103,3 +103,44 @@ def test_a_launch_after_the_committed_switch_starts_phase_two_at_token_zero(phas
         (2, 0, "checkpoints/fractus_1b_gpu0.pt")
     assert backend.current(1).spec.phase == 1
     assert not events(sup, "phase_switch")
+
+
+CURVE_CHECKS = ("trend", "lb_band", "loss_spike")
+
+
+def _jump(sup, backend, switch: bool):
+    """GPU 0 trains 60 steps at tf 5 (the loss-spike window full), ends them at a checkpoint,
+    then (switched to phase 2 or not) 250 steps at tf 11 and lb 6: a jump every curve check
+    sees (trend, lb_band's band 3, 2 x the rolling mean)."""
+    sup.starter.start_all()
+    backend.train(0, 60)
+    backend.checkpoint(0)
+    if switch:
+        backend.end_of_shard(0)
+    sup.step()
+    backend.train(0, 250, tf=11.0, lb=6.0)
+    sup.step()
+    return sup.pod.runs[0].health
+
+
+def test_a_loss_jump_at_a_phase_switch_is_new_data_not_a_regression(phased):
+    sup, backend, clock = phased(stage=1)
+    health = _jump(sup, backend, switch=True)
+    assert events(sup, "phase_switch")
+    checks = health.verdict().checks
+    assert not health.failed(), health.verdict().reason
+    assert all(checks[name]["failures"] == 0 for name in CURVE_CHECKS + ("continuity",))
+    assert sup.pod.runs[0].state is GpuState.RUNNING and not events(sup, "rollback")
+    # The checks started over on phase 2's curve: a jump within the phase still fails.
+    backend.train(0, 5, tf=25.0)
+    sup.step()
+    assert health.verdict().checks["loss_spike"]["phase"] == "Failed"
+
+
+def test_the_same_loss_jump_without_a_phase_switch_fails_the_curve_checks(phased):
+    sup, backend, clock = phased(stage=1)
+    health = _jump(sup, backend, switch=False)
+    assert not events(sup, "phase_switch")
+    checks = health.verdict().checks
+    assert health.failed()
+    assert all(checks[name]["phase"] == "Failed" for name in CURVE_CHECKS), checks

@@ -25,6 +25,9 @@ FINITE_FIELDS = ("tf", "ema_tf", "ss", "ema_ss", "lb", "grad_norm")
 # The worker writes non-finite floats as null (strict JSON). These are always measured, so
 # a null there means NaN/Inf; ss/ema_ss are null when no scheduled-sampling pass ran yet.
 ALWAYS_PRESENT = ("tf", "ema_tf", "lb", "grad_norm")
+# The checks whose baseline is the loss/lb curve so far: at a data phase switch the curve
+# changes with the data, so these start over there as at a new stage (new_phase).
+CURVE_CHECKS = ("trend", "lb_band", "loss_spike")
 
 
 @dataclass
@@ -43,9 +46,10 @@ class CheckState:
     inconclusive: int = 0
     reason: str = ""
     forced_failure: bool = False
+    starts_at: int = 0       # the step (relative to the stage's first) its clock starts at
 
     def __post_init__(self):
-        self.next_tick = self.spec.initialDelay
+        self.next_tick = self.starts_at + self.spec.initialDelay
 
     def record(self, m: Measurement) -> None:
         if m.ok is None:
@@ -110,6 +114,7 @@ class GpuHealth:
         self._spike_run = 0
         self._latest: dict = {}
         self._await_continuity = False
+        self._phase_note = "first log of this stage"    # where lb_band's own baseline comes from
         # Without any periodic check, every clean line vouches for the steps before it.
         self._has_periodic = any(c.spec.interval > 0 for n, c in self.checks.items()
                                  if n != "continuity")
@@ -121,6 +126,21 @@ class GpuHealth:
         self._resume_ema_tf = resume_ema_tf
         self._await_continuity = True
         self._spike_run = 0
+
+    def new_phase(self, phase: int) -> None:
+        """The GPU switched to data phase `phase`: the loss may jump on the new data, which is
+        no regression. The curve checks start over as at a new stage (their history, baseline,
+        counts and initialDelay from the phase's first line); the others (finite, ss_ratio,
+        failures seen outside the metrics) and the stage window go on. The caller starts the
+        worker with no curve to continue (continuity never compares across the switch)."""
+        first = self.rel_step + 1 if self.rel_step is not None else 0
+        for name in CURVE_CHECKS:
+            self.checks[name] = CheckState(name, self.checks[name].spec, starts_at=first)
+        self._ema_history.clear()
+        self._tf_window.clear()
+        self._spike_run = 0
+        self.lb_baseline, self.lb_baseline_source = None, None
+        self._phase_note = f"first log of phase {phase}"
 
     def fail(self, name: str, reason: str) -> None:
         """A failure observed outside the metrics (exit code, crash loop, hang)."""
@@ -181,7 +201,7 @@ class GpuHealth:
         measured, all_ok = False, True
         for name, measure in periodic.items():
             check = self.checks[name]
-            if check.spec.interval <= 0 or rel < check.spec.initialDelay:
+            if check.spec.interval <= 0 or rel < check.starts_at + check.spec.initialDelay:
                 continue
             m = measure(record, rel)
             check.record(m)
@@ -238,7 +258,7 @@ class GpuHealth:
         if lb is None:
             return Measurement(None, "no lb in metrics")
         if self.lb_baseline is None:
-            self.lb_baseline, self.lb_baseline_source = lb, "first log of this stage"
+            self.lb_baseline, self.lb_baseline_source = lb, self._phase_note
         band = (spec.relativeBand * abs(self.lb_baseline) if spec.relativeBand is not None
                 else spec.band)
         ok = abs(lb - self.lb_baseline) <= band

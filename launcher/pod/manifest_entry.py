@@ -147,6 +147,12 @@ class ManifestEntry:
         (token 0 of phase 2 is after every token of phase 1)."""
         return self.at_phase, self.start_token
 
+    @property
+    def at_phase_start(self) -> bool:
+        """Whether it resumes at token 0 of phase N > 1 (a phase switch): the checkpoint it
+        names, if any, ended phase N-1, so its ema_tf and lb are of other data."""
+        return self.at_phase > 1 and self.start_token == 0
+
     # ---- the operations that change an entry ---------------------------------------------
     def advance(self, next_token: int, checkpoint: str, sha256: str | None, shard: str,
                 stage: int, ema_tf: float | None, lb: float | None,

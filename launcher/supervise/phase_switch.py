@@ -56,5 +56,6 @@ class PhaseSwitch:
                         checkpoint_sha256=entry.checkpoint_sha256)
         pod.on_manifest_change("phase switch")            # the hub gets it at once
         run.apply(GpuEvent.FINISHED)                      # done with the old phase ...
+        run.health.new_phase(phase)                       # new data: the curve starts over
         self.starter.start(run, fresh_health=False)       # ... and on the new one at once
         return True

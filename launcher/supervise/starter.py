@@ -39,10 +39,12 @@ class WorkerStarter:
         if not fresh_health and pod.backend.files_here and not self.recover(gpu):
             return
         entry = pod.manifest.entries.get(gpu)
-        resume_ema = entry.ema_tf if entry else None
+        # At a phase's start the checkpoint's curve is of the phase before: nothing to continue.
+        same_data = entry is not None and not entry.at_phase_start
+        resume_ema = entry.ema_tf if same_data else None
         if fresh_health or run.health is None:
             run.health = GpuHealth(pod.plan.criteria, stage.window,
-                                   lb_baseline=entry.lb if entry else None,
+                                   lb_baseline=entry.lb if same_data else None,
                                    resume_ema_tf=resume_ema)
         else:
             run.health.start(resume_ema)
