@@ -13,6 +13,7 @@ from launcher.pod.manifest import read_manifest
 from launcher.supervise.state import GpuState, PodState
 from tests.support.fake_backend import TOKENS_PER_STEP
 from tests.support.fake_supervisor import (  # noqa: F401 (fixtures)
+    ProbeRecorder,
     events,
     make,
     pod_template,
@@ -42,6 +43,7 @@ def test_the_end_of_phase_one_switches_the_gpu_and_the_end_of_the_last_is_done(p
     told = []
     sup.pod.on_manifest_change = told.append        # the hub sync's hook
     sup.starter.start_all()
+    probes = sup.pod.probes = ProbeRecorder()
     backend.train(0, 10)
     ended = backend.checkpoint(0)
     backend.end_of_shard(0)
@@ -51,6 +53,8 @@ def test_the_end_of_phase_one_switches_the_gpu_and_the_end_of_the_last_is_done(p
         ((2, 0), PHASE2.format(i=0), ended["sha256"])
     switch, = events(sup, "phase_switch")
     assert told == ["phase switch"]
+    # The AR probes get phase 2's baseline from the end of phase 1 probed on phase 2's shard.
+    assert probes.phase_starts == [(0, "checkpoints/fractus_1b_gpu0.pt", PHASE2.format(i=0))]
     assert (switch["gpu"], switch["from_phase"], switch["to_phase"], switch["ended_at_token"],
             switch["start_token"]) == (0, 1, 2, 10 * TOKENS_PER_STEP, 0)
     spec = backend.current(0).spec

@@ -369,3 +369,33 @@ def test_a_failed_probe_at_stage_2_rolls_back_past_the_probed_checkpoint(tmp_pat
     assert verdicts[failed_probe["sha256"]]["verdict"] == "failed"
     # Restored: a stage-1 checkpoint older than the one the probe failed.
     assert rollback["to_token"] < verdicts[failed_probe["sha256"]]["next_token"]
+
+
+def test_a_probe_after_a_phase_switch_is_not_judged_against_phase_ones_baseline(tmp_path):
+    # Phase 2's data has a higher AR: its first probe is its baseline, then judged on it.
+    runner = FakeRunner({"resume.pt": 5.0, "a.pt": 5.2, "b.pt": 7.2, "c.pt": 7.4, "d.pt": 7.9})
+    monitor = monitor_of(tmp_path, runner)
+    outcomes = resume_then_two_probes(monitor, "resume.pt", "a.pt", "a.pt")
+    assert [o.status for o in outcomes] == [BASELINE, SUCCESSFUL, SUCCESSFUL]
+    for name, sha, step in (("b.pt", "sha-b", 15), ("c.pt", "sha-c", 20), ("d.pt", "sha-d", 25)):
+        monitor.on_checkpoint(0, name, "shard0_phase2.npy", sha, step)
+        outcomes += drain(monitor)
+    assert [o.status for o in outcomes[3:]] == [BASELINE, SUCCESSFUL, FAILED]
+    assert outcomes[3].reason.startswith("baseline AR 7.2000 (first probe on shard0_phase2.npy")
+    assert outcomes[5].baseline_ar == 7.2
+
+
+def test_at_a_phase_switch_the_checkpoint_ending_phase_one_is_phase_twos_baseline(tmp_path):
+    runner = FakeRunner({"resume.pt": 5.0, "end1.pt": 7.0, "b.pt": 7.4, "c.pt": 7.6})
+    monitor = monitor_of(tmp_path, runner)
+    monitor.start_stage(2, {0: ("resume.pt", "shard0.npy")})
+    drain(monitor)
+    monitor.start_phase(0, "end1.pt", "shard0_phase2.npy")
+    (tmp_path / "new.pt").write_text("the phase-2 worker's first save")
+    os.replace(tmp_path / "new.pt", tmp_path / "end1.pt")        # as its atomic save does
+    monitor.on_checkpoint(0, "b.pt", "shard0_phase2.npy", "sha-b", 15)
+    monitor.on_checkpoint(0, "c.pt", "shard0_phase2.npy", "sha-c", 20)   # replaces b
+    outcomes = drain(monitor)
+    assert runner.calls == ["resume.pt", "end1.pt", "c.pt"]
+    assert [o.status for o in outcomes] == [BASELINE, FAILED]
+    assert outcomes[0].request.head == 0 and outcomes[1].baseline_ar == 7.0

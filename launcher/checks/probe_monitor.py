@@ -12,6 +12,11 @@ spread is the noise the verdict is calibrated on), first found wins:
   2. a probe of the checkpoint the GPU resumed from when the stage started (at the
      manifest's start token: a v1 file or the merged brain may record another head, or none),
   3. on a fresh GPU (nothing to resume from), its first probed checkpoint.
+A baseline holds for the shard it was measured on, so for one data phase: a GPU keeps one
+per shard its probes read. At a phase switch (`start_phase`) the new phase's baseline is a
+probe of the checkpoint that ended the phase before, on the new phase's shard (as 2. at a
+stage start); failing that, the first probe on that shard. An AR of one phase's data is
+never judged against another's.
 A probe that cannot run is Inconclusive; one whose AR exceeds the baseline by more than the
 `probe:` tolerance (launcher/checks/probe_check.py) is Failed: the GPU fails its stage like any
 other check (rollback path), and the probed checkpoint and every newer one are marked
@@ -68,8 +73,7 @@ PROBE_MODULE = "fractus.eval.probe"
 class _GpuProbes:
     waiting: deque = field(default_factory=deque)
     in_flight: ProbeRequest | None = None
-    baseline: Baseline | None = None
-    baseline_source: str | None = None
+    baselines: dict = field(default_factory=dict)   # shard -> (Baseline, where it came from)
     seen: int = 0              # new checkpoints since the stage started
     vouched_step: int | None = None   # newest checkpoint step a probe did not fail
     waiting_since: int = 0     # when its queue last became non-empty (fair turns)
@@ -127,9 +131,8 @@ class ProbeMonitor:
         for gpu, (checkpoint, shard) in resume.items():
             probes = _GpuProbes()
             baseline = Baseline.of(recorded.get(str(gpu)))
-            if baseline is not None:
-                probes.baseline = baseline
-                probes.baseline_source = f"recorded for stage {stage}"
+            if baseline is not None:      # recorded for the shard the GPU resumes on
+                probes.baselines[shard] = (baseline, f"recorded for stage {stage}")
             elif checkpoint is not None:
                 # Held at once: the worker rewrites the file it resumed from at its first save.
                 held = self._hold(gpu, checkpoint, "resume")
@@ -137,6 +140,17 @@ class ProbeMonitor:
                     self._enqueue(probes, ProbeRequest(gpu, held, shard, BASELINE,
                                                        head=(heads or {}).get(gpu)))
             self.gpus[gpu] = probes
+
+    def start_phase(self, gpu: int, checkpoint: str, shard: str) -> None:
+        """GPU `gpu` switched data phase: it resumes from `checkpoint` (the end of the phase
+        before) at token 0 of `shard`. That checkpoint probed on `shard` is the new phase's
+        baseline (held at once: the worker rewrites the file at its first save)."""
+        probes = self.gpus.setdefault(gpu, _GpuProbes())
+        if shard in probes.baselines:
+            return
+        held = self._hold(gpu, checkpoint, "phase")
+        if held is not None:
+            self._enqueue(probes, ProbeRequest(gpu, held, shard, BASELINE, head=0))
 
     def on_checkpoint(self, gpu: int, checkpoint: str, shard: str, sha256: str | None,
                       step: int | None) -> bool:
@@ -326,18 +340,21 @@ class ProbeMonitor:
                seconds: float) -> ProbeOutcome:
         ar = result.get("ar") if result else None
         usable = error is None and isinstance(ar, (int, float)) and math.isfinite(ar)
-        if request.role == BASELINE or (usable and probes.baseline_source is None):
+        known = probes.baselines.get(request.shard)     # the same data's baseline, or None
+        if request.role == BASELINE or (usable and known is None):
             if usable:
-                probes.baseline = Baseline.of(result)
-                probes.baseline_source = ("resume checkpoint" if request.role == BASELINE
-                                          else "first probe of the stage")
-                spread = probes.baseline.spread()
+                source = ("resume checkpoint" if request.role == BASELINE else
+                          "first probe of the stage" if not probes.baselines else
+                          f"first probe on {request.shard}")
+                baseline = Baseline.of(result)
+                probes.baselines[request.shard] = (baseline, source)
+                spread = baseline.spread()
                 noise = "" if spread is None else f", window spread {spread:.4f}"
                 return ProbeOutcome(request, BASELINE, f"baseline AR {ar:.4f} "
-                                    f"({probes.baseline_source}{noise})", result, seconds,
-                                    probes.baseline)
-            # The resume checkpoint gave no AR: the stage's first check probe sets one.
+                                    f"({source}{noise})", result, seconds, baseline)
+            # The resume checkpoint gave no AR: the first check probe on its shard sets one.
             _, reason = probe_verdict(result, None, self.tolerance, error=error)
             return ProbeOutcome(request, INCONCLUSIVE, f"baseline: {reason}", result, seconds)
-        status, reason = probe_verdict(result, probes.baseline, self.tolerance, error=error)
-        return ProbeOutcome(request, status, reason, result, seconds, probes.baseline)
+        baseline = known[0] if known else None
+        status, reason = probe_verdict(result, baseline, self.tolerance, error=error)
+        return ProbeOutcome(request, status, reason, result, seconds, baseline)

@@ -8,7 +8,8 @@ before, stays): that write is the commit point. A launcher killed before it resu
 GPU at the end of the old phase, whose worker ends its shard again at once and is switched
 then; after it, the launch resumes at the new phase's token 0 (prepare's identity check
 accepts exactly this switch). Then the `phase_switch` event and the hub sync told (it
-pushes the changed manifest at its next tick), then the worker's restart on
+pushes the changed manifest at its next tick) and the AR probes (the checkpoint probed on the
+new shard is the new phase's baseline), then the worker's restart on
 the new shard (PHASE=N: the worker starts at token 0 from the phase N-1 checkpoint). A GPU
 whose last phase ends is done.
 """
@@ -55,6 +56,8 @@ class PhaseSwitch:
                         shard=shard, start_token=0, checkpoint=entry.checkpoint,
                         checkpoint_sha256=entry.checkpoint_sha256)
         pod.on_manifest_change("phase switch")            # the hub gets it at once
+        if pod.probes is not None:      # the new phase's AR baseline: this checkpoint, new data
+            pod.probes.start_phase(gpu, entry.checkpoint, shard)
         run.apply(GpuEvent.FINISHED)                      # done with the old phase ...
         run.health.new_phase(phase)                       # new data: the curve starts over
         self.starter.start(run, fresh_health=False)       # ... and on the new one at once

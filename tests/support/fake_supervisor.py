@@ -79,6 +79,10 @@ class ProbeRecorder:
 
     def __init__(self):
         self.requests = []
+        self.phase_starts = []      # (gpu, checkpoint, shard) of each phase switch
+
+    def start_phase(self, gpu, checkpoint, shard):
+        self.phase_starts.append((gpu, checkpoint, shard))
 
     def on_checkpoint(self, gpu, checkpoint, shard, sha256, step):
         self.requests.append((gpu, checkpoint, sha256))
