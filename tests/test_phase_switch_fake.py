@@ -148,3 +148,18 @@ def test_the_same_loss_jump_without_a_phase_switch_fails_the_curve_checks(phased
     checks = health.verdict().checks
     assert health.failed()
     assert all(checks[name]["phase"] == "Failed" for name in CURVE_CHECKS), checks
+
+
+def test_a_launch_at_phase_twos_token_zero_has_no_phase_one_curve_to_continue(phased):
+    sup, backend, clock = phased(stage=1)
+    manifest = sup.pod.manifest.path
+    manifest.parent.mkdir(parents=True, exist_ok=True)
+    manifest.write_text(json.dumps({"gpu_0": {
+        "start_token": 0, "phase": 2, "shard": PHASE2.format(i=0), "ema_tf": 5.0, "lb": 2.0,
+        "checkpoint": "checkpoints/fractus_1b_gpu0.pt", "stage": 1}}))
+    sup, backend, clock = phased(stage=1)          # the next launch reads it
+    sup.starter.start_all()
+    backend.train(0, 250, tf=11.0, lb=6.0)         # phase 2's data, from the first line
+    sup.step()
+    health = sup.pod.runs[0].health
+    assert not health.failed(), health.verdict().reason
