@@ -5,8 +5,9 @@ a head with no worker devices and two nodes of two "fractus_gpu" each, all bound
 One pod, one cluster for the module: both workers placed one per node; a node removed
 mid-run: its GPU resumes on the other node from its newest passed checkpoint on the hub,
 at exactly its tokens and with exactly its weights; the last node removed: both GPUs wait,
-visibly; a node joins: they resume on it. Teardown stops the cluster and checks that no
-Ray process and no worker is left.
+visibly; a node joins: they resume on it. A pod whose shards are only in its `data:` store:
+each node fetches its own GPUs' shards, the head none. Teardown stops the cluster and
+checks that no Ray process and no worker is left.
 """
 
 from __future__ import annotations
@@ -25,10 +26,13 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+import yaml
 
 from tests.support.ray_cluster import (LOOPBACK, RESOURCE, add_node, local_cluster, node_of,
                                        ray_process_table)
 from fractus.data import synth
+from launcher.hub import RetryPolicy
+from launcher.hub.data_source import push_shards
 from tests.support.e2e import (REPO, SHARD_TOKENS, TEST_CRITERIA, TOKENS_PER_STEP,
                                Launcher, events_of, launchers, make_pod, wait_for,
                                worker_records)
@@ -63,6 +67,41 @@ def is_loopback(ip: str) -> bool:
 def listeners_off_loopback(pids: set[int]) -> list:
     return [f"{c.pid} {c.laddr.ip}:{c.laddr.port}" for c in psutil.net_connections("inet")
             if c.status == psutil.CONN_LISTEN and c.pid in pids and not is_loopback(c.laddr.ip)]
+
+
+def test_each_node_fetches_only_its_own_gpus_shards_from_the_data_store(tmp_path, cluster,
+                                                                        launchers):
+    """First in the module: both nodes are there, one GPU on each (SPREAD)."""
+    pod = make_pod(tmp_path, ray={"address": cluster.address, "resource": RESOURCE,
+                                  "fence_s": FENCE_S})
+    shards = [f"data/shard_phase2_gpu{gpu}.npy" for gpu in (0, 1)]
+    sha = {rel: hashlib.sha256((pod / rel).read_bytes()).hexdigest() for rel in shards}
+    source, _ = push_shards(pod, shards, f"file://{tmp_path / 'data_store'}",
+                            RetryPolicy(attempts=1))
+    for rel in shards:                 # only in the store: neither the head nor a node has one
+        (pod / rel).unlink()
+    config = yaml.safe_load((pod / "fractus-pod.yaml").read_text())
+    (pod / "fractus-pod.yaml").write_text(yaml.safe_dump({**config, "data": source.to_dict()}))
+    launcher = Launcher(pod, "--stage", "1", "--max-steps", "2")
+    launchers.append(launcher)
+    assert launcher.wait(STARTUP_S) == 0, launcher.output()[-3000:]
+
+    placed = {e["gpu"]: e for e in events_of(pod, "worker_placed")}
+    assert set(placed) == {0, 1}
+    assert not list((pod / "data").glob("*.npy"))          # the head fetched none
+    for gpu in (0, 1):
+        workdir, rel = Path(placed[gpu]["workdir"]), shards[gpu]
+        (fetched,) = events_of(pod, "shards_fetched", gpu=gpu)
+        assert fetched["node"] == placed[gpu]["node"] and fetched["shards"] == [rel]
+        # On its node: exactly the shards of the GPUs placed there, with the recorded bytes.
+        own = {shards[g] for g, e in placed.items() if e["workdir"] == str(workdir)}
+        assert {str(p.relative_to(workdir)) for p in (workdir / "data").iterdir()} == own
+        assert hashlib.sha256((workdir / rel).read_bytes()).hexdigest() == sha[rel]
+        (start,) = worker_records(pod, gpu, "start")
+        # Its worker ran in the node's workdir (the head holds no copy to fall back to).
+        assert start["next_token"] == 0 and start["settings"]["shard"] == rel
+        steps = [r for r in worker_records(pod, gpu) if r.get("type") == "metrics"]
+        assert steps[0]["next_token"] == TOKENS_PER_STEP         # from its first token
 
 
 def test_a_pod_across_two_nodes_survives_losing_them(tmp_path, cluster, launchers):

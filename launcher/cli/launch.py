@@ -81,6 +81,7 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
         record_baselines,
         recover_checkpoints,
         refuse_if_busy,
+        shards_on_nodes,
         validate,
     )
     from launcher.supervise.supervisor import Supervisor
@@ -117,6 +118,7 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
                 check_cuda_present([s.gpu for s in plan.slots if s.device == "cuda"],
                                    devices or plan.config.devices)
             on_hub = on_the_hub(plan, manifest) if ray_settings is not None else set()
+            on_nodes = shards_on_nodes(plan, ray_settings is not None)
             if plan.config.hub:
                 from launcher.hub.sync import store_for
                 try:
@@ -128,7 +130,7 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
             from launcher.config.tracker import check_installed
             check_installed(plan.config.tracker_settings())
             refuse_if_busy(plan)
-            fetch_shards(plan, manifest)
+            fetch_shards(plan, manifest, on_nodes)
             events = EventLog(pod_dir, mirror=_mirrors(pod_dir, alerting))
             index = CheckpointIndex(pod_dir)
             complete_decided_rollback(plan, manifest, index, events,
@@ -136,7 +138,7 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
             reconcile(plan, manifest, index, events)
             never_resume_failed(plan, manifest, index, events)
             recover_checkpoints(plan, manifest, index, events, on_hub)
-            validate(plan, manifest, on_hub)
+            validate(plan, manifest, on_hub, on_nodes)
         except UserError:
             lock.release(restore=True)     # a refusal leaves the pod as it was
             raise

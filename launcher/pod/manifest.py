@@ -237,9 +237,12 @@ def name_default_checkpoints(manifest: Manifest, pod_dir: Path, checkpoint_path_
 
 
 def validate_for_launch(manifest: Manifest, pod_dir: Path, gpus: list[int],
-                        shard_path_of, shard_length_of, on_hub=frozenset()) -> None:
+                        shard_path_of, shard_length_of, on_hub=frozenset(),
+                        shards_elsewhere=frozenset()) -> None:
     """Everything `launch` needs before it starts anything. Raises ManifestError. `on_hub`:
-    GPUs whose checkpoint is on the hub, for their Ray node to fetch (not on this disk)."""
+    GPUs whose checkpoint is on the hub, for their Ray node to fetch (not on this disk);
+    `shards_elsewhere`: GPUs whose Ray node fetches their shard (verified against the data
+    store's record there), so this disk's copy, if any, is not the one trained on."""
     where = f"manifest {manifest.path}"
     for gpu in gpus:
         entry = manifest.entries.get(gpu)
@@ -250,13 +253,14 @@ def validate_for_launch(manifest: Manifest, pod_dir: Path, gpus: list[int],
                                 f"config's shards: names {configured}; make "
                                 f"shards: in fractus-pod.yaml name the manifest's shard")
         shard = pod_dir / (named or configured)
-        if not shard.is_file():
+        shard_here = gpu not in shards_elsewhere
+        if shard_here and not shard.is_file():
             raise ManifestError(f"shard for GPU {gpu} not found: {shard}; put it there or fix "
                                 f"shards: in fractus-pod.yaml")
         if entry is None:
             continue
-        length = shard_length_of(shard)
-        if entry.start_token > length:
+        length = shard_length_of(shard) if shard_here else None
+        if length is not None and entry.start_token > length:
             raise ManifestError(f"{where}: gpu_{gpu} start_token {entry.start_token} is past "
                                 f"the end of its shard {shard} ({length} tokens)")
         ckpt = entry.checkpoint

@@ -224,10 +224,14 @@ def recover_checkpoints(plan: LaunchPlan, manifest: Manifest, index: CheckpointI
         write_manifest(manifest)
 
 
-def validate(plan: LaunchPlan, manifest: Manifest, on_hub: set[int] = frozenset()) -> None:
-    _refuse_missing_shards(plan, manifest)
+def validate(plan: LaunchPlan, manifest: Manifest, on_hub: set[int] = frozenset(),
+             on_nodes: set[int] = frozenset()) -> None:
+    """`on_hub`: GPUs whose node fetches their checkpoint; `on_nodes`: GPUs whose node
+    fetches their shards (shards_on_nodes): neither is looked for on this machine."""
+    _refuse_missing_shards(plan, manifest, on_nodes)
     validate_for_launch(manifest, plan.pod_dir, [s.gpu for s in plan.slots],
-                        plan.config.shard_path, shard_length, on_hub=on_hub)
+                        plan.config.shard_path, shard_length, on_hub=on_hub,
+                        shards_elsewhere=on_nodes)
     refuse_fresh_starts(plan, manifest)
     for slot in plan.slots:
         if slot.gpu not in on_hub:
@@ -262,12 +266,23 @@ def ensure_run_id(manifest: Manifest) -> None:
         write_manifest(manifest)
 
 
-def shard_paths(plan: LaunchPlan, manifest: Manifest) -> list[str]:
-    """The shards this launch trains on: per GPU, the one of its current data phase (the
-    manifest entry's, else the config's) and every later phase's, so that a phase never
-    ends on a shard that is not there hours into the run."""
+def shards_on_nodes(plan: LaunchPlan, on_ray: bool) -> set[int]:
+    """The GPUs whose shards this machine neither fetches nor needs: on a Ray cluster with
+    `data:`, each node fetches (verified) the shards of the GPUs placed on it into its own
+    workdir before their workers start (launcher/supervise/ray_node.py), and which node a
+    GPU lands on is only known at placement."""
+    return {s.gpu for s in plan.slots} if on_ray and plan.config.data else set()
+
+
+def shard_paths(plan: LaunchPlan, manifest: Manifest,
+                on_nodes: set[int] = frozenset()) -> list[str]:
+    """The shards this launch trains on here (GPUs in `on_nodes` aside): per GPU, the one
+    of its current data phase (the manifest entry's, else the config's) and every later
+    phase's, so that a phase never ends on a shard that is not there hours into the run."""
     paths = []
     for slot in plan.slots:
+        if slot.gpu in on_nodes:
+            continue
         entry = manifest.entries.get(slot.gpu)
         paths.append((entry.shard if entry else None) or
                      phase_shard(manifest, slot.gpu, plan.config.shard_path))
@@ -275,28 +290,31 @@ def shard_paths(plan: LaunchPlan, manifest: Manifest) -> list[str]:
     return paths
 
 
-def fetch_shards(plan: LaunchPlan, manifest: Manifest) -> None:
-    """With `data:` in the pod config, every shard of this launch is on this machine with
-    the recorded bytes before anything else reads it: verified, or fetched
-    (launcher/hub/fetch.py). A store that cannot be read, or other bytes, refuse the launch
-    with one line."""
-    if plan.config.data is None:
+def fetch_shards(plan: LaunchPlan, manifest: Manifest,
+                 on_nodes: set[int] = frozenset()) -> None:
+    """With `data:` in the pod config, every shard of this launch that this machine trains
+    on (`on_nodes`: GPUs whose nodes fetch their own) is here with the recorded bytes
+    before anything else reads it: verified, or fetched (launcher/hub/fetch.py). A store
+    that cannot be read, or other bytes, refuse the launch with one line."""
+    paths = shard_paths(plan, manifest, on_nodes)
+    if plan.config.data is None or not paths:
         return
     from launcher.hub import HubError
     from launcher.hub.fetch import ensure_shards
     from launcher.hub.sync import retry_policy
     try:
-        ensure_shards(shard_paths(plan, manifest), plan.config.data, plan.pod_dir,
+        ensure_shards(paths, plan.config.data, plan.pod_dir,
                       retry_policy(plan.config))
     except HubError as exc:        # a fetch cut (rerun: it resumes), or other bytes served
         raise Refused(str(exc)) from None
 
 
-def _refuse_missing_shards(plan: LaunchPlan, manifest: Manifest) -> None:
+def _refuse_missing_shards(plan: LaunchPlan, manifest: Manifest,
+                           on_nodes: set[int]) -> None:
     """Every missing shard in one line, with the fix (a new pod's first launch meets this);
     then each shard read as the worker will read it, entry or not."""
     missing, present = [], []
-    for rel in shard_paths(plan, manifest):
+    for rel in shard_paths(plan, manifest, on_nodes):
         problem = shard_kind_problem(plan.pod_dir / rel)
         if problem:
             raise UserError(problem)

@@ -105,6 +105,10 @@ class RayBackend(NodeAdoption, WorkerBackend):
         self.hub_url = _absolute_hub(config.hub, pod_dir)
         # The nodes push as this pod (the run's hub lease: launcher/hub/lease.py).
         self.writer = pod_id(pod_dir) if self.hub_url else None
+        # Each node fetches its own GPUs' shards from here (the URL and revision only: its
+        # credentials are the node's own, as for the hub).
+        self.data = {"url": _absolute_hub(config.data.url, pod_dir),
+                     "revision": config.data.revision} if config.data else None
         self.last_round_trip = float("-inf")
         self.heartbeat = Heartbeat(ray, self.actors, settings.fence_s, config.stop_grace_s)
 
@@ -137,7 +141,7 @@ class RayBackend(NodeAdoption, WorkerBackend):
             name=f"{self.actor_prefix}gpu{slot.gpu}-{uuid.uuid4().hex[:8]}",
             **options).remote(slot.gpu, self.settings.workdir, str(self.pod_dir.resolve()),
                               self.hub_url, self.writer, list(self.config.worker),
-                              self.settings.fence_s, self.config.stop_grace_s)
+                              self.settings.fence_s, self.config.stop_grace_s, self.data)
 
     def start(self, spec: WorkerSpec) -> RayHandle:
         gpu = spec.slot.gpu
@@ -150,8 +154,11 @@ class RayBackend(NodeAdoption, WorkerBackend):
         handle = RayHandle(gpu, None, None, actor=actor)
         settings = build_env(self.config, spec, base={})
         handle.metrics = settings["METRICS"]
+        # The shards of its data phase and every later one (a phase switch starts the next
+        # phase's worker with them already there).
+        shards = self.config.shard_paths(gpu)[spec.phase - 1:] if self.data else []
         handle.start_ref = actor.start.remote(settings, checkpoint, spec.slot.device == "cuda",
-                                              sorted(pod_env_names(self.config)))
+                                              sorted(pod_env_names(self.config)), shards)
         self.handles[gpu] = handle
         return handle
 
@@ -211,6 +218,10 @@ class RayBackend(NodeAdoption, WorkerBackend):
             self.heartbeat.heard(handle.actor)
             self.events.emit("worker_placed", gpu=handle.gpu, node=info["node"],
                              pid=info["pid"], workdir=info["workdir"])
+            if info["fetched"]:
+                self.events.emit("shards_fetched", gpu=handle.gpu, node=info["node"],
+                                 shards=info["fetched"],
+                                 reason="its node lacked the shards it trains on")
             if info["pulled"]:
                 self.events.emit("checkpoint_pulled", gpu=handle.gpu, node=info["node"],
                                  reason="its node lacked the checkpoint it resumes from")
@@ -419,7 +430,8 @@ def remote_error(exc: Exception) -> str:
 
 
 def _absolute_hub(url: str | None, pod_dir: Path) -> str | None:
-    """The hub as every node must name it: a relative file:// store is the head's."""
+    """The hub or data store as every node must name it: a relative file:// store is the
+    head's."""
     if url and url.startswith("file://") and not Path(url[len("file://"):]).is_absolute():
         return f"file://{(pod_dir / url[len('file://'):]).resolve()}"
     return url

@@ -13,6 +13,11 @@ carries weights between machines, as the head's pod (`writer`: the run's hub lea
 node of a pod whose run was taken over by `launch --from-hub` elsewhere is refused,
 RunTakenOver, and overwrites nothing). A GPU placed on a node that lacks its checkpoint pulls
 it from the hub revision the launcher names (sha256-verified) before the worker starts.
+With `data:` in the pod config, the node likewise puts its GPU's shards (its current data
+phase's and every later one's) in its own directory before the worker starts: verified
+against the data store's record at the pinned revision, fetched when absent (resumable;
+launcher/hub/fetch.py), with this node's own credentials as for the hub. The launcher's
+machine fetches none of them: a node holds only its own GPUs' shards.
 
 AR probes (launcher/checks/probe_monitor.py) of a checkpoint run here, where the file is:
 the same probe program in a child process (launcher/checks/probe_check.py), its result
@@ -50,7 +55,8 @@ from launcher.pod.manifest import event_position, relative_to_pod
 from launcher.worker.process import kill, terminate, worker_env, worker_log_path
 
 # Settings resolved against the node's directory, else the head's pod directory (the same
-# machine or a shared filesystem): shards and a model file are the user's to place.
+# machine or a shared filesystem): shards (without `data:`) and a model file are the
+# user's to place.
 NODE_LOCAL_INPUTS = ("SHARD", "MODEL")
 RESUME = "resume"               # a probe's name for the checkpoint the worker started from
 FENCE_CHECK_S = 1.0             # how often an actor looks at its last heartbeat
@@ -59,11 +65,13 @@ ADOPT_CHECK_S = 0.2             # how often `adopt` looks whether the previous w
 
 class NodeWorker:
     def __init__(self, gpu: int, workdir: str, pod_dir: str, hub_url: str | None,
-                 writer: str | None, command: list[str], fence_s: float, grace_s: float):
+                 writer: str | None, command: list[str], fence_s: float, grace_s: float,
+                 data: dict | None = None):
         import ray
         self.node_id = ray.get_runtime_context().get_node_id()   # for NodeAffinity
         self.node = self.node_id[:12]
         self.gpu, self.hub_url, self.command = gpu, hub_url, command
+        self.data = data                  # the pod's data source {url, revision}, or None
         self.writer = writer              # the head's pod id: its nodes push as that pod
         self.pod_dir = Path(pod_dir)
         self.workdir = Path(workdir.format(node=self.node, pod=pod_dir))
@@ -83,18 +91,20 @@ class NodeWorker:
 
     # ---- the worker --------------------------------------------------------------------
     def start(self, settings: dict[str, str], checkpoint: dict | None, cuda: bool,
-              keep: list[str] = ()) -> dict:
-        """Start the worker with `settings` (the launcher's worker environment); first pull
-        `checkpoint` ({"path", "sha256", "revision"}) from the hub if this disk lacks it."""
+              keep: list[str] = (), shards: list[str] = ()) -> dict:
+        """Start the worker with `settings` (the launcher's worker environment); first put
+        `shards` (pod-relative) in place from the data source, and pull `checkpoint`
+        ({"path", "sha256", "revision"}) from the hub, where this disk lacks them."""
         try:
-            return self._start(settings, checkpoint, cuda, keep)
+            return self._start(settings, checkpoint, cuda, keep, shards)
         finally:
             self.placed.set()       # a probe waiting for the start goes on, whatever it did
 
     def _start(self, settings: dict[str, str], checkpoint: dict | None, cuda: bool,
-               keep: list[str]) -> dict:
+               keep: list[str], shards: list[str]) -> dict:
         import ray
         self.heard = time.monotonic()
+        fetched = self._ensure_shards(shards)
         pulled = self._ensure_checkpoint(checkpoint) if checkpoint else False
         if checkpoint:
             self._hold_resume(self.workdir / checkpoint["path"])
@@ -116,7 +126,7 @@ class NodeWorker:
                                         stdout=log, stderr=subprocess.STDOUT,
                                         death_signal=signal.SIGTERM)
         return {"pid": self.proc.pid, "node": self.node, "node_id": self.node_id,
-                "workdir": str(self.workdir), "pulled": pulled}
+                "workdir": str(self.workdir), "pulled": pulled, "fetched": fetched}
 
     def heartbeat(self) -> None:
         """The launcher is there (RayBackend's heartbeat thread, every HEARTBEAT_S)."""
@@ -278,6 +288,16 @@ class NodeWorker:
                                     "superseded: a newer checkpoint passed on the launcher")
             self.index.mark(self.gpu, sha256, PASSED, f"pushed as {revision}")
         return revision
+
+    def _ensure_shards(self, shards: list[str]) -> list[str]:
+        """The GPU's shards verified in this node's directory (fetched where absent): the
+        shards fetched. A store that cannot be read or other bytes: UserError/HubError,
+        the worker's start fails with that one line."""
+        if not (self.data and shards):
+            return []
+        from launcher.config.data_source import DataSource
+        from launcher.hub.fetch import ensure_shards
+        return ensure_shards(list(shards), DataSource(**self.data), self.workdir)
 
     def _ensure_checkpoint(self, checkpoint: dict) -> bool:
         """The checkpoint's bytes at its path on this disk: kept if already there, else
