@@ -9,7 +9,7 @@ Once per poll the launcher collects every actor's new metrics lines in one round
 appends them to logs/metrics_gpu{i}.jsonl in the pod directory, so checks, verdicts,
 rollback and the manifest work exactly as on one machine. A checkpoint that passes is
 pushed to the hub by the node that holds it (`on_passed`); the launcher notes the
-revision (`take_pushed`). AR probes run on the node that holds the checkpoint (`NodeProbes`,
+revision (`take_pushed`): launcher/supervise/ray_pushes.py. AR probes run on the node that holds the checkpoint (`NodeProbes`,
 launcher/supervise/ray_probes.py).
 
 An actor whose process died on a node that is alive is replaced there
@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.hub.lease import RunTakenOver, pod_id
+from launcher.hub.lease import pod_id
 from launcher.pod.events import EventLog
 from launcher.config.devices import Slot
 from launcher.config.podconfig import PodConfig
@@ -37,6 +37,7 @@ from launcher.supervise.backend import WorkerBackend, WorkerExit, WorkerHandle
 from launcher.supervise.ray_adopt import NodeAdoption
 from launcher.supervise.ray_fence import NAMESPACE, Heartbeat, actor_prefix, end_orphans
 from launcher.supervise.ray_node import NodeWorker
+from launcher.supervise.ray_pushes import NodePushes
 from launcher.config.ray_settings import RaySettings
 from launcher.worker.process import WorkerSpec, build_env, pod_env_names, worker_log_path
 
@@ -63,15 +64,7 @@ class RayHandle(WorkerHandle):
     adopt_by: float = 0.0             # ... answering by then (monotonic), else: lost
 
 
-@dataclass
-class _Push:
-    ref: object
-    record: dict
-    node: str | None
-    started: float = field(default_factory=time.time)
-
-
-class RayBackend(NodeAdoption, WorkerBackend):
+class RayBackend(NodeAdoption, NodePushes, WorkerBackend):
     name = "ray"
     files_here = False        # checkpoints are on the nodes; a node fetches what it lacks
 
@@ -98,10 +91,7 @@ class RayBackend(NodeAdoption, WorkerBackend):
         self.handles: dict[int, RayHandle] = {}
         self.actors: dict[int, object] = {}
         self.slots: dict[int, Slot] = {}
-        self.queued: dict[int, dict] = {}       # gpu -> newest passed record to push
-        self.pushes: dict[int, _Push] = {}
-        self.on_hub: dict[int, dict] = {}       # gpu -> newest pushed record + hub_revision
-        self.pushed: list[dict] = []            # not yet taken by the supervisor
+        self.init_pushes()
         self.hub_url = _absolute_hub(config.hub, pod_dir)
         # The nodes push as this pod (the run's hub lease: launcher/hub/lease.py).
         self.writer = pod_id(pod_dir) if self.hub_url else None
@@ -345,59 +335,6 @@ class RayBackend(NodeAdoption, WorkerBackend):
 
     def stop(self, handles: list[RayHandle], grace_s: float) -> dict[int, WorkerExit]:
         return self._finish(handles, lambda actor: actor.terminate.remote(grace_s))
-
-    # ---- the hub ---------------------------------------------------------------------------
-    def on_passed(self, gpu: int, record: dict) -> None:
-        if self.hub_url and gpu in self.actors:
-            self.queued[gpu] = record        # only the newest one goes up
-
-    def stop_pushes(self, message: str) -> None:
-        super().stop_pushes(message)
-        self.queued.clear()         # checkpoints not pushed yet stay on their nodes
-
-    def _push_queued(self) -> None:
-        for gpu in [g for g in self.queued if g not in self.pushes]:
-            record = self.queued.pop(gpu)
-            actor = self.actors.get(gpu)
-            if actor is None:
-                continue
-            message = f"fractus-pod node push: gpu{gpu}@{int(record['next_token']):,}"
-            ref = actor.push.remote(record["sha256"], self.config.checkpoint_path(gpu), message)
-            self.pushes[gpu] = _Push(ref, record, self.handles[gpu].node)
-
-    def _harvest_pushes(self, timeout: float) -> None:
-        if not self.pushes:
-            return
-        refs = [p.ref for p in self.pushes.values()]
-        ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=timeout)
-        for gpu, push in list(self.pushes.items()):
-            if push.ref not in ready:
-                continue
-            del self.pushes[gpu]
-            try:
-                revision = self.ray.get(push.ref)
-            except Exception as exc:         # the node, the hub: retried with the next pass
-                from launcher.hub.redact import describe_error
-                cause = getattr(exc, "cause", None) or exc
-                if isinstance(cause, RunTakenOver):   # recorded by the supervisor's sync
-                    self.stop_pushes(str(cause))
-                    continue
-                self.events.emit("sync_failed", reason="node push", gpu=gpu, node=push.node,
-                                 error=describe_error(cause),
-                                 seconds=round(time.time() - push.started, 2),
-                                 retry="with the GPU's next passed checkpoint")
-                continue
-            copy = {**push.record, "path": self.config.checkpoint_path(gpu),
-                    "hub_revision": revision, "node": push.node}
-            self.on_hub[gpu] = copy
-            self.pushed.append(copy)
-
-    def take_pushed(self) -> list[dict]:
-        pushed, self.pushed = self.pushed, []
-        return pushed
-
-    def hub_copy(self, gpu: int) -> dict | None:
-        return self.on_hub.get(gpu)
 
     def node_probes(self):
         from launcher.supervise.ray_probes import NodeProbes

@@ -1,0 +1,87 @@
+"""The hub side of a Ray pod: a checkpoint that passes is pushed by the node that holds it.
+
+`RayBackend` (launcher/supervise/ray_backend.py) queues each GPU's newest passed checkpoint
+(`on_passed`: only the newest goes up), asks that GPU's actor to push it, harvests the
+revisions once per poll, and hands them to the supervisor (`take_pushed`), which records
+them in the manifest; `hub_copy` is what a GPU whose node was lost resumes from. A push
+refused because another pod took the run over stops every node's pushes (the lease:
+launcher/hub/lease.py).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from launcher.hub.lease import RunTakenOver
+
+
+@dataclass
+class _Push:
+    ref: object
+    record: dict
+    node: str | None
+    started: float = field(default_factory=time.time)
+
+
+class NodePushes:
+    """Mixed into RayBackend, which provides `actors`, `handles`, `config`, `events`, `ray`
+    and `hub_url`."""
+
+    def init_pushes(self) -> None:
+        self.queued: dict[int, dict] = {}       # gpu -> newest passed record to push
+        self.pushes: dict[int, _Push] = {}
+        self.on_hub: dict[int, dict] = {}       # gpu -> newest pushed record + hub_revision
+        self.pushed: list[dict] = []            # not yet taken by the supervisor
+
+    def on_passed(self, gpu: int, record: dict) -> None:
+        if self.hub_url and gpu in self.actors:
+            self.queued[gpu] = record        # only the newest one goes up
+
+    def stop_pushes(self, message: str) -> None:
+        super().stop_pushes(message)
+        self.queued.clear()         # checkpoints not pushed yet stay on their nodes
+
+    def _push_queued(self) -> None:
+        for gpu in [g for g in self.queued if g not in self.pushes]:
+            record = self.queued.pop(gpu)
+            actor = self.actors.get(gpu)
+            if actor is None:
+                continue
+            message = f"fractus-pod node push: gpu{gpu}@{int(record['next_token']):,}"
+            ref = actor.push.remote(record["sha256"], self.config.checkpoint_path(gpu), message)
+            self.pushes[gpu] = _Push(ref, record, self.handles[gpu].node)
+
+    def _harvest_pushes(self, timeout: float) -> None:
+        if not self.pushes:
+            return
+        refs = [p.ref for p in self.pushes.values()]
+        ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        for gpu, push in list(self.pushes.items()):
+            if push.ref not in ready:
+                continue
+            del self.pushes[gpu]
+            try:
+                revision = self.ray.get(push.ref)
+            except Exception as exc:         # the node, the hub: retried with the next pass
+                from launcher.hub.redact import describe_error
+                cause = getattr(exc, "cause", None) or exc
+                if isinstance(cause, RunTakenOver):   # recorded by the supervisor's sync
+                    self.stop_pushes(str(cause))
+                    continue
+                self.events.emit("sync_failed", reason="node push", gpu=gpu, node=push.node,
+                                 error=describe_error(cause),
+                                 seconds=round(time.time() - push.started, 2),
+                                 retry="with the GPU's next passed checkpoint")
+                continue
+            copy = {**push.record, "path": self.config.checkpoint_path(gpu),
+                    "hub_revision": revision, "node": push.node}
+            self.on_hub[gpu] = copy
+            self.pushed.append(copy)
+
+    def take_pushed(self) -> list[dict]:
+        pushed, self.pushed = self.pushed, []
+        return pushed
+
+    def hub_copy(self, gpu: int) -> dict | None:
+        return self.on_hub.get(gpu)
