@@ -24,8 +24,10 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_with(path: Path, write: Callable[[BinaryIO], None]) -> None:
-    """`write(f)` into a temp file beside `path`, then fsync and rename over `path`."""
+def atomic_write_with(path: Path, write: Callable[[BinaryIO], None], durable: bool = True) -> None:
+    """`write(f)` into a temp file beside `path`, then fsync and rename over `path`.
+    `durable=False`: no fsync, for a cache its reader rebuilds when a crash loses or empties
+    it (still never torn while the machine runs)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -33,20 +35,22 @@ def atomic_write_with(path: Path, write: Callable[[BinaryIO], None]) -> None:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    atomic_write_with(path, lambda f: f.write(data))
+def atomic_write_bytes(path: Path, data: bytes, durable: bool = True) -> None:
+    atomic_write_with(path, lambda f: f.write(data), durable)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
+def atomic_write_text(path: Path, text: str, durable: bool = True) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"), durable)
 
 
 def sha256_file(path: Path, on_bytes: Callable[[int], None] | None = None) -> str:
@@ -69,8 +73,9 @@ def read_json_state(path: Path) -> dict:
     return state if isinstance(state, dict) else {}
 
 
-def write_json_state(path: Path, state: dict, indent: int | None = None) -> None:
-    atomic_write_text(path, json.dumps(state, default=str, indent=indent) + "\n")
+def write_json_state(path: Path, state: dict, indent: int | None = None,
+                     durable: bool = True) -> None:
+    atomic_write_text(path, json.dumps(state, default=str, indent=indent) + "\n", durable)
 
 
 def dir_id(path: Path) -> tuple | None:

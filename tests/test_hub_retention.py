@@ -251,3 +251,53 @@ def test_checkpoints_the_pods_own_manifest_names_are_never_deleted(tmp_path, cap
     assert len(checkpoint_objects(store, first)) == GPUS
     assert set(checkpoint_objects(store, first)) <= held
     assert set(checkpoint_objects(store, third)) <= held
+
+
+def test_a_push_reads_only_the_revisions_the_ledger_does_not_know(
+        tmp_path, capsys, monkeypatch):
+    """The retention step is incremental: after many pushes, one more reads the commit
+    records it added (one), not the whole history; what it keeps and deletes is unchanged."""
+    from launcher.hub.local import FileStore
+    pod = make_pod(tmp_path, f"file://{tmp_path / 'store'}", {"keep": 2})
+    for n in range(6):
+        new_checkpoints(pod, 1000 * (n + 1))
+        push(pod, capsys)
+    read: list[str] = []
+    real_record = FileStore._record
+
+    def counting_record(self, rev):
+        read.append(rev)
+        return real_record(self, rev)
+    new_checkpoints(pod, 7000)
+    store = open_store(f"file://{tmp_path / 'store'}", pod)
+    before = store.head()
+    monkeypatch.setattr(FileStore, "_record", counting_record)
+    head = push(pod, capsys)
+    monkeypatch.setattr(FileStore, "_record", real_record)
+    # The push reads the head it builds on; retention reads the new head's record only
+    # (before: all 7 records, the whole history, at every push).
+    assert set(read) <= {before, head}, f"{len(set(read))} revisions read"
+    history = [h.revision for h in store.history()]
+    assert history[0] == head and len(history) == 7
+    kept = {sha for rev in history[:2] for sha in checkpoint_objects(store, rev)}
+    named = {sha for rev in history for sha in checkpoint_objects(store, rev)}
+    assert {sha for sha in store.stored_objects() if sha in named} == kept
+
+
+def test_a_ledger_a_crash_emptied_is_read_again_from_the_hub(tmp_path, capsys):
+    """The ledger is written without fsync (a cache): emptied, the next push reads the
+    history from the hub again and keeps and deletes exactly what it would have."""
+    pod = make_pod(tmp_path, f"file://{tmp_path / 'store'}", {"keep": 2})
+    for n in range(4):
+        new_checkpoints(pod, 1000 * (n + 1))
+        push(pod, capsys)
+    (pod / "logs" / "hub_ledger.json").write_bytes(b"")
+    new_checkpoints(pod, 5000)
+    push(pod, capsys)
+    store = open_store(f"file://{tmp_path / 'store'}", pod)
+    history = [h.revision for h in store.history()]
+    kept = {sha for rev in history[:2] for sha in checkpoint_objects(store, rev)}
+    named = {sha for rev in history for sha in checkpoint_objects(store, rev)}
+    assert {sha for sha in store.stored_objects() if sha in named} == kept
+    ledger = json.loads((pod / "logs" / "hub_ledger.json").read_text())
+    assert ledger["order"] == history and set(ledger["revisions"]) == set(history)

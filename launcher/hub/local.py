@@ -107,6 +107,17 @@ class FileStore(Store):
             rev = rec["parent"]
         return out
 
+    def revisions_until(self, known) -> list[str]:
+        # Walk parents from the head: a push reads its own new records, not the whole chain.
+        out: list[str] = []
+        rev = self.head()
+        while rev is not None:
+            out.append(rev)
+            if rev in known:
+                break
+            rev = self._record(rev)["parent"]
+        return out
+
     def _object(self, sha: str) -> Path:
         return self.root / "objects" / sha[:2] / sha
 

@@ -17,7 +17,9 @@ committed yet is never touched.
 
 What each revision names (its checkpoint objects, stage, merged brain) never changes, so it
 is read from the hub once and kept in the ledger `logs/hub_ledger.json` (a cache: a pod
-rebuilt with `launch --from-hub` reads it again from the revisions themselves).
+rebuilt with `launch --from-hub` reads it again from the revisions themselves). The ledger
+keeps the revisions' order too: a push walks back from the head only to the newest revision
+it knew, so the retention step reads what the push added, not the whole history.
 """
 
 from __future__ import annotations
@@ -99,12 +101,23 @@ def pushed_facts(store, revision: str, manifest) -> RevisionFacts:
                          index[MERGED_PATH].sha256 if MERGED_PATH in index else None)
 
 
-def load_facts(store, revisions: list[str], pod_dir: Path, manifest_path: str,
-               new: dict[str, RevisionFacts] | None = None) -> dict[str, RevisionFacts]:
-    """Facts of `revisions`: `new` ones given, the ledger's, else read (and recorded)."""
+def load_history(store, pod_dir: Path, manifest_path: str,
+                 new: dict[str, RevisionFacts] | None = None
+                 ) -> tuple[list[str], dict[str, RevisionFacts]]:
+    """The hub's revisions (newest first) and their facts: `new` ones given, the ledger's,
+    else read from the hub (and recorded). The ledger also keeps the revisions' order, so a
+    push reads only the revisions above the newest one it knew (a revision's ancestors never
+    change); a ledger of another hub, or none, reads the whole history once."""
     path = pod_dir / LEDGER
     doc = read_json_state(path)
-    stored = dict(doc.get("revisions") or {}) if doc.get("hub") == store.url else {}
+    mine = doc.get("hub") == store.url
+    stored = dict(doc.get("revisions") or {}) if mine else {}
+    order = doc.get("order") if mine else None
+    order = [str(rev) for rev in order] if isinstance(order, list) else []
+    walked = store.revisions_until(set(order))
+    revisions = walked
+    if walked and walked[-1] in order:           # the rest of the chain: the ledger's
+        revisions = walked[:-1] + order[order.index(walked[-1]):]
     known: dict[str, RevisionFacts] = {}
     for rev in revisions:
         if rev in stored:
@@ -116,12 +129,14 @@ def load_facts(store, revisions: list[str], pod_dir: Path, manifest_path: str,
     fresh.update({rev: revision_facts(store, rev, manifest_path) for rev in revisions
                   if rev not in known and rev not in fresh})
     known.update(fresh)
-    if fresh:
+    if fresh or revisions != order:
         # Only revisions the hub still lists: the ledger stays the size of the history.
         stored.update({rev: facts.to_json() for rev, facts in fresh.items()})
-        write_json_state(path, {"hub": store.url, "revisions": {
-            rev: stored[rev] for rev in revisions if rev in stored}})
-    return {rev: known[rev] for rev in revisions}
+        # Not fsynced: a ledger a crash empties or loses reads as {} and is read again
+        # from the hub (what a revision names is on the hub, never only here).
+        write_json_state(path, {"hub": store.url, "order": revisions, "revisions": {
+            rev: stored[rev] for rev in revisions if rev in stored}}, durable=False)
+    return revisions, {rev: known[rev] for rev in revisions}
 
 
 # ---- the policy ---------------------------------------------------------------------------
@@ -131,8 +146,7 @@ def plan(store, settings: RetentionSettings, pod_dir: Path, manifest_path: str,
     """What the policy keeps and deletes now (nothing is deleted here). `protected`:
     sha256 of objects the pod's manifest names, never deleted; `new`: facts of a revision
     just pushed."""
-    revisions = [h.revision for h in store.history()]
-    facts = load_facts(store, revisions, pod_dir, manifest_path, new)
+    revisions, facts = load_history(store, pod_dir, manifest_path, new)
     out = Plan(revisions, stored=store.stored_objects(), facts=facts)
     pushes = _pushes(revisions, facts)
     for rev in pushes[:settings.keep]:

@@ -78,6 +78,18 @@ class Store(ABC):
     def history(self) -> list[HistoryEntry]:
         """Commits, newest first."""
 
+    def revisions_until(self, known) -> list[str]:
+        """Revision ids newest first, down to and including the first one in `known` (all of
+        them when none is). A revision's ancestors never change, so a caller that knows the
+        history below that one need not read it again; a store that walks commit by commit
+        stops there (local.py), one that lists them in one call cuts its listing."""
+        out = []
+        for entry in self.history():
+            out.append(entry.revision)
+            if entry.revision in known:
+                break
+        return out
+
     @abstractmethod
     def resolve(self, revision: str | None) -> str:
         """Full commit id for `revision` (None = head); HubError if there is none."""
