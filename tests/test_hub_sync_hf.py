@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from huggingface_hub import HfApi
 
-from tests.support.e2e import (REPO, Launcher, events_of, launchers,  # noqa: F401
+from tests.support.e2e import (PROCESS_S, REPO, Launcher, events_of, launchers,  # noqa: F401
                                make_pod, manifest_json, wait_for, worker_records)
 from tests.support.hf_client import REPO_ID, assert_no_token, quiet_hf_client  # noqa: F401
 from tests.support.hub_pod import CKPT, FAST_PASS, MANIFEST
@@ -41,8 +41,13 @@ def test_interval_and_stop_pushes_are_single_commits_of_passed_checkpoints(
         test_hub, tmp_path, launchers):
     pod = make_pod(tmp_path, criteria=FAST_PASS, hub=f"hf://{REPO_ID}",
                    sync={"interval": 3, "attempts": 3, "backoff_s": 0.2})
-    launcher = Launcher(pod, "--stage", "1", "--max-time", "18")
+    launcher = Launcher(pod, "--stage", "1")
     launchers.append(launcher)
+    # Stopped once an interval push landed (CI under load: a fixed --max-time 18 ended some
+    # runs before any checkpoint had passed, so no interval push was ever due).
+    wait_for(lambda: [p for p in events_of(pod, "sync_pushed") if p["reason"] == "interval"],
+             PROCESS_S, "an interval push")
+    os.killpg(launcher.proc.pid, signal.SIGTERM)
     assert launcher.wait(150) == 0, launcher.output()
 
     pushes = events_of(pod, "sync_pushed")
