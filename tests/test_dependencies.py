@@ -1,7 +1,7 @@
 """Declared support is what the code needs (issue 16 item 9): every third-party package that
-fractus/ and launcher/ import is declared in pyproject.toml (dependencies or the `ray`
-extra), and every declared dependency is imported somewhere; the Python floor is the one
-`python -P` needs."""
+fractus/ and launcher/ import is declared in pyproject.toml (dependencies or the `ray` or
+`tracker` extra), and every declared dependency is imported somewhere; the Python floor is
+the one `python -P` needs."""
 
 from __future__ import annotations
 
@@ -40,7 +40,9 @@ def requirement_name(requirement: str) -> str:
 def test_declared_dependencies_are_exactly_the_imported_ones():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     declared = {requirement_name(r) for r in project["dependencies"]}
-    extras = {requirement_name(r) for r in project["optional-dependencies"]["ray"]}
+    # The two features whose imports are lazy and refused in one line when missing.
+    extras = {requirement_name(r) for extra in ("ray", "tracker")
+              for r in project["optional-dependencies"][extra]}
     distributions = importlib.metadata.packages_distributions()
     imported = {}
     for module in imported_top_level_modules():

@@ -331,7 +331,7 @@ def test_on_a_remote_backend_a_failed_manifest_push_is_retried_at_the_interval_n
     says when it is retried, not a push (and an event) on every poll of the launcher."""
     import time
 
-    import launcher.hub.sync as sync_module
+    import launcher.hub.snapshot as snapshot_module
     sup, backend, clock = make(stage=1)
     sup.use_backend(backend)
     sup.starter.start_all()
@@ -342,7 +342,7 @@ def test_on_a_remote_backend_a_failed_manifest_push_is_retried_at_the_interval_n
         sent.append(message)
         raise ConnectionError("hub unreachable")
 
-    monkeypatch.setattr(sync_module, "send", hub_down)
+    monkeypatch.setattr(snapshot_module, "send", hub_down)    # what every push calls
     first = passed_checkpoint(sup, backend, 0)
     (record,) = [r for g, r in backend.passed if g == 0 and r["sha256"] == first["sha256"]]
     backend.hub[0] = {**record, "path": hub_path, "hub_revision": "r1"}
