@@ -24,3 +24,15 @@ def refuse_unknown_keys(data, known, where: str) -> None:
     unknown = sorted(set(data) - set(known))
     if unknown:
         raise UserError(f"{where}: unknown key(s) {unknown}; known: {sorted(known)}")
+
+
+def optional_section(data, known, where: str, shape: str) -> dict | None:
+    """An optional section of the pod config (`alerts:`, `data:`, `retention:`, `tracker:`):
+    None when absent; otherwise a mapping of `known` keys only, else one line naming the
+    value with the expected `shape` (e.g. "like {keep: 3}")."""
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        raise UserError(f"{where} must be a mapping {shape}, got {data!r}")
+    refuse_unknown_keys(data, known, where)
+    return data

@@ -22,6 +22,7 @@ from tests.support.alerting import (
     files_holding,
 )
 from tests.support.fake_supervisor import (  # noqa: F401 (fixtures)
+    crash_past_the_restart_budget,
     events,
     make,
     passed_checkpoint,
@@ -188,11 +189,7 @@ def test_a_gpu_given_up_and_the_pod_failed_are_told_as_critical_in_one_summary(h
     the pod fails in the same poll; both reach the webhook, together."""
     sup, backend, clock, router = hooked("generic", stage=1, sender={"batch_s": 1.0})
     sup.starter.start_all()
-    for _ in range(4):                   # max_restarts: 3
-        backend.exit(0, 1)
-        sup.step()
-        clock.now += 120
-        sup.step()
+    crash_past_the_restart_budget(sup, backend, clock)
     (given_up,) = events(sup, "gpu_given_up", gpu=0)
     assert "4 crashes within 900s" in given_up["reason"]
     alerts = all_delivered(router, server, "generic")

@@ -28,6 +28,7 @@ from launcher.supervise.state import (
 )
 from tests.support.fake_backend import TOKENS_PER_STEP
 from tests.support.fake_supervisor import (  # noqa: F401 (fixtures)
+    crash_past_the_restart_budget,
     ProbeRecorder,
     events,
     make,
@@ -113,11 +114,7 @@ def test_a_call_that_failed_on_the_node_is_a_crash_whose_error_is_in_the_events(
 def test_crashes_past_the_budget_fail_the_gpu_and_at_stage_1_the_pod(make):
     sup, backend, clock = make(stage=1)
     sup.starter.start_all()
-    for _ in range(4):                   # max_restarts: 3
-        backend.exit(0, 1)
-        sup.step()
-        clock.now += 120
-        sup.step()
+    crash_past_the_restart_budget(sup, backend, clock)
     assert sup.pod.runs[0].state is GpuState.STOPPED    # failed, then stopped with the pod
     assert sup.pod.state is PodState.FAILED and sup.pod.exit_code == 1
     (failed,) = events(sup, "pod_failed")

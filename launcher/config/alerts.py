@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from launcher.errors import UserError, refuse_unknown_keys
+from launcher.errors import UserError, optional_section, refuse_unknown_keys
 
 FORMATS = ("generic", "ntfy", "slack", "discord")
 SEVERITIES = ("info", "warning", "critical")          # lowest first
@@ -60,12 +60,9 @@ class AlertSettings:
     @classmethod
     def parse(cls, data: dict | None, source: str = "alerts") -> "AlertSettings | None":
         """None when the config has no `alerts:` (nothing is sent)."""
+        data = optional_section(data, cls.KEYS, source, "(webhooks:, min_severity:)")
         if data is None:
             return None
-        if not isinstance(data, dict):
-            raise UserError(f"{source} must be a mapping (webhooks:, min_severity:), got "
-                            f"{data!r}")
-        refuse_unknown_keys(data, cls.KEYS, source)
         hooks = data.get("webhooks")
         if not isinstance(hooks, list) or not hooks:
             raise UserError(f"{source}.webhooks must be a list of {{format: "

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from launcher.errors import UserError, refuse_unknown_keys
+from launcher.errors import UserError, optional_section
 
 # hf:// names a repo (datasets/ for a dataset repo); the file store's revisions are sha256s
 # of their commit records (launcher/hub/local.py), the Hub's are git's sha1s.
@@ -33,12 +33,9 @@ class DataSource:
     @classmethod
     def parse(cls, data: dict | None, source: str = "data") -> "DataSource | None":
         """None when the config names no data source (the shards are the user's to place)."""
+        data = optional_section(data, cls.KEYS, source, "{url: ..., revision: ...}")
         if data is None:
             return None
-        if not isinstance(data, dict):
-            raise UserError(f"{source} must be a mapping {{url: ..., revision: ...}}, got "
-                            f"{data!r}")
-        refuse_unknown_keys(data, cls.KEYS, source)
         url, revision = data.get("url"), data.get("revision")
         fix_url = "e.g. hf://datasets/OWNER/REPO or file:///abs/path/to/store"
         if not isinstance(url, str):

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from launcher.config.alerts import AlertSettings
     from launcher.config.data_source import DataSource
     from launcher.config.retention import RetentionSettings
+    from launcher.config.tracker import TrackerSettings
 
 # The repository's manifests/ directory: the default stage and criteria files.
 DEFAULT_MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"

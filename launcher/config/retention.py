@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from launcher.errors import UserError, refuse_unknown_keys
+from launcher.errors import UserError, optional_section
 
 KEEP_RANGE = (1, 1000)
 BUDGET_RANGE = (64 << 10, 1 << 60)           # 64 KiB .. 1 EiB
@@ -37,12 +37,9 @@ class RetentionSettings:
     @classmethod
     def parse(cls, data: dict | None, source: str = "retention") -> "RetentionSettings | None":
         """None: no retention key, every push is kept."""
+        data = optional_section(data, cls.KEYS, source, "like {keep: 3, budget: 800GB}")
         if data is None:
             return None
-        if not isinstance(data, dict):
-            raise UserError(f"{source} must be a mapping like {{keep: 3, budget: 800GB}}, "
-                            f"got {data!r}")
-        refuse_unknown_keys(data, cls.KEYS, source)
         keep = data.get("keep")
         low, high = KEEP_RANGE
         if isinstance(keep, bool) or not isinstance(keep, int) or not low <= keep <= high:

@@ -15,7 +15,7 @@ import importlib.util
 import re
 from dataclasses import dataclass
 
-from launcher.errors import UserError, refuse_unknown_keys
+from launcher.errors import UserError, optional_section
 
 KINDS = ("trackio",)
 _PROJECT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
@@ -31,12 +31,9 @@ class TrackerSettings:
     @classmethod
     def parse(cls, data: dict | None, source: str = "tracker") -> "TrackerSettings | None":
         """None when the config has no `tracker:` (nothing is mirrored)."""
+        data = optional_section(data, cls.KEYS, source, "like {kind: trackio, project: NAME}")
         if data is None:
             return None
-        if not isinstance(data, dict):
-            raise UserError(f"{source} must be a mapping like {{kind: trackio, project: "
-                            f"NAME}}, got {data!r}")
-        refuse_unknown_keys(data, cls.KEYS, source)
         kind, project = data.get("kind"), data.get("project")
         if kind not in KINDS:
             raise UserError(f"{source}.kind must be one of {', '.join(KINDS)}, got {kind!r}")

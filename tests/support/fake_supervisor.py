@@ -56,6 +56,16 @@ def events(sup, name, **match):
             and all(e.get(k) == v for k, v in match.items())]
 
 
+def crash_past_the_restart_budget(sup, backend, clock, gpu: int = 0) -> None:
+    """GPU `gpu`'s worker crashes once more than max_restarts (3) allows, each restart
+    waited for."""
+    for _ in range(4):
+        backend.exit(gpu, 1)
+        sup.step()
+        clock.now += 120
+        sup.step()
+
+
 def pod_state(sup) -> dict:
     """logs/pod_state.json as `status` reads it (written now: the loop throttles writes)."""
     sup.view.write(force=True)
