@@ -119,7 +119,7 @@ def main() -> None:
     parser.add_argument("--polls", type=int, default=400)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    from launcher.config.pod_setup import init_pod
+    from launcher.pod.setup_init import init_pod
     import yaml
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

@@ -36,7 +36,7 @@ from launcher.checks.canary import run_canary  # noqa: E402
 from launcher.pod.manifest import apply_checkpoint, read_manifest, write_manifest  # noqa: E402
 from launcher.config.devices import Slot  # noqa: E402
 from launcher.config.podconfig import load_config  # noqa: E402
-from launcher.config.pod_setup import init_pod, write_config
+from launcher.pod.setup_init import init_pod, write_config
 from launcher.config.stages import load_stages  # noqa: E402
 from launcher.worker.process import (WorkerSpec, build_env, metrics_path, read_records,  # noqa: E402
                               worker_command)

@@ -20,7 +20,7 @@ from fractus.continuous_engine import ContinuousThoughtEngine
 from fractus.data import batch_from_window
 from fractus.legacy import load_engine, strip_compiled_prefix
 from fractus.nn import attention
-from launcher.pod.adoption import read_adoption
+from launcher.pod.adoption_baseline import read_adoption
 from launcher.cli import main as cli_main
 from tests.support.v1_run import (START_TOKENS, TARGET, V1_VOCAB, v1_run, write_pt_shard,
                                   write_v1_checkpoint)

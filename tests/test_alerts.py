@@ -13,7 +13,7 @@ from launcher.alerts.rules import AlertRules
 from launcher.alerts.webhooks import Webhook
 from launcher.cli import main as cli_main
 from launcher.config.alerts import AlertSettings, WebhookSetting
-from launcher.config.pod_setup import init_pod
+from launcher.pod.setup_init import init_pod
 from launcher.errors import UserError
 from launcher.pod.events import read_events
 from tests.support.alerting import HOOK_ENV, SECRET_PATH, configure_alerts, delivered

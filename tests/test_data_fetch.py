@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from launcher.cli import main as cli_main
-from launcher.config.data_source import DataSource
+from launcher.config.data_settings import DataSource
 from launcher.errors import UserError
 from launcher.hub import HubError, IntegrityError, RetryPolicy
 from launcher.hub.data_source import push_shards

@@ -110,7 +110,7 @@ def test_launcher_own_writes_on_a_full_disk_fail_the_pod_without_a_crash(tmp_pat
     crash, and a failed event write fails the pod with the reason recorded, in the space
     its reserve frees."""
     from launcher.pod.events import EventLog, read_events
-    from launcher.config.pod_setup import init_pod
+    from launcher.pod.setup_init import init_pod
     from launcher.pod.reserve import DiskReserve
     from launcher.pod.live_state import read_pod_state
     from tests.support.pod_history import supervisor_for
@@ -140,7 +140,7 @@ def test_the_launchers_tensorboard_mirror_fails_on_a_full_disk_in_the_launchers_
     raises in the launcher's own emit/close, where its disk-full handling is, and never on a
     writer thread of its own (whose traceback nothing would handle)."""
     from launcher.pod.events import EventLog
-    from launcher.supervise.tensorboard_events import EventsToTensorBoard
+    from launcher.pod.events_tensorboard import EventsToTensorBoard
     with small_tmpfs(tmp_path / "pod", "1m") as pod:
         mirror = EventsToTensorBoard(pod)
         log = EventLog(pod, mirror=mirror)

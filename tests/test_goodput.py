@@ -127,7 +127,7 @@ def recorded(tmp_path):
 
     import yaml
 
-    from launcher.config.pod_setup import init_pod
+    from launcher.pod.setup_init import init_pod
     from launcher.paths import EVENTS_FILE, metrics_path
     pod = tmp_path / "pod"
     init_pod(pod, "tiny-cpu")

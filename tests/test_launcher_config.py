@@ -6,7 +6,7 @@ import yaml
 from launcher.errors import UserError
 from launcher.config.devices import Slot, parse_devices
 from launcher.config.podconfig import PRESETS, load_config
-from launcher.config.pod_setup import init_pod
+from launcher.pod.setup_init import init_pod
 from launcher.config.stages import get_stage, load_stages, parse_stages
 from launcher.worker.process import WorkerSpec, build_env
 from pathlib import Path
@@ -31,7 +31,7 @@ def test_init_tiny_cpu_writes_a_loadable_self_contained_pod(tmp_path):
 def test_the_tiny_preset_gets_a_probe_band_for_its_model_and_keeps_the_comments(tmp_path):
     from launcher.checks.probe_check import load_probe_tolerance
     from launcher.config.podconfig import DEFAULT_MANIFESTS
-    from launcher.config.pod_setup import edit_yaml_values
+    from launcher.pod.setup_init import edit_yaml_values
     tiny, big = tmp_path / "tiny", tmp_path / "big"
     init_pod(tiny, "tiny-cpu")
     init_pod(big, "1b-8gpu")
@@ -142,7 +142,7 @@ def test_a_bad_stage_setting_is_refused_at_launch_by_the_workers_own_parser(tmp_
     import yaml
 
     from launcher.cli import main as cli_main
-    from launcher.config.pod_setup import init_pod
+    from launcher.pod.setup_init import init_pod
     pod = tmp_path / "pod"
     init_pod(pod, "tiny-cpu")
     stages_file = pod / "manifests" / "stages.yaml"

@@ -14,7 +14,7 @@ from launcher.cli import main as cli_main
 from launcher.errors import PodBusy
 from launcher.pod.events import EventLog, read_events
 from launcher.pod.lock import PodLock, read_holder
-from launcher.config.pod_setup import init_pod
+from launcher.pod.setup_init import init_pod
 from tests.support.pod_history import fake_checkpoint, pod_with_history, supervisor_for
 
 

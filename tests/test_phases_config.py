@@ -15,7 +15,7 @@ import yaml
 
 from launcher.cli import main as cli_main
 from launcher.config.podconfig import PodConfig, load_config
-from launcher.config.pod_setup import missing_shards
+from launcher.pod.setup_init import missing_shards
 from launcher.errors import UserError
 from launcher.pod.ckpt_trust import check_entry
 from launcher.pod.manifest import ManifestError, read_manifest, write_manifest

@@ -96,7 +96,7 @@ def test_a_rollback_asked_during_the_canary_is_refused_not_fired_later(make):
     from launcher.errors import UserError
     from launcher.pod.live_state import write_rollback_request
     from launcher.pod.lock import PodLock
-    from launcher.supervise.manual import manual_rollback
+    from launcher.cli.rollback_probe import manual_rollback
     sup, backend, clock = make(stage=3)
     pod_dir = sup.pod.pod_dir
     refused_by_cli = []
@@ -144,7 +144,7 @@ def test_a_metrics_file_replaced_by_a_directory_is_a_pod_error_not_a_traceback(m
 def test_rollback_by_hand_of_a_gpu_none_of_whose_checkpoints_passed_starts_it_over(make):
     """Issue 16 item 22. Seen: `rollback --gpu 0` of a GPU whose checkpoints never passed
     said "no passed checkpoint" although the docs promise such a GPU starts over at token 0."""
-    from launcher.supervise.manual import manual_rollback
+    from launcher.cli.rollback_probe import manual_rollback
     sup, backend, clock = make(stage=3)
     sup.starter.start_all()
     backend.train(0, 10)

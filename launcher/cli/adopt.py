@@ -1,4 +1,4 @@
-"""`fractus-pod adopt`: take over a reference-trainer run directory (launcher/supervise/adopt.py)."""
+"""`fractus-pod adopt`: take over a reference-trainer run directory (launcher/pod/setup_adopt.py)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ def adopt(ctx, devices, model, init_new_from, manifest) -> None:
     """Take over this run directory unchanged: find its manifests, checkpoints and shards,
     hash them, write fractus-pod.yaml naming them, keep the originals as the adoption
     baseline. Exit 2, one line per problem and nothing written, if a GPU cannot resume."""
-    from launcher.supervise.adopt import adopt as adopt_run
-    from launcher.supervise.adopt import table
+    from launcher.pod.setup_adopt import adopt as adopt_run
+    from launcher.pod.setup_adopt import table
     pod_dir = pod_dir_of(ctx)
     adoption = adopt_run(pod_dir, devices, model, init_new_from, manifest)
     for line in table(adoption):

@@ -191,7 +191,7 @@ def _mirrors(pod_dir: Path, alerting):
     """What EventLog feeds each event to: the TensorBoard run, and the alerts if any
     (`alerting`: the settings and webhooks of launcher/alerts/webhooks.configured_webhooks)."""
     from launcher.pod.events import Mirrors
-    from launcher.supervise.tensorboard_events import EventsToTensorBoard
+    from launcher.pod.events_tensorboard import EventsToTensorBoard
     router = None
     if alerting is not None:
         from launcher.alerts.router import AlertRouter

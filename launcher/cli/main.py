@@ -50,7 +50,7 @@ def cli(ctx: click.Context, pod_dir: str) -> None:
 def init(ctx, preset: str, force: bool, no_data: bool) -> None:
     """Write fractus-pod.yaml (and, for tiny-cpu, synthetic shards under data/)."""
     from launcher.config.podconfig import load_config
-    from launcher.config.pod_setup import init_pod, missing_shards, missing_shards_fix, write_demo_shards
+    from launcher.pod.setup_init import init_pod, missing_shards, missing_shards_fix, write_demo_shards
     pod_dir = pod_dir_of(ctx)
     written, kept = init_pod(pod_dir, preset, force=force)
     for path in written:
@@ -174,7 +174,7 @@ def stop(ctx, timeout) -> None:
 @click.pass_context
 def rollback(ctx, to_stage: int, gpus: tuple[int, ...]) -> None:
     """The automatic rollback, by hand: restore GPU checkpoints and switch stage."""
-    from launcher.supervise.manual import manual_rollback
+    from launcher.cli.rollback_probe import manual_rollback
     click.echo(manual_rollback(pod_dir_of(ctx), to_stage, list(gpus)))
 
 
@@ -199,7 +199,7 @@ def rollback(ctx, to_stage: int, gpus: tuple[int, ...]) -> None:
 def probe(ctx, gpu, checkpoint, shard, head, baseline_ar, record_baseline, device, timeout,
           as_json) -> None:
     """The trusted-loss AR probe in a child process: AR, ARacc, cold TF (and a verdict)."""
-    from launcher.supervise.manual import ProbeFailed, probe_pod
+    from launcher.cli.rollback_probe import ProbeFailed, probe_pod
     try:
         report = probe_pod(pod_dir_of(ctx), gpu, checkpoint, shard, baseline_ar, record_baseline,
                            device, timeout, head)

@@ -1,6 +1,6 @@
 """The pod config (fractus-pod.yaml in the pod directory) and the `init` presets.
 
-Writing a new pod (init, demo shards) lives in launcher/config/pod_setup.py.
+Writing a new pod (init, demo shards) lives in launcher/pod/setup_init.py.
 
 One file says how this pod runs: model preset, where shards/checkpoints/manifest live,
 which devices, the stage and criteria files, worker cadence, and the hub store. Paths are
@@ -26,8 +26,8 @@ from launcher.config.yamlfile import read_yaml
 
 if TYPE_CHECKING:
     from launcher.config.alerts import AlertSettings
-    from launcher.config.data_source import DataSource
-    from launcher.config.retention import RetentionSettings
+    from launcher.config.data_settings import DataSource
+    from launcher.config.retention_settings import RetentionSettings
     from launcher.config.tracker import TrackerSettings
 
 # The repository's manifests/ directory: the default stage and criteria files.
@@ -62,7 +62,7 @@ class PodConfig:
     # The hub sync policy (launcher/hub/sync.py): interval (seconds, or "30m"/"1h"), merge
     # (also push the mean-merged brain), attempts/backoff_s (retries of one hub call).
     sync: dict = field(default_factory=lambda: {"interval": 3600})
-    # How much of the run the hub keeps (launcher/config/retention.py): keep, milestones,
+    # How much of the run the hub keeps (launcher/config/retention_settings.py): keep, milestones,
     # pins, budget. None: every push is kept.
     retention: dict | None = None
     # `init` writes synthetic shards with these (tiny preset); unused otherwise.
@@ -70,7 +70,7 @@ class PodConfig:
     # Run the workers on a Ray cluster (launcher/supervise/ray_backend.py): address,
     # workdir, resource. None: child processes of the launcher on this machine.
     ray: dict | None = None
-    # Where the shards come from when they are not on disk (launcher/config/data_source.py):
+    # Where the shards come from when they are not on disk (launcher/config/data_settings.py):
     # url and revision, parsed by load_config; launch fetches and verifies the shards.
     # None: the user places them.
     data: "DataSource | None" = None
@@ -129,7 +129,7 @@ class PodConfig:
         return TrackerSettings.parse(self.tracker)
 
     def retention_settings(self) -> "RetentionSettings | None":
-        from launcher.config.retention import RetentionSettings
+        from launcher.config.retention_settings import RetentionSettings
         return RetentionSettings.parse(self.retention)
 
 
@@ -360,13 +360,13 @@ def load_config(pod_dir: Path) -> PodConfig:
     config.env = {str(k): str(v) for k, v in config.env.items()}
     _check_pass_env(config.pass_env, str(path))
     SyncSettings.parse(config.sync, f"{path}: sync")    # fail early on a bad sync policy
-    from launcher.config.retention import RetentionSettings
+    from launcher.config.retention_settings import RetentionSettings
     RetentionSettings.parse(config.retention, f"{path}: retention")
     from launcher.config.tracker import TrackerSettings
     TrackerSettings.parse(config.tracker, f"{path}: tracker")
     from launcher.config.ray_settings import RaySettings
     RaySettings.check(config.ray, source=f"{path}: ray")
-    from launcher.config.data_source import DataSource
+    from launcher.config.data_settings import DataSource
     config.data = DataSource.parse(config.data, f"{path}: data")
     from launcher.config.alerts import check_alerts
     check_alerts(config.alerts, config.pass_env, str(path))

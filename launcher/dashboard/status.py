@@ -35,7 +35,7 @@ WIDE_EVENT_CHARS = 400    # `status --wide`: an event line in full, up to this
 
 
 def _shard_len(pod_dir: Path, rel: str) -> int | None:
-    from launcher.supervise.prepare import shard_length
+    from launcher.pod.shards import shard_length
     try:
         return shard_length(pod_dir / rel)
     except (ManifestError, FileNotFoundError, OSError):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.config.data_source import DataSource
+from launcher.config.data_settings import DataSource
 from launcher.errors import UserError
 from launcher.pod.progress import progress
 

@@ -34,7 +34,7 @@ from typing import Iterator
 
 from huggingface_hub.file_download import http_get
 
-from launcher.config.data_source import DataSource
+from launcher.config.data_settings import DataSource
 from launcher.errors import UserError
 from launcher.files import atomic_write_text, fsync_dir
 from launcher.paths import DATA_VERIFIED_FILE

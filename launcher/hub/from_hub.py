@@ -133,7 +133,7 @@ def _rebuild_at(pod_dir: Path, url: str, store, rev: str, on_cluster: bool,
     from launcher.errors import UserError
     from launcher.pod.manifest import read_manifest
     from launcher.config.podconfig import load_config
-    from launcher.config.pod_setup import write_demo_shards
+    from launcher.pod.setup_init import write_demo_shards
     from launcher.config.stages import load_stages
     from launcher.hub.config_trust import refusal, untrusted_config, untrusted_stages
     from launcher.hub.retention import refuse_deleted

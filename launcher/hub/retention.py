@@ -2,7 +2,7 @@
 
 After every push the hub would otherwise keep each revision's checkpoint objects forever
 (~70 GB per push at the 1B preset). The policy (`retention:` of the pod config, parsed in
-launcher/config/retention.py) keeps:
+launcher/config/retention_settings.py) keeps:
 - the newest `keep` pushes (a push: a revision whose checkpoints differ from its parent's;
   a lease takeover or a manifest-only commit names the same objects as the push before it),
 - with `milestones`, the last push of every stage (the stages the pushed manifest records
@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher.config.retention import RetentionSettings, human_bytes
+from launcher.config.retention_settings import RetentionSettings, human_bytes
 from launcher.files import read_json_state, write_json_state
 from launcher.paths import MERGED_PATH
 

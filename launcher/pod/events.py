@@ -41,7 +41,7 @@ class Mirrors:
 
 class EventLog:
     """`mirror`, if given, is called with each record after it is written (the launcher's
-    TensorBoard run, launcher/supervise/tensorboard_events.py, and its alerts,
+    TensorBoard run, launcher/pod/events_tensorboard.py, and its alerts,
     launcher/alerts/router.py, together in a Mirrors)."""
 
     def __init__(self, pod_dir: Path, mirror=None):

@@ -5,7 +5,7 @@
 - `backend`: `WorkerBackend`, what the supervisor asks of whatever runs its workers (start a
   worker with its env on a device, poll its exit and liveness, signal, kill, where its
   files are).
-- `local`: `LocalBackend`, the workers as child processes of the launcher (launcher/child.py).
+- `local_backend`: `LocalBackend`, the workers as child processes of the launcher (launcher/child.py).
 - `ray_backend`: `RayBackend`, the workers as Ray actors across the nodes of a Ray cluster.
 
 The supervisor (launcher/supervise/supervisor.py) runs the loop and composes the policy, one

@@ -24,7 +24,6 @@ from launcher.pod.events import EventLog
 from launcher.pod.manifest import (
     RUN_ID_KEY,
     Manifest,
-    ManifestError,
     apply_checkpoint,
     event_phase,
     event_position,
@@ -37,7 +36,8 @@ from launcher.pod.manifest import (
 )
 from launcher.config.devices import Slot, parse_devices
 from launcher.config.podconfig import PodConfig, check_model, load_config
-from launcher.config.pod_setup import missing_shards_fix
+from launcher.pod.setup_init import missing_shards_fix
+from launcher.pod.shards import shard_kind_problem, shard_length
 from launcher.hub.recover import recover_all
 from launcher.config.stages import Stage, get_stage, load_stages
 from launcher.worker.process import busy_cuda_gpus, metrics_path, read_records, running_workers
@@ -59,26 +59,6 @@ class LaunchPlan:
     deadline: float | None = None
     # The whole criteria file, parsed once (checks, canary, probe); `criteria` is its checks.
     trusted: TrustedLoss | None = None
-
-
-def shard_length(path: Path) -> int:
-    """Tokens in a shard, read the way the worker reads it (fractus.data.TokenShard: .npy
-    headers and .pt files memory-mapped, never loaded whole): a shard the worker would
-    refuse (2-D, float, empty file) is refused here, before anything starts."""
-    from fractus.data import ShardError, TokenShard
-    try:
-        return len(TokenShard(path))
-    except ShardError as exc:
-        raise ManifestError(f"{exc}; write the GPU's tokens there as a 1-D integer array "
-                            f"(e.g. np.save(path, tokens.astype(np.uint16)))") from None
-
-
-def shard_kind_problem(path: Path) -> str | None:
-    """Why `path` is no shard file though something is there (None: a file, or nothing)."""
-    if not path.exists() or path.is_file():
-        return None
-    kind = "a directory" if path.is_dir() else "not a regular file (a FIFO, socket or device)"
-    return f"shard {path} is {kind}; put the GPU's token file there"
 
 
 def load_plan(pod_dir: Path, stage: int | None, devices: str | None, gpus: str | None,

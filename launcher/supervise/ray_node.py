@@ -295,7 +295,7 @@ class NodeWorker:
         the worker's start fails with that one line."""
         if not (self.data and shards):
             return []
-        from launcher.config.data_source import DataSource
+        from launcher.config.data_settings import DataSource
         from launcher.hub.fetch import ensure_shards
         return ensure_shards(list(shards), DataSource(**self.data), self.workdir)
 

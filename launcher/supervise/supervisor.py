@@ -71,7 +71,7 @@ class Supervisor:
                  events: EventLog, backend: WorkerBackend | None = None,
                  clock=time.monotonic):
         if backend is None:
-            from launcher.supervise.local import LocalBackend
+            from launcher.supervise.local_backend import LocalBackend
             backend = LocalBackend(plan.pod_dir, plan.config)
         self.pod = pod = PodRun(plan, manifest, index, events, backend, clock,
                                 runs=_gpu_runs(plan, backend), probes=_probes(plan),

@@ -6,7 +6,7 @@ import shutil
 import pytest
 import yaml
 
-from launcher.config.pod_setup import init_pod
+from launcher.pod.setup_init import init_pod
 from launcher.pod.ckpt_index import PASSED, CheckpointIndex
 from launcher.pod.events import EventLog, read_events
 from launcher.pod.live_state import read_pod_state

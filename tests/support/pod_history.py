@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from launcher.config.pod_setup import init_pod
+from launcher.pod.setup_init import init_pod
 from launcher.pod.ckpt_index import PASSED, CheckpointIndex, sha256_file
 from launcher.pod.events import EventLog
 

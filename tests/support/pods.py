@@ -14,7 +14,7 @@ from fractus.data import synth
 from launcher.pod.manifest import apply_checkpoint, read_manifest, write_manifest
 from launcher.config.devices import Slot
 from launcher.config.podconfig import load_config
-from launcher.config.pod_setup import init_pod
+from launcher.pod.setup_init import init_pod
 from launcher.config.stages import load_stages
 from launcher.worker.process import WorkerSpec, build_env, metrics_path, read_records, worker_command
 

@@ -13,7 +13,7 @@ Every problem is collected and reported at once (one line each, exit 2) before a
 written. Then every file is hashed in parallel, `fractus-pod.yaml` is written naming exactly
 these files, GPUs known only to another manifest (or started by `--init-new-from`) get an
 entry in the pod's manifest (in its own layout), and the original checkpoints are recorded
-as the adoption baseline (launcher/pod/adoption.py: kept for good). Running it again changes
+as the adoption baseline (launcher/pod/adoption_baseline.py: kept for good). Running it again changes
 nothing.
 """
 
@@ -26,14 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.paths import MERGED_BRAIN, ADOPTED_MODEL_FILE  # noqa: F401 (re-exported)
-from launcher.pod.adoption import record_adoption
+from launcher.pod.adoption_baseline import record_adoption
 from launcher.pod.ckpt_index import sha256_file
 from launcher.errors import UserError
 from launcher.pod.manifest import (Manifest, ManifestEntry, ManifestError, read_manifest,
                                     write_manifest)
 from launcher.config.devices import parse_devices
 from launcher.config.podconfig import CONFIG_NAME, DEFAULT_MANIFESTS, PodConfig, load_config
-from launcher.config.pod_setup import write_config
+from launcher.pod.setup_init import write_config
 from launcher.pod.progress import progress
 
 MANIFEST_CANDIDATES = ("checkpoints/RESUME_MANIFEST_8GPU.json", "RESUME_MANIFEST.json",
@@ -114,7 +114,7 @@ def _shard_of(pod_dir: Path, gpu: int, named: str | None) -> str:
 
 def _gpu_plan(pod_dir: Path, gpu: int, manifests: list[Manifest], init_new_from: str | None,
               problems: list[str]) -> AdoptedGpu | None:
-    from launcher.supervise.prepare import shard_length
+    from launcher.pod.shards import shard_length
     known = [(m, m.entries[gpu]) for m in manifests if gpu in m.entries]
     names = [m.path.name for m, _ in known]
     by_token: dict[int, list[str]] = {}
@@ -309,7 +309,7 @@ def adopt(pod_dir: Path, devices: str | None = None, model: str | None = None,
     _hash_all(pod_dir, adoption.gpus)
     config = _pod_config(pod_dir, adoption)
     _write_support_files(pod_dir, config, adoption)
-    from launcher.config.pod_setup import config_text
+    from launcher.pod.setup_init import config_text
     if not (pod_dir / CONFIG_NAME).is_file() or \
             (pod_dir / CONFIG_NAME).read_text() != config_text(config, "adopted"):
         write_config(pod_dir, config, "adopted")
