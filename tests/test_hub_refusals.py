@@ -76,7 +76,7 @@ def test_the_live_manifest_refusal_reads_as_english(pod, capsys):
 
 
 def test_a_failing_hub_call_is_one_line_and_its_retries_are_in_the_log(tmp_path, capsys):
-    from launcher.cli.hub import log_hub_retries
+    from launcher.cli.options import log_hub_retries
     from launcher.hub.retry import RetryPolicy, with_retries
     log_hub_retries(tmp_path)
     calls = []

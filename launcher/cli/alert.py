@@ -10,7 +10,7 @@ import time
 
 import click
 
-from launcher.cli.hub import pod_dir_of, pod_dir_option
+from launcher.cli.options import pod_dir_of, pod_dir_option
 from launcher.errors import UserError
 from launcher.paths import CONFIG_NAME
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 import psutil
 
-from launcher.cli.hub import pod_dir_of, pod_dir_option
+from launcher.cli.options import pod_dir_of, pod_dir_option
 from launcher.errors import UserError
 from launcher.paths import CONFIG_NAME
 from launcher.pod.live_state import take_stop_request
@@ -64,7 +64,7 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
     # line (the imports below take seconds on a loaded machine), and the pod lock, which
     # `fractus-pod stop` looks for, is taken before anything slow. A `stop` that came
     # before the lock left a stop request, taken with it.
-    from launcher.supervise.stage_switch import EarlyStop, LaunchStopped, canary_gate, current_stage
+    from launcher.supervise.stage_switch import EarlyStop, LaunchStopped, canary_gate, stage_before_launch
     stop = EarlyStop(None)
     stop.install()
     from launcher.pod.ckpt_index import CheckpointIndex
@@ -106,7 +106,7 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
                                        _parse_faults(faults))
             stop.deadline = plan.deadline
             from launcher.supervise.canary_budget import split_budget
-            budget = split_budget(plan, not no_canary and (current_stage(plan, manifest)
+            budget = split_budget(plan, not no_canary and (stage_before_launch(plan, manifest)
                                                            or plan.stage) < plan.stage)
             from launcher.config.ray_settings import RaySettings
             ray_settings = RaySettings.parse(plan.config.ray, ray_address)
@@ -152,7 +152,7 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
                                     f"nothing switched or started")
             supervisor.gate(lambda: canary_gate(plan, manifest, events, no_canary, stop))
         except LaunchStopped as exc:
-            events.emit("launch_stopped", stage=current_stage(plan, manifest), reason=str(exc))
+            events.emit("launch_stopped", stage=stage_before_launch(plan, manifest), reason=str(exc))
             click.echo(f"pod STOPPED: {exc}")
             sys.exit(0)
         record_baselines(plan, manifest, index, on_hub)

@@ -21,7 +21,8 @@ from launcher.cli.adopt import adopt
 from launcher.cli.data import data
 from launcher.cli.alert import alert
 from launcher.cli.launch import launch
-from launcher.cli.hub import POD_DIR_HELP, merge, pod_dir_of, pod_dir_option, sync
+from launcher.cli.hub import merge, sync
+from launcher.cli.options import POD_DIR_HELP, pod_dir_of, pod_dir_option
 from launcher.cli.view import dashboard, plot
 from launcher.cli.view import report as report_command
 from launcher.errors import Refused, UserError

@@ -7,7 +7,7 @@ import errno
 
 import click
 
-from launcher.cli.hub import pod_dir_of, pod_dir_option
+from launcher.cli.options import pod_dir_of, pod_dir_option
 from launcher.errors import UserError
 
 DEFAULT_PORT = 8765

@@ -258,10 +258,10 @@ class StatusView:
         return natural_width(self.report["gpus"])
 
     def __rich_console__(self, console, options):
-        yield render(self.report, None if self.wide else options.max_width)
+        yield render_status(self.report, None if self.wide else options.max_width)
 
 
-def render(report: dict, width: int | None = None):
+def render_status(report: dict, width: int | None = None):
     """A rich renderable: pod header, per-GPU table (fitted to `width`; None: every column
     in full), recent events (one line each, cut with an ellipsis unless the width is None)."""
     from rich.console import Group

@@ -98,7 +98,7 @@ def with_retries(
             failures += 1
             if failures >= policy.attempts:
                 # The one line a person sees per failed operation (stderr); each retry
-                # before it is in logs/hub.log (INFO, launcher/cli/hub.py).
+                # before it is in logs/hub.log (INFO, launcher/cli/options.py).
                 log.warning("hub: %s failed (%s); gave up after %d attempts (each in "
                             "logs/hub.log)", what, describe(exc), failures)
                 raise

@@ -303,7 +303,7 @@ def _complete_manifest(adoption: Adoption) -> bool:
     return changed
 
 
-def adopt(pod_dir: Path, devices: str | None = None, model: str | None = None,
+def adopt_run(pod_dir: Path, devices: str | None = None, model: str | None = None,
           init_new_from: str | None = None, manifest: str | None = None) -> Adoption:
     adoption = plan_adoption(pod_dir, devices, model, init_new_from, manifest)
     _hash_all(pod_dir, adoption.gpus)

@@ -12,7 +12,7 @@ from launcher.supervise.monitor import WorkerMonitor
 from launcher.supervise.phase_switch import PhaseSwitch
 from launcher.supervise.placement import NodePlacement
 from launcher.supervise.pod_run import PodRun
-from launcher.supervise.restart import RestartPolicy
+from launcher.supervise.restart import WorkerRestarter
 from launcher.supervise.state import GpuEvent, exit_event
 
 # The worker's `done` reasons that mean a signal ended it (docs/WORKER.md), not its work.
@@ -20,7 +20,7 @@ STOPPED_BY_SIGNAL = ("signal", "signal_before_first_step")
 
 
 class ExitHandlers:
-    def __init__(self, pod: PodRun, monitor: WorkerMonitor, restarts: RestartPolicy,
+    def __init__(self, pod: PodRun, monitor: WorkerMonitor, restarts: WorkerRestarter,
                  placement: NodePlacement, ending: PodEnding, phases: PhaseSwitch):
         self.pod, self.monitor, self.restarts = pod, monitor, restarts
         self.placement, self.ending, self.phases = placement, ending, phases

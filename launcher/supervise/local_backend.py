@@ -1,6 +1,6 @@
 """`LocalBackend`: the workers as child processes of the launcher on this machine.
 
-Every worker is started by launcher/child.py (through launcher.worker.process.spawn): `python -P`,
+Every worker is started by launcher/child.py (through launcher.worker.process.spawn_worker): `python -P`,
 a scrubbed environment, SIGTERM when the launcher dies. Its metrics file is the pod's own
 logs/metrics_gpu{i}.jsonl, written by the worker directly.
 """
@@ -29,7 +29,7 @@ class LocalBackend(WorkerBackend):
         self.config = config
 
     def start(self, spec: WorkerSpec) -> LocalHandle:
-        return LocalHandle(spec.slot.gpu, workers.spawn(self.config, self.pod_dir, spec))
+        return LocalHandle(spec.slot.gpu, workers.spawn_worker(self.config, self.pod_dir, spec))
 
     def poll(self, handle: LocalHandle) -> WorkerExit | None:
         code = handle.proc.poll()

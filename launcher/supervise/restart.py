@@ -9,7 +9,7 @@ from launcher.supervise.pod_run import PodRun
 from launcher.supervise.state import GpuEvent, GpuState
 
 
-class RestartPolicy:
+class WorkerRestarter:
     def __init__(self, pod: PodRun):
         self.pod = pod
 

@@ -42,7 +42,7 @@ class EarlyStop:
         return None
 
 
-def current_stage(plan, manifest) -> int | None:
+def stage_before_launch(plan, manifest) -> int | None:
     """The lowest stage the manifest records for the GPUs this launch runs (None: new pod)."""
     return manifest.recorded_stage({s.gpu for s in plan.slots})
 
@@ -52,7 +52,7 @@ def canary_gate(plan, manifest, events, no_canary: bool, stop: EarlyStop) -> Non
     Anything but a pass raises, so nothing switches: no worker starts, the manifest keeps M."""
     from launcher.checks.canary import run_canary
     from launcher.checks.canary import write_canary_state
-    current, slot = current_stage(plan, manifest), plan.slots[0]
+    current, slot = stage_before_launch(plan, manifest), plan.slots[0]
     if current is None or plan.stage <= current:
         return
     if no_canary:

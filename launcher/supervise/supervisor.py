@@ -8,7 +8,7 @@ judge the pod (roll back, stop, done) and write logs/pod_state.json for `status`
 go to logs/events.jsonl before they act.
 
 The jobs are components sharing one PodRun (launcher/supervise/pod_run.py):
-WorkerMonitor (monitor.py), WorkerStarter (starter.py), RestartPolicy (restart.py),
+WorkerMonitor (monitor.py), WorkerStarter (starter.py), WorkerRestarter (restart.py),
 NodePlacement (placement.py), ExitHandlers (exits.py), StageRollback (rollback.py),
 PodEnding (ending.py), FinalVerdicts (final_verdicts.py), PodView (pod_view.py), DiskWatch
 (disk_watch.py: `disk_low` before the disk is full).
@@ -49,7 +49,7 @@ from launcher.supervise.phase_switch import PhaseSwitch
 from launcher.supervise.pod_run import PodRun
 from launcher.supervise.pod_view import PodView, warn
 from launcher.supervise.prepare import LaunchPlan
-from launcher.supervise.restart import RestartPolicy
+from launcher.supervise.restart import WorkerRestarter
 from launcher.supervise.rollback import StageRollback
 from launcher.supervise.stage_switch import record_stage
 from launcher.supervise.starter import WorkerStarter
@@ -90,7 +90,7 @@ class Supervisor:
         self.ending = PodEnding(pod, self.monitor, self.view)
         self.final = FinalVerdicts(pod, self.monitor, self.view)
         self.starter = WorkerStarter(pod, self.ending, self.view)
-        self.restarts = RestartPolicy(pod)
+        self.restarts = WorkerRestarter(pod)
         self.placement = NodePlacement(pod, self.starter)
         self.exits = ExitHandlers(pod, self.monitor, self.restarts, self.placement, self.ending,
                                   PhaseSwitch(pod, self.starter))

@@ -112,7 +112,7 @@ def worker_command(config: PodConfig) -> list[str]:
     return child.resolve_command(config.worker)
 
 
-def spawn(config: PodConfig, pod_dir: Path, spec: WorkerSpec) -> subprocess.Popen:
+def spawn_worker(config: PodConfig, pod_dir: Path, spec: WorkerSpec) -> subprocess.Popen:
     """Start one worker: SIGTERM when the launcher dies (it checkpoints first: no
     unsupervised writers)."""
     log = open(pod_dir / worker_log_path(spec.slot.gpu), "ab")

@@ -1,0 +1,62 @@
+"""What every `fractus-pod` command shares: `--pod-dir` (on the group and after each
+subcommand), the pod directory it resolves to, and the pod's logs/hub.log for hub retries."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import click
+
+
+POD_DIR_HELP = "Pod working directory (default: $FRACTUS_POD_DIR or the current directory)."
+
+
+def pod_dir_of(ctx: click.Context) -> Path:
+    """The --pod-dir of the `fractus-pod` group (launcher/cli/main.py), absolute. The
+    pod's logs/hub.log then receives the hub's retries (see log_hub_retries)."""
+    pod_dir = Path(ctx.obj["pod_dir"]).resolve()
+    log_hub_retries(pod_dir)
+    return pod_dir
+
+
+def log_hub_retries(pod_dir: Path) -> None:
+    """Every retry of a hub call goes to logs/hub.log (created at its first line), not to
+    the terminal: a failing push printed 6 to 47 warnings there; now one line per failed
+    operation (launcher/hub/retry.py)."""
+    logger = logging.getLogger("launcher.hub")
+    for old in [h for h in logger.handlers if getattr(h, "fractus_pod_log", False)]:
+        logger.removeHandler(old)       # another pod's, or this one's from an earlier call
+        old.close()
+    to_file = _DelayedFileHandler(pod_dir / "logs" / "hub.log")
+    to_file.setLevel(logging.INFO)
+    to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    to_stderr = logging.StreamHandler()         # the give-up line, on today's stderr
+    to_stderr.setLevel(logging.WARNING)
+    for handler in (to_file, to_stderr):
+        handler.fractus_pod_log = True
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
+class _DelayedFileHandler(logging.FileHandler):
+    """A FileHandler that makes logs/ only when it writes (a refusal writes nothing)."""
+
+    def __init__(self, path: Path):
+        super().__init__(path, delay=True)
+        self._dir = path.parent
+
+    def emit(self, record) -> None:
+        if self.stream is None:
+            self._dir.mkdir(parents=True, exist_ok=True)
+        super().emit(record)
+
+
+def pod_dir_option(command):
+    """`--pod-dir` after the subcommand too (`fractus-pod status --pod-dir X`): people type
+    it where they type every other option. Given there, it overrides the group's."""
+    def remember(ctx: click.Context, _param, value: str | None) -> None:
+        if value is not None:
+            ctx.obj["pod_dir"] = value
+    return click.option("--pod-dir", default=None, expose_value=False, callback=remember,
+                        help=POD_DIR_HELP)(command)
