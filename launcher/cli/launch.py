@@ -106,8 +106,9 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
                                        _parse_faults(faults))
             stop.deadline = plan.deadline
             from launcher.supervise.canary_budget import split_budget
-            budget = split_budget(plan, not no_canary and (stage_before_launch(plan, manifest)
-                                                           or plan.stage) < plan.stage)
+            canary = not no_canary and \
+                (stage_before_launch(plan, manifest) or plan.stage) < plan.stage
+            budget = split_budget(plan, canary)
             from launcher.config.ray_settings import RaySettings
             ray_settings = RaySettings.parse(plan.config.ray, ray_address)
             if ray_settings is not None:    # before anything is written: a refusal writes nothing
@@ -117,7 +118,7 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
                 from launcher.config.gpus import check_cuda_present
                 check_cuda_present([s.gpu for s in plan.slots if s.device == "cuda"],
                                    devices or plan.config.devices)
-            on_hub = on_the_hub(plan, manifest) if ray_settings is not None else set()
+            on_hub = on_the_hub(plan, manifest, canary) if ray_settings is not None else set()
             on_nodes = shards_on_nodes(plan, ray_settings is not None)
             if plan.config.hub:
                 from launcher.hub.sync import store_for
@@ -130,7 +131,7 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
             from launcher.config.tracker import check_installed
             check_installed(plan.config.tracker_settings())
             refuse_if_busy(plan)
-            fetch_shards(plan, manifest, on_nodes)
+            fetch_shards(plan, manifest, on_nodes, canary)
             events = EventLog(pod_dir, mirror=_mirrors(pod_dir, alerting))
             index = CheckpointIndex(pod_dir)
             complete_decided_rollback(plan, manifest, index, events,

@@ -179,18 +179,22 @@ def never_resume_failed(plan: LaunchPlan, manifest: Manifest, index: CheckpointI
         write_manifest(manifest)
 
 
-def on_the_hub(plan: LaunchPlan, manifest: Manifest) -> set[int]:
+def on_the_hub(plan: LaunchPlan, manifest: Manifest, canary: bool = False) -> set[int]:
     """For a launch onto a Ray cluster: the GPUs whose checkpoint the hub holds (a hub
     revision and sha256 recorded) and this machine does not (a pod rebuilt from the hub,
-    whose weights stayed there). Their node pulls and verifies it before the worker
-    starts (launcher/supervise/ray_node.py), and the worker checks it is its own at its
-    start token: the head neither pulls nor reads it."""
+    whose weights stayed there, or trained on the nodes). Their node pulls and verifies it
+    before the worker starts (launcher/supervise/ray_node.py), and the worker checks it is
+    its own at its start token: the head neither pulls nor reads it. Except, when the stage
+    canary runs (`canary`), the canary's GPU: the canary runs on this machine from that
+    checkpoint, so it is recovered here (pulled, verified) as on one machine."""
     held = set()
     for slot in plan.slots:
         entry = manifest.entries.get(slot.gpu)
         if entry and entry.checkpoint and entry.checkpoint_sha256 and entry.hub_revision \
                 and not (plan.pod_dir / entry.checkpoint).is_file():
             held.add(slot.gpu)
+    if canary:
+        held.discard(plan.slots[0].gpu)
     return held
 
 
@@ -270,13 +274,44 @@ def shard_paths(plan: LaunchPlan, manifest: Manifest,
     return paths
 
 
-def fetch_shards(plan: LaunchPlan, manifest: Manifest,
-                 on_nodes: set[int] = frozenset()) -> None:
-    """With `data:` in the pod config, every shard of this launch that this machine trains
-    on (`on_nodes`: GPUs whose nodes fetch their own) is here with the recorded bytes
-    before anything else reads it: verified, or fetched (launcher/hub/fetch.py). A store
-    that cannot be read, or other bytes, refuse the launch with one line."""
+def canary_shard(plan: LaunchPlan, manifest: Manifest) -> str:
+    """The one shard the stage canary reads (launcher/checks/canary.py): its GPU's (the
+    launch's first) in the data phase its manifest entry is in. The canary trains a few
+    steps from that entry's checkpoint, so it never reaches a later phase's shard."""
+    return phase_shard(manifest, plan.slots[0].gpu, plan.config.shard_path)
+
+
+def head_shards(plan: LaunchPlan, manifest: Manifest, on_nodes: set[int] = frozenset(),
+                canary: bool = False) -> list[str]:
+    """The shards this machine needs: those its workers train on (shard_paths) and, when
+    the stage canary runs here (`canary`: a switch up without --no-canary) for a GPU whose
+    node fetches its shards (a Ray pod with `data:`), the one shard the canary reads: the
+    canary runs on the launcher's machine, before any actor exists (docs/LAUNCHER.md)."""
     paths = shard_paths(plan, manifest, on_nodes)
+    if canary and plan.slots[0].gpu in on_nodes:
+        paths.append(canary_shard(plan, manifest))
+    return paths
+
+
+def fetch_shards(plan: LaunchPlan, manifest: Manifest,
+                 on_nodes: set[int] = frozenset(), canary: bool = False) -> None:
+    """With `data:` in the pod config, every shard this machine needs (head_shards;
+    `on_nodes`: GPUs whose nodes fetch their own, `canary`: the stage canary runs) is here
+    with the recorded bytes before anything else reads it: verified, or fetched
+    (launcher/hub/fetch.py). A store that cannot be read, or other bytes, refuse the
+    launch with one line."""
+    _ensure_shards(plan, head_shards(plan, manifest, on_nodes, canary))
+
+
+def ensure_canary_shard(plan: LaunchPlan, manifest: Manifest) -> None:
+    """Right before the canary runs, its shard verified here once more: fetch_shards saw
+    the manifest before a decided rollback could move the canary's GPU to another phase.
+    A shard fetch_shards stamped costs a stat, no read and no store."""
+    if plan.config.data is not None:
+        _ensure_shards(plan, [canary_shard(plan, manifest)])
+
+
+def _ensure_shards(plan: LaunchPlan, paths: list[str]) -> None:
     if plan.config.data is None or not paths:
         return
     from launcher.hub import HubError

@@ -1,0 +1,102 @@
+"""What the launcher's machine (a Ray pod's head) holds for the stage canary it runs: on a
+Ray pod each node fetches its own GPUs' shards and pulls their checkpoints, but the canary
+runs on the head before any actor exists, so the head gets exactly what the canary reads:
+its GPU's current data phase's shard (verified, with `data:`) and its checkpoint (recovered
+from the hub). The paths that decide it, without a Ray cluster (tests/test_ray_canary.py
+runs the whole launch on one)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from launcher.cli import main as cli_main
+from launcher.hub import RetryPolicy
+from launcher.hub.data_source import push_shards
+from launcher.pod.manifest import read_manifest
+from launcher.supervise.prepare import (ensure_canary_shard, fetch_shards, load_plan,
+                                        on_the_hub, shards_on_nodes)
+
+MANIFEST = "checkpoints/RESUME_MANIFEST_8GPU.json"
+PHASES = ["data/shard_phase2_gpu{i}.npy", "data/shard_phase3_gpu{i}.npy"]
+
+
+def ray_pod_in_store(tmp_path: Path, manifest: dict | None = None) -> Path:
+    """A tiny-cpu pod with two data phases whose shards are only in a file:// store."""
+    pod = tmp_path / "pod"
+    assert cli_main(["--pod-dir", str(pod), "init", "--preset", "tiny-cpu"]) == 0
+    shards = [p.format(i=gpu) for p in PHASES for gpu in (0, 1)]
+    for gpu in (0, 1):
+        os.link(pod / shards[gpu], pod / shards[2 + gpu])
+    source, _ = push_shards(pod, shards, f"file://{tmp_path / 'store'}", RetryPolicy(attempts=1))
+    for rel in shards:
+        (pod / rel).unlink()
+    config = yaml.safe_load((pod / "fractus-pod.yaml").read_text())
+    config.update(shards=PHASES, data=source.to_dict())
+    (pod / "fractus-pod.yaml").write_text(yaml.safe_dump(config))
+    if manifest is not None:
+        write_manifest(pod, manifest)
+    return pod
+
+
+def write_manifest(pod: Path, manifest: dict) -> None:
+    (pod / MANIFEST).parent.mkdir(exist_ok=True)
+    (pod / MANIFEST).write_text(json.dumps(manifest))
+
+
+def on_head(pod: Path) -> list[str]:
+    return sorted(str(p.relative_to(pod)) for p in (pod / "data").iterdir())
+
+
+def stamped(pod: Path) -> dict:
+    return json.loads((pod / "logs" / "data_verified.json").read_text())["files"]
+
+
+@pytest.mark.parametrize("manifest, canary_reads", [
+    (None, "data/shard_phase2_gpu0.npy"),                              # a new pod: phase 1
+    ({"gpu_0": {"start_token": 0, "phase": 2}}, "data/shard_phase3_gpu0.npy"),
+])
+def test_a_ray_pods_head_fetches_only_the_shard_its_canary_reads(tmp_path, manifest,
+                                                                 canary_reads):
+    """With data: the nodes fetch their GPUs' shards; the head gets exactly the canary GPU's
+    current phase's shard, verified (stamped), and nothing else; with no canary, none."""
+    pod = ray_pod_in_store(tmp_path, manifest)
+    plan, read = load_plan(pod, 2, None, None)
+    on_nodes = shards_on_nodes(plan, on_ray=True)
+    fetch_shards(plan, read, on_nodes, canary=False)
+    assert on_head(pod) == []
+    fetch_shards(plan, read, on_nodes, canary=True)
+    assert on_head(pod) == [canary_reads]
+    assert list(stamped(pod)) == [canary_reads]
+    assert stamped(pod)[canary_reads]["sha256"] == \
+        hashlib.sha256((pod / canary_reads).read_bytes()).hexdigest()
+
+
+def test_the_canary_gets_its_gpus_shard_again_when_its_phase_moved_after_the_fetch(tmp_path):
+    """A rollback decided by the last launcher is completed after fetch_shards: the canary's
+    GPU may then be in another phase, whose shard the gate verifies right before the canary."""
+    pod = ray_pod_in_store(tmp_path, {"gpu_0": {"start_token": 0, "phase": 2}})
+    plan, read = load_plan(pod, 2, None, None)
+    fetch_shards(plan, read, shards_on_nodes(plan, on_ray=True), canary=True)
+    write_manifest(pod, {"gpu_0": {"start_token": 0}})            # back in phase 1
+    ensure_canary_shard(plan, read_manifest(pod / MANIFEST))
+    assert on_head(pod) == ["data/shard_phase2_gpu0.npy", "data/shard_phase3_gpu0.npy"]
+    ensure_canary_shard(plan, read_manifest(pod / MANIFEST))      # stamped: nothing to do
+    assert list(stamped(pod)) == ["data/shard_phase3_gpu0.npy", "data/shard_phase2_gpu0.npy"]
+
+
+def test_the_canarys_checkpoint_is_recovered_on_the_head_the_others_stay_on_the_hub(tmp_path):
+    """GPUs whose checkpoint only the hub holds are pulled by their nodes; the canary's GPU
+    is not among them when the canary runs: the head recovers its checkpoint to run it."""
+    held = {"start_token": 64, "checkpoint": "checkpoints/fractus_1b_gpu{i}.pt",
+            "checkpoint_sha256": "a" * 64, "hub_revision": "b" * 64, "stage": 1}
+    pod = ray_pod_in_store(tmp_path, {f"gpu_{gpu}": {**held, "checkpoint": held[
+        "checkpoint"].format(i=gpu)} for gpu in (0, 1)})
+    plan, read = load_plan(pod, 2, None, None)
+    assert on_the_hub(plan, read) == {0, 1}
+    assert on_the_hub(plan, read, canary=True) == {1}
