@@ -76,6 +76,15 @@ def stored_checkpoint_bytes(store, named: set[str]) -> int:
     return sum(size for sha, size in store.stored_objects().items() if sha in named)
 
 
+def rebuilds_a_pod(pod: Path, hub_url: str, revision: str) -> None:
+    """`revision` rebuilds a pod: every GPU's checkpoint pulled with its recorded bytes."""
+    rebuild_from_hub(pod, hub_url, revision)
+    manifest = json.loads((pod / load_config(pod).manifest).read_text())
+    for gpu in range(GPUS):
+        path = pod / manifest[f"gpu_{gpu}"]["checkpoint"]
+        assert sha256_file(path) == manifest[f"gpu_{gpu}"]["checkpoint_sha256"]
+
+
 def test_after_n_pushes_with_keep_k_the_store_holds_exactly_the_kept_objects(
         tmp_path, capsys, hub_url):
     pod = make_pod(tmp_path, hub_url, {"keep": 2})
@@ -116,12 +125,8 @@ def test_after_n_pushes_with_keep_k_the_store_holds_exactly_the_kept_objects(
 
     # Each kept revision still rebuilds a pod; a deleted one is refused in one line, before
     # anything is pulled (the directory stays empty).
-    rebuilt = tmp_path / "rebuilt"
-    rev, _config, _lease = rebuild_from_hub(rebuilt, hub_url, revisions[-2])
-    manifest = json.loads((rebuilt / load_config(rebuilt).manifest).read_text())
-    for gpu in range(GPUS):
-        path = rebuilt / manifest[f"gpu_{gpu}"]["checkpoint"]
-        assert sha256_file(path) == manifest[f"gpu_{gpu}"]["checkpoint_sha256"]
+    for rev in revisions[3:]:
+        rebuilds_a_pod(tmp_path / f"rebuilt_{rev[:12]}", hub_url, rev)
     refused = tmp_path / "refused"
     code = cli_main(["--pod-dir", str(refused), "launch", "--from-hub",
                      hub_url, "--revision", revisions[1]])
@@ -161,6 +166,8 @@ def test_stage_ends_and_pins_are_kept_and_an_unchanged_gpus_checkpoint_survives(
     out = capsys.readouterr().out
     assert f"{stage1_end[:12]}" in out and "kept: end of stage 1" in out
     assert "kept: pinned" in out
+    for rev in (head, stage1_end, pinned):          # each kept revision rebuilds a pod
+        rebuilds_a_pod(tmp_path / f"rebuilt_{rev[:12]}", hub_url, rev)
 
 
 def test_a_push_over_the_budget_is_refused_in_one_line_and_an_event(tmp_path, capsys):
@@ -193,9 +200,9 @@ def test_a_push_over_the_budget_is_refused_in_one_line_and_an_event(tmp_path, ca
     assert [e["reason"] for e in refused] == ["by hand", "stop"]
 
 
-def test_a_budget_smaller_than_one_push_says_so_at_the_first_push(tmp_path, capsys):
-    hub_url = f"file://{tmp_path / 'store'}"
-    pod = make_pod(tmp_path, hub_url, {"keep": 2, "budget": "1MiB"})
+def pod_past_a_1mib_budget(tmp_path: Path) -> Path:
+    """A pod whose checkpoints make one push larger than its retention.budget (1 MiB)."""
+    pod = make_pod(tmp_path, f"file://{tmp_path / 'store'}", {"keep": 2, "budget": "1MiB"})
     new_checkpoints(pod, 1000)
     big = load_config(pod).checkpoint_path(0)
     # Four 64 KiB checkpoints fit in 1 MiB: grow one GPU's past it.
@@ -208,10 +215,37 @@ def test_a_budget_smaller_than_one_push_says_so_at_the_first_push(tmp_path, caps
     manifest = read_manifest(pod / load_config(pod).manifest)
     apply_checkpoint(manifest, 0, event, 1, pod, load_config(pod).shard_path(0))
     write_manifest(manifest)
+    return pod
+
+
+def tree(pod: Path) -> list:
+    """Every path under the pod, a file with its bytes: compared before and after."""
+    return sorted((p, p.read_bytes() if p.is_file() else None) for p in pod.rglob("*"))
+
+
+def test_a_budget_smaller_than_one_push_says_so_at_the_first_push(tmp_path, capsys):
+    pod = pod_past_a_1mib_budget(tmp_path)
     assert cli_main(["--pod-dir", str(pod), "sync", "push"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "smaller than one push" in err[0] and "first push" in err[0], err
     assert not (tmp_path / "store" / "refs").exists()
+
+
+def test_a_launch_refuses_a_budget_smaller_than_the_push_its_checkpoints_make(tmp_path,
+                                                                               capsys):
+    """Known at launch when the manifest names checkpoints: exit 2, one line naming the
+    budget, the push's size and the budget that fits, and nothing written (before, the pod
+    launched and every push was refused for the rest of the run)."""
+    pod = pod_past_a_1mib_budget(tmp_path)
+    before = tree(pod)
+    capsys.readouterr()
+    assert cli_main(["--pod-dir", str(pod), "launch", "--max-steps", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: retention.budget 1.05 MB is smaller "
+                                               "than one push (2.29 MB, the 4 checkpoint(s) "
+                                               "the manifest names): raise retention.budget "
+                                               "to at least 6.88 MB"), err
+    assert tree(pod) == before
 
 
 @pytest.mark.parametrize("retention, words", [
@@ -225,11 +259,12 @@ def test_a_budget_smaller_than_one_push_says_so_at_the_first_push(tmp_path, caps
 ])
 def test_a_bad_retention_is_one_line_and_writes_nothing(tmp_path, capsys, retention, words):
     pod = make_pod(tmp_path, f"file://{tmp_path / 'store'}", retention)
-    before = sorted((p, p.read_bytes() if p.is_file() else None) for p in pod.rglob("*"))
-    assert cli_main(["--pod-dir", str(pod), "sync", "push"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and words in err[0] and err[0].startswith("error: "), err
-    assert sorted((p, p.read_bytes() if p.is_file() else None) for p in pod.rglob("*")) == before
+    before = tree(pod)
+    for command in (["sync", "push"], ["launch", "--max-steps", "1"]):
+        assert cli_main(["--pod-dir", str(pod), *command]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0] and err[0].startswith("error: "), err
+        assert tree(pod) == before
 
 
 def test_checkpoints_the_pods_own_manifest_names_are_never_deleted(tmp_path, capsys):

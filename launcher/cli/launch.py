@@ -79,6 +79,7 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
         on_the_hub,
         reconcile,
         record_baselines,
+        refuse_budget_below_one_push,
         recover_checkpoints,
         refuse_if_busy,
         shards_on_nodes,
@@ -104,6 +105,7 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
         try:
             plan, manifest = load_plan(pod_dir, stage, devices, gpus, max_time, max_steps,
                                        _parse_faults(faults))
+            refuse_budget_below_one_push(plan, manifest)
             stop.deadline = plan.deadline
             from launcher.supervise.canary_budget import split_budget
             canary = not no_canary and \

@@ -57,6 +57,16 @@ class RetentionSettings:
         return cls(keep, milestones, tuple(p.lower() for p in pins),
                    None if budget is None else parse_size(budget, f"{source}.budget"))
 
+    def below_one_push(self, one_push: int, measured: str) -> str | None:
+        """The refusal of a budget smaller than one push of `one_push` bytes (`measured`:
+        where that size comes from), with the budget that fits; None when it fits."""
+        if self.budget_bytes is None or one_push <= self.budget_bytes:
+            return None
+        return (f"retention.budget {human_bytes(self.budget_bytes)} is smaller than one push "
+                f"({human_bytes(one_push)}, {measured}): raise retention.budget to at least "
+                f"{human_bytes(one_push * (self.keep + 1))} (keep {self.keep} + the push in "
+                f"flight)")
+
 
 def parse_size(value, what: str) -> int:
     """Bytes from an integer or a string like "800GB", "1TiB", "500 MB"."""

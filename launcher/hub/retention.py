@@ -282,17 +282,14 @@ def pushes_until_budget(kept: int, per_push: int, settings: RetentionSettings | 
 def check_budget(store, settings: RetentionSettings | None, sizes: dict[str, int]) -> None:
     """Before a push of checkpoint objects `sizes` (sha256 -> bytes): BudgetRefused when the
     hub would hold more than the budget. A budget smaller than one push is named as such
-    (it is known at the first push, when the checkpoints' size is)."""
+    (known at the first push, when the checkpoints' size is; a launch whose manifest names
+    checkpoints refuses it before: prepare.refuse_budget_below_one_push)."""
     if settings is None or settings.budget_bytes is None:
         return
     budget = settings.budget_bytes
-    one_push = sum(sizes.values())
-    if one_push > budget:
-        raise BudgetRefused(
-            f"retention.budget {human_bytes(budget)} is smaller than one push "
-            f"({human_bytes(one_push)}, checked at the first push): raise retention.budget "
-            f"to at least {human_bytes(one_push * (settings.keep + 1))} (keep "
-            f"{settings.keep} + the push in flight)")
+    too_small = settings.below_one_push(sum(sizes.values()), "checked at the first push")
+    if too_small:
+        raise BudgetRefused(too_small)
     stored = store.stored_objects()
     new = sum(size for sha, size in sizes.items() if sha not in stored)
     if sum(stored.values()) + new > budget:

@@ -87,6 +87,25 @@ def load_plan(pod_dir: Path, stage: int | None, devices: str | None, gpus: str |
     return plan, manifest
 
 
+def refuse_budget_below_one_push(plan: LaunchPlan, manifest: Manifest) -> None:
+    """A retention.budget smaller than one push, refused at launch when the size of a push
+    is known: the checkpoints the manifest names on this disk (each push carries every
+    GPU's). Else the hub refuses each push hours later while the pod trains unprotected.
+    A new pod has none: its first push says it (launcher/hub/retention.check_budget)."""
+    settings = plan.config.retention_settings() if plan.config.hub else None
+    if settings is None or settings.budget_bytes is None:
+        return
+    sizes = {}
+    for entry in manifest.entries.values():
+        path = plan.pod_dir / entry.checkpoint if entry.checkpoint else None
+        if path is not None and path.is_file():
+            sizes[path.resolve()] = path.stat().st_size
+    too_small = settings.below_one_push(sum(sizes.values()),
+                                        f"the {len(sizes)} checkpoint(s) the manifest names")
+    if too_small:
+        raise UserError(too_small)
+
+
 def check_worker_settings(stages: dict[int, Stage], number: int, config: PodConfig,
                           stages_path: Path) -> None:
     """The stage's settings and the config's `env`, parsed by the worker's own
