@@ -167,8 +167,10 @@ def _pod_with_data(tmp_path: Path, data: dict) -> Path:
     return pod
 
 
-def _files(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+def _files(root: Path) -> dict[str, bytes | None]:
+    """Every path under `root`, a file with its bytes (a new empty directory counts too)."""
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None
+            for p in root.rglob("*")}
 
 
 @pytest.mark.parametrize("data, named", [
@@ -220,3 +222,23 @@ def test_a_launch_whose_hub_serves_other_bytes_is_refused_before_any_worker(
     assert "other bytes than recorded; refused" in err.strip().splitlines()[-1]
     assert not (pod / SHARDS[0]).exists()
     assert not (pod / "logs" / "metrics_gpu0.jsonl").exists()      # no worker started
+
+
+def test_a_phase_the_data_store_does_not_record_refuses_the_launch_with_nothing_written(
+        tmp_path, capsys):
+    """A later phase's shards missing from the store: refused at launch, before any shard
+    is fetched, not when phase 1 ends hours into the run."""
+    import yaml
+    source, _ = push_shards(source_pod(tmp_path), SHARDS, f"file://{tmp_path / 'store'}", ONCE)
+    pod = _pod_with_data(tmp_path, source.to_dict())
+    config = yaml.safe_load((pod / "fractus-pod.yaml").read_text())
+    config["shards"] = ["data/shard_phase2_gpu{i}.npy", "data/later_gpu{i}.npy"]
+    (pod / "fractus-pod.yaml").write_text(yaml.safe_dump(config))
+    before = _files(pod)
+    capsys.readouterr()
+    assert cli_main(["--pod-dir", str(pod), "launch", "--max-steps", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "records no data/later_gpu0.npy, data/later_gpu1.npy; put the shards there with " \
+           "`fractus-pod data push" in err, err
+    assert _files(pod) == before

@@ -60,14 +60,7 @@ def ensure_shards(paths: list[str], source: DataSource, pod_dir: Path,
     unverified = [p for p in paths if not stamps.holds(p)]
     if not unverified:
         return []
-    with _hub_log_held_back():      # a refusal writes nothing and says one line
-        store = data_store(source.url, pod_dir, retry)
-        try:
-            records = shard_records(store, source, unverified)
-        except HubError as exc:
-            raise UserError(f"data: cannot read revision {source.revision[:12]} of "
-                            f"{source.url} ({exc}); check data: url and revision in "
-                            f"fractus-pod.yaml, and that the store is reachable") from None
+    store, records = _recorded(unverified, source, pod_dir, retry)
     fetched = []
     with progress("data: verifying shards", sum(records[p].size for p in unverified),
                   "bytes") as task:
@@ -89,6 +82,30 @@ def ensure_shards(paths: list[str], source: DataSource, pod_dir: Path,
                 fetched.append(rel)
             stamps.add(rel, record)
     return fetched
+
+
+def check_recorded(paths: list[str], source: DataSource, pod_dir: Path,
+                   retry: RetryPolicy = RetryPolicy()) -> None:
+    """The store can be read and records every shard in `paths` at the pinned revision (one
+    index read, nothing fetched, nothing written): a Ray launch's head checks the shards its
+    nodes will fetch, so a store they cannot use is refused at launch in one line, not at
+    every worker start on every node. UserError otherwise, as ensure_shards."""
+    _recorded(shard_paths_in_store(list(dict.fromkeys(paths)), source.url), source, pod_dir,
+              retry)
+
+
+def _recorded(paths: list[str], source: DataSource, pod_dir: Path,
+              retry: RetryPolicy) -> tuple[object, dict[str, FileEntry]]:
+    """(the store, each shard's record): UserError when the store cannot be read or does
+    not record one."""
+    with _hub_log_held_back():      # a refusal writes nothing and says one line
+        store = data_store(source.url, pod_dir, retry)
+        try:
+            return store, shard_records(store, source, paths)
+        except HubError as exc:
+            raise UserError(f"data: cannot read revision {source.revision[:12]} of "
+                            f"{source.url} ({exc}); check data: url and revision in "
+                            f"fractus-pod.yaml, and that the store is reachable") from None
 
 
 def _fetch(store, rel: str, record: FileEntry, source: DataSource, dest: Path,

@@ -318,8 +318,14 @@ def fetch_shards(plan: LaunchPlan, manifest: Manifest,
     `on_nodes`: GPUs whose nodes fetch their own, `canary`: the stage canary runs) is here
     with the recorded bytes before anything else reads it: verified, or fetched
     (launcher/hub/fetch.py). A store that cannot be read, or other bytes, refuse the
-    launch with one line."""
+    launch with one line. The shards the nodes fetch are only looked up in the store's
+    index here (check_recorded): a store they could not use refuses the launch now."""
     _ensure_shards(plan, head_shards(plan, manifest, on_nodes, canary))
+    if plan.config.data is not None and on_nodes:
+        from launcher.hub.fetch import check_recorded
+        from launcher.hub.sync import retry_policy
+        check_recorded(shard_paths(plan, manifest), plan.config.data, plan.pod_dir,
+                       retry_policy(plan.config))
 
 
 def ensure_canary_shard(plan: LaunchPlan, manifest: Manifest) -> None:

@@ -1,9 +1,11 @@
-"""What the launcher's machine (a Ray pod's head) holds for the stage canary it runs: on a
-Ray pod each node fetches its own GPUs' shards and pulls their checkpoints, but the canary
-runs on the head before any actor exists, so the head gets exactly what the canary reads:
-its GPU's current data phase's shard (verified, with `data:`) and its checkpoint (recovered
-from the hub). The paths that decide it, without a Ray cluster (tests/test_ray_canary.py
-runs the whole launch on one)."""
+"""What a Ray pod's head (the launcher's machine) does with `data:`, without a Ray cluster
+(tests/test_ray_canary.py runs a whole launch on one). Each node fetches its own GPUs' shards
+and pulls their checkpoints; the head
+- gets exactly what its stage canary reads, since the canary runs there before any actor
+  exists: the canary GPU's current data phase's shard (verified) and its checkpoint
+  (recovered from the hub);
+- looks every shard the nodes will fetch up in the store's index at launch, so a store they
+  cannot use is refused in one line with nothing written, not at every worker start."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from launcher.errors import UserError
 
 from launcher.cli import main as cli_main
 from launcher.hub import RetryPolicy
@@ -100,3 +104,32 @@ def test_the_canarys_checkpoint_is_recovered_on_the_head_the_others_stay_on_the_
     plan, read = load_plan(pod, 2, None, None)
     assert on_the_hub(plan, read) == {0, 1}
     assert on_the_hub(plan, read, canary=True) == {1}
+
+
+def tree(pod: Path) -> list:
+    return sorted((str(p), p.read_bytes() if p.is_file() else None) for p in pod.rglob("*"))
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"revision": "f" * 64}, "data: cannot read revision ffffffffffff"),
+    ({"url": "file:///nonexistent/store"}, "data: cannot read revision"),
+    ({"shards": [*PHASES, "data/later_gpu{i}.npy"]},
+     "records no data/later_gpu0.npy, data/later_gpu1.npy; put the shards there"),
+], ids=["no-such-revision", "no-store", "phase-not-recorded"])
+def test_a_store_the_nodes_could_not_use_refuses_the_ray_launch_with_nothing_written(
+        tmp_path, change, words):
+    """Before, the head never read the store on a Ray launch: each node's worker start
+    failed instead, again at every restart, on every node."""
+    pod = ray_pod_in_store(tmp_path)
+    config = yaml.safe_load((pod / "fractus-pod.yaml").read_text())
+    if "shards" in change:
+        config["shards"] = change["shards"]
+    else:
+        config["data"] = {**config["data"], **change}
+    (pod / "fractus-pod.yaml").write_text(yaml.safe_dump(config))
+    plan, read = load_plan(pod, 1, None, None)
+    before = tree(pod)
+    with pytest.raises(UserError) as refused:
+        fetch_shards(plan, read, shards_on_nodes(plan, on_ray=True))
+    assert words in str(refused.value) and "\n" not in str(refused.value), refused.value
+    assert tree(pod) == before
