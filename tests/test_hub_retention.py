@@ -53,8 +53,9 @@ def make_pod(tmp_path: Path, hub: str, retention: dict | None) -> Path:
     return pod
 
 
-def new_checkpoints(pod: Path, token: int, stage: int = 1, gpus=range(GPUS)) -> None:
-    passed_checkpoints(pod, token, CKPT_BYTES, gpus, stage)
+def new_checkpoints(pod: Path, token: int, stage: int = 1, gpus=range(GPUS),
+                    phase: int = 1) -> None:
+    passed_checkpoints(pod, token, CKPT_BYTES, gpus, stage, phase)
 
 
 def push(pod: Path, capsys) -> str:
@@ -168,6 +169,32 @@ def test_stage_ends_and_pins_are_kept_and_an_unchanged_gpus_checkpoint_survives(
     assert "kept: pinned" in out
     for rev in (head, stage1_end, pinned):          # each kept revision rebuilds a pod
         rebuilds_a_pod(tmp_path / f"rebuilt_{rev[:12]}", hub_url, rev)
+
+
+def test_the_last_push_of_a_data_phase_is_kept(tmp_path, capsys):
+    """The checkpoints that ended phase 1 are a milestone, as a stage's end: a rollback
+    to the end of phase 1 (or a rebuild there) stays possible whatever `keep` says."""
+    hub_url = f"file://{tmp_path / 'store'}"
+    pod = make_pod(tmp_path, hub_url, {"keep": 1})
+    config = yaml.safe_load((pod / "fractus-pod.yaml").read_text())
+    config["shards"] = ["data/shard_gpu{i}.pt", "data/shard_phase2_gpu{i}.npy"]
+    (pod / "fractus-pod.yaml").write_text(yaml.safe_dump(config))
+    store = open_store(hub_url, pod)
+    new_checkpoints(pod, 1000)
+    push(pod, capsys)
+    new_checkpoints(pod, 2000)
+    phase1_end = push(pod, capsys)
+    for token in (1000, 2000):                   # phase 2 from its token 0, the same stage
+        new_checkpoints(pod, token, phase=2)
+        head = push(pod, capsys)
+    named = {sha for h in store.history() for sha in checkpoint_objects(store, h.revision)}
+    held = {sha: size for sha, size in store.stored_objects().items() if sha in named}
+    assert held == {**checkpoint_objects(store, head),
+                    **checkpoint_objects(store, phase1_end)}
+    assert cli_main(["--pod-dir", str(pod), "sync", "history"]) == 0
+    by_rev = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert "kept: end of phase 1" in by_rev[phase1_end[:12]], by_rev
+    rebuilds_a_pod(tmp_path / "rebuilt", hub_url, phase1_end)
 
 
 def test_a_push_over_the_budget_is_refused_in_one_line_and_an_event(tmp_path, capsys):

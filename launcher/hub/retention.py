@@ -5,8 +5,8 @@ After every push the hub would otherwise keep each revision's checkpoint objects
 launcher/config/retention_settings.py) keeps:
 - the newest `keep` pushes (a push: a revision whose checkpoints differ from its parent's;
   a lease takeover or a manifest-only commit names the same objects as the push before it),
-- with `milestones`, the last push of every stage (the stages the pushed manifest records
-  differ in the next push) and every merged brain object,
+- with `milestones`, the last push of every stage and of every data phase (the stages or
+  phases the pushed manifest records differ in the next push) and every merged brain object,
 - every revision named in `pins`,
 - the objects the pushed manifest and the pod's own manifest name (after a rollback it
   names older bytes, which a recovery pulls from the hub), whatever else the policy says.
@@ -48,14 +48,19 @@ class RevisionFacts:
     objects: dict[str, int]         # sha256 -> size of each checkpoint file it names
     stages: tuple[int, ...]         # the distinct stages its manifest's GPUs record
     merged: str | None              # sha256 of the merged brain it names, if any
+    phases: tuple[int, ...] = ()    # the distinct data phases its manifest's GPUs are in
 
     def to_json(self) -> dict:
-        return {"objects": self.objects, "stages": list(self.stages), "merged": self.merged}
+        return {"objects": self.objects, "stages": list(self.stages), "merged": self.merged,
+                "phases": list(self.phases)}
 
     @classmethod
     def from_json(cls, doc: dict) -> "RevisionFacts":
+        """KeyError for an entry without a key (a ledger written before phases were
+        recorded): it is read again from the hub, as a damaged one."""
         objects = {str(k): int(v) for k, v in dict(doc["objects"]).items()}
-        return cls(objects, tuple(int(s) for s in doc["stages"]), doc.get("merged"))
+        return cls(objects, tuple(int(s) for s in doc["stages"]), doc.get("merged"),
+                   tuple(int(p) for p in doc["phases"]))
 
 
 @dataclass
@@ -82,13 +87,16 @@ def revision_facts(store, revision: str, manifest_path: str) -> RevisionFacts:
                if path.endswith(CHECKPOINT_SUFFIXES)}
     merged = index[MERGED_PATH].sha256 if MERGED_PATH in index else None
     stages: tuple[int, ...] = ()
+    phases: tuple[int, ...] = ()
     if manifest_path in index:
         with store.fetched(manifest_path, revision) as local:
             try:
-                stages = tuple(read_manifest(local).recorded_stages())
+                manifest = read_manifest(local)
+                stages, phases = tuple(manifest.recorded_stages()), \
+                    tuple(manifest.recorded_phases())
             except ManifestError:
-                stages = ()          # a manifest the launcher cannot read names no stage
-    return RevisionFacts(objects, stages, merged)
+                pass                 # a manifest the launcher cannot read names no stage
+    return RevisionFacts(objects, stages, merged, phases)
 
 
 def pushed_facts(store, revision: str, manifest) -> RevisionFacts:
@@ -98,7 +106,8 @@ def pushed_facts(store, revision: str, manifest) -> RevisionFacts:
     return RevisionFacts({e.sha256: e.size for path, e in index.items()
                           if path.endswith(CHECKPOINT_SUFFIXES)},
                          tuple(manifest.recorded_stages()),
-                         index[MERGED_PATH].sha256 if MERGED_PATH in index else None)
+                         index[MERGED_PATH].sha256 if MERGED_PATH in index else None,
+                         tuple(manifest.recorded_phases()))
 
 
 def load_history(store, pod_dir: Path, manifest_path: str,
@@ -158,11 +167,14 @@ def plan(store, settings: RetentionSettings, pod_dir: Path, manifest_path: str,
     if settings.milestones:
         # A GPU's stage changed after `older` (a switch, or a rollback): `older` is the
         # last push of its stage. Per GPU: one GPU still at its old checkpoint keeps the
-        # pod's lowest stage unchanged while the others moved on.
+        # pod's lowest stage unchanged while the others moved on. The same for data
+        # phases: `older` holds the checkpoints that ended a phase.
         for newer, older in zip(pushes, pushes[1:]):
-            stages = facts[older].stages
+            stages, phases = facts[older].stages, facts[older].phases
             if stages and facts[newer].stages != stages:
                 out.kept.setdefault(older, f"end of stage {max(stages)}")
+            if phases and facts[newer].phases != phases:
+                out.kept.setdefault(older, f"end of phase {max(phases)}")
         out.needed.update(f.merged for f in facts.values() if f.merged)
     for rev in out.kept:
         out.needed.update(facts[rev].objects)

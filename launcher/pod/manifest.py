@@ -73,6 +73,10 @@ class Manifest:
         return sorted({e.stage for g, e in self.entries.items()
                        if e.stage is not None and (gpus is None or g in gpus)})
 
+    def recorded_phases(self) -> list[int]:
+        """The distinct data phases the entries are in, lowest first."""
+        return sorted({e.at_phase for e in self.entries.values()})
+
     def recorded_stage(self, gpus=None) -> int | None:
         """The pod's stage as the manifest records it: the lowest of the GPUs' (of `gpus` if
         given), so no GPU runs above a stage it reached. None: nothing recorded (a new pod)."""

@@ -11,10 +11,11 @@ from launcher.pod.ckpt_index import PASSED, CheckpointIndex, sha256_file
 from launcher.pod.manifest import apply_checkpoint, read_manifest, write_manifest
 
 
-def new_checkpoints(pod: Path, token: int, size: int, gpus, stage: int = 1) -> None:
-    """Each of `gpus` gets its next checkpoint of `size` random bytes at `token`, passed, in
-    the checkpoint index and the manifest (as the launcher records them); every GPU of the
-    manifest is at `stage` (a stage switch moves them all)."""
+def new_checkpoints(pod: Path, token: int, size: int, gpus, stage: int = 1,
+                    phase: int = 1) -> None:
+    """Each of `gpus` gets its next checkpoint of `size` random bytes at `token` of data
+    phase `phase`, passed, in the checkpoint index and the manifest (as the launcher records
+    them); every GPU of the manifest is at `stage` (a stage switch moves them all)."""
     config = load_config(pod)
     manifest = read_manifest(pod / config.manifest)
     index = CheckpointIndex(pod)
@@ -25,9 +26,10 @@ def new_checkpoints(pod: Path, token: int, size: int, gpus, stage: int = 1) -> N
         tmp.write_bytes(os.urandom(size))
         os.replace(tmp, path)
         event = {"path": str(path), "sha256": sha256_file(path), "next_token": token,
-                 "step": token // 32, "ema_tf": 5.0, "lb": 1.0, "bytes": size}
+                 "step": token // 32, "ema_tf": 5.0, "lb": 1.0, "bytes": size,
+                 "phase": phase}
         index.add(gpu, event, stage, config.checkpoint_path(gpu))
         index.mark(gpu, event["sha256"], PASSED, "test")
-        apply_checkpoint(manifest, gpu, event, stage, pod, config.shard_path(gpu))
+        apply_checkpoint(manifest, gpu, event, stage, pod, config.shard_path(gpu, phase))
     manifest.set_stage(stage)
     write_manifest(manifest)
