@@ -3,7 +3,7 @@
 and pulls their checkpoints; the head
 - gets exactly what its stage canary reads, since the canary runs there before any actor
   exists: the canary GPU's current data phase's shard (verified) and its checkpoint
-  (recovered from the hub);
+  (pulled from the hub);
 - looks every shard the nodes will fetch up in the store's index at launch, so a store they
   cannot use is refused in one line with nothing written, not at every worker start."""
 
@@ -23,7 +23,7 @@ from launcher.cli import main as cli_main
 from launcher.hub import RetryPolicy
 from launcher.hub.data_source import push_shards
 from launcher.pod.manifest import read_manifest
-from launcher.supervise.prepare import (ensure_canary_shard, fetch_shards, load_plan,
+from launcher.supervise.prepare import (ensure_canary_inputs, fetch_shards, load_plan,
                                         on_the_hub, shards_on_nodes)
 
 MANIFEST = "checkpoints/RESUME_MANIFEST_8GPU.json"
@@ -88,22 +88,33 @@ def test_the_canary_gets_its_gpus_shard_again_when_its_phase_moved_after_the_fet
     plan, read = load_plan(pod, 2, None, None)
     fetch_shards(plan, read, shards_on_nodes(plan, on_ray=True), canary=True)
     write_manifest(pod, {"gpu_0": {"start_token": 0}})            # back in phase 1
-    ensure_canary_shard(plan, read_manifest(pod / MANIFEST))
+    ensure_canary_inputs(plan, read_manifest(pod / MANIFEST))
     assert on_head(pod) == ["data/shard_phase2_gpu0.npy", "data/shard_phase3_gpu0.npy"]
-    ensure_canary_shard(plan, read_manifest(pod / MANIFEST))      # stamped: nothing to do
+    ensure_canary_inputs(plan, read_manifest(pod / MANIFEST))      # stamped: nothing to do
     assert list(stamped(pod)) == ["data/shard_phase3_gpu0.npy", "data/shard_phase2_gpu0.npy"]
 
 
-def test_the_canarys_checkpoint_is_recovered_on_the_head_the_others_stay_on_the_hub(tmp_path):
-    """GPUs whose checkpoint only the hub holds are pulled by their nodes; the canary's GPU
-    is not among them when the canary runs: the head recovers its checkpoint to run it."""
-    held = {"start_token": 64, "checkpoint": "checkpoints/fractus_1b_gpu{i}.pt",
-            "checkpoint_sha256": "a" * 64, "hub_revision": "b" * 64, "stage": 1}
-    pod = ray_pod_in_store(tmp_path, {f"gpu_{gpu}": {**held, "checkpoint": held[
-        "checkpoint"].format(i=gpu)} for gpu in (0, 1)})
+def test_the_canarys_checkpoint_is_pulled_to_the_head_the_others_stay_on_the_hub(tmp_path):
+    """GPUs whose checkpoint only the hub holds are pulled by their nodes (on_the_hub); the
+    canary's is pulled to the head right before the canary, under the name its entry gives
+    (the entry unchanged: its node pulls it by that name), with the recorded bytes."""
+    from tests.support.passed_checkpoints import new_checkpoints
+    pod = ray_pod_in_store(tmp_path)
+    new_checkpoints(pod, 64, 4096, gpus=(0, 1))
+    assert cli_main(["--pod-dir", str(pod), "sync", "push"]) == 0
+    named = read_manifest(pod / MANIFEST).entries[0]
+    recorded = (named.checkpoint, named.checkpoint_sha256, named.hub_revision)
+    assert all(recorded)
+    for gpu in (0, 1):                       # as on a pod rebuilt from the hub onto a cluster
+        (pod / f"checkpoints/fractus_1b_gpu{gpu}.pt").unlink()
     plan, read = load_plan(pod, 2, None, None)
     assert on_the_hub(plan, read) == {0, 1}
-    assert on_the_hub(plan, read, canary=True) == {1}
+    ensure_canary_inputs(plan, read)
+    assert hashlib.sha256((pod / named.checkpoint).read_bytes()).hexdigest() == recorded[1]
+    assert not (pod / "checkpoints/fractus_1b_gpu1.pt").exists()
+    entry = read.entries[0]
+    assert (entry.checkpoint, entry.checkpoint_sha256, entry.hub_revision) == recorded
+    assert on_head(pod) == ["data/shard_phase2_gpu0.npy"]          # and its shard
 
 
 def tree(pod: Path) -> list:

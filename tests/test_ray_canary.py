@@ -2,7 +2,7 @@
 machine (the head) before any actor exists, while each node fetches only its own GPUs'
 shards and pulls their checkpoints. The head must get exactly what the canary reads: the
 canary GPU's current shard, fetched from the data store and verified, and its checkpoint,
-recovered from the hub. Before, the head held neither and the canary could only fail.
+pulled from the hub. Before, the head held neither and the canary could only fail.
 
 A Ray test (a real cluster on this machine: tests/support/ray_cluster.py): one node of two
 "fractus_gpu"."""
@@ -20,6 +20,7 @@ from launcher.hub.data_source import push_shards
 from tests.support.canary_pod import CRITERIA, fractus_pod
 from tests.support.e2e import (TOKENS_PER_STEP, Launcher, events_of, launchers, make_pod,
                                manifest_json, worker_records)
+from tests.support.hub_pod import FAST_PASS
 from tests.support.ray_cluster import RESOURCE, local_cluster
 
 __all__ = ["launchers"]
@@ -27,6 +28,9 @@ __all__ = ["launchers"]
 STARTUP_S = 600          # a loaded 2-core machine: Ray and torch imports are slow
 SHARDS = [f"data/shard_phase2_gpu{gpu}.npy" for gpu in (0, 1)]
 CHECKPOINT = "checkpoints/fractus_1b_gpu0.pt"
+STEPS = 6
+# Checkpoints pass at once (so the stage-1 one reaches the hub); the canary of 3 steps.
+PASSING = {**FAST_PASS, "canary": CRITERIA["canary"], "probe": CRITERIA["probe"]}
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +45,9 @@ def sha256(path: Path) -> str:
 
 def test_a_ray_pods_canary_runs_on_the_head_from_the_shard_and_checkpoint_it_fetched(
         tmp_path, cluster, launchers):
-    # Stage 1 trained 3 steps, its checkpoint on the hub (the pod's file:// hub).
-    pod = make_pod(tmp_path, criteria=CRITERIA)
-    for args in (("launch", "--stage", "1", "--gpus", "0", "--max-steps", "3"),
+    # Stage 1 trained STEPS steps, its checkpoint on the hub (the pod's file:// hub).
+    pod = make_pod(tmp_path, criteria=PASSING)
+    for args in (("launch", "--stage", "1", "--gpus", "0", "--max-steps", str(STEPS)),
                  ("sync", "push")):
         done = fractus_pod(pod, *args, timeout=STARTUP_S)
         assert done.returncode == 0, done.stdout + done.stderr
@@ -68,7 +72,7 @@ def test_a_ray_pods_canary_runs_on_the_head_from_the_shard_and_checkpoint_it_fet
 
     (canary,) = events_of(pod, "canary")
     assert canary["passed"] and (canary["from_stage"], canary["to_stage"]) == (1, 2), canary
-    assert canary["start_token"] == 3 * TOKENS_PER_STEP      # from the stage-1 checkpoint
+    assert canary["start_token"] == STEPS * TOKENS_PER_STEP      # the stage-1 checkpoint
     # The head holds exactly what the canary read: GPU 0's shard and checkpoint, verified.
     assert [p.name for p in (pod / "data").iterdir()] == ["shard_phase2_gpu0.npy"]
     assert sha256(pod / SHARDS[0]) == shard_sha[SHARDS[0]]
@@ -79,5 +83,5 @@ def test_a_ray_pods_canary_runs_on_the_head_from_the_shard_and_checkpoint_it_fet
     assert fetched["shards"] == [SHARDS[0]] and fetched["ts"] > canary["ts"]
     assert sha256(Path(placed["workdir"]) / SHARDS[0]) == shard_sha[SHARDS[0]]
     start = [r for r in worker_records(pod, 0, "start") if r["ts"] > canary["ts"]]
-    assert start and start[0]["next_token"] == 3 * TOKENS_PER_STEP
+    assert start and start[0]["next_token"] == STEPS * TOKENS_PER_STEP
     assert manifest_json(pod)["gpu_0"]["stage"] == 2

@@ -120,7 +120,7 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
                 from launcher.config.gpus import check_cuda_present
                 check_cuda_present([s.gpu for s in plan.slots if s.device == "cuda"],
                                    devices or plan.config.devices)
-            on_hub = on_the_hub(plan, manifest, canary) if ray_settings is not None else set()
+            on_hub = on_the_hub(plan, manifest) if ray_settings is not None else set()
             on_nodes = shards_on_nodes(plan, ray_settings is not None)
             if plan.config.hub:
                 from launcher.hub.sync import store_for

@@ -198,22 +198,19 @@ def never_resume_failed(plan: LaunchPlan, manifest: Manifest, index: CheckpointI
         write_manifest(manifest)
 
 
-def on_the_hub(plan: LaunchPlan, manifest: Manifest, canary: bool = False) -> set[int]:
+def on_the_hub(plan: LaunchPlan, manifest: Manifest) -> set[int]:
     """For a launch onto a Ray cluster: the GPUs whose checkpoint the hub holds (a hub
     revision and sha256 recorded) and this machine does not (a pod rebuilt from the hub,
-    whose weights stayed there, or trained on the nodes). Their node pulls and verifies it
-    before the worker starts (launcher/supervise/ray_node.py), and the worker checks it is
-    its own at its start token: the head neither pulls nor reads it. Except, when the stage
-    canary runs (`canary`), the canary's GPU: the canary runs on this machine from that
-    checkpoint, so it is recovered here (pulled, verified) as on one machine."""
+    whose weights stayed there). Their node pulls and verifies it before the worker
+    starts (launcher/supervise/ray_node.py), and the worker checks it is its own at its
+    start token: the head neither pulls nor reads it (but the one its stage canary starts
+    from: ensure_canary_inputs)."""
     held = set()
     for slot in plan.slots:
         entry = manifest.entries.get(slot.gpu)
         if entry and entry.checkpoint and entry.checkpoint_sha256 and entry.hub_revision \
                 and not (plan.pod_dir / entry.checkpoint).is_file():
             held.add(slot.gpu)
-    if canary:
-        held.discard(plan.slots[0].gpu)
     return held
 
 
@@ -328,12 +325,33 @@ def fetch_shards(plan: LaunchPlan, manifest: Manifest,
                        retry_policy(plan.config))
 
 
-def ensure_canary_shard(plan: LaunchPlan, manifest: Manifest) -> None:
-    """Right before the canary runs, its shard verified here once more: fetch_shards saw
-    the manifest before a decided rollback could move the canary's GPU to another phase.
-    A shard fetch_shards stamped costs a stat, no read and no store."""
+def ensure_canary_inputs(plan: LaunchPlan, manifest: Manifest) -> None:
+    """Right before the stage canary runs on this machine, what it reads is here:
+    - with `data:`, its shard, verified once more (fetch_shards saw the manifest before a
+      rollback the last launcher decided could move the GPU to another phase; a shard
+      fetch_shards stamped costs a stat, no read and no store);
+    - its checkpoint, when only the hub holds it (a Ray pod leaves those to the nodes:
+      on_the_hub): pulled to the name its entry gives, verified against the revision's
+      index and the entry's sha256, the entry unchanged (the node pulls it by that name).
+    Refused (exit 1, one line) when it cannot be had."""
     if plan.config.data is not None:
         _ensure_shards(plan, [canary_shard(plan, manifest)])
+    gpu = plan.slots[0].gpu
+    if gpu not in on_the_hub(plan, manifest) or not plan.config.hub:
+        return
+    entry = manifest.entries[gpu]
+    from launcher.hub import HubError, open_store
+    try:
+        open_store(plan.config.hub, plan.pod_dir).pull([entry.checkpoint],
+                                                       revision=entry.hub_revision)
+    except (HubError, ValueError) as exc:
+        raise Refused(f"canary: gpu_{gpu}'s checkpoint {entry.checkpoint} is on the hub only "
+                      f"and could not be pulled here to run the canary: {exc}") from None
+    if sha256_file(plan.pod_dir / entry.checkpoint) != entry.checkpoint_sha256:
+        (plan.pod_dir / entry.checkpoint).unlink()
+        raise Refused(f"canary: revision {entry.hub_revision[:12]} of {plan.config.hub} holds "
+                      f"other bytes at {entry.checkpoint} than gpu_{gpu}'s manifest entry "
+                      f"records; the canary did not run")
 
 
 def _ensure_shards(plan: LaunchPlan, paths: list[str]) -> None:

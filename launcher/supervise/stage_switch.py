@@ -62,8 +62,8 @@ def canary_gate(plan, manifest, events, no_canary: bool, stop: EarlyStop) -> Non
         write_canary_state(plan.pod_dir, record)
         print(f"canary skipped (--no-canary): stage {current} -> {plan.stage}", flush=True)
         return
-    from launcher.supervise.prepare import ensure_canary_shard
-    ensure_canary_shard(plan, manifest)     # with data:, on a Ray pod too (the head runs it)
+    from launcher.supervise.prepare import ensure_canary_inputs
+    ensure_canary_inputs(plan, manifest)    # its shard and checkpoint, on a Ray pod's head too
     print(f"canary: stage {current} -> {plan.stage} on GPU {slot.gpu} ({slot.device}) ...",
           flush=True)
     result = run_canary(plan.pod_dir, slot.gpu, current, plan.stage, device=slot.device,
