@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.errors import UserError
-
 from launcher.cli import main as cli_main
+from launcher.errors import UserError
 from launcher.hub import RetryPolicy
 from launcher.hub.data_source import push_shards
 from launcher.pod.manifest import read_manifest
-from launcher.supervise.prepare import (ensure_canary_inputs, fetch_shards, load_plan,
-                                        on_the_hub, shards_on_nodes)
+from launcher.supervise.launch_shards import fetch_shards, shards_on_nodes
+from launcher.supervise.prepare import load_plan, on_the_hub
+from launcher.supervise.stage_switch import ensure_canary_inputs
 
 MANIFEST = "checkpoints/RESUME_MANIFEST_8GPU.json"
 PHASES = ["data/shard_phase2_gpu{i}.npy", "data/shard_phase3_gpu{i}.npy"]

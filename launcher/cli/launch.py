@@ -70,19 +70,18 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
     from launcher.pod.ckpt_index import CheckpointIndex
     from launcher.pod.events import EventLog
     from launcher.pod.lock import PodLock
+    from launcher.supervise.launch_shards import fetch_shards, shards_on_nodes
     from launcher.supervise.prepare import (
         complete_decided_rollback,
         ensure_run_id,
-        fetch_shards,
         load_plan,
         never_resume_failed,
         on_the_hub,
         reconcile,
         record_baselines,
-        refuse_budget_below_one_push,
         recover_checkpoints,
+        refuse_budget_below_one_push,
         refuse_if_busy,
-        shards_on_nodes,
         validate,
     )
     from launcher.supervise.supervisor import Supervisor

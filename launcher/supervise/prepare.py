@@ -19,7 +19,7 @@ from launcher.pod.ckpt_index import PASSED, CheckpointIndex, sha256_file
 from launcher.pod.ckpt_trust import check_entry
 from launcher.checks.criteria import Criteria
 from launcher.checks.trusted_loss import TrustedLoss, load_trusted_loss
-from launcher.errors import PodBusy, Refused, UserError
+from launcher.errors import PodBusy, UserError
 from launcher.pod.events import EventLog
 from launcher.pod.manifest import (
     RUN_ID_KEY,
@@ -28,7 +28,6 @@ from launcher.pod.manifest import (
     event_phase,
     event_position,
     name_default_checkpoints,
-    phase_shard,
     read_manifest,
     relative_to_pod,
     validate_for_launch,
@@ -36,8 +35,7 @@ from launcher.pod.manifest import (
 )
 from launcher.config.devices import Slot, parse_devices
 from launcher.config.podconfig import PodConfig, check_model, load_config
-from launcher.pod.setup_init import missing_shards_fix
-from launcher.pod.shards import shard_kind_problem, shard_length
+from launcher.pod.shards import shard_length
 from launcher.hub.recover import recover_all
 from launcher.config.stages import Stage, get_stage, load_stages
 from launcher.worker.process import busy_cuda_gpus, metrics_path, read_records, running_workers
@@ -204,7 +202,7 @@ def on_the_hub(plan: LaunchPlan, manifest: Manifest) -> set[int]:
     whose weights stayed there). Their node pulls and verifies it before the worker
     starts (launcher/supervise/ray_node.py), and the worker checks it is its own at its
     start token: the head neither pulls nor reads it (but the one its stage canary starts
-    from: ensure_canary_inputs)."""
+    from: stage_switch.ensure_canary_inputs)."""
     held = set()
     for slot in plan.slots:
         entry = manifest.entries.get(slot.gpu)
@@ -228,7 +226,8 @@ def validate(plan: LaunchPlan, manifest: Manifest, on_hub: set[int] = frozenset(
              on_nodes: set[int] = frozenset()) -> None:
     """`on_hub`: GPUs whose node fetches their checkpoint; `on_nodes`: GPUs whose node
     fetches their shards (shards_on_nodes): neither is looked for on this machine."""
-    _refuse_missing_shards(plan, manifest, on_nodes)
+    from launcher.supervise.launch_shards import refuse_missing_shards
+    refuse_missing_shards(plan, manifest, on_nodes)
     validate_for_launch(manifest, plan.pod_dir, [s.gpu for s in plan.slots],
                         plan.config.shard_path, shard_length, on_hub=on_hub,
                         shards_elsewhere=on_nodes)
@@ -264,127 +263,6 @@ def ensure_run_id(manifest: Manifest) -> None:
     if not manifest.extra.get(RUN_ID_KEY):
         manifest.extra[RUN_ID_KEY] = uuid.uuid4().hex
         write_manifest(manifest)
-
-
-def shards_on_nodes(plan: LaunchPlan, on_ray: bool) -> set[int]:
-    """The GPUs whose shards this machine neither fetches nor needs: on a Ray cluster with
-    `data:`, each node fetches (verified) the shards of the GPUs placed on it into its own
-    workdir before their workers start (launcher/supervise/ray_node.py), and which node a
-    GPU lands on is only known at placement."""
-    return {s.gpu for s in plan.slots} if on_ray and plan.config.data else set()
-
-
-def shard_paths(plan: LaunchPlan, manifest: Manifest,
-                on_nodes: set[int] = frozenset()) -> list[str]:
-    """The shards this launch trains on here (GPUs in `on_nodes` aside): per GPU, the one
-    of its current data phase (the manifest entry's, else the config's) and every later
-    phase's, so that a phase never ends on a shard that is not there hours into the run."""
-    paths = []
-    for slot in plan.slots:
-        if slot.gpu in on_nodes:
-            continue
-        entry = manifest.entries.get(slot.gpu)
-        paths.append((entry.shard if entry else None) or
-                     phase_shard(manifest, slot.gpu, plan.config.shard_path))
-        paths += plan.config.shard_paths(slot.gpu)[entry.at_phase if entry else 1:]
-    return paths
-
-
-def canary_shard(plan: LaunchPlan, manifest: Manifest) -> str:
-    """The one shard the stage canary reads (launcher/checks/canary.py): its GPU's (the
-    launch's first) in the data phase its manifest entry is in. The canary trains a few
-    steps from that entry's checkpoint, so it never reaches a later phase's shard."""
-    return phase_shard(manifest, plan.slots[0].gpu, plan.config.shard_path)
-
-
-def head_shards(plan: LaunchPlan, manifest: Manifest, on_nodes: set[int] = frozenset(),
-                canary: bool = False) -> list[str]:
-    """The shards this machine needs: those its workers train on (shard_paths) and, when
-    the stage canary runs here (`canary`: a switch up without --no-canary) for a GPU whose
-    node fetches its shards (a Ray pod with `data:`), the one shard the canary reads: the
-    canary runs on the launcher's machine, before any actor exists (docs/LAUNCHER.md)."""
-    paths = shard_paths(plan, manifest, on_nodes)
-    if canary and plan.slots[0].gpu in on_nodes:
-        paths.append(canary_shard(plan, manifest))
-    return paths
-
-
-def fetch_shards(plan: LaunchPlan, manifest: Manifest,
-                 on_nodes: set[int] = frozenset(), canary: bool = False) -> None:
-    """With `data:` in the pod config, every shard this machine needs (head_shards;
-    `on_nodes`: GPUs whose nodes fetch their own, `canary`: the stage canary runs) is here
-    with the recorded bytes before anything else reads it: verified, or fetched
-    (launcher/hub/fetch.py). A store that cannot be read, or other bytes, refuse the
-    launch with one line. The shards the nodes fetch are only looked up in the store's
-    index here (check_recorded): a store they could not use refuses the launch now."""
-    _ensure_shards(plan, head_shards(plan, manifest, on_nodes, canary))
-    if plan.config.data is not None and on_nodes:
-        from launcher.hub.fetch import check_recorded
-        from launcher.hub.sync import retry_policy
-        check_recorded(shard_paths(plan, manifest), plan.config.data, plan.pod_dir,
-                       retry_policy(plan.config))
-
-
-def ensure_canary_inputs(plan: LaunchPlan, manifest: Manifest) -> None:
-    """Right before the stage canary runs on this machine, what it reads is here:
-    - with `data:`, its shard, verified once more (fetch_shards saw the manifest before a
-      rollback the last launcher decided could move the GPU to another phase; a shard
-      fetch_shards stamped costs a stat, no read and no store);
-    - its checkpoint, when only the hub holds it (a Ray pod leaves those to the nodes:
-      on_the_hub): pulled to the name its entry gives, verified against the revision's
-      index and the entry's sha256, the entry unchanged (the node pulls it by that name).
-    Refused (exit 1, one line) when it cannot be had."""
-    if plan.config.data is not None:
-        _ensure_shards(plan, [canary_shard(plan, manifest)])
-    gpu = plan.slots[0].gpu
-    if gpu not in on_the_hub(plan, manifest) or not plan.config.hub:
-        return
-    entry = manifest.entries[gpu]
-    from launcher.hub import HubError, open_store
-    try:
-        open_store(plan.config.hub, plan.pod_dir).pull([entry.checkpoint],
-                                                       revision=entry.hub_revision)
-    except (HubError, ValueError) as exc:
-        raise Refused(f"canary: gpu_{gpu}'s checkpoint {entry.checkpoint} is on the hub only "
-                      f"and could not be pulled here to run the canary: {exc}") from None
-    if sha256_file(plan.pod_dir / entry.checkpoint) != entry.checkpoint_sha256:
-        (plan.pod_dir / entry.checkpoint).unlink()
-        raise Refused(f"canary: revision {entry.hub_revision[:12]} of {plan.config.hub} holds "
-                      f"other bytes at {entry.checkpoint} than gpu_{gpu}'s manifest entry "
-                      f"records; the canary did not run")
-
-
-def _ensure_shards(plan: LaunchPlan, paths: list[str]) -> None:
-    if plan.config.data is None or not paths:
-        return
-    from launcher.hub import HubError
-    from launcher.hub.fetch import ensure_shards
-    from launcher.hub.sync import retry_policy
-    try:
-        ensure_shards(paths, plan.config.data, plan.pod_dir,
-                      retry_policy(plan.config))
-    except HubError as exc:        # a fetch cut (rerun: it resumes), or other bytes served
-        raise Refused(str(exc)) from None
-
-
-def _refuse_missing_shards(plan: LaunchPlan, manifest: Manifest,
-                           on_nodes: set[int]) -> None:
-    """Every missing shard in one line, with the fix (a new pod's first launch meets this);
-    then each shard read as the worker will read it, entry or not."""
-    missing, present = [], []
-    for rel in shard_paths(plan, manifest, on_nodes):
-        problem = shard_kind_problem(plan.pod_dir / rel)
-        if problem:
-            raise UserError(problem)
-        if not (plan.pod_dir / rel).is_file():
-            missing.append(str(rel))
-        else:
-            present.append(plan.pod_dir / rel)
-    if missing:
-        raise UserError(missing_shards_fix(plan.pod_dir, missing))
-    for path in present:
-        if shard_length(path) == 0:
-            raise UserError(f"shard {path} holds no tokens; put the GPU's tokens there")
 
 
 def record_baselines(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,

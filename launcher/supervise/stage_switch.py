@@ -62,7 +62,6 @@ def canary_gate(plan, manifest, events, no_canary: bool, stop: EarlyStop) -> Non
         write_canary_state(plan.pod_dir, record)
         print(f"canary skipped (--no-canary): stage {current} -> {plan.stage}", flush=True)
         return
-    from launcher.supervise.prepare import ensure_canary_inputs
     ensure_canary_inputs(plan, manifest)    # its shard and checkpoint, on a Ray pod's head too
     print(f"canary: stage {current} -> {plan.stage} on GPU {slot.gpu} ({slot.device}) ...",
           flush=True)
@@ -88,6 +87,38 @@ def canary_gate(plan, manifest, events, no_canary: bool, stop: EarlyStop) -> Non
     raise Refused(f"canary INCONCLUSIVE (could not judge stage {plan.stage}): "
                                f"{result.reason}; {stays}; fix the cause, or relaunch "
                                f"with --no-canary")
+
+
+def ensure_canary_inputs(plan, manifest) -> None:
+    """Right before the stage canary runs on this machine, what it reads is here:
+    - with `data:`, its shard, verified once more (fetch_shards saw the manifest before a
+      rollback the last launcher decided could move the GPU to another phase; a shard
+      fetch_shards stamped costs a stat, no read and no store);
+    - its checkpoint, when only the hub holds it (a Ray pod leaves those to the nodes:
+      on_the_hub): pulled to the name its entry gives, verified against the revision's
+      index and the entry's sha256, the entry unchanged (the node pulls it by that name).
+    Refused (exit 1, one line) when it cannot be had."""
+    from launcher.pod.ckpt_index import sha256_file
+    from launcher.supervise.launch_shards import canary_shard, ensure_shards_here
+    from launcher.supervise.prepare import on_the_hub
+    if plan.config.data is not None:
+        ensure_shards_here(plan, [canary_shard(plan, manifest)])
+    gpu = plan.slots[0].gpu
+    if gpu not in on_the_hub(plan, manifest) or not plan.config.hub:
+        return
+    entry = manifest.entries[gpu]
+    from launcher.hub import HubError, open_store
+    try:
+        open_store(plan.config.hub, plan.pod_dir).pull([entry.checkpoint],
+                                                       revision=entry.hub_revision)
+    except (HubError, ValueError) as exc:
+        raise Refused(f"canary: gpu_{gpu}'s checkpoint {entry.checkpoint} is on the hub only "
+                      f"and could not be pulled here to run the canary: {exc}") from None
+    if sha256_file(plan.pod_dir / entry.checkpoint) != entry.checkpoint_sha256:
+        (plan.pod_dir / entry.checkpoint).unlink()
+        raise Refused(f"canary: revision {entry.hub_revision[:12]} of {plan.config.hub} holds "
+                      f"other bytes at {entry.checkpoint} than gpu_{gpu}'s manifest entry "
+                      f"records; the canary did not run")
 
 
 def record_stage(manifest, gpus: list[int], stage: int, events) -> bool:

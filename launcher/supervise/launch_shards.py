@@ -1,0 +1,112 @@
+"""The shards a launch needs on this machine, and where they come from (with `data:`).
+
+Per GPU its current data phase's shard and every later phase's (so a phase never ends on a
+shard that is not there hours into the run), except, on a Ray pod with `data:`, the GPUs
+whose nodes fetch their own (shards_on_nodes); then this machine (the head) holds only the
+one shard its stage canary reads, since the canary runs here before any actor exists.
+Fetched and verified through launcher/hub/fetch.py; missing ones refused in one line.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from launcher.errors import Refused, UserError
+from launcher.pod.manifest import Manifest, phase_shard
+from launcher.pod.setup_init import missing_shards_fix
+from launcher.pod.shards import shard_kind_problem, shard_length
+
+if TYPE_CHECKING:
+    from launcher.supervise.prepare import LaunchPlan
+
+
+def shards_on_nodes(plan: LaunchPlan, on_ray: bool) -> set[int]:
+    """The GPUs whose shards this machine neither fetches nor needs: on a Ray cluster with
+    `data:`, each node fetches (verified) the shards of the GPUs placed on it into its own
+    workdir before their workers start (launcher/supervise/ray_node.py), and which node a
+    GPU lands on is only known at placement."""
+    return {s.gpu for s in plan.slots} if on_ray and plan.config.data else set()
+
+
+def shard_paths(plan: LaunchPlan, manifest: Manifest,
+                on_nodes: set[int] = frozenset()) -> list[str]:
+    """The shards this launch trains on here (GPUs in `on_nodes` aside): per GPU, the one
+    of its current data phase (the manifest entry's, else the config's) and every later
+    phase's, so that a phase never ends on a shard that is not there hours into the run."""
+    paths = []
+    for slot in plan.slots:
+        if slot.gpu in on_nodes:
+            continue
+        entry = manifest.entries.get(slot.gpu)
+        paths.append((entry.shard if entry else None) or
+                     phase_shard(manifest, slot.gpu, plan.config.shard_path))
+        paths += plan.config.shard_paths(slot.gpu)[entry.at_phase if entry else 1:]
+    return paths
+
+
+def canary_shard(plan: LaunchPlan, manifest: Manifest) -> str:
+    """The one shard the stage canary reads (launcher/checks/canary.py): its GPU's (the
+    launch's first) in the data phase its manifest entry is in. The canary trains a few
+    steps from that entry's checkpoint, so it never reaches a later phase's shard."""
+    return phase_shard(manifest, plan.slots[0].gpu, plan.config.shard_path)
+
+
+def head_shards(plan: LaunchPlan, manifest: Manifest, on_nodes: set[int] = frozenset(),
+                canary: bool = False) -> list[str]:
+    """The shards this machine needs: those its workers train on (shard_paths) and, when
+    the stage canary runs here (`canary`: a switch up without --no-canary) for a GPU whose
+    node fetches its shards (a Ray pod with `data:`), the one shard the canary reads: the
+    canary runs on the launcher's machine, before any actor exists (docs/LAUNCHER.md)."""
+    paths = shard_paths(plan, manifest, on_nodes)
+    if canary and plan.slots[0].gpu in on_nodes:
+        paths.append(canary_shard(plan, manifest))
+    return paths
+
+
+def fetch_shards(plan: LaunchPlan, manifest: Manifest,
+                 on_nodes: set[int] = frozenset(), canary: bool = False) -> None:
+    """With `data:` in the pod config, every shard this machine needs (head_shards;
+    `on_nodes`: GPUs whose nodes fetch their own, `canary`: the stage canary runs) is here
+    with the recorded bytes before anything else reads it: verified, or fetched
+    (launcher/hub/fetch.py). A store that cannot be read, or other bytes, refuse the
+    launch with one line. The shards the nodes fetch are only looked up in the store's
+    index here (check_recorded): a store they could not use refuses the launch now."""
+    ensure_shards_here(plan, head_shards(plan, manifest, on_nodes, canary))
+    if plan.config.data is not None and on_nodes:
+        from launcher.hub.fetch import check_recorded
+        from launcher.hub.sync import retry_policy
+        check_recorded(shard_paths(plan, manifest), plan.config.data, plan.pod_dir,
+                       retry_policy(plan.config))
+
+
+def ensure_shards_here(plan: LaunchPlan, paths: list[str]) -> None:
+    if plan.config.data is None or not paths:
+        return
+    from launcher.hub import HubError
+    from launcher.hub.fetch import ensure_shards
+    from launcher.hub.sync import retry_policy
+    try:
+        ensure_shards(paths, plan.config.data, plan.pod_dir,
+                      retry_policy(plan.config))
+    except HubError as exc:        # a fetch cut (rerun: it resumes), or other bytes served
+        raise Refused(str(exc)) from None
+
+
+def refuse_missing_shards(plan: LaunchPlan, manifest: Manifest,
+                           on_nodes: set[int]) -> None:
+    """Every missing shard in one line, with the fix (a new pod's first launch meets this);
+    then each shard read as the worker will read it, entry or not."""
+    missing, present = [], []
+    for rel in shard_paths(plan, manifest, on_nodes):
+        problem = shard_kind_problem(plan.pod_dir / rel)
+        if problem:
+            raise UserError(problem)
+        if not (plan.pod_dir / rel).is_file():
+            missing.append(str(rel))
+        else:
+            present.append(plan.pod_dir / rel)
+    if missing:
+        raise UserError(missing_shards_fix(plan.pod_dir, missing))
+    for path in present:
+        if shard_length(path) == 0:
+            raise UserError(f"shard {path} holds no tokens; put the GPU's tokens there")
