@@ -103,7 +103,7 @@ class HubSync:
     blocks), `finish()` once the workers have stopped (blocks until the last push is done)."""
 
     def __init__(self, pod_dir: Path, config: PodConfig, manifest: Manifest,
-                 index: CheckpointIndex, events: EventLog):
+                 index: CheckpointIndex, events: EventLog, lease: RunLease | None = None):
         self.pod_dir, self.config, self.manifest = pod_dir, config, manifest
         self.index, self.events = index, events
         self.settings = config.sync_settings()
@@ -116,7 +116,9 @@ class HubSync:
         self.retention = config.retention_settings()
         self._last_key: tuple | None = None       # of the last push that landed
         self._tried_key: tuple | None = None      # of the last manifest push started
-        self.taken_over: str | None = None        # another pod writes the run: no more pushes
+        # Whether this pod still writes the run: owned by the checkpoint custodian, whose
+        # node pushes meet the same lease (launcher/supervise/custodian.py).
+        self.lease = lease if lease is not None else RunLease(pod_dir, events)
         # A manifest change (rollback, stage or phase switch) not yet in a landed push: why,
         # how many changes were asked, and how many the last push started held (a push
         # taken at change N lands changes up to N only).
@@ -141,6 +143,11 @@ class HubSync:
     @property
     def busy(self) -> bool:
         return self._thread is not None
+
+    @property
+    def taken_over(self) -> str | None:
+        """Another pod writes the run (the refusal's one line): no more pushes."""
+        return self.lease.taken_over
 
     def nodes_push(self, on_hub: Callable[[], dict[int, dict]]) -> None:
         """The checkpoints are on a remote backend's nodes, which push them (`on_hub()`:
@@ -260,9 +267,7 @@ class HubSync:
     def stop_taken_over(self, message: str, reason: str) -> None:
         """Another pod holds the run's lease (`message`: the refused push's one line, from
         this sync's push or a node's): no push any more; recorded once."""
-        if self.taken_over is None:
-            self.taken_over = message
-            record_taken_over(self.pod_dir, self.events, message, reason)
+        self.lease.refused(message, reason)
 
     @staticmethod
     def manifest_token(snap: Snapshot, gpu: int) -> int:
@@ -312,7 +317,7 @@ class HubSync:
                                   "at the next interval" if reason in ("interval", "manifest")
                                   else "none")
         elif kind == "taken_over":
-            self.stop_taken_over(value, reason)
+            self.lease.refused(value, reason)
         else:
             update_sync_state(self.pod_dir, in_flight=False, last_error=value,
                               last_error_at=time.time(), last_result="error")
@@ -325,6 +330,23 @@ class HubSync:
         if self.unpushed_change is not None and changes == self._changes:
             self.unpushed_change = None
             update_sync_state(self.pod_dir, manifest_unpushed=None)
+
+
+class RunLease:
+    """What this launcher knows of the run's hub lease (launcher/hub/lease.py): None while
+    it may push, the refusal's one line once another pod took the run over. One per
+    launcher, held by its checkpoint custodian; every push refused (the sync's own, a
+    node's) ends up here, recorded once, and every pusher asks it before pushing."""
+
+    def __init__(self, pod_dir: Path, events: EventLog):
+        self.pod_dir, self.events = pod_dir, events
+        self.taken_over: str | None = None
+
+    def refused(self, message: str, reason: str) -> None:
+        """A push (`reason`: which) was refused because another pod holds the lease."""
+        if self.taken_over is None:
+            self.taken_over = message
+            record_taken_over(self.pod_dir, self.events, message, reason)
 
 
 def record_taken_over(pod_dir: Path, events: EventLog, message: str, reason: str) -> None:
