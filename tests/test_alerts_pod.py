@@ -142,7 +142,7 @@ def test_a_lost_node_is_alerted_with_where_its_gpu_resumed(hooked, server, fmt):
     sup, backend, clock, router = hooked(fmt, nodes={"node-a": 1, "node-b": 2})
     sup.starter.start_all()
     on_hub = passed_checkpoint(sup, backend, 0)
-    backend.hub[0] = {**on_hub, "path": "checkpoints/fractus_1b_gpu0.pt",
+    sup.pod.custodian.hub[0] = {**on_hub, "path": "checkpoints/fractus_1b_gpu0.pt",
                       "hub_revision": "rev-1"}
     backend.lose_node("node-a")
     sup.step()

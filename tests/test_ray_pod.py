@@ -267,6 +267,7 @@ def test_a_call_that_fails_on_a_node_crashes_its_worker_not_the_launcher(tmp_pat
     from launcher.pod.events import EventLog
     from launcher.supervise.prepare import load_plan
     from launcher.supervise.ray_backend import RayBackend
+    from launcher.supervise.ray_custodian import RayCustodian
     from launcher.supervise.ray_node import NodeWorker
     from launcher.supervise.supervisor import Supervisor
 
@@ -288,7 +289,7 @@ def test_a_call_that_fails_on_a_node_crashes_its_worker_not_the_launcher(tmp_pat
     backend = RayBackend(pod, plan.config, RaySettings.parse(plan.config.ray), events)
     try:
         backend.actor_class = ray.remote(FailsOnce)
-        supervisor.use_backend(backend)
+        supervisor.use_backend(backend, RayCustodian(backend))
         supervisor.starter.start_all()
 
         def step_until(condition, what):

@@ -19,6 +19,7 @@ from tests.support.fake_backend import TOKENS_PER_STEP
 from tests.support.fake_supervisor import (  # noqa: F401 (fixtures)
     events,
     make,
+    on_nodes,
     passed_checkpoint,
     pod_state,
     pod_template,
@@ -27,12 +28,13 @@ from tests.support.fake_supervisor import (  # noqa: F401 (fixtures)
 
 def test_a_lost_node_resumes_its_gpu_on_a_free_node_from_the_hub_copy(make):
     sup, backend, clock = make(nodes={"node-a": 1, "node-b": 2})
+    custodian = sup.pod.custodian
     sup.starter.start_all()
     assert [w.node for w in backend.started] == ["node-a", "node-b"]
     on_hub = passed_checkpoint(sup, backend, 0)
-    gpu0_passed = [r for g, r in backend.passed if g == 0]
+    gpu0_passed = [r for g, r in custodian.kept if g == 0]
     assert gpu0_passed and gpu0_passed[-1]["sha256"] == on_hub["sha256"]
-    backend.hub[0] = {**gpu0_passed[-1], "path": "checkpoints/fractus_1b_gpu0.pt",
+    custodian.hub[0] = {**gpu0_passed[-1], "path": "checkpoints/fractus_1b_gpu0.pt",
                       "hub_revision": "rev-1"}
     backend.train(0, 20)
     backend.checkpoint(0)                  # pending, on node-a's disk only
@@ -104,9 +106,10 @@ def test_a_node_push_notes_its_hub_revision_where_the_manifest_names_those_bytes
     sup, backend, clock = make(nodes={"node-a": 1, "node-b": 1})
     sup.starter.start_all()
     good = passed_checkpoint(sup, backend, 0)
-    record = [r for g, r in backend.passed if g == 0][-1]
-    backend.push(0, record, "rev-7")
-    backend.push(1, {**record, "sha256": "f" * 64}, "rev-8")    # bytes no entry names
+    custodian = sup.pod.custodian
+    record = [r for g, r in custodian.kept if g == 0][-1]
+    custodian.push(0, record, "rev-7")
+    custodian.push(1, {**record, "sha256": "f" * 64}, "rev-8")    # bytes no entry names
     sup.step()
     entries = read_manifest(sup.pod.pod_dir / sup.pod.plan.config.manifest).entries
     assert entries[0]["hub_revision"] == "rev-7" and not entries.get(1, {}).get("hub_revision")
@@ -148,7 +151,7 @@ def test_on_a_remote_backend_the_manifest_follows_each_node_push_to_the_hub(make
     from launcher.hub import open_store
     from launcher.hub.from_hub import rebuild_from_hub
     sup, backend, clock = make(stage=1)
-    sup.use_backend(backend)            # a remote backend: its nodes push the checkpoints
+    custodian = on_nodes(sup, backend)  # a remote backend: its nodes push the checkpoints
     assert sup.sync is not None
     sup.starter.start_all()
     store = open_store(sup.pod.plan.config.hub, sup.pod.pod_dir)
@@ -158,8 +161,8 @@ def test_on_a_remote_backend_the_manifest_follows_each_node_push_to_the_hub(make
         """What GPU 0's node does with its passed checkpoint (ray_node.NodeWorker.push)."""
         revision = store.push({hub_path: sup.pod.pod_dir / hub_path}, "node push",
                               expected={hub_path: event["sha256"]})
-        (record,) = [r for g, r in backend.passed if g == 0 and r["sha256"] == event["sha256"]]
-        backend.hub[0] = {**record, "path": hub_path, "hub_revision": revision}
+        (record,) = [r for g, r in custodian.kept if g == 0 and r["sha256"] == event["sha256"]]
+        custodian.hub[0] = {**record, "path": hub_path, "hub_revision": revision}
         return revision
 
     def manifest_pushes(count: int) -> list[dict]:
@@ -233,8 +236,7 @@ def test_on_a_remote_backend_a_rollback_with_nothing_newer_passed_restores_the_l
     the hub (each node pulled its own), never on the head. A GPU failing before any newer
     checkpoint passed rolls back to exactly that one, as on one machine."""
     from launcher.pod.manifest import ManifestEntry
-    sup, backend, clock = make(stage=3)
-    backend.files_here = False                      # the nodes hold the files
+    sup, backend, clock = make(stage=3, on_nodes=True)      # the nodes hold the files
     launch = ManifestEntry(start_token=64 * TOKENS_PER_STEP,
                            checkpoint="checkpoints/fractus_1b_gpu0.pt",
                            checkpoint_sha256="ab" * 32, hub_revision="f" * 40, stage=3,
@@ -260,8 +262,8 @@ def test_on_a_remote_backend_a_rollback_with_nothing_newer_passed_restores_the_l
 
 def test_a_node_push_refused_by_a_takeover_stops_every_push_and_is_recorded(make, tmp_path):
     """After `launch --from-hub` took the run over elsewhere, a node's push (as the head's
-    pod: launcher/supervise/ray_node.py push_as_pod) is refused; the backend reports it
-    (RayBackend._harvest_pushes), and from then on no passed checkpoint is handed to the
+    pod: launcher/supervise/ray_node.py push_as_pod) is refused; the custodian hears it
+    (RayCustodian._harvest_pushes) and records it in the run's one lease, and from then on no passed checkpoint is handed to the
     nodes to push, the launcher's manifest push stops too, and events and status say so."""
     import time
 
@@ -270,7 +272,7 @@ def test_a_node_push_refused_by_a_takeover_stops_every_push_and_is_recorded(make
     from launcher.hub.sync import read_sync_state
     from launcher.supervise.ray_node import push_as_pod
     sup, backend, clock = make(stage=1)
-    sup.use_backend(backend)
+    custodian = on_nodes(sup, backend)
     sup.starter.start_all()
     pod_dir = sup.pod.pod_dir
     store = open_store(sup.pod.plan.config.hub, pod_dir)
@@ -282,8 +284,8 @@ def test_a_node_push_refused_by_a_takeover_stops_every_push_and_is_recorded(make
 
     first = passed_checkpoint(sup, backend, 0)
     revision = node_push(first)
-    (record,) = [r for g, r in backend.passed if g == 0]
-    backend.hub[0] = {**record, "path": hub_path, "hub_revision": revision}
+    (record,) = [r for g, r in custodian.kept if g == 0]
+    custodian.hub[0] = {**record, "path": hub_path, "hub_revision": revision}
     deadline = time.monotonic() + 60
     while not events(sup, "sync_pushed", reason="manifest") and time.monotonic() < deadline:
         sup.step()
@@ -298,10 +300,10 @@ def test_a_node_push_refused_by_a_takeover_stops_every_push_and_is_recorded(make
     second = backend.checkpoint(0)
     backend.train(0, 60)
     sup.step()
-    assert len(backend.passed) == 2                 # this one was handed over, and refused:
+    assert len(custodian.kept) == 2                 # this one was handed over, and refused:
     with pytest.raises(RunTakenOver) as refused:
         node_push(second)
-    backend.stop_pushes(str(refused.value))
+    custodian.push_refused(str(refused.value))
     for _ in range(5):
         sup.step()
     (event,) = events(sup, "hub_taken_over")
@@ -314,11 +316,11 @@ def test_a_node_push_refused_by_a_takeover_stops_every_push_and_is_recorded(make
     backend.train(0, 60)
     # Another GPU's push that landed before the takeover would change what the manifest
     # names: still, the manifest push does not follow it.
-    backend.hub[0] = {**backend.passed[1][1], "path": hub_path, "hub_revision": taken}
+    custodian.hub[0] = {**custodian.kept[1][1], "path": hub_path, "hub_revision": taken}
     for _ in range(5):
         sup.step()
     assert sup.pod.index.records[(0, third["sha256"])]["verdict"] == PASSED
-    assert len(backend.passed) == 2                  # no further checkpoint goes to a node
+    assert len(custodian.kept) == 2                  # no further checkpoint goes to a node
     assert len(events(sup, "sync_pushed", reason="manifest")) == 1
     assert store.head() == taken                     # the manifest push stopped too
     assert len(events(sup, "hub_taken_over")) == 1
@@ -333,7 +335,7 @@ def test_on_a_remote_backend_a_failed_manifest_push_is_retried_at_the_interval_n
 
     import launcher.hub.snapshot as snapshot_module
     sup, backend, clock = make(stage=1)
-    sup.use_backend(backend)
+    custodian = on_nodes(sup, backend)
     sup.starter.start_all()
     hub_path = sup.pod.plan.config.checkpoint_path(0)
     sent = []
@@ -344,8 +346,8 @@ def test_on_a_remote_backend_a_failed_manifest_push_is_retried_at_the_interval_n
 
     monkeypatch.setattr(snapshot_module, "send", hub_down)    # what every push calls
     first = passed_checkpoint(sup, backend, 0)
-    (record,) = [r for g, r in backend.passed if g == 0 and r["sha256"] == first["sha256"]]
-    backend.hub[0] = {**record, "path": hub_path, "hub_revision": "r1"}
+    (record,) = [r for g, r in custodian.kept if g == 0 and r["sha256"] == first["sha256"]]
+    custodian.hub[0] = {**record, "path": hub_path, "hub_revision": "r1"}
     deadline = time.monotonic() + 30
     while not events(sup, "sync_failed") and time.monotonic() < deadline:
         sup.step()
@@ -357,7 +359,7 @@ def test_on_a_remote_backend_a_failed_manifest_push_is_retried_at_the_interval_n
     assert failed["reason"] == "manifest" and failed["retry"] == "at the next interval"
     assert "hub unreachable" in failed["error"] and len(sent) == 1
     # A newer node push is a new manifest to name: pushed at once, not at the interval.
-    backend.hub[0] = {**record, "path": hub_path, "hub_revision": "r2", "sha256": "0" * 64}
+    custodian.hub[0] = {**record, "path": hub_path, "hub_revision": "r2", "sha256": "0" * 64}
     deadline = time.monotonic() + 30
     while len(events(sup, "sync_failed")) < 2 and time.monotonic() < deadline:
         sup.step()
@@ -371,8 +373,7 @@ def test_on_a_remote_backend_a_checkpoint_its_node_could_not_retain_is_never_pro
     asks no probe of it, which would only come back "not retained" without a verdict (CI
     saw that as the first probe of a GPU); the next checkpoint, retained, is probed."""
     from tests.support.fake_supervisor import ProbeRecorder
-    sup, backend, clock = make(nodes={"node-a": 1, "node-b": 1})
-    backend.files_here = False                      # the nodes hold the files
+    sup, backend, clock = make(nodes={"node-a": 1, "node-b": 1}, on_nodes=True)  # node files
     sup.starter.start_all()
     probes = sup.pod.probes = ProbeRecorder()
     backend.train(0, 10)
@@ -391,11 +392,11 @@ def test_status_of_a_ray_pod_shows_what_a_waiting_gpu_resumes_from(make):
     the point it resumes from."""
     from launcher.dashboard.status import collect
     from launcher.pod.lock import PodLock
-    sup, backend, clock = make(nodes={"node-a": 1, "node-b": 1})
-    backend.files_here = False               # as RayBackend: the files are on the nodes
+    # As on Ray: the checkpoints are on the nodes.
+    sup, backend, clock = make(nodes={"node-a": 1, "node-b": 1}, on_nodes=True)
     sup.starter.start_all()
     on_hub = passed_checkpoint(sup, backend, 0)
-    backend.hub[0] = {**on_hub, "path": "checkpoints/fractus_1b_gpu0.pt",
+    sup.pod.custodian.hub[0] = {**on_hub, "path": "checkpoints/fractus_1b_gpu0.pt",
                       "hub_revision": "rev-1"}
     backend.train(0, 20)
     for gpu in (0, 1):            # on the nodes' disks only

@@ -167,7 +167,7 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
             events.mirror = _mirrors(pod_dir, alerting)
             lock.record_holder()
         if ray_settings is not None:       # after the fork: a Ray driver does not survive one
-            supervisor.use_backend(_ray_backend(pod_dir, plan, ray_settings, events))
+            supervisor.use_backend(*_ray_backend(pod_dir, plan, ray_settings, events))
         stage = plan.stages[plan.stage]
         click.echo(f"pod {pod_dir}: stage {plan.stage} ({stage.name}), "
                    f"{len(plan.slots)} worker(s) on {plan.slots[0].device}"
@@ -202,12 +202,15 @@ def _mirrors(pod_dir: Path, alerting):
 
 
 def _ray_backend(pod_dir: Path, plan, settings, events):
+    """The Ray pod's workers (RayBackend) and its checkpoints on the nodes (RayCustodian)."""
     try:
         from launcher.supervise.ray_backend import RayBackend
+        from launcher.supervise.ray_custodian import RayCustodian
     except ImportError:
         raise UserError("--ray needs Ray: pip install 'fractus-pod[ray]'") from None
     try:
-        return RayBackend(pod_dir, plan.config, settings, events)
+        backend = RayBackend(pod_dir, plan.config, settings, events)
+        return backend, RayCustodian(backend)
     except ConnectionError as exc:
         from launcher.supervise.ray_reach import unreachable
         raise UserError(unreachable(settings.address, exc)) from None

@@ -264,11 +264,6 @@ class HubSync:
                                         name="hub-sync", daemon=True)
         self._thread.start()
 
-    def stop_taken_over(self, message: str, reason: str) -> None:
-        """Another pod holds the run's lease (`message`: the refused push's one line, from
-        this sync's push or a node's): no push any more; recorded once."""
-        self.lease.refused(message, reason)
-
     @staticmethod
     def manifest_token(snap: Snapshot, gpu: int) -> int:
         return int(snap.manifest_doc[f"gpu_{gpu}"]["start_token"])

@@ -1,10 +1,12 @@
-"""What the supervisor asks of whatever runs its workers.
+"""What the supervisor asks of whatever runs its workers: processes, and nothing else.
 
-A backend starts one worker per GPU with the environment the launcher decided (the worker
-contract of docs/WORKER.md), tells whether it exited and with which code, whether the
-machine under it is gone, delivers signals, and says where the worker's metrics file can be
-read on the launcher's machine. Everything else (health checks, checkpoint verdicts,
-rollback, the manifest) stays in the supervisor and is the same for every backend.
+As TorchElastic's agent: a backend starts one worker per GPU with the environment the
+launcher decided (the worker contract of docs/WORKER.md), tells whether it exited and with
+which code, whether the machine under it is gone, delivers signals, stops and closes, and
+says where the worker's files (metrics, log) can be read on the launcher's machine.
+Everything about a checkpoint once written (verdicts, pushes, restores, the hub lease) is
+the checkpoint custodian's (launcher/supervise/custodian.py); health checks, rollback and
+the manifest stay in the supervisor, the same for every backend.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.config.devices import Slot
-from launcher.worker.process import WorkerSpec, metrics_path
+from launcher.worker.process import WorkerSpec, metrics_path, worker_log_path
 
 
 @dataclass
@@ -37,12 +39,6 @@ class WorkerExit:
 
 class WorkerBackend(ABC):
     name = "backend"
-    # Whether the workers' checkpoints are on the launcher's disk (the launcher checks and
-    # restores them before a restart), or on the nodes (the node does).
-    files_here = True
-    # Once another pod holds the run's hub lease (launcher/hub/lease.py): the refusal's one
-    # line. A remote backend's nodes push no checkpoint any more.
-    taken_over: str | None = None
 
     def __init__(self, pod_dir: Path):
         self.pod_dir = pod_dir
@@ -72,6 +68,10 @@ class WorkerBackend(ABC):
         """Where the supervisor reads the GPU's metrics lines on this machine."""
         return self.pod_dir / metrics_path(gpu)
 
+    def log_file(self, gpu: int) -> Path | None:
+        """The GPU's worker log on this machine (None: it is on the worker's node)."""
+        return self.pod_dir / worker_log_path(gpu)
+
     def pump(self, force: bool = False) -> None:
         """Called once per poll before the metrics are read (a remote backend copies new
         metrics lines to the launcher's machine here, at its own cadence unless `force`)."""
@@ -80,26 +80,6 @@ class WorkerBackend(ABC):
         """Whether a device is free for a GPU that lost its node."""
         return True
 
-    def hub_copy(self, gpu: int) -> dict | None:
-        """The newest passed checkpoint of `gpu` the hub holds, as a checkpoint-index record
-        plus `hub_revision`, for a GPU whose node was lost (None: the hub holds none)."""
-        return None
-
-    def on_passed(self, gpu: int, record: dict) -> None:
-        """A checkpoint of `gpu` passed its checks (a remote backend pushes it to the hub)."""
-
-    def node_probes(self):
-        """Where AR probes run when the checkpoints are not on this machine (an object for
-        ProbeMonitor.use_nodes); None: on this machine."""
-        return None
-
-    def stop_pushes(self, message: str) -> None:
-        """Another pod writes the run now (`message`: the refusal): nothing more is pushed."""
-        self.taken_over = message
-
-    def take_pushed(self) -> list[dict]:
-        """Checkpoints pushed to the hub since the last call: hub_copy records plus "node"."""
-        return []
-
-    def close(self, abandoned=lambda: False) -> None:
-        """The run ended: finish what is in flight and release the backend's resources."""
+    def close(self) -> None:
+        """The run ended (the custodian's last pushes are done): release the backend's
+        resources."""

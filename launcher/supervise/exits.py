@@ -4,7 +4,6 @@ is one small handler, chosen from a table by the event."""
 
 from __future__ import annotations
 
-from launcher.paths import worker_log_path
 from launcher.supervise.backend import WorkerExit
 from launcher.supervise.ending import PodEnding
 from launcher.supervise.gpu_run import GpuRun
@@ -102,8 +101,8 @@ class ExitHandlers:
         opens, a crash in an import): the last line of its log, or how it ended."""
         if code < 0:
             return f"killed by signal {-code}"
-        if self.pod.backend.files_here:     # on Ray the log is on the worker's node
-            path = self.pod.pod_dir / worker_log_path(run.slot.gpu)
+        path = self.pod.backend.log_file(run.slot.gpu)
+        if path is not None:
             try:
                 with open(path, "rb") as log:
                     log.seek(max(0, log.seek(0, 2) - 4096))

@@ -14,7 +14,7 @@ from launcher.checks.probe_outcome import apply_outcome
 from launcher.pod.ckpt_index import FAILED as CK_FAILED
 from launcher.pod.ckpt_index import PASSED as CK_PASSED
 from launcher.pod.manifest import (BackwardsError, apply_checkpoint, event_phase,
-                                   relative_to_pod, resolve_in_pod, write_manifest)
+                                   relative_to_pod, write_manifest)
 from launcher.supervise.gpu_run import GpuRun
 from launcher.supervise.pod_run import PodRun
 
@@ -93,12 +93,7 @@ class WorkerMonitor:
             return
         if changed:
             write_manifest(pod.manifest)
-        # On a remote backend the node names the checkpoint by its sha256 (and checks it);
-        # one its node could not retain is not probed (as probe_name says on one machine).
-        if pod.backend.files_here:
-            probed = probe_name(record, pod.pod_dir)
-        else:
-            probed = rel if event.get("retained", True) else None
+        probed = pod.custodian.probe_name(record, event, rel)
         if pod.probes is not None and probed is not None:
             pod.probes.on_checkpoint(gpu, probed,
                                      pod.plan.config.shard_path(gpu, event_phase(event)),
@@ -119,8 +114,7 @@ class WorkerMonitor:
                 passed = pod.index.mark(run.slot.gpu, record["sha256"], CK_PASSED,
                                         f"checks passed through step {verified} at stage "
                                         f"{pod.stage}")
-                if not pod.backend.taken_over:      # another pod writes the run: not pushed
-                    pod.backend.on_passed(run.slot.gpu, passed)
+                pod.custodian.passed(run.slot.gpu, passed)
 
     def collect_probes(self) -> None:
         pod = self.pod
@@ -134,7 +128,7 @@ class WorkerMonitor:
         """A node pushed a passed checkpoint: the manifest notes its hub revision where the
         entry still names those bytes (as launcher/hub/sync.py does for the launcher's pushes)."""
         pod, noted = self.pod, []
-        for copy in pod.backend.take_pushed():
+        for copy in pod.custodian.take_pushed():
             gpu = copy["gpu"]
             if pod.manifest.note_hub_revision(gpu, copy["hub_revision"], copy["sha256"]):
                 noted.append(gpu)
@@ -145,18 +139,3 @@ class WorkerMonitor:
         if noted:
             write_manifest(pod.manifest)
 
-
-def probe_name(record: dict, pod_dir) -> str | None:
-    """The name under which a running worker's checkpoint can be probed: its retained link
-    (bytes pinned). None when it has none although it lies in the pod: its event was read
-    after the worker had saved past SAVE_KEEP, so its own name now holds newer bytes and a
-    probe there would judge another checkpoint under this one's sha256 (a later
-    checkpoint's probe vouches instead). A file outside the pod is never linked: its own
-    name is all there is."""
-    if record.get("retained"):
-        return record["retained"]
-    try:
-        resolve_in_pod(record["path"], pod_dir)
-    except ValueError:
-        return record["path"]
-    return None

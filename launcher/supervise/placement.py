@@ -28,7 +28,7 @@ class NodePlacement:
             pod.index.mark(gpu, record["sha256"], CK_FAILED, f"lost with node {run.node}")
         lost = pod.manifest.entries.get(gpu)
         from_token = lost.start_token if lost else None
-        target = pod.backend.hub_copy(gpu)
+        target = pod.custodian.hub_copy(gpu)
         if target is not None:
             apply_rollback(pod.manifest, gpu, target, pod.stage)
             pod.manifest.note_hub_revision(gpu, target["hub_revision"], target["sha256"])

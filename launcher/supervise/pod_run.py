@@ -1,5 +1,5 @@
 """What the supervisor's components share about the run in progress: its collaborators
-(plan, manifest, checkpoint index, event log, backend, clock, probes) and its mutable facts
+(plan, manifest, checkpoint index, event log, backend, custodian, clock, probes) and its mutable facts
 (the stage, the pod's state, each GPU's GpuRun, why it ended and with which exit code).
 
 One object, passed to every component, so no component reads another's attributes: each
@@ -19,6 +19,7 @@ from launcher.pod.ckpt_index import CheckpointIndex
 from launcher.pod.events import EventLog
 from launcher.pod.manifest import Manifest, ManifestEntry
 from launcher.supervise.backend import WorkerBackend
+from launcher.supervise.custodian import CheckpointCustodian
 from launcher.supervise.gpu_run import GpuRun
 from launcher.supervise.prepare import LaunchPlan
 from launcher.supervise.state import PodEvent, PodState, transition
@@ -33,7 +34,8 @@ class PodRun:
     manifest: Manifest
     index: CheckpointIndex
     events: EventLog
-    backend: WorkerBackend
+    backend: WorkerBackend               # runs the workers' processes
+    custodian: CheckpointCustodian       # their checkpoints once written, and the hub lease
     clock: object                        # the monotonic clock of hang and backoff timing
     runs: dict[int, GpuRun]
     probes: ProbeMonitor | None

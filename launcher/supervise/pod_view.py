@@ -23,7 +23,7 @@ def snapshot(pod: PodRun) -> PodSnapshot:
         stage_name=pod.plan.stages[pod.stage].name, reason=pod.reason,
         started_at=pod.started_at, rolled_back=pod.rolled_back,
         gpus={gpu: gpu_snapshot(run) for gpu, run in pod.runs.items()},
-        checkpoints_on_nodes=not pod.backend.files_here)
+        checkpoints_on_nodes=pod.custodian.on_nodes)
 
 
 def gpu_snapshot(run: GpuRun) -> GpuSnapshot:

@@ -7,10 +7,10 @@ backend. Ray only places processes: it joins them into no process group (no torc
 
 Once per poll the launcher collects every actor's new metrics lines in one round trip and
 appends them to logs/metrics_gpu{i}.jsonl in the pod directory, so checks, verdicts,
-rollback and the manifest work exactly as on one machine. A checkpoint that passes is
-pushed to the hub by the node that holds it (`on_passed`); the launcher notes the
-revision (`take_pushed`): launcher/supervise/ray_pushes.py. AR probes run on the node that holds the checkpoint (`NodeProbes`,
-launcher/supervise/ray_probes.py).
+rollback and the manifest work exactly as on one machine. This backend runs processes
+only; the checkpoints on the nodes (pushes, hub copies, probes on the nodes, the lease) are
+`RayCustodian`'s (launcher/supervise/ray_custodian.py), which reaches the actors through
+`actor(gpu)`, `node(gpu)` and `on_lost`.
 
 An actor whose process died on a node that is alive is replaced there
 (launcher/supervise/ray_adopt.py).
@@ -18,8 +18,9 @@ An actor whose process died on a node that is alive is replaced there
 A node lost (Ray reports the GPU's actor dead: `ActorDiedError`) ends the GPU's worker
 with `WorkerExit(node_lost=True)` once the node has fenced itself for certain
 (launcher/supervise/ray_fence.py: no heartbeat for `fence_s`, then the worker's grace); the
-supervisor then resumes the GPU from its newest passed checkpoint on the hub (`hub_copy`)
-on a node with a free device (`can_place`), or it waits until a node joins.
+supervisor then resumes the GPU from its newest passed checkpoint on the hub (the
+custodian's `hub_copy`) on a node with a free device (`can_place`), or it waits until a
+node joins.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from launcher.hub.lease import pod_id
 from launcher.pod.events import EventLog
@@ -37,7 +39,6 @@ from launcher.supervise.backend import WorkerBackend, WorkerExit, WorkerHandle
 from launcher.supervise.ray_adopt import NodeAdoption
 from launcher.supervise.ray_fence import NAMESPACE, Heartbeat, actor_prefix, end_orphans
 from launcher.supervise.ray_node import NodeWorker
-from launcher.supervise.ray_pushes import NodePushes
 from launcher.config.ray_settings import RaySettings
 from launcher.worker.process import WorkerSpec, build_env, pod_env_names, worker_log_path
 
@@ -47,7 +48,6 @@ POLL_WAIT_S = 5.0          # a node slower than this to answer is asked again ne
 # are minutes).
 ROUND_TRIP_S = 2.0
 CALL_TIMEOUT_S = 120.0     # kill / a single stop beyond its grace
-PUSH_WAIT_S = 1800.0       # the last pushes of a run, at its end
 
 
 @dataclass(eq=False)
@@ -64,9 +64,8 @@ class RayHandle(WorkerHandle):
     adopt_by: float = 0.0             # ... answering by then (monotonic), else: lost
 
 
-class RayBackend(NodeAdoption, NodePushes, WorkerBackend):
+class RayBackend(NodeAdoption, WorkerBackend):
     name = "ray"
-    files_here = False        # checkpoints are on the nodes; a node fetches what it lacks
 
     def __init__(self, pod_dir: Path, config: PodConfig, settings: RaySettings,
                  events: EventLog):
@@ -91,9 +90,11 @@ class RayBackend(NodeAdoption, NodePushes, WorkerBackend):
         self.handles: dict[int, RayHandle] = {}
         self.actors: dict[int, object] = {}
         self.slots: dict[int, Slot] = {}
-        self.init_pushes()
+        # Told the GPU whose node was lost (the custodian drops its push not sent yet).
+        self.on_lost: list[Callable[[int], None]] = []
+        # Each actor is told the hub and the pod it pushes as (the run's hub lease:
+        # launcher/hub/lease.py); what it pushes and when is RayCustodian's.
         self.hub_url = _absolute_hub(config.hub, pod_dir)
-        # The nodes push as this pod (the run's hub lease: launcher/hub/lease.py).
         self.writer = pod_id(pod_dir) if self.hub_url else None
         # Each node fetches its own GPUs' shards from here (the URL and revision only: its
         # credentials are the node's own, as for the hub).
@@ -110,6 +111,18 @@ class RayBackend(NodeAdoption, NodePushes, WorkerBackend):
         if slot.device == "cuda":
             return "GPU", {"num_gpus": 1, "num_cpus": 0}
         return "CPU", {"num_cpus": 1}
+
+    def actor(self, gpu: int):
+        """The GPU's actor now (None: none, its node was lost), for the custodian's calls."""
+        return self.actors.get(gpu)
+
+    def node(self, gpu: int) -> str | None:
+        """The name of the node the GPU's worker was placed on (None: not placed yet)."""
+        handle = self.handles.get(gpu)
+        return handle.node if handle is not None else None
+
+    def log_file(self, gpu: int) -> None:
+        return None             # on the worker's node (the head's has only _log's lines)
 
     def can_place(self, slot: Slot) -> bool:
         name, _ = self._resource(slot)
@@ -180,8 +193,6 @@ class RayBackend(NodeAdoption, NodePushes, WorkerBackend):
             for handle, answer in zip(answered, answers):
                 ref, handle.poll_ref = handle.poll_ref, None
                 self._take(handle, ref, answer)
-        self._push_queued()
-        self._harvest_pushes(timeout=0)
 
     def _placed(self, starting: list[RayHandle]) -> None:
         if not starting:
@@ -280,7 +291,8 @@ class RayBackend(NodeAdoption, NodePushes, WorkerBackend):
         if handle.lost_after is None:
             handle.lost_after = self.heartbeat.lost_after(handle.actor)
             self.actors.pop(handle.gpu, None)
-            self.queued.pop(handle.gpu, None)
+            for forget in self.on_lost:
+                forget(handle.gpu)
             within = max(0.0, handle.lost_after - time.monotonic())
             self.events.emit("node_unreachable", gpu=handle.gpu, node=handle.node,
                              fenced_within_s=round(within, 1),
@@ -336,18 +348,8 @@ class RayBackend(NodeAdoption, NodePushes, WorkerBackend):
     def stop(self, handles: list[RayHandle], grace_s: float) -> dict[int, WorkerExit]:
         return self._finish(handles, lambda actor: actor.terminate.remote(grace_s))
 
-    def node_probes(self):
-        from launcher.supervise.ray_probes import NodeProbes
-        return NodeProbes(self)
-
-    def close(self, abandoned=lambda: False) -> None:
-        """The last passed checkpoints go up (a second signal abandons them), then the
-        actors go and the driver disconnects."""
-        deadline = time.monotonic() + PUSH_WAIT_S
-        self._push_queued()
-        while self.pushes and not abandoned() and time.monotonic() < deadline:
-            self._harvest_pushes(timeout=0.5)
-            self._push_queued()
+    def close(self) -> None:
+        """The actors go (after the custodian's last pushes) and the driver disconnects."""
         self.heartbeat.close()
         for actor in self.actors.values():
             self.ray.kill(actor)

@@ -1,4 +1,4 @@
-"""AR probes on the Ray nodes: `NodeProbes`, ProbeMonitor.use_nodes for RayBackend."""
+"""AR probes on the Ray nodes: `NodeProbes`, ProbeMonitor.use_nodes for RayCustodian."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ class NodeProbes:
         """Blocking (ProbeMonitor's probe thread): the node's result dict."""
         from launcher.checks.probe_check import ProbeLost, ProbeUnavailable
         ray = self.backend.ray
-        actor = self.backend.actors.get(request.gpu)
+        actor = self.backend.actor(request.gpu)
         if actor is None:
             raise ProbeLost(f"GPU {request.gpu} has no node now")
         ref = actor.probe.remote(request.checkpoint, request.shard, timeout_s=timeout_s,

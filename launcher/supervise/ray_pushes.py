@@ -1,11 +1,11 @@
 """The hub side of a Ray pod: a checkpoint that passes is pushed by the node that holds it.
 
-`RayBackend` (launcher/supervise/ray_backend.py) queues each GPU's newest passed checkpoint
+`RayCustodian` (launcher/supervise/ray_custodian.py) queues each GPU's newest passed checkpoint
 (`on_passed`: only the newest goes up), asks that GPU's actor to push it, harvests the
 revisions once per poll, and hands them to the supervisor (`take_pushed`), which records
 them in the manifest; `hub_copy` is what a GPU whose node was lost resumes from. A push
-refused because another pod took the run over stops every node's pushes (the lease:
-launcher/hub/lease.py).
+refused because another pod took the run over stops every node's pushes (the run's lease,
+`RunLease` in launcher/hub/sync.py, shared with the hub sync; launcher/hub/lease.py).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ class _Push:
 
 
 class NodePushes:
-    """Mixed into RayBackend, which provides `actors`, `handles`, `config`, `events`, `ray`
-    and `hub_url`."""
+    """Mixed into RayCustodian, which provides `backend` (its `actor(gpu)` and `node(gpu)`),
+    `lease`, `config`, `events`, `ray` and `hub_url`."""
 
     def init_pushes(self) -> None:
         self.queued: dict[int, dict] = {}       # gpu -> newest passed record to push
@@ -35,22 +35,22 @@ class NodePushes:
         self.pushed: list[dict] = []            # not yet taken by the supervisor
 
     def on_passed(self, gpu: int, record: dict) -> None:
-        if self.hub_url and gpu in self.actors:
+        if self.hub_url and self.backend.actor(gpu) is not None:
             self.queued[gpu] = record        # only the newest one goes up
 
     def stop_pushes(self, message: str) -> None:
-        super().stop_pushes(message)
+        self.lease.refused(message, "node push")
         self.queued.clear()         # checkpoints not pushed yet stay on their nodes
 
     def _push_queued(self) -> None:
         for gpu in [g for g in self.queued if g not in self.pushes]:
             record = self.queued.pop(gpu)
-            actor = self.actors.get(gpu)
+            actor = self.backend.actor(gpu)
             if actor is None:
                 continue
             message = f"fractus-pod node push: gpu{gpu}@{int(record['next_token']):,}"
             ref = actor.push.remote(record["sha256"], self.config.checkpoint_path(gpu), message)
-            self.pushes[gpu] = _Push(ref, record, self.handles[gpu].node)
+            self.pushes[gpu] = _Push(ref, record, self.backend.node(gpu))
 
     def _harvest_pushes(self, timeout: float) -> None:
         if not self.pushes:
@@ -66,7 +66,7 @@ class NodePushes:
             except Exception as exc:         # the node, the hub: retried with the next pass
                 from launcher.hub.redact import describe_error
                 cause = getattr(exc, "cause", None) or exc
-                if isinstance(cause, RunTakenOver):   # recorded by the supervisor's sync
+                if isinstance(cause, RunTakenOver):   # recorded in the run's lease
                     self.stop_pushes(str(cause))
                     continue
                 self.events.emit("sync_failed", reason="node push", gpu=gpu, node=push.node,

@@ -83,11 +83,8 @@ class StageRollback:
         for record in pod.index.pending(gpu):
             pod.index.mark(gpu, record["sha256"], CK_FAILED,
                            f"GPU failed at stage {from_stage} before this was verified")
-        # On a remote backend the passed file is on a node's disk: its hub copy serves, else
-        # the checkpoint the GPU resumed from at launch when the hub holds it (launched
-        # with --from-hub onto a cluster: the head never held that file).
-        target = (pod.index.newest_passed(gpu) or pod.backend.hub_copy(gpu)
-                  or (None if pod.backend.files_here else launch_point(pod, gpu)))
+        target = (pod.index.newest_passed(gpu)
+                  or pod.custodian.restore_point(gpu, pod.launch_entries.get(gpu)))
         if target is None:
             self.ending.fail(f"GPU {gpu} failed and has no passed checkpoint to restore",
                              exit_code=1)
@@ -138,13 +135,3 @@ class StageRollback:
                                  gpus=request.get("gpus"), stage=self.pod.stage,
                                  reason=reason)
 
-
-def launch_point(pod: PodRun, gpu: int) -> dict | None:
-    """The checkpoint GPU `gpu` resumed from at launch, as a rollback target, when a hub
-    revision holds it (so a node can pull it); None otherwise."""
-    entry = pod.launch_entries.get(gpu)
-    if entry is None or not (entry.checkpoint and entry.hub_revision):
-        return None
-    return {"next_token": entry.start_token, "phase": entry.at_phase, "path": entry.checkpoint,
-            "sha256": entry.checkpoint_sha256, "hub_revision": entry.hub_revision,
-            "ema_tf": entry.ema_tf, "lb": entry.lb}

@@ -4,7 +4,7 @@ or one GPU's again after a crash, a rollback or a lost node, from its manifest e
 from __future__ import annotations
 
 from launcher.checks.health import GpuHealth
-from launcher.hub.recover import RecoveryError, recover_entry
+from launcher.hub.recover import RecoveryError
 from launcher.pod.manifest import RUN_ID_KEY, ManifestEntry, write_manifest
 from launcher.supervise.ending import PodEnding
 from launcher.supervise.gpu_run import GpuRun
@@ -36,7 +36,7 @@ class WorkerStarter:
         checks; otherwise a restart, which keeps its checks' history."""
         pod, gpu = self.pod, run.slot.gpu
         stage = pod.plan.stages[pod.stage]
-        if not fresh_health and pod.backend.files_here and not self.recover(gpu):
+        if not fresh_health and not self.recover(gpu):
             return
         entry = pod.manifest.entries.get(gpu)
         # At a phase's start the checkpoint's curve is of the phase before: nothing to continue.
@@ -74,11 +74,11 @@ class WorkerStarter:
     def recover(self, gpu: int) -> bool:
         """Before a restart: the entry's checkpoint must hold its recorded bytes (a worker
         killed between its rename and its event leaves a newer file there; a file can be
-        damaged mid-run). False when they are nowhere: the pod is failed, clearly."""
+        damaged mid-run; the custodian knows where they are). False when they are nowhere:
+        the pod is failed, clearly."""
         pod = self.pod
         try:
-            if recover_entry(pod.pod_dir, gpu, pod.manifest, pod.index, pod.events,
-                             pod.plan.config.hub, pod.plan.config.checkpoint_path(gpu)):
+            if pod.custodian.restore(gpu, pod.manifest, pod.index):
                 write_manifest(pod.manifest)
         except RecoveryError as exc:
             pod.runs[gpu].apply(GpuEvent.GAVE_UP)

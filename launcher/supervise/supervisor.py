@@ -7,7 +7,9 @@ node, each to its handler), restart (a crash's backoff is over, a lost GPU has a
 judge the pod (roll back, stop, done) and write logs/pod_state.json for `status`. Decisions
 go to logs/events.jsonl before they act.
 
-The jobs are components sharing one PodRun (launcher/supervise/pod_run.py):
+Processes are the WorkerBackend's (backend.py); a checkpoint once written, and the hub
+lease, the CheckpointCustodian's (custodian.py). The jobs are components sharing one PodRun
+(launcher/supervise/pod_run.py):
 WorkerMonitor (monitor.py), WorkerStarter (starter.py), WorkerRestarter (restart.py),
 NodePlacement (placement.py), ExitHandlers (exits.py), StageRollback (rollback.py),
 PodEnding (ending.py), FinalVerdicts (final_verdicts.py), PodView (pod_view.py), DiskWatch
@@ -37,6 +39,7 @@ from launcher.pod.events import EventLog
 from launcher.pod.manifest import Manifest
 from launcher.pod.reserve import DiskReserve
 from launcher.supervise.backend import WorkerBackend
+from launcher.supervise.custodian import CheckpointCustodian, LocalCustodian
 from launcher.supervise.disk_watch import DiskWatch
 from launcher.supervise.ending import LOGS_MOVED, PodEnding
 from launcher.supervise.exits import ExitHandlers
@@ -65,19 +68,24 @@ from launcher.worker.process import MetricsTail
 
 class Supervisor:
     """`backend` runs the workers (default: LocalBackend, child processes of this launcher);
+    `custodian` keeps their checkpoints (default: LocalCustodian, on this machine);
     `clock` is the monotonic clock of hang and backoff timing (a fake one in tests)."""
 
     def __init__(self, plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
                  events: EventLog, backend: WorkerBackend | None = None,
-                 clock=time.monotonic):
+                 clock=time.monotonic, custodian: CheckpointCustodian | None = None):
         if backend is None:
             from launcher.supervise.local_backend import LocalBackend
             backend = LocalBackend(plan.pod_dir, plan.config)
-        self.pod = pod = PodRun(plan, manifest, index, events, backend, clock,
+        if custodian is None:
+            custodian = LocalCustodian(plan.pod_dir, plan.config, events)
+        self.pod = pod = PodRun(plan, manifest, index, events, backend, custodian, clock,
                                 runs=_gpu_runs(plan, backend), probes=_probes(plan),
                                 stage=plan.stage)
         # ValueError for a malformed hub URL: the CLI reports it before anything starts.
-        self.sync = (HubSync(pod.pod_dir, plan.config, manifest, index, events)
+        # The sync pushes under the custodian's lease: a refusal met by either stops both.
+        self.sync = (HubSync(pod.pod_dir, plan.config, manifest, index, events,
+                             lease=custodian.lease)
                      if plan.config.hub else None)
         if self.sync is not None:
             pod.on_manifest_change = self.sync.manifest_changed
@@ -105,20 +113,23 @@ class Supervisor:
         self.stop_reason: str | None = None      # set by a signal: the loop stops the pod
         self.finishing = self.cut_short = False  # a second signal while ending cuts it short
 
-    def use_backend(self, backend: WorkerBackend) -> None:
-        """Run the workers on `backend` instead (chosen after a --detach fork). A remote
-        backend's nodes push their own checkpoints: the launcher's hub sync pushes the
-        manifest that names them."""
+    def use_backend(self, backend: WorkerBackend, custodian: CheckpointCustodian) -> None:
+        """Run the workers on `backend` and keep their checkpoints with `custodian` instead
+        (chosen after a --detach fork, before anything is pushed). Checkpoints kept on the
+        nodes are pushed by their nodes: the launcher's hub sync pushes the manifest that
+        names them."""
         pod = self.pod
-        pod.backend = backend
+        pod.backend, pod.custodian = backend, custodian
         pod.runs = {g: GpuRun(r.slot, MetricsTail(backend.metrics_file(g)))
                     for g, r in pod.runs.items()}
-        if backend.name == "local":
+        if self.sync is not None:
+            self.sync.lease = custodian.lease
+        if not custodian.on_nodes:
             return
         if self.sync is not None:
             self.sync.nodes_push(lambda: {g: c for g in pod.runs
-                                          if (c := backend.hub_copy(g)) is not None})
-        nodes = backend.node_probes()
+                                          if (c := custodian.hub_copy(g)) is not None})
+        nodes = custodian.node_probes()
         if pod.probes is not None and nodes is not None:   # where the checkpoints are
             pod.probes.use_nodes(nodes)
         elif pod.probes is not None:
@@ -184,7 +195,6 @@ class Supervisor:
         self._judge_pod()
         self.disk.check()
         if self.sync is not None:
-            self._stop_pushes_once_taken_over()
             self.sync.tick()
         self.view.write()
         if not self.pod.running():
@@ -194,18 +204,10 @@ class Supervisor:
         elif deadline is not None and self.pod.clock() >= deadline:
             self.ending.stop(f"--max-time {self.pod.plan.max_time:g}s reached")
 
-    def _stop_pushes_once_taken_over(self) -> None:
-        """Another pod took the run over (launcher/hub/lease.py): whichever push was refused
-        first, a node's or the manifest's, neither the nodes nor the sync push again."""
-        backend = self.pod.backend
-        if backend.taken_over and not self.sync.taken_over:
-            self.sync.stop_taken_over(backend.taken_over, "node push")
-        elif self.sync.taken_over and not backend.taken_over:
-            backend.stop_pushes(self.sync.taken_over)
-
     def _tend_workers(self) -> None:
         pod = self.pod
         pod.backend.pump()
+        pod.custodian.pump()
         self.monitor.note_pushed()
         now = pod.clock()
         for run in pod.runs.values():
@@ -246,22 +248,24 @@ class Supervisor:
 
     def _end(self) -> None:
         """After the loop: a clean end judges each GPU's last checkpoint, then the probes
-        close, the backend (its nodes' last pushes) and the hub sync (the end of a run is
-        pushed, whatever ended it)."""
+        close, the custodian (its nodes' last pushes), the backend, and the hub sync (the
+        end of a run is pushed, whatever ended it)."""
         pod = self.pod
         if pod.tracker is not None:      # the run's last lines, whatever ended it
             pod.tracker.close()
         if pod.files_lost:               # nothing can be read or recorded: only close
             if pod.probes is not None:
                 pod.probes.close()
-            pod.backend.close(abandoned=lambda: True)
+            pod.custodian.close(abandoned=lambda: True)
+            pod.backend.close()
             return
         try:
             if pod.state in (PodState.STOPPED, PodState.DONE):
                 self.final.judge(cut_short=lambda: self.cut_short)
             if pod.probes is not None:
                 pod.probes.close()
-            pod.backend.close(abandoned=lambda: self.cut_short)   # the nodes' last pushes
+            pod.custodian.close(abandoned=lambda: self.cut_short)   # the nodes' last pushes
+            pod.backend.close()
             self.monitor.note_pushed()
             if self.sync is not None:     # after them: the last push's manifest names them
                 self.sync.finish(abandoned=lambda: self.cut_short)

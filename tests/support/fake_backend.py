@@ -3,7 +3,8 @@
 Each "worker" is a record the test drives: it writes the metrics and checkpoint lines a
 real worker would (into the pod's metrics file, which the supervisor tails as usual),
 exits with a code, hangs by staying silent, or loses its node. SIGTERM makes it checkpoint
-and exit 0, as the real worker does, unless the test told it to ignore signals.
+and exit 0, as the real worker does, unless the test told it to ignore signals. What
+becomes of a checkpoint is the custodian's (tests/support/fake_custodian.py).
 """
 
 from __future__ import annotations
@@ -40,11 +41,8 @@ class FakeBackend(WorkerBackend):
         super().__init__(pod_dir)
         self.pids = itertools.count(1000)
         self.started: list[FakeWorker] = []
-        self.passed: list[tuple[int, dict]] = []
-        self.hub: dict[int, dict] = {}
         self.free = dict(nodes or {"node-a": 8})       # node -> free devices
         self.unreachable: set[str] = set()     # gone, but no exit reported yet (a silent node)
-        self.pushed: list[dict] = []           # node pushes not yet taken by the supervisor
         self.closed = False
 
     # ---- the backend interface -------------------------------------------------------
@@ -85,17 +83,7 @@ class FakeBackend(WorkerBackend):
     def can_place(self, slot) -> bool:
         return any(free > 0 for free in self.free.values())
 
-    def hub_copy(self, gpu: int) -> dict | None:
-        return self.hub.get(gpu)
-
-    def on_passed(self, gpu: int, record: dict) -> None:
-        self.passed.append((gpu, record))
-
-    def take_pushed(self) -> list[dict]:
-        pushed, self.pushed = self.pushed, []
-        return pushed
-
-    def close(self, abandoned=lambda: False) -> None:
+    def close(self) -> None:
         self.closed = True
 
     # ---- what the test makes a worker do ------------------------------------------------
@@ -175,11 +163,6 @@ class FakeBackend(WorkerBackend):
         them (as hung) tells that the node is gone."""
         self.free.pop(node, None)
         self.unreachable.add(node)
-
-    def push(self, gpu: int, record: dict, revision: str) -> None:
-        """GPU `gpu`'s node pushed its passed checkpoint `record` to the hub."""
-        self.pushed.append({**record, "gpu": gpu, "hub_revision": revision,
-                            "node": self.current(gpu).node})
 
     def add_node(self, node: str, devices: int) -> None:
         self.free[node] = devices

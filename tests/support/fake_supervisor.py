@@ -13,9 +13,10 @@ from launcher.pod.live_state import read_pod_state
 from launcher.supervise.prepare import load_plan
 from launcher.supervise.supervisor import Supervisor
 from tests.support.fake_backend import FakeBackend
+from tests.support.fake_custodian import FakeCustodian
 
-__all__ = ["Clock", "ProbeRecorder", "events", "make", "passed_checkpoint", "pod_state",
-           "pod_template"]
+__all__ = ["Clock", "ProbeRecorder", "events", "make", "on_nodes", "passed_checkpoint",
+           "pod_state", "pod_template"]
 
 
 class Clock:
@@ -39,16 +40,29 @@ def pod_template(tmp_path_factory):
 
 @pytest.fixture
 def make(tmp_path, pod_template):
-    def build(stage=3, nodes=None, max_time=None, mirror=None, devices="cpu:2"):
+    def build(stage=3, nodes=None, max_time=None, mirror=None, devices="cpu:2",
+              on_nodes=False):
+        """`on_nodes`: the checkpoints are on the nodes (as on Ray), not on this machine;
+        the custodian is `sup.pod.custodian` (tests/support/fake_custodian.py)."""
         pod = tmp_path / "pod"
         if not pod.exists():
             shutil.copytree(pod_template, pod)
         plan, manifest = load_plan(pod, stage, devices, None, max_time=max_time)
-        backend, clock = FakeBackend(pod, nodes), Clock()
-        sup = Supervisor(plan, manifest, CheckpointIndex(pod), EventLog(pod, mirror=mirror),
-                         backend=backend, clock=clock)
+        backend, clock, events = FakeBackend(pod, nodes), Clock(), EventLog(pod, mirror=mirror)
+        custodian = FakeCustodian(pod, plan.config, events, backend, on_nodes=on_nodes)
+        sup = Supervisor(plan, manifest, CheckpointIndex(pod), events,
+                         backend=backend, clock=clock, custodian=custodian)
         return sup, backend, clock
     return build
+
+
+def on_nodes(sup, backend) -> FakeCustodian:
+    """Switch `sup` to checkpoints kept on the nodes, as the launcher does for a Ray pod
+    (Supervisor.use_backend): the nodes push them, the hub sync pushes the manifest."""
+    custodian = FakeCustodian(sup.pod.pod_dir, sup.pod.plan.config, sup.pod.events, backend,
+                              on_nodes=True)
+    sup.use_backend(backend, custodian)
+    return custodian
 
 
 def events(sup, name, **match):

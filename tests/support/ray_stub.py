@@ -1,0 +1,68 @@
+"""Just enough of a Ray driver and a RayBackend for RayCustodian without a cluster: each
+GPU's actor answers a push at once, with the revision the test chose or the error it
+raised on the node (tests/test_custodian.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class NodeCallError(Exception):
+    """What ray.get raises for a call that raised on the node (RayTaskError): `cause`."""
+
+    def __init__(self, cause: Exception):
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+@dataclass(eq=False)
+class Ref:
+    value: object = None
+    error: Exception | None = None
+
+
+class StubRay:
+    def wait(self, refs, num_returns=1, timeout=None):
+        return list(refs), []
+
+    def get(self, ref):
+        if ref.error is not None:
+            raise NodeCallError(ref.error)
+        return ref.value
+
+
+@dataclass(eq=False)
+class StubActor:
+    answer: object = "rev-1"               # a revision, or the exception the node raises
+    pushes: list = field(default_factory=list)
+
+    @property
+    def push(self):
+        return self
+
+    def remote(self, sha256, path, message):
+        self.pushes.append((sha256, path, message))
+        if isinstance(self.answer, Exception):
+            return Ref(error=self.answer)
+        return Ref(self.answer)
+
+
+class StubRayBackend:
+    """RayBackend's accessor for its custodian: `actor(gpu)`, `node(gpu)`, `on_lost`."""
+
+    def __init__(self, pod_dir, config, events, gpus=(0, 1)):
+        self.pod_dir, self.config, self.events = pod_dir, config, events
+        self.ray, self.hub_url, self.on_lost = StubRay(), "file://hub", []
+        self.actors = {g: StubActor() for g in gpus}
+
+    def actor(self, gpu: int):
+        return self.actors.get(gpu)
+
+    def node(self, gpu: int) -> str:
+        return f"node-{gpu}"
+
+    def lose(self, gpu: int) -> None:
+        """The GPU's node was lost (RayBackend._lost)."""
+        self.actors.pop(gpu)
+        for forget in self.on_lost:
+            forget(gpu)
