@@ -2,11 +2,15 @@
 
 - `state`: the states of a GPU and of the pod, the events that move them, and the one
   transition table (in the spirit of TorchElastic's agent: run -> monitor -> restart).
-- `backend`: `WorkerBackend`, what the supervisor asks of whatever runs its workers (start a
-  worker with its env on a device, poll its exit and liveness, signal, kill, where its
-  files are).
+- `backend`: `WorkerBackend`, what the supervisor asks of whatever runs its workers,
+  processes only (start a worker with its env on a device, poll its exit and liveness,
+  signal, kill, stop, close, where its files are).
 - `local_backend`: `LocalBackend`, the workers as child processes of the launcher (launcher/child.py).
 - `ray_backend`: `RayBackend`, the workers as Ray actors across the nodes of a Ray cluster.
+- `custodian`: `CheckpointCustodian`, a checkpoint once written (probe name, what a pass
+  sets off, restore, hub copies, rollback points, node pushes and probes) and the run's hub
+  lease: `LocalCustodian` (files on this machine), `NodeCustodian`; `ray_custodian`:
+  `RayCustodian`, the files on the Ray nodes.
 
 The supervisor (launcher/supervise/supervisor.py) runs the loop and composes the policy, one
 component per job over a shared PodRun (pod_run.py): monitor.py (a worker's lines into health,
