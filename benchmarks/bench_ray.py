@@ -138,7 +138,8 @@ def bench_cpu(root: Path, seconds: float, workers: int = 16) -> dict:
 def bench_fake_tests() -> dict:
     t0 = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/test_supervise_fake.py",
-                           "tests/test_supervise_fake_nodes.py"],
+                           "tests/test_supervise_fake_nodes.py",
+                           "tests/test_supervise_fake_node_pushes.py"],
                           cwd=REPO, capture_output=True, text=True)
     return {"wall_s": round(time.monotonic() - t0, 2),
             "summary": done.stdout.strip().splitlines()[-1]}

@@ -5,8 +5,9 @@ Every transition of a GPU and of the pod (start, crash and restart, the restart 
 hang, NaN and OOM rollback, refused settings, rollback by hand, stop, --max-time, the canary
 gate, done, a clean stop's final verdicts) is exercised through the real Supervisor, health
 checks, checkpoint index, manifest and event log. Remote backends (nodes):
-test_supervise_fake_nodes.py; rollback requests and decided rollbacks across launchers, and
-pod files that vanish: test_supervise_fake_rollback.py.
+test_supervise_fake_nodes.py, their hub pushes: test_supervise_fake_node_pushes.py; rollback
+requests and decided rollbacks across launchers, and pod files that vanish:
+test_supervise_fake_rollback.py.
 """
 
 import hashlib

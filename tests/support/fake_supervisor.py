@@ -2,6 +2,7 @@
 the fixtures and helpers the supervision-logic tests share (no processes)."""
 
 import shutil
+import time
 
 import pytest
 import yaml
@@ -16,7 +17,7 @@ from tests.support.fake_backend import FakeBackend
 from tests.support.fake_custodian import FakeCustodian
 
 __all__ = ["Clock", "ProbeRecorder", "events", "make", "on_nodes", "passed_checkpoint",
-           "pod_state", "pod_template"]
+           "pod_state", "pod_template", "step_until"]
 
 
 class Clock:
@@ -68,6 +69,20 @@ def on_nodes(sup, backend) -> FakeCustodian:
 def events(sup, name, **match):
     return [e for e in read_events(sup.pod.pod_dir) if e["event"] == name
             and all(e.get(k) == v for k, v in match.items())]
+
+
+def step_until(sup, condition, what: str, timeout: float = 60):
+    """Step `sup` until `condition()` holds and return its value: for what a thread of the
+    launcher does (a hub push), which the fake clock does not drive."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        sup.step()
+        time.sleep(0.05)
 
 
 def crash_past_the_restart_budget(sup, backend, clock, gpu: int = 0) -> None:
