@@ -1,7 +1,8 @@
-"""The AR probe as a supervisor health check (issue 6): launcher/checks/probe_monitor.py.
-
-Unit tests drive the monitor with a stand-in runner (threads, no model); the end-to-end
-tests launch the real supervisor on a tiny CPU pod whose probes are real child processes.
+"""The AR probe as a supervisor health check (issue 6): launcher/checks/probe_monitor.py,
+driven with a stand-in runner or stand-in nodes (threads, no model): the baseline, the
+schedule, one probe per GPU and its place in line, rollbacks and phase switches, probes on
+the nodes. The real supervisor probing a tiny CPU pod with real child processes:
+test_probe_monitor_e2e.py.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import signal
 import threading
 import time
 
@@ -26,8 +26,8 @@ from launcher.checks.probe_check import (ProbeLost, ProbeSchedule, ProbeToleranc
 from launcher.checks.probe_monitor import ProbeMonitor
 from launcher.checks.trusted_loss import shipped_trusted_loss
 from launcher.checks.probe_outcome import BASELINE, apply_outcome
-from tests.support.e2e import (TEST_CRITERIA, Launcher, events_of, launchers,  # noqa: F401
-                               make_pod, wait_for)
+from tests.support.e2e import wait_for
+
 
 SHIPPED = shipped_trusted_loss()      # manifests/trusted_loss.yaml's values
 
@@ -74,6 +74,15 @@ def monitor_of(tmp_path, runner, every=1, parallel=4, band=0.5) -> ProbeMonitor:
     return ProbeMonitor(tmp_path, schedule(every=every, parallel=parallel),
                         tolerance(band=band), runner=runner)
 
+
+def one_slot_for_two_gpus(tmp_path, ars: dict) -> tuple[FakeRunner, ProbeMonitor]:
+    """GPUs 0 and 1 at stage 1 share one probe slot (parallel 1), and every probe is held
+    in the runner until the test sets `runner.gate`: which GPU goes next is the test's."""
+    runner = FakeRunner(ars)
+    runner.gate.clear()
+    monitor = monitor_of(tmp_path, runner, parallel=1)
+    monitor.start_stage(1, {0: (None, "s0"), 1: (None, "s1")})
+    return runner, monitor
 
 
 class Nodes:
@@ -171,10 +180,7 @@ def test_recorded_baseline_wins_and_every_skips_checkpoints(tmp_path):
 
 
 def test_one_probe_per_gpu_a_newer_checkpoint_replaces_a_waiting_one(tmp_path):
-    runner = FakeRunner({f"{k}.pt": 1.0 for k in range(4)})
-    runner.gate.clear()
-    monitor = monitor_of(tmp_path, runner, parallel=1)
-    monitor.start_stage(1, {0: (None, "s0"), 1: (None, "s1")})
+    runner, monitor = one_slot_for_two_gpus(tmp_path, {f"{k}.pt": 1.0 for k in range(4)})
     monitor.on_checkpoint(0, "0.pt", "s0", "a", 1)
     monitor.on_checkpoint(1, "1.pt", "s1", "b", 1)
     monitor.poll()
@@ -196,10 +202,8 @@ def test_a_gpu_whose_waiting_checkpoint_is_replaced_keeps_its_place_in_line(tmp_
     # Seen in the README demo: with parallel 1 and checkpoints faster than a probe, every
     # newer checkpoint of GPU 1 sent it to the back of the line; GPU 1 was never probed, none
     # of its checkpoints passed, and a later check failure found nothing to restore.
-    runner = FakeRunner({name: 1.0 for name in ("0a.pt", "0b.pt", "1a.pt", "1b.pt")})
-    runner.gate.clear()
-    monitor = monitor_of(tmp_path, runner, parallel=1)
-    monitor.start_stage(1, {0: (None, "s0"), 1: (None, "s1")})
+    runner, monitor = one_slot_for_two_gpus(
+        tmp_path, {name: 1.0 for name in ("0a.pt", "0b.pt", "1a.pt", "1b.pt")})
     monitor.on_checkpoint(0, "0a.pt", "s0", "a", 1)
     monitor.poll()                                   # GPU 0's probe runs (gate closed)
     monitor.on_checkpoint(1, "1a.pt", "s1", "b", 1)  # GPU 1 starts waiting...
@@ -211,10 +215,7 @@ def test_a_gpu_whose_waiting_checkpoint_is_replaced_keeps_its_place_in_line(tmp_
 
 
 def test_a_checkpoint_rotated_away_before_its_probe_starts_is_still_probed(tmp_path):
-    runner = FakeRunner({"a.pt": 3.0, "b.pt": 3.1})
-    runner.gate.clear()
-    monitor = monitor_of(tmp_path, runner, parallel=1)
-    monitor.start_stage(1, {0: (None, "s0"), 1: (None, "s1")})
+    runner, monitor = one_slot_for_two_gpus(tmp_path, {"a.pt": 3.0, "b.pt": 3.1})
     monitor.on_checkpoint(0, "a.pt", "s0", "sha-a", 1)
     monitor.on_checkpoint(1, "b.pt", "s1", "sha-b", 1)
     monitor.poll()
@@ -300,75 +301,6 @@ def test_schedule_keys_are_checked(tmp_path):
             load_probe_schedule(path)
         with pytest.raises(UserError, match="probe"):
             load_probe_tolerance(path)     # the launcher's up-front check sees it too
-
-
-# ---- end to end: the real supervisor, real worker and probe processes -------------------
-def probe_pod(tmp_path, probe: dict):
-    return make_pod(tmp_path, criteria={**TEST_CRITERIA, "probe": probe})
-
-
-def test_a_healthy_pod_is_probed_and_passes(tmp_path, launchers):
-    pod = probe_pod(tmp_path, {"every": 1, "band": 1e9})
-    (pod / "logs" / "probe_baselines.json").write_text(json.dumps({"1": {"0": {"ar": 5.0}}}))
-    launcher = Launcher(pod, "--stage", "1", "--gpus", "0", "--max-steps", "10")
-    launchers.append(launcher)
-    assert launcher.wait(120) == 0, launcher.output()
-    probes = events_of(pod, "probe", gpu=0)
-    # Older checkpoints may be superseded while a probe runs; the newest is always probed.
-    assert probes and probes[-1]["step"] == 10, probes
-    assert all(p["status"] == SUCCESSFUL and p["baseline_ar"] == 5.0 for p in probes)
-    assert all(isinstance(p["ar"], float) and p["ar"] > 0 for p in probes)
-    assert not events_of(pod, "check_failed")
-    # The pod is not done while a probe runs: every probe was judged before pod_done.
-    (done,) = events_of(pod, "pod_done")
-    assert all(p["ts"] <= done["ts"] for p in probes)
-    # A checkpoint passes once the metrics checks and a probe of it (or a newer one) vouch.
-    passed = {r["step"] for r in CheckpointIndex(pod).for_gpu(0) if r["verdict"] == "passed"}
-    assert 5 in passed
-    assert not list((pod / "checkpoints" / "probe").glob("*.pt"))     # links cleaned up
-
-
-def test_ar_worse_than_the_recorded_baseline_fails_the_stage(tmp_path, launchers):
-    pod = probe_pod(tmp_path, {"every": 1, "band": 0.0})
-    (pod / "logs" / "probe_baselines.json").write_text(json.dumps({"1": {"0": {"ar": 0.0}}}))
-    launcher = Launcher(pod, "--stage", "1", "--gpus", "0", "--max-steps", "10")
-    launchers.append(launcher)
-    assert launcher.wait(120) == 1, launcher.output()
-    (probe,) = events_of(pod, "probe", gpu=0)
-    assert probe["status"] == FAILED and probe["baseline_ar"] == 0.0 and probe["ar"] > 0
-    (failed,) = events_of(pod, "check_failed", gpu=0)
-    assert failed["reason"].startswith("probe: AR ") and "above baseline 0.0000" in failed["reason"]
-    assert "probe: AR " in events_of(pod, "pod_failed")[0]["reason"]
-    index = CheckpointIndex(pod)
-    verdicts = {r["sha256"]: r["verdict"] for r in index.for_gpu(0)}
-    assert verdicts[probe["sha256"]] == "failed"        # rollback would never restore it
-    assert not (pod / probe["checkpoint"]).exists() or "retained" not in probe["checkpoint"]
-
-
-def test_a_failed_probe_at_stage_2_rolls_back_past_the_probed_checkpoint(tmp_path, launchers):
-    pod = probe_pod(tmp_path, {"every": 1, "band": 1e9})
-    first = Launcher(pod, "--stage", "1", "--gpus", "0", "--max-steps", "10")
-    launchers.append(first)
-    assert first.wait(120) == 0, first.output()
-    passed = [r for r in CheckpointIndex(pod).for_gpu(0) if r["verdict"] == "passed"]
-    assert passed, "stage 1 left no passed checkpoint"
-    criteria = pod / "manifests" / "trusted_loss.yaml"
-    criteria.write_text(yaml.safe_dump({**TEST_CRITERIA, "probe": {"every": 1, "band": 0.0}}))
-    (pod / "logs" / "probe_baselines.json").write_text(json.dumps({"2": {"0": {"ar": 0.0}}}))
-    second = Launcher(pod, "--stage", "2", "--gpus", "0", "--no-canary")
-    launchers.append(second)
-    wait_for(lambda: events_of(pod, "pod_running", after="rollback"), 120, "the rollback")
-    os.killpg(second.proc.pid, signal.SIGTERM)
-    assert second.wait(60) == 0, second.output()
-    (failed_probe,) = events_of(pod, "probe", gpu=0, stage=2, status=FAILED)
-    assert failed_probe["status"] == FAILED
-    (rollback,) = events_of(pod, "rollback", gpu=0)
-    assert (rollback["from_stage"], rollback["to_stage"]) == (2, 1)
-    assert rollback["reason"].startswith("probe: AR ")
-    verdicts = {r["sha256"]: r for r in CheckpointIndex(pod).for_gpu(0)}
-    assert verdicts[failed_probe["sha256"]]["verdict"] == "failed"
-    # Restored: a stage-1 checkpoint older than the one the probe failed.
-    assert rollback["to_token"] < verdicts[failed_probe["sha256"]]["next_token"]
 
 
 def test_a_probe_after_a_phase_switch_is_not_judged_against_phase_ones_baseline(tmp_path):
