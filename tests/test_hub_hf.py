@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 from huggingface_hub import HfApi
 
-from launcher.hub import HubError, IntegrityError, PushConflict, RetryPolicy, open_store
+from launcher.hub import HubError, IntegrityError, RetryPolicy, open_store
 from tests.support.hub_repo import Blob, git_oid
+from tests.support.hub_writers import second_writer_is_refused
+from tests.support.pod_files import MANIFEST, write_file
 from tests.support.hub_server import TEST_TOKEN, test_hub  # noqa: F401  (pytest fixture)
 
 # The client itself sends raw upload bodies with httpx's deprecated `data=`: not ours to fix.
@@ -19,18 +21,20 @@ pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationW
 REPO = "fractus/run-1"
 FAST = RetryPolicy(attempts=4, base_delay_s=0.01, max_delay_s=0.05)
 CKPTS = [f"checkpoints/fractus_1b_gpu{i}.pt" for i in range(8)]
-MANIFEST = "checkpoints/RESUME_MANIFEST_8GPU.json"
-
-
-def _write(pod: Path, rel: str, data: bytes) -> Path:
-    path = pod / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    return path
 
 
 def _store(hub, pod: Path, **kw):
     return open_store(f"hf://{REPO}", pod, retry=kw.pop("retry", FAST), **kw)
+
+
+def _pushed_once(hub, tmp_path):
+    """A store whose first push (a 1 MiB checkpoint) landed, and how many commits the hub
+    holds after it."""
+    pod = tmp_path / "pod"
+    write_file(pod, CKPTS[0], os.urandom(1 << 20))
+    store = _store(hub, pod)
+    store.push([CKPTS[0]], "first")
+    return store, len(hub.commits(REPO))
 
 
 def _leftovers(pod: Path) -> list[Path]:
@@ -40,14 +44,14 @@ def _leftovers(pod: Path) -> list[Path]:
 
 def test_round_trip_creates_a_private_repo_and_pins_the_revision(test_hub, tmp_path):
     pod = tmp_path / "pod"
-    _write(pod, CKPTS[0], os.urandom(3 << 20))  # a .pt: goes through the LFS batch API
-    _write(pod, MANIFEST, b'{"gpu_0": {"start_token": 123}}')  # small text: a regular file
+    write_file(pod, CKPTS[0], os.urandom(3 << 20))  # a .pt: goes through the LFS batch API
+    write_file(pod, MANIFEST, b'{"gpu_0": {"start_token": 123}}')  # small text: a regular file
     store = _store(test_hub, pod)
     assert store.head() is None and store.history() == []
 
     rev1 = store.push([CKPTS[0], MANIFEST], "sync 1")
     v1 = (pod / CKPTS[0]).read_bytes()
-    _write(pod, CKPTS[0], os.urandom(3 << 20))
+    write_file(pod, CKPTS[0], os.urandom(3 << 20))
     rev2 = store.push([CKPTS[0]], "sync 2")
 
     assert test_hub.state.repo("model", REPO).private
@@ -70,8 +74,8 @@ def test_round_trip_creates_a_private_repo_and_pins_the_revision(test_hub, tmp_p
 def test_push_of_eight_checkpoints_and_manifest_is_one_commit(test_hub, tmp_path):
     pod = tmp_path / "pod"
     for i, rel in enumerate(CKPTS):
-        _write(pod, rel, os.urandom((1 << 20) + i))
-    _write(pod, MANIFEST, json.dumps({f"gpu_{i}": {"start_token": i * 1000} for i in range(8)}).encode())
+        write_file(pod, rel, os.urandom((1 << 20) + i))
+    write_file(pod, MANIFEST, json.dumps({f"gpu_{i}": {"start_token": i * 1000} for i in range(8)}).encode())
     store = _store(test_hub, pod)
     store.push([MANIFEST], "before")
     before = len(test_hub.commits(REPO))
@@ -93,26 +97,18 @@ def test_push_of_eight_checkpoints_and_manifest_is_one_commit(test_hub, tmp_path
 def test_parent_commit_stops_a_second_writer_overwriting_the_manifest(test_hub, tmp_path):
     pod_a, pod_b = tmp_path / "a", tmp_path / "b"
     a, b = _store(test_hub, pod_a), _store(test_hub, pod_b)
-    _write(pod_a, MANIFEST, b'{"writer": "A", "n": 1}')
-    rev0 = a.push([MANIFEST], "A 1")
-    _write(pod_a, MANIFEST, b'{"writer": "A", "n": 2}')
-    rev1 = a.push([MANIFEST], "A 2")
-
-    _write(pod_b, MANIFEST, b'{"writer": "B"}')
-    with pytest.raises(PushConflict, match=MANIFEST):
-        b.push([MANIFEST], "B", base=rev0)
-    assert a.head() == rev1
-    assert test_hub.commits(REPO)[0].tree[MANIFEST].content == b'{"writer": "A", "n": 2}'
+    second_writer_is_refused(a, pod_a, b, pod_b)
+    assert test_hub.commits(REPO)[0].tree[MANIFEST].content == (pod_a / MANIFEST).read_bytes()
 
 
 def test_racing_writer_on_other_paths_is_rebased_not_lost(test_hub, tmp_path):
     """Writer B's commit names the head it read; A commits first; B re-reads and re-applies."""
     pod_a, pod_b = tmp_path / "a", tmp_path / "b"
     a, b = _store(test_hub, pod_a), _store(test_hub, pod_b)
-    _write(pod_a, CKPTS[0], b"A0" * 1000)
+    write_file(pod_a, CKPTS[0], b"A0" * 1000)
     a.push([CKPTS[0]], "A first")
-    _write(pod_a, CKPTS[1], b"A1" * 1000)
-    _write(pod_b, CKPTS[2], b"B2" * 1000)
+    write_file(pod_a, CKPTS[1], b"A1" * 1000)
+    write_file(pod_b, CKPTS[2], b"B2" * 1000)
     racer = threading.Thread(target=lambda: a.push([CKPTS[1]], "A races"))
     test_hub.faults.add("commit", "call", fn=lambda: (racer.start(), racer.join()))
 
@@ -125,11 +121,7 @@ def test_racing_writer_on_other_paths_is_rebased_not_lost(test_hub, tmp_path):
 
 
 def test_server_errors_are_retried_and_give_a_clear_error_when_they_persist(test_hub, tmp_path):
-    pod = tmp_path / "pod"
-    _write(pod, CKPTS[0], os.urandom(1 << 20))
-    store = _store(test_hub, pod)
-    store.push([CKPTS[0]], "first")
-    n = len(test_hub.commits(REPO))
+    store, n = _pushed_once(test_hub, tmp_path)
 
     test_hub.faults.add("commit", "status", count=2, status=500)
     test_hub.faults.add("repo_info", "status", count=1, status=503)
@@ -145,15 +137,15 @@ def test_server_errors_are_retried_and_give_a_clear_error_when_they_persist(test
 
 def test_push_checks_recorded_hashes_before_sending_a_byte(test_hub, tmp_path):
     pod = tmp_path / "pod"
-    good = _write(pod, CKPTS[0], os.urandom(2 << 20))
+    good = write_file(pod, CKPTS[0], os.urandom(2 << 20))
     recorded = hashlib.sha256(good.read_bytes()).hexdigest()
-    _write(pod, MANIFEST, b"{}")
+    write_file(pod, MANIFEST, b"{}")
     store = _store(test_hub, pod)
     rev = store.push([CKPTS[0], MANIFEST], "recorded", expected={CKPTS[0]: recorded})
     assert store.files(rev)[CKPTS[0]].sha256 == recorded
     n, uploads = len(test_hub.commits(REPO)), len(test_hub.routed("lfs_upload"))
 
-    _write(pod, CKPTS[1], os.urandom(2 << 20))          # bytes that are not the recorded ones
+    write_file(pod, CKPTS[1], os.urandom(2 << 20))          # bytes that are not the recorded ones
     with pytest.raises(IntegrityError, match="changed on disk") as err:
         store.push([CKPTS[1], MANIFEST], "damaged", expected={CKPTS[1]: recorded})
     assert "\n" not in str(err.value)
@@ -162,11 +154,7 @@ def test_push_checks_recorded_hashes_before_sending_a_byte(test_hub, tmp_path):
 
 
 def test_lost_commit_answer_is_not_committed_twice(test_hub, tmp_path):
-    pod = tmp_path / "pod"
-    _write(pod, CKPTS[0], os.urandom(1 << 20))
-    store = _store(test_hub, pod)
-    store.push([CKPTS[0]], "first")
-    n = len(test_hub.commits(REPO))
+    store, n = _pushed_once(test_hub, tmp_path)
     test_hub.faults.add("commit", "drop_after")  # the commit lands, its answer is lost
     test_hub.faults.add("preupload", "drop")  # and a connection drops before it
 
@@ -179,7 +167,7 @@ def test_lost_commit_answer_is_not_committed_twice(test_hub, tmp_path):
 def test_download_cut_midway_is_fetched_again_and_verified(test_hub, tmp_path):
     pod = tmp_path / "pod"
     data = os.urandom(4 << 20)
-    _write(pod, CKPTS[0], data)
+    write_file(pod, CKPTS[0], data)
     rev = _store(test_hub, pod).push([CKPTS[0]], "one")
     test_hub.faults.add("resolve", "truncate", method="GET", path_contains=CKPTS[0])
 
@@ -195,7 +183,7 @@ def test_download_cut_midway_is_fetched_again_and_verified(test_hub, tmp_path):
 def test_corrupt_download_is_fetched_again_or_refused_never_used(test_hub, tmp_path):
     pod = tmp_path / "pod"
     data = os.urandom(2 << 20)
-    _write(pod, CKPTS[0], data)
+    write_file(pod, CKPTS[0], data)
     rev = _store(test_hub, pod).push([CKPTS[0]], "one")
     fresh = tmp_path / "fresh"
 
@@ -203,7 +191,7 @@ def test_corrupt_download_is_fetched_again_or_refused_never_used(test_hub, tmp_p
     _store(test_hub, fresh).pull([CKPTS[0]], revision=rev)
     assert (fresh / CKPTS[0]).read_bytes() == data
 
-    _write(fresh, CKPTS[0], b"older local weights")
+    write_file(fresh, CKPTS[0], b"older local weights")
     test_hub.faults.clear()
     test_hub.faults.add("resolve", "corrupt", method="GET", count=100, path_contains=CKPTS[0])
     with pytest.raises(IntegrityError, match="refused"):
@@ -219,7 +207,7 @@ def test_corrupt_download_is_fetched_again_or_refused_never_used(test_hub, tmp_p
 
 def test_slow_metadata_answer_times_out_and_is_retried(test_hub, tmp_path):
     pod = tmp_path / "pod"
-    _write(pod, CKPTS[0], os.urandom(1 << 20))
+    write_file(pod, CKPTS[0], os.urandom(1 << 20))
     rev = _store(test_hub, pod).push([CKPTS[0]], "one")
     test_hub.faults.add("resolve", "slow", method="HEAD", delay=2.0, path_contains=CKPTS[0])
     heads = len(test_hub.routed("resolve", "HEAD"))
@@ -233,7 +221,7 @@ def test_slow_metadata_answer_times_out_and_is_retried(test_hub, tmp_path):
 
 def test_an_index_naming_a_path_outside_the_pod_is_refused(test_hub, tmp_path):
     pod = tmp_path / "pod"
-    _write(pod, CKPTS[0], b"payload")
+    write_file(pod, CKPTS[0], b"payload")
     _store(test_hub, pod).push([CKPTS[0]], "one")
     repo = test_hub.state.repo("model", REPO)
     index = json.loads(repo.resolve("main").tree["hub_index.json"].content)
@@ -255,7 +243,7 @@ def test_missing_repo_and_dataset_urls(test_hub, tmp_path):
     with pytest.raises(HubError, match="unknown revision"):
         store.pull()
     pod = tmp_path / "pod"
-    _write(pod, "data/shard_phase2_gpu0.npy", os.urandom(4096))
+    write_file(pod, "data/shard_phase2_gpu0.npy", os.urandom(4096))
     ds = open_store("hf://datasets/fractus/shards", pod, retry=FAST)
     rev = ds.push(["data/shard_phase2_gpu0.npy"], "shards")
     assert test_hub.state.repo("dataset", "fractus/shards").resolve("main").oid == rev
@@ -265,8 +253,8 @@ def test_token_never_appears_in_logs_errors_or_files(test_hub, tmp_path, caplog,
     caplog.set_level("DEBUG")
     caplog.set_level("DEBUG", logger="huggingface_hub")
     pod = tmp_path / "pod"
-    _write(pod, CKPTS[0], os.urandom(2 << 20))
-    _write(pod, MANIFEST, b"{}")
+    write_file(pod, CKPTS[0], os.urandom(2 << 20))
+    write_file(pod, MANIFEST, b"{}")
     store = _store(test_hub, pod)
     messages = [repr(store)]
     rev = store.push([CKPTS[0], MANIFEST], "sync")
@@ -298,7 +286,7 @@ def test_token_from_the_clients_login_cache_when_hf_token_is_unset(test_hub, tmp
 
     monkeypatch.delenv("HF_TOKEN")
     pod = tmp_path / "pod"
-    _write(pod, MANIFEST, b"{}")
+    write_file(pod, MANIFEST, b"{}")
     with pytest.raises(HubError, match="HTTP 401"):
         _store(test_hub, pod).push([MANIFEST], "no token anywhere")
     token_file = Path(constants.HF_TOKEN_PATH)  # the fixture points it into tmp_path
@@ -311,8 +299,8 @@ def test_token_from_the_clients_login_cache_when_hf_token_is_unset(test_hub, tmp
 def test_test_hub_answers_tree_and_repo_info_like_the_hub(test_hub, tmp_path):
     """The listing calls a launcher may use to inspect a run (HfApi.list_repo_tree, model_info)."""
     pod = tmp_path / "pod"
-    _write(pod, CKPTS[0], os.urandom(1 << 20))
-    _write(pod, MANIFEST, b"{}")
+    write_file(pod, CKPTS[0], os.urandom(1 << 20))
+    write_file(pod, MANIFEST, b"{}")
     rev = _store(test_hub, pod).push([CKPTS[0], MANIFEST], "one")
     api = HfApi(endpoint=test_hub.url)
 

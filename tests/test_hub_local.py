@@ -7,18 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from launcher.hub import HubError, IntegrityError, PushConflict, open_store
+from launcher.hub import HubError, IntegrityError, open_store
 from launcher.hub.local import FileStore
+from tests.support.hub_writers import second_writer_is_refused
+from tests.support.pod_files import MANIFEST, write_file
 
 CKPT = "checkpoints/fractus_1b_gpu0.pt"
-MANIFEST = "checkpoints/RESUME_MANIFEST_8GPU.json"
-
-
-def _write(pod: Path, rel: str, data: bytes) -> Path:
-    path = pod / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    return path
 
 
 @pytest.fixture
@@ -40,10 +34,10 @@ def test_url_dispatch_resolves_relative_paths_against_the_pod(pod, tmp_path):
 def test_revisions_history_and_pinned_pulls(pod, tmp_path):
     store = open_store("file://hub", pod)
     assert store.head() is None and store.history() == [] and store.files() == {}
-    _write(pod, CKPT, b"weights v1")
-    _write(pod, MANIFEST, b'{"gpu_0": {"start_token": 10}}')
+    write_file(pod, CKPT, b"weights v1")
+    write_file(pod, MANIFEST, b'{"gpu_0": {"start_token": 10}}')
     rev1 = store.push([CKPT, MANIFEST], "sync 1")
-    _write(pod, CKPT, b"weights v2, longer")
+    write_file(pod, CKPT, b"weights v2, longer")
     rev2 = store.push([CKPT], "sync 2")
 
     assert rev1 != rev2 and store.head() == rev2
@@ -74,7 +68,7 @@ def test_push_is_one_commit_and_a_failed_push_commits_nothing(pod):
     store = open_store("file://hub", pod)
     rels = [f"checkpoints/fractus_1b_gpu{i}.pt" for i in range(8)] + [MANIFEST]
     for i, rel in enumerate(rels):
-        _write(pod, rel, os.urandom(1000 + i))
+        write_file(pod, rel, os.urandom(1000 + i))
     rev = store.push(rels, "all GPUs")
     assert [h.revision for h in store.history()] == [rev]
     assert set(store.files(rev)) == set(rels)
@@ -87,10 +81,10 @@ def test_push_is_one_commit_and_a_failed_push_commits_nothing(pod):
 def test_push_checks_recorded_hashes_in_the_copy_and_commits_nothing_on_a_mismatch(pod):
     import hashlib
     store = open_store("file://hub", pod)
-    _write(pod, MANIFEST, b"{}")
-    recorded = hashlib.sha256(_write(pod, CKPT, os.urandom(5000)).read_bytes()).hexdigest()
+    write_file(pod, MANIFEST, b"{}")
+    recorded = hashlib.sha256(write_file(pod, CKPT, os.urandom(5000)).read_bytes()).hexdigest()
     rev = store.push([CKPT, MANIFEST], "recorded", expected={CKPT: recorded})
-    _write(pod, CKPT, b"other bytes")
+    write_file(pod, CKPT, b"other bytes")
     with pytest.raises(IntegrityError, match="changed on disk"):
         store.push([CKPT, MANIFEST], "damaged", expected={CKPT: recorded})
     assert store.head() == rev and len(store.history()) == 1
@@ -98,7 +92,7 @@ def test_push_checks_recorded_hashes_in_the_copy_and_commits_nothing_on_a_mismat
 
 def test_pull_keeps_matching_files_and_replaces_damaged_ones(pod, tmp_path):
     store = open_store("file://hub", pod)
-    _write(pod, CKPT, b"good bytes")
+    write_file(pod, CKPT, b"good bytes")
     rev = store.push([CKPT], "one")
     inode = (pod / CKPT).stat().st_ino
     store.pull([CKPT], revision=rev)
@@ -111,7 +105,7 @@ def test_pull_keeps_matching_files_and_replaces_damaged_ones(pod, tmp_path):
 
 def test_corrupt_object_is_refused_and_nothing_is_installed(pod, tmp_path):
     store = open_store("file://hub", pod)
-    _write(pod, CKPT, b"the real weights")
+    write_file(pod, CKPT, b"the real weights")
     rev = store.push([CKPT], "one")
     obj = pod / "hub" / "objects" / store.files(rev)[CKPT].sha256[:2] / store.files(rev)[CKPT].sha256
     os.chmod(obj, 0o644)
@@ -123,7 +117,7 @@ def test_corrupt_object_is_refused_and_nothing_is_installed(pod, tmp_path):
     assert not (fresh / CKPT).exists()
     assert [p for p in fresh.rglob("*") if p.is_file()] == []
 
-    _write(fresh, CKPT, b"older weights kept")
+    write_file(fresh, CKPT, b"older weights kept")
     with pytest.raises(IntegrityError):
         open_store(f"file://{pod / 'hub'}", fresh).pull([CKPT], revision=rev)
     assert (fresh / CKPT).read_bytes() == b"older weights kept"
@@ -131,7 +125,7 @@ def test_corrupt_object_is_refused_and_nothing_is_installed(pod, tmp_path):
 
 def test_corrupt_commit_record_is_refused(pod):
     store = open_store("file://hub", pod)
-    _write(pod, CKPT, b"x")
+    write_file(pod, CKPT, b"x")
     rev = store.push([CKPT], "one")
     record = pod / "hub" / "commits" / f"{rev}.json"
     record.write_text(record.read_text().replace('"one"', '"two"'))
@@ -142,7 +136,7 @@ def test_corrupt_commit_record_is_refused(pod):
 @pytest.mark.parametrize("bad", ["../escape.pt", "/etc/passwd", "checkpoints/../../x", "a\\..\\b", ""])
 def test_paths_outside_the_pod_are_refused(pod, bad):
     store = open_store("file://hub", pod)
-    _write(pod, CKPT, b"x")
+    write_file(pod, CKPT, b"x")
     with pytest.raises(ValueError):
         store.push({bad: pod / CKPT}, "escape")
     store.push([CKPT], "ok")
@@ -156,7 +150,7 @@ def test_paths_outside_the_pod_are_refused(pod, bad):
 def test_an_index_naming_a_path_outside_the_pod_is_refused(pod, tmp_path):
     """A commit record whose index says '../x' (crafted, but correctly hashed) is not followed."""
     store = open_store("file://hub", pod)
-    _write(pod, CKPT, b"payload")
+    write_file(pod, CKPT, b"payload")
     rev = store.push([CKPT], "one")
     record = json.loads((pod / "hub" / "commits" / f"{rev}.json").read_text())
     index = json.loads(record["index"])
@@ -174,7 +168,7 @@ def test_an_index_naming_a_path_outside_the_pod_is_refused(pod, tmp_path):
 
 def test_symlink_escaping_the_pod_is_refused(pod, tmp_path):
     store = open_store("file://hub", pod)
-    _write(pod, CKPT, b"x")
+    write_file(pod, CKPT, b"x")
     rev = store.push([CKPT], "one")
     fresh, outside = tmp_path / "fresh", tmp_path / "outside"
     fresh.mkdir()
@@ -189,19 +183,10 @@ def test_two_writers_cannot_silently_overwrite_each_other(pod, tmp_path):
     pod_b = tmp_path / "pod_b"
     a = open_store("file://hub", pod)
     b = open_store(f"file://{pod / 'hub'}", pod_b)
-    _write(pod, MANIFEST, b"manifest from A, first")
-    rev0 = a.push([MANIFEST], "A first")
-    _write(pod, MANIFEST, b"manifest from A, second")
-    rev1 = a.push([MANIFEST], "A second")
-
-    # B still believes the store is at rev0: its manifest would overwrite A's newer one.
-    _write(pod_b, MANIFEST, b"manifest from B")
-    with pytest.raises(PushConflict, match=MANIFEST):
-        b.push([MANIFEST], "B", base=rev0)
-    assert a.head() == rev1
+    rev0, rev1 = second_writer_is_refused(a, pod, b, pod_b)
 
     # A change to other paths is re-applied on top of A's work, keeping both.
-    _write(pod_b, CKPT, b"B's checkpoint")
+    write_file(pod_b, CKPT, b"B's checkpoint")
     rev2 = b.push([CKPT], "B checkpoint", base=rev0)
     assert a.history()[0].revision == rev2 and a.history()[1].revision == rev1
     assert set(a.files(rev2)) == {MANIFEST, CKPT}

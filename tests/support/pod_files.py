@@ -1,10 +1,19 @@
-"""A pod's files as tests read them: the manifest's path and every file's bytes."""
+"""A pod's files as tests read and write them: the manifest's path, a file written under the
+pod, and every file's bytes."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 MANIFEST = "checkpoints/RESUME_MANIFEST_8GPU.json"
+
+
+def write_file(pod: Path, rel: str, data: bytes) -> Path:
+    """`data` at `rel` under the pod, its folders made: the path."""
+    path = pod / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
 
 
 def tree(pod: Path) -> dict[str, bytes | None]:
