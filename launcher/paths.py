@@ -56,3 +56,5 @@ MERGED_PATH = "checkpoints/FRACTUS_1B_8GPU_MERGED.pt"
 HUB_SCRATCH_DIR = ".fractus_hub"     # the store's downloads in progress
 HELD_FILE = "logs/hub_lease.json"    # the hub writer lease this pod took
 NODE_LEASE_DIR = "logs/.node_lease"  # on a Ray node: the lease file of a push in flight
+# On the hub: a Ray node's save pushed before its probe (launcher/supervise/ray_recovery.py)
+RECOVERY_HUB_DIR = "recovery"

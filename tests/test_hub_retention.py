@@ -363,3 +363,32 @@ def test_a_ledger_a_crash_emptied_is_read_again_from_the_hub(tmp_path, capsys):
     assert {sha for sha in store.stored_objects() if sha in named} == kept
     ledger = json.loads((pod / "logs" / "hub_ledger.json").read_text())
     assert ledger["order"] == history and set(ledger["revisions"]) == set(history)
+
+
+def test_only_the_newest_recovery_copy_is_kept_and_it_evicts_no_push(tmp_path, capsys):
+    """A Ray node pushes every save at once as a recovery copy (recovery/<path>): each of
+    those commits names new bytes, yet none is a push that `keep` counts (no passed push is
+    evicted by them), and of the recovery copies only those the newest revision names stay."""
+    from launcher.hub.lease import pod_id, push_as_writer
+    from launcher.supervise.ray_recovery import recovery_path
+    hub_url = f"file://{tmp_path / 'store'}"
+    pod = make_pod(tmp_path, hub_url, {"keep": 3})
+    store = open_store(hub_url, pod)
+    pushes = []
+    for token in (1000, 2000):
+        new_checkpoints(pod, token)
+        pushes.append(push(pod, capsys))
+    hub_path = recovery_path(load_config(pod).checkpoint_path(0))
+    copies = []
+    for n in range(3):
+        blob = tmp_path / f"save{n}.pt"
+        blob.write_bytes(os.urandom(CKPT_BYTES))
+        copies.append(sha256_file(blob))
+        push_as_writer(store, {hub_path: blob}, "recovery copy", None,
+                       tmp_path / "lease", pod_id(pod))
+    new_checkpoints(pod, 3000)
+    pushes.append(push(pod, capsys))
+    held = set(store.stored_objects())
+    for revision in pushes:                     # keep 3: all three passed pushes
+        assert set(checkpoint_objects(store, revision)) <= held
+    assert copies[-1] in held and not {copies[0], copies[1]} & held

@@ -9,7 +9,11 @@ launcher/config/retention_settings.py) keeps:
   phases the pushed manifest records differ in the next push) and every merged brain object,
 - every revision named in `pins`,
 - the objects the pushed manifest and the pod's own manifest name (after a rollback it
-  names older bytes, which a recovery pulls from the hub), whatever else the policy says.
+  names older bytes, which a recovery pulls from the hub), whatever else the policy says,
+- of the recovery copies a Ray pod's nodes push at every save (`recovery/...`,
+  launcher/supervise/ray_recovery.py), only those the newest revision names: the newest
+  per GPU. They are no pushes of their own (a revision that only adds one names the same
+  checkpoints as its parent), so they never push a passed checkpoint out of `keep`.
 Every other checkpoint object that some revision names is deleted for real through the
 store (hf://: `list_lfs_files` + `permanently_delete_lfs_files`; file://: unlink). Only
 objects some revision names are candidates: an object a concurrent push uploaded but has not
@@ -30,7 +34,7 @@ from pathlib import Path
 
 from launcher.config.retention_settings import RetentionSettings, human_bytes
 from launcher.files import read_json_state, write_json_state
-from launcher.paths import MERGED_PATH
+from launcher.paths import MERGED_PATH, RECOVERY_HUB_DIR
 
 from .integrity import HubError
 
@@ -49,18 +53,31 @@ class RevisionFacts:
     stages: tuple[int, ...]         # the distinct stages its manifest's GPUs record
     merged: str | None              # sha256 of the merged brain it names, if any
     phases: tuple[int, ...] = ()    # the distinct data phases its manifest's GPUs are in
+    # sha256 -> size of each recovery copy it names (not in `objects`: no push of its own)
+    recovery: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {"objects": self.objects, "stages": list(self.stages), "merged": self.merged,
-                "phases": list(self.phases)}
+                "phases": list(self.phases), "recovery": self.recovery}
 
     @classmethod
     def from_json(cls, doc: dict) -> "RevisionFacts":
         """KeyError for an entry without a key (a ledger written before phases were
-        recorded): it is read again from the hub, as a damaged one."""
+        recorded): it is read again from the hub, as a damaged one. One without recovery
+        copies names none (entries before them were of revisions without any)."""
         objects = {str(k): int(v) for k, v in dict(doc["objects"]).items()}
+        recovery = {str(k): int(v) for k, v in dict(doc.get("recovery") or {}).items()}
         return cls(objects, tuple(int(s) for s in doc["stages"]), doc.get("merged"),
-                   tuple(int(p) for p in doc["phases"]))
+                   tuple(int(p) for p in doc["phases"]), recovery)
+
+
+def _checkpoint_objects(index: dict) -> tuple[dict[str, int], dict[str, int]]:
+    """(checkpoint objects, recovery-copy objects) of a revision's index: sha256 -> size."""
+    objects, recovery = {}, {}
+    for path, e in index.items():
+        if path.endswith(CHECKPOINT_SUFFIXES):
+            (recovery if path.startswith(RECOVERY_HUB_DIR + "/") else objects)[e.sha256] = e.size
+    return objects, recovery
 
 
 @dataclass
@@ -83,8 +100,7 @@ def revision_facts(store, revision: str, manifest_path: str) -> RevisionFacts:
     """Read from the hub: the revision's index and the stages its manifest records."""
     from launcher.pod.manifest import ManifestError, read_manifest
     index = store.files(revision)
-    objects = {e.sha256: e.size for path, e in index.items()
-               if path.endswith(CHECKPOINT_SUFFIXES)}
+    objects, recovery = _checkpoint_objects(index)
     merged = index[MERGED_PATH].sha256 if MERGED_PATH in index else None
     stages: tuple[int, ...] = ()
     phases: tuple[int, ...] = ()
@@ -96,18 +112,17 @@ def revision_facts(store, revision: str, manifest_path: str) -> RevisionFacts:
                     tuple(manifest.recorded_phases())
             except ManifestError:
                 pass                 # a manifest the launcher cannot read names no stage
-    return RevisionFacts(objects, stages, merged, phases)
+    return RevisionFacts(objects, stages, merged, phases, recovery)
 
 
 def pushed_facts(store, revision: str, manifest) -> RevisionFacts:
     """The facts of a revision this pod just pushed: its index (the store has it at hand
     after the push) and the stages of the manifest it sent (`manifest`), not read back."""
     index = store.files(revision)
-    return RevisionFacts({e.sha256: e.size for path, e in index.items()
-                          if path.endswith(CHECKPOINT_SUFFIXES)},
-                         tuple(manifest.recorded_stages()),
+    objects, recovery = _checkpoint_objects(index)
+    return RevisionFacts(objects, tuple(manifest.recorded_stages()),
                          index[MERGED_PATH].sha256 if MERGED_PATH in index else None,
-                         tuple(manifest.recorded_phases()))
+                         tuple(manifest.recorded_phases()), recovery)
 
 
 def load_history(store, pod_dir: Path, manifest_path: str,
@@ -179,7 +194,9 @@ def plan(store, settings: RetentionSettings, pod_dir: Path, manifest_path: str,
     for rev in out.kept:
         out.needed.update(facts[rev].objects)
     out.needed.update(protected)
-    named = {sha for f in facts.values() for sha in f.objects}
+    if revisions:                    # the newest recovery copy of each GPU, no older one
+        out.needed.update(facts[revisions[0]].recovery)
+    named = {sha for f in facts.values() for sha in (*f.objects, *f.recovery)}
     out.delete = {sha: size for sha, size in out.stored.items()
                   if sha in named and sha not in out.needed}
     return out
