@@ -68,6 +68,11 @@ class CheckpointCustodian:
         copy (None: nothing). `launch`: its entry at launch."""
         return self.hub_copy(gpu)
 
+    def resume_copy(self, gpu: int) -> dict | None:
+        """What a GPU whose node was lost resumes from: its hub copy, unless a newer
+        trustworthy one is on the hub (Ray: its recovery copy, RayCustodian)."""
+        return self.hub_copy(gpu)
+
     def take_pushed(self) -> list[dict]:
         """Checkpoints the nodes pushed since the last call: hub_copy records plus "node"."""
         return []

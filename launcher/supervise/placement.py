@@ -1,5 +1,6 @@
 """Node loss and placement (a remote backend): a GPU whose machine is gone, with its disk,
-resumes from its newest passed checkpoint on the hub (else where it stood at launch),
+resumes from its newest checkpoint on the hub (its newest passed one, or on Ray a newer
+recovery copy: launcher/supervise/ray_recovery.py; else where it stood at launch),
 exactly at that checkpoint's tokens, once a node has a free device for it; until then it
 waits, visibly."""
 
@@ -28,7 +29,7 @@ class NodePlacement:
             pod.index.mark(gpu, record["sha256"], CK_FAILED, f"lost with node {run.node}")
         lost = pod.manifest.entries.get(gpu)
         from_token = lost.start_token if lost else None
-        target = pod.custodian.hub_copy(gpu)
+        target = pod.custodian.resume_copy(gpu)     # the newest trustworthy copy on the hub
         if target is not None:
             apply_rollback(pod.manifest, gpu, target, pod.stage)
             pod.manifest.note_hub_revision(gpu, target["hub_revision"], target["sha256"])

@@ -19,8 +19,10 @@ A node lost (Ray reports the GPU's actor dead: `ActorDiedError`) ends the GPU's 
 with `WorkerExit(node_lost=True)` once the node has fenced itself for certain
 (launcher/supervise/ray_fence.py: no heartbeat for `fence_s`, then the worker's grace); the
 supervisor then resumes the GPU from its newest passed checkpoint on the hub (the
-custodian's `hub_copy`) on a node with a free device (`can_place`), or it waits until a
-node joins.
+custodian's `hub_copy`), or from its recovery copy when that is newer (`resume_copy`: every
+save is pushed at once, before any probe, by a process on its node:
+launcher/supervise/ray_recovery.py), on a node with a free device (`can_place`), or it
+waits until a node joins.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class RayHandle(WorkerHandle):
     read_to: int | None = None        # the byte of that file the launcher has read up to
     adopt_ref: object = None          # a replacement actor on the same node taking over
     adopt_by: float = 0.0             # ... answering by then (monotonic), else: lost
+    attempt: str | None = None        # this worker start's id, in its recovery copies
 
 
 class RayBackend(NodeAdoption, WorkerBackend):
@@ -120,6 +123,12 @@ class RayBackend(NodeAdoption, WorkerBackend):
         """The name of the node the GPU's worker was placed on (None: not placed yet)."""
         handle = self.handles.get(gpu)
         return handle.node if handle is not None else None
+
+    def attempt(self, gpu: int) -> str | None:
+        """The id of the GPU's last worker start, which its recovery copies carry (None: no
+        start answered yet); a lost GPU's is kept until it starts again."""
+        handle = self.handles.get(gpu)
+        return handle.attempt if handle is not None else None
 
     def log_file(self, gpu: int) -> None:
         return None             # on the worker's node (the head's has only _log's lines)
@@ -216,6 +225,7 @@ class RayBackend(NodeAdoption, WorkerBackend):
                 handle.ended = WorkerExit(1, error=error)
                 continue
             handle.pid, handle.node, handle.node_id = info["pid"], info["node"], info["node_id"]
+            handle.attempt = info.get("attempt")
             self.heartbeat.heard(handle.actor)
             self.events.emit("worker_placed", gpu=handle.gpu, node=info["node"],
                              pid=info["pid"], workdir=info["workdir"])

@@ -4,12 +4,13 @@ Each node retains its GPU's checkpoints, fetches what its worker resumes from, a
 them (launcher/supervise/ray_node.py). This is the head's side: a checkpoint that passes is
 pushed to the hub by the node that holds it (NodePushes, launcher/supervise/ray_pushes.py),
 the revisions it pushed are handed to the supervisor (`take_pushed`), a GPU whose node was
-lost resumes from its hub copy (`hub_copy`), and AR probes run on the nodes (`NodeProbes`,
+lost resumes from its hub copy (`hub_copy`) or its newer recovery copy (`resume_copy`,
+launcher/supervise/ray_recovery.py), and AR probes run on the nodes (`NodeProbes`,
 launcher/supervise/ray_probes.py). A push refused because another pod took the run over is
 recorded in the run's one lease (`lease`, which the hub sync shares): no node pushes again.
 
-It reaches the nodes only through RayBackend's narrow accessor: `actor(gpu)` and
-`node(gpu)`, the driver (`ray`), and `on_lost` (a GPU's node was lost: its queued push is
+It reaches the nodes only through RayBackend's narrow accessor: `actor(gpu)`, `node(gpu)`
+and `attempt(gpu)` (the worker start its recovery copies carry), the driver (`ray`), and `on_lost` (a GPU's node was lost: its queued push is
 dropped, never sent from the node that replaces it).
 """
 

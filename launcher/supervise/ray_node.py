@@ -82,6 +82,7 @@ class NodeWorker:
         self.offset, self.partial = 0, b""
         self.lock = threading.Lock()      # poll and push run on two actor threads
         self.resume_file: Path | None = None   # held for the stage's baseline probe
+        self.pushers: list[subprocess.Popen] = []   # recovery pushers (ray_recovery.py)
         # Set once start() has placed the worker: the actor's methods run on several
         # threads, and a probe of the resume checkpoint must wait for its pull and hold.
         self.placed = threading.Event()
@@ -107,6 +108,7 @@ class NodeWorker:
         fetched = self._ensure_shards(shards)
         pulled = self._ensure_checkpoint(checkpoint) if checkpoint else False
         if checkpoint:
+            self._check_recovery_copy(checkpoint, settings)
             self._hold_resume(self.workdir / checkpoint["path"])
         # Scrubbed here, on the node's own environment; `keep`: the names the pod config
         # passes (pass_env), taken from this node's environment as on one machine.
@@ -125,8 +127,32 @@ class NodeWorker:
                 self.proc = child.spawn(self.command, cwd=self.workdir, env=env, keep=keep,
                                         stdout=log, stderr=subprocess.STDOUT,
                                         death_signal=signal.SIGTERM)
+            attempt = self._start_recovery_pushes(settings, log_path)
         return {"pid": self.proc.pid, "node": self.node, "node_id": self.node_id,
-                "workdir": str(self.workdir), "pulled": pulled, "fetched": fetched}
+                "workdir": str(self.workdir), "pulled": pulled, "fetched": fetched,
+                "attempt": attempt}
+
+    def _start_recovery_pushes(self, settings: dict[str, str], log_path: Path) -> str | None:
+        """The pusher of this worker start's saves (launcher/supervise/ray_recovery.py), in
+        a process that outlives this actor; the start's id, which its pushes carry."""
+        import psutil
+
+        from launcher.supervise.ray_recovery import new_attempt, start_pusher
+        self.pushers = [p for p in self.pushers if p.poll() is None]     # reap the ended
+        if not (self.hub_url and self.writer):
+            return None
+        attempt = new_attempt()
+        try:
+            create_time = psutil.Process(self.proc.pid).create_time()
+        except psutil.NoSuchProcess:
+            return None             # ended at once: nothing it saved to push
+        self.pushers.append(start_pusher(
+            {"gpu": self.gpu, "workdir": str(self.workdir), "metrics": settings["METRICS"],
+             "offset": self.offset, "pid": self.proc.pid, "create_time": create_time,
+             "hub_url": self.hub_url, "writer": self.writer, "attempt": attempt,
+             "run_id": settings.get("RUN_ID"), "node": self.node},
+            self.workdir, log_path))
+        return attempt
 
     def heartbeat(self) -> None:
         """The launcher is there (RayBackend's heartbeat thread, every HEARTBEAT_S)."""
@@ -298,6 +324,16 @@ class NodeWorker:
         from launcher.config.data_settings import DataSource
         from launcher.hub.fetch import ensure_shards
         return ensure_shards(list(shards), DataSource(**self.data), self.workdir)
+
+    def _check_recovery_copy(self, checkpoint: dict, settings: dict[str, str]) -> None:
+        """A recovery copy (pushed before any probe) is checked again before a worker
+        resumes from it: it loads weights-only, is this GPU's, of this run, at the entry's
+        token, with finite weights (ValueError, one line: the start fails)."""
+        from launcher.supervise.ray_recovery import check_save, is_recovery
+        if is_recovery(checkpoint["path"]):
+            token = settings.get("START_TOKEN")
+            check_save(self.workdir / checkpoint["path"], self.gpu, settings.get("RUN_ID"),
+                       int(token) if token else None)
 
     def _ensure_checkpoint(self, checkpoint: dict) -> bool:
         """The checkpoint's bytes at its path on this disk: kept if already there, else

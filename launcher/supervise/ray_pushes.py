@@ -3,9 +3,11 @@
 `RayCustodian` (launcher/supervise/ray_custodian.py) queues each GPU's newest passed checkpoint
 (`on_passed`: only the newest goes up), asks that GPU's actor to push it, harvests the
 revisions once per poll, and hands them to the supervisor (`take_pushed`), which records
-them in the manifest; `hub_copy` is what a GPU whose node was lost resumes from. A push
-refused because another pod took the run over stops every node's pushes (the run's lease,
-`RunLease` in launcher/hub/sync.py, shared with the hub sync; launcher/hub/lease.py).
+them in the manifest; `resume_copy` is what a GPU whose node was lost resumes from: its
+passed `hub_copy`, or the recovery copy of its lost worker when newer
+(launcher/supervise/ray_recovery.py). A push refused because another pod took the run over
+stops every node's pushes (the run's lease, `RunLease` in launcher/hub/sync.py, shared with
+the hub sync; launcher/hub/lease.py).
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ class _Push:
 
 
 class NodePushes:
-    """Mixed into RayCustodian, which provides `backend` (its `actor(gpu)` and `node(gpu)`),
-    `lease`, `config`, `events`, `ray` and `hub_url`."""
+    """Mixed into RayCustodian, which provides `backend` (its `actor(gpu)`, `node(gpu)` and
+    `attempt(gpu)`), `lease`, `config`, `events`, `ray`, `hub_url` and `pod_dir`."""
 
     def init_pushes(self) -> None:
         self.queued: dict[int, dict] = {}       # gpu -> newest passed record to push
@@ -85,3 +87,34 @@ class NodePushes:
 
     def hub_copy(self, gpu: int) -> dict | None:
         return self.on_hub.get(gpu)
+
+    def resume_copy(self, gpu: int) -> dict | None:
+        """A GPU whose node was lost: the newer of its newest passed hub copy and the
+        recovery copy its lost worker's node pushed (launcher/supervise/ray_recovery.py;
+        only one of that worker's start: `attempt`). A hub that cannot be read: the passed
+        copy, said in the events."""
+        from launcher.hub import HubError
+        from launcher.pod.manifest import event_position
+        from launcher.supervise.ray_recovery import read_recovery_copy
+        passed = self.hub_copy(gpu)
+        attempt = self.backend.attempt(gpu)
+        if not self.hub_url or attempt is None:
+            return passed
+        try:
+            recovery = read_recovery_copy(self.hub_url, self.pod_dir,
+                                          self.config.checkpoint_path(gpu), gpu, attempt)
+        except (HubError, OSError, ValueError) as exc:
+            from launcher.hub.redact import describe_error
+            self.events.emit("recovery_copy_unread", gpu=gpu, error=describe_error(exc),
+                             reason="the hub's recovery copy could not be read: the newest "
+                                    "passed copy serves")
+            return passed
+        if recovery is None or (passed is not None and
+                                event_position(recovery) <= event_position(passed)):
+            return passed
+        self.events.emit("recovery_copy", gpu=gpu, next_token=recovery["next_token"],
+                         hub_revision=recovery["hub_revision"], node=recovery.get("node"),
+                         passed_token=passed["next_token"] if passed else None,
+                         reason="newer than the newest passed copy: pushed when saved, "
+                                "not yet probed; checked again on the node before use")
+        return recovery

@@ -1,0 +1,110 @@
+"""Recovery copies of a Ray pod (launcher/supervise/ray_recovery.py) without a cluster: the
+node's pusher pushes each save of its worker at once, and the final one written after the
+worker ended, then exits; the launcher takes only its lost worker's copy, checked."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from launcher.hub import open_store
+from launcher.hub.lease import pod_id
+from launcher.pod.ckpt_index import sha256_file
+from launcher.supervise.ray_recovery import (RecoveryPusher, check_save, read_recovery_copy,
+                                             recovery_path)
+from tests.support.e2e import wait_for
+
+CKPT = "checkpoints/fractus_1b_gpu0.pt"
+
+
+def save(workdir: Path, token: int, value: float = 1.0) -> dict:
+    """A checkpoint of GPU 0 at `token` written as the worker does (rename), and its event."""
+    path = workdir / CKPT
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"model_state": {"w": torch.full((4,), value)}, "config": {"gpu": 0},
+                "train_state": {"gpu": 0, "next_token": token, "run_id": "run-a"},
+                "optimizer_state": {}}, tmp)
+    tmp.replace(path)
+    return {"type": "event", "event": "checkpoint", "path": str(path),
+            "sha256": sha256_file(path), "next_token": token, "ts": time.time()}
+
+
+def append(metrics: Path, record: dict) -> None:
+    with open(metrics, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+@pytest.fixture
+def node(tmp_path):
+    """A node's workdir with a 'worker' (a sleeping process) and its pusher on a thread."""
+    workdir, hub = tmp_path / "node", f"file://{tmp_path / 'hub'}"
+    metrics = workdir / "logs" / "metrics_gpu0.jsonl"
+    metrics.parent.mkdir(parents=True)
+    metrics.write_text(json.dumps({"type": "event", "event": "start"}) + "\n")
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    spec = {"gpu": 0, "workdir": str(workdir), "metrics": "logs/metrics_gpu0.jsonl",
+            "offset": metrics.stat().st_size, "pid": worker.pid,
+            "create_time": psutil.Process(worker.pid).create_time(), "hub_url": hub,
+            "writer": pod_id(tmp_path / "pod"), "attempt": "attempt-1", "run_id": "run-a",
+            "node": "node-a"}
+    pusher = threading.Thread(target=RecoveryPusher(spec).run, daemon=True)
+    pusher.start()
+    yield workdir, metrics, worker, pusher, hub
+    worker.kill()
+    worker.wait()
+    pusher.join(timeout=60)
+
+
+def test_each_save_and_the_final_one_reach_the_hub_before_any_probe(tmp_path, node):
+    workdir, metrics, worker, pusher, hub = node
+    store = open_store(hub, tmp_path / "reader")
+
+    def on_hub() -> str | None:
+        head = store.head()
+        entry = store.files(head).get(recovery_path(CKPT)) if head else None
+        return entry.sha256 if entry else None
+
+    first = save(workdir, 160)
+    append(metrics, first)
+    wait_for(lambda: on_hub() == first["sha256"], 60, "the first save's recovery copy")
+    # A save holding NaN is not pushed (the cheap checks): the hub keeps the last good one.
+    bad = save(workdir, 320, float("nan"))
+    append(metrics, bad)
+    # The worker ends (SIGTERM on a graceful removal), then its final save's line lands.
+    worker.terminate()
+    worker.wait()
+    final = save(workdir, 480)
+    append(metrics, final)
+    pusher.join(timeout=120)
+    assert not pusher.is_alive(), "the pusher outlived its pushes"
+    assert on_hub() == final["sha256"]
+    assert bad["sha256"] not in {e.sha256 for e in store.files(store.head()).values()}
+    pod = tmp_path / "pod"
+    copy = read_recovery_copy(hub, pod, CKPT, 0, "attempt-1")
+    assert copy["next_token"] == 480 and copy["sha256"] == final["sha256"]
+    assert copy["path"] == recovery_path(CKPT) and copy["hub_revision"] == store.head()
+    # Only the lost worker's start: another start's copy (a rolled-back lineage) is not it.
+    assert read_recovery_copy(hub, pod, CKPT, 0, "attempt-2") is None
+    assert read_recovery_copy(hub, pod, CKPT, 1, "attempt-1") is None
+
+
+def test_check_save_refuses_another_gpus_run_or_token_and_non_finite_weights(tmp_path):
+    event = save(tmp_path, 160)
+    path = Path(event["path"])
+    check_save(path, 0, "run-a", 160)
+    for gpu, run, token, words in ((1, "run-a", 160, "not GPU 1"), (0, "run-b", 160, "run"),
+                                   (0, "run-a", 320, "token")):
+        with pytest.raises(ValueError, match=words):
+            check_save(path, gpu, run, token)
+    save(tmp_path, 160, float("inf"))
+    with pytest.raises(ValueError, match="NaN/Inf"):
+        check_save(path, 0, "run-a", 160)
