@@ -31,6 +31,7 @@ earlier lineage (a rolled-back one, or a partitioned node's late push).
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -146,8 +147,9 @@ class RecoveryPusher:
         self.stopped = False              # the run was taken over: nothing more goes up
 
     def run(self) -> None:
+        importlib.import_module("torch")     # now: the first save waits for no import
         ended_at = None
-        while not self.stopped:
+        while not self.stopped and self.workdir.is_dir():   # a node directory removed: done
             alive = self._worker_alive()
             self._read()                # after the liveness check: the final save is read
             if self.waiting is not None:
