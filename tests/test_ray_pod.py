@@ -2,10 +2,12 @@
 a head with no worker devices and two nodes of two "fractus_gpu" each, all bound to
 127.0.0.1), supervised by the real launcher (`launch` with `ray:` in fractus-pod.yaml).
 
-One pod, one cluster for the module: both workers placed one per node; a node removed
-mid-run: its GPU resumes on the other node from its newest passed checkpoint on the hub,
-at exactly its tokens and with exactly its weights; the last node removed: both GPUs wait,
-visibly; a node joins: they resume on it. A pod whose shards are only in its `data:` store:
+One pod, one cluster for the module: both workers placed one per node; a node's machine
+lost mid-run: its GPU resumes on the other node from its newest copy on the hub (its
+recovery copy, pushed at every save, when newer than its passed one), at exactly its tokens
+and with exactly its weights, having lost at most two save intervals; the last node removed
+gracefully: both GPUs wait, visibly, and resume from their workers' final saves on a node
+that joins. A pod whose shards are only in its `data:` store:
 each node fetches its own GPUs' shards, the head none. Teardown stops the cluster and
 checks that no Ray process and no worker is left.
 """
@@ -28,8 +30,8 @@ import pytest
 import torch
 import yaml
 
-from tests.support.ray_cluster import (LOOPBACK, RESOURCE, add_node, local_cluster, node_of,
-                                       ray_process_table)
+from tests.support.ray_cluster import (LOOPBACK, RESOURCE, add_node, local_cluster, lose_node,
+                                       node_of, ray_process_table)
 from fractus.data import synth
 from launcher.hub import RetryPolicy
 from launcher.hub.data_source import push_shards
@@ -40,6 +42,7 @@ from tests.support.e2e import (REPO, SHARD_TOKENS, TEST_CRITERIA, TOKENS_PER_STE
 __all__ = ["launchers"]
 
 STARTUP_S = 600          # a loaded 2-core machine: Ray and torch imports are slow
+SAVE_TOKENS = 5 * TOKENS_PER_STEP     # make_pod's save_every: the tokens of a save interval
 # A lost node's GPU is placed again fence_s + stop_grace_s + 5 s after its last heartbeat.
 FENCE_S = 5.0
 
@@ -124,6 +127,24 @@ def test_a_pod_across_two_nodes_survives_losing_them(tmp_path, cluster, launcher
     resume_from_the_hub_onto_the_cluster(pod, cluster)
 
 
+def placed_pid(placed: list[dict], gpu: int) -> int:
+    return next(e["pid"] for e in placed if e["gpu"] == gpu)
+
+
+def recovery_point(workdir: str, gpu: int, point: dict, what: str) -> int:
+    """The tokens a GPU trains again after losing its node: the last token its lost worker
+    trained (its metrics on the lost node's disk) minus where it resumed; printed for
+    docs/BENCHMARKS.md."""
+    records = node_records(workdir, gpu)
+    trained = max(r["next_token"] for r in records if r.get("type") == "metrics")
+    saved = max(r["next_token"] for r in records if r.get("event") == "checkpoint")
+    retrained = trained - point["to_token"]
+    print(f"RECOVERY POINT {what}: gpu{gpu} trained to {trained:,}, last save {saved:,}, "
+          f"resumed at {point['to_token']:,} ({point.get('checkpoint')}), retrained "
+          f"{retrained:,} tokens = {retrained / SAVE_TOKENS:.1f} save intervals")
+    return retrained
+
+
 def status_rows(pod: Path) -> list[dict]:
     status = subprocess.run([sys.executable, "-m", "launcher.cli", "--pod-dir", str(pod),
                              "status", "--json"], cwd=REPO, capture_output=True, text=True,
@@ -155,14 +176,27 @@ def run_scenario(pod: Path, cluster, launcher: Launcher) -> None:
              "GPU 0's node pushing a passed checkpoint")
     assert not (pod / "checkpoints" / "fractus_1b_gpu0.pt").exists()   # never on the head
 
-    # Node loss: GPU 0's node goes; GPU 0 resumes on the other node from the hub.
-    cluster.remove_node(node_of(cluster, first_node[0]))
+    # Node loss: GPU 0's machine is gone at once (nothing of it runs on: no final save, no
+    # push); GPU 0 resumes on the other node from the hub, from its recovery copy (every
+    # save pushed at once, before its probe) when newer than its newest passed copy.
+    lose_node(cluster, first_node[0], placed_pid(placed, 0))
     (lost,) = wait_for(lambda: events_of(pod, "node_lost", gpu=0), 300, "the lost node")
     assert lost["node"] == first_node[0]
     pushed = [e for e in events_of(pod, "sync_pushed", gpu=0) if e["ts"] < lost["ts"]][-1]
     (point,) = wait_for(lambda: events_of(pod, "resume_point", gpu=0), 60,   # just after
                         "GPU 0's resume point")
-    assert point["to_token"] == pushed["tokens"]["0"] and point["hub_revision"] == pushed["revision"]
+    lost_dir = next(e["workdir"] for e in placed if e["gpu"] == 0)
+    retrained = recovery_point(lost_dir, 0, point, "GPU 0's machine lost")
+    # Bounded (issue 16 item 30): at most one save interval plus one push in flight.
+    assert retrained <= 2 * SAVE_TOKENS, (retrained, point)
+    assert point["to_token"] >= pushed["tokens"]["0"]
+    if point["to_token"] > pushed["tokens"]["0"]:        # the recovery copy served
+        (used,) = events_of(pod, "recovery_copy", gpu=0)
+        assert point["checkpoint"] == "recovery/checkpoints/fractus_1b_gpu0.pt"
+        assert used["next_token"] == point["to_token"]
+        assert used["hub_revision"] == point["hub_revision"]
+    else:
+        assert point["hub_revision"] == pushed["revision"]
     moved = wait_for(lambda: after(events_of(pod, "worker_placed", gpu=0), lost["ts"]), 300,
                      "GPU 0 placed again")[0]
     # A probe the lost node was running is abandoned: no verdict from a node that is gone.
@@ -174,15 +208,16 @@ def run_scenario(pod: Path, cluster, launcher: Launcher) -> None:
     # Exactly the hub's checkpoint: its bytes on the new node, its weights, its tokens.
     from launcher.hub import open_store
     store = open_store("file://hub", pod)
-    hub_file = store.files(point["hub_revision"])["checkpoints/fractus_1b_gpu0.pt"]
-    node_dir = Path(moved["workdir"]) / "checkpoints"
+    hub_file = store.files(point["hub_revision"])[point["checkpoint"]]
+    node_dir = Path(moved["workdir"])
     # Read once: the worker keeps rotating these names while the test looks.
-    copies = [data for data in (p.read_bytes() for p in node_dir.glob("fractus_1b_gpu0.pt*"))
-              if hashlib.sha256(data).hexdigest() == hub_file.sha256]
+    copies = [data for data in (p.read_bytes() for p in (
+              *node_dir.glob("checkpoints/fractus_1b_gpu0.pt*"), node_dir / point["checkpoint"])
+              if p.is_file()) if hashlib.sha256(data).hexdigest() == hub_file.sha256]
     assert copies, "the resumed node has no copy of the hub's checkpoint"
     scratch = pod.parent / "hub-copy"
     hub_copy = open_store("file://" + str(pod / "hub"), scratch).pull(
-        ["checkpoints/fractus_1b_gpu0.pt"], revision=point["hub_revision"])
+        [point["checkpoint"]], revision=point["hub_revision"])
     theirs, ours = load(next(iter(hub_copy.values()))), load(io.BytesIO(copies[0]))
     assert ours["train_state"]["next_token"] == theirs["train_state"]["next_token"] \
         == point["to_token"]
@@ -193,7 +228,9 @@ def run_scenario(pod: Path, cluster, launcher: Launcher) -> None:
                                    if r.get("type") == "metrics"], 300, "a step after resume")[0]
     assert first_line["next_token"] == point["to_token"] + TOKENS_PER_STEP   # none skipped
 
-    # The last node goes: both GPUs wait, visibly; a node joins and is used.
+    # The last node is removed gracefully (its raylet gets SIGTERM): each worker writes its
+    # final save on the way out, and its recovery pusher, which outlives the actor, pushes
+    # it (issue 16 item 31(b)). Both GPUs wait, visibly; a node joins and is used.
     gone = time.time()
     cluster.remove_node(node_of(cluster, first_node[1]))
     wait_for(lambda: len(after(events_of(pod, "gpu_waiting"), gone)) == 2, 300,
@@ -212,6 +249,11 @@ def run_scenario(pod: Path, cluster, launcher: Launcher) -> None:
         resumed = after(events_of(pod, "resume_point", gpu=gpu), gone)[0]
         assert after(worker_records(pod, gpu, "start"), gone)[0]["next_token"] == \
             resumed["to_token"]
+        workdir = [e for e in events_of(pod, "worker_placed", gpu=gpu) if e["ts"] < gone][-1]
+        final = [r for r in node_records(workdir["workdir"], gpu)
+                 if r.get("event") == "checkpoint"][-1]
+        recovery_point(workdir["workdir"], gpu, resumed, "the last node removed gracefully")
+        assert resumed["to_token"] == final["next_token"], (resumed, final)   # its final save
 
     os.killpg(launcher.proc.pid, signal.SIGTERM)
     assert launcher.wait(300) == 0, launcher.output()[-3000:]

@@ -66,3 +66,23 @@ def node_of(cluster, short_id: str):
     """The cluster's node whose id starts with `short_id` (the launcher's events)."""
     (node,) = [n for n in cluster.worker_nodes if n.node_id.startswith(short_id)]
     return node
+
+
+def lose_node(cluster, short_id: str, worker_pid: int) -> None:
+    """A machine gone at once: the GPU's actor (the parent of `worker_pid`) and everything it
+    started (the worker, its recovery pusher, a probe) frozen (SIGSTOP: no final save, no
+    push, and the launcher cannot take the dead actor for one on a live node), the node's
+    Ray processes stopped without grace, then the frozen ones SIGKILLed."""
+    import signal
+    actor = psutil.Process(psutil.Process(worker_pid).ppid())
+    doomed = [actor, *actor.children(recursive=True)]
+    for sig in (signal.SIGSTOP, None, signal.SIGKILL):
+        if sig is None:
+            cluster.remove_node(node_of(cluster, short_id), allow_graceful=False)
+            continue
+        for proc in doomed:
+            try:
+                proc.send_signal(sig)
+            except psutil.NoSuchProcess:
+                pass
+    psutil.wait_procs(doomed, timeout=30)
