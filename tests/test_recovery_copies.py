@@ -79,11 +79,11 @@ def test_each_save_and_the_final_one_reach_the_hub_before_any_probe(tmp_path, no
     # A save holding NaN is not pushed (the cheap checks): the hub keeps the last good one.
     bad = save(workdir, 320, float("nan"))
     append(metrics, bad)
-    # The worker ends (SIGTERM on a graceful removal), then its final save's line lands.
-    worker.terminate()
-    worker.wait()
+    # SIGTERM (a graceful removal): the worker writes its final save and its line, and ends.
     final = save(workdir, 480)
     append(metrics, final)
+    worker.terminate()
+    worker.wait()
     pusher.join(timeout=120)
     assert not pusher.is_alive(), "the pusher outlived its pushes"
     assert on_hub() == final["sha256"]
@@ -108,3 +108,41 @@ def test_check_save_refuses_another_gpus_run_or_token_and_non_finite_weights(tmp
     save(tmp_path, 160, float("inf"))
     with pytest.raises(ValueError, match="NaN/Inf"):
         check_save(path, 0, "run-a", 160)
+
+
+class Events:
+    def __init__(self):
+        self.emitted = []
+
+    def emit(self, kind, **fields):
+        self.emitted.append({"event": kind, **fields})
+
+
+def test_a_lost_gpu_resumes_from_the_newer_of_its_passed_and_its_recovery_copy(tmp_path):
+    """RayBackend.resume_copy (its NodePushes part) on a real file:// hub: the recovery copy
+    of the lost worker's start when newer than the passed copy, else the passed copy; a copy
+    of another start never."""
+    from types import SimpleNamespace
+
+    from launcher.supervise.ray_pushes import NodePushes
+    hub, workdir = f"file://{tmp_path / 'hub'}", tmp_path / "node"
+    pusher = RecoveryPusher({"gpu": 0, "workdir": str(workdir), "metrics": "m.jsonl",
+                             "offset": 0, "hub_url": hub, "writer": pod_id(tmp_path / "pod"),
+                             "attempt": "attempt-1", "run_id": "run-a", "node": "node-a"})
+    event = save(workdir, 480)
+    pusher.waiting = ({**event, "path": CKPT}, Path(event["path"]))
+    assert pusher._push_waiting()
+
+    backend = NodePushes()
+    backend.init_pushes()
+    backend.hub_url, backend.pod_dir, backend.events = hub, tmp_path / "pod", Events()
+    backend.config = SimpleNamespace(checkpoint_path=lambda gpu: CKPT)
+    backend.handles = {0: SimpleNamespace(attempt="attempt-1")}
+    for passed_token, served in ((320, 480), (640, 640), (None, 480)):
+        backend.on_hub = {0: {"next_token": passed_token, "sha256": "p" * 64,
+                              "path": CKPT, "hub_revision": "r"}} if passed_token else {}
+        assert backend.resume_copy(0)["next_token"] == served
+    used = [e for e in backend.events.emitted if e["event"] == "recovery_copy"]
+    assert [e["passed_token"] for e in used] == [320, None]
+    backend.handles[0].attempt = "attempt-2"          # a later start of the GPU lost it
+    assert backend.resume_copy(0) is None
