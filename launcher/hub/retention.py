@@ -12,7 +12,8 @@ launcher/config/retention_settings.py) keeps:
   names older bytes, which a recovery pulls from the hub), whatever else the policy says,
 - of the recovery copies a Ray pod's nodes push at every save (`recovery/...`,
   launcher/supervise/ray_recovery.py), only those the newest revision names: the newest
-  per GPU. They are no pushes of their own (a revision that only adds one names the same
+  per GPU, and those of checkpoints a node may still push as passed (`awaiting_push`).
+  They are no pushes of their own (a revision that only adds one names the same
   checkpoints as its parent), so they never push a passed checkpoint out of `keep`.
 Every other checkpoint object that some revision names is deleted for real through the
 store (hf://: `list_lfs_files` + `permanently_delete_lfs_files`; file://: unlink). Only
@@ -194,12 +195,31 @@ def plan(store, settings: RetentionSettings, pod_dir: Path, manifest_path: str,
     for rev in out.kept:
         out.needed.update(facts[rev].objects)
     out.needed.update(protected)
+    recovery = {sha for f in facts.values() for sha in f.recovery}
     if revisions:                    # the newest recovery copy of each GPU, no older one
         out.needed.update(facts[revisions[0]].recovery)
+    if recovery:       # ... and the bytes a node may still push as a passed checkpoint
+        out.needed.update(recovery & awaiting_push(pod_dir))
     named = {sha for f in facts.values() for sha in (*f.objects, *f.recovery)}
     out.delete = {sha: size for sha, size in out.stored.items()
                   if sha in named and sha not in out.needed}
     return out
+
+
+def awaiting_push(pod_dir: Path) -> set[str]:
+    """sha256 of the checkpoints a Ray pod's node may still push as passed (the launcher's
+    checkpoint index: every one not judged yet, and each GPU's two newest passed ones, the
+    queued one and one whose push may be in flight). Their bytes went up before as recovery
+    copies, and a push finds them there and sends nothing (both stores keep an object once):
+    deleted meanwhile, the push would commit a name for bytes the hub no longer holds."""
+    from launcher.pod.ckpt_index import PASSED, PENDING, CheckpointIndex
+    index = CheckpointIndex(pod_dir)
+    live = set()
+    for gpu in {g for g, _sha in index.records}:
+        records = index.for_gpu(gpu)
+        live.update(r["sha256"] for r in records if r["verdict"] == PENDING)
+        live.update(r["sha256"] for r in [r for r in records if r["verdict"] == PASSED][-2:])
+    return live
 
 
 def _pushes(revisions: list[str], facts: dict[str, RevisionFacts]) -> list[str]:
