@@ -43,7 +43,7 @@ from pathlib import Path
 from launcher.paths import RECOVERY_HUB_DIR as RECOVERY_DIR   # recovery/<its path>, on the hub
 STAGING_DIR = "checkpoints/recovery"      # on the node: the links of saves waiting to go
 RECORD_FORMAT = "fractus-recovery/1"
-TAIL_S = 0.5                              # how often the pusher reads the metrics file
+TAIL_S = 0.2       # how often the pusher reads the metrics file: part of the recovery point
 FINAL_PUSH_S = 600.0                      # after its worker ended: the final push's time
 RETRY_S = (2.0, 30.0)                     # a failed push is tried again: first, longest wait
 
