@@ -110,39 +110,33 @@ def test_check_save_refuses_another_gpus_run_or_token_and_non_finite_weights(tmp
         check_save(path, 0, "run-a", 160)
 
 
-class Events:
-    def __init__(self):
-        self.emitted = []
-
-    def emit(self, kind, **fields):
-        self.emitted.append({"event": kind, **fields})
-
-
 def test_a_lost_gpu_resumes_from_the_newer_of_its_passed_and_its_recovery_copy(tmp_path):
-    """RayBackend.resume_copy (its NodePushes part) on a real file:// hub: the recovery copy
-    of the lost worker's start when newer than the passed copy, else the passed copy; a copy
-    of another start never."""
+    """RayCustodian.resume_copy (over stub nodes) on a real file:// hub: the recovery copy of
+    the lost worker's start when newer than the passed copy, else the passed copy; a copy of
+    another start never."""
     from types import SimpleNamespace
 
-    from launcher.supervise.ray_pushes import NodePushes
-    hub, workdir = f"file://{tmp_path / 'hub'}", tmp_path / "node"
+    from launcher.pod.events import EventLog, read_events
+    from launcher.supervise.ray_custodian import RayCustodian
+    from tests.support.ray_stub import StubRayBackend
+    hub, workdir, pod = f"file://{tmp_path / 'hub'}", tmp_path / "node", tmp_path / "pod"
     pusher = RecoveryPusher({"gpu": 0, "workdir": str(workdir), "metrics": "m.jsonl",
-                             "offset": 0, "hub_url": hub, "writer": pod_id(tmp_path / "pod"),
+                             "offset": 0, "hub_url": hub, "writer": pod_id(pod),
                              "attempt": "attempt-1", "run_id": "run-a", "node": "node-a"})
     event = save(workdir, 480)
     pusher.waiting = ({**event, "path": CKPT}, Path(event["path"]))
     assert pusher._push_waiting()
 
-    backend = NodePushes()
-    backend.init_pushes()
-    backend.hub_url, backend.pod_dir, backend.events = hub, tmp_path / "pod", Events()
-    backend.config = SimpleNamespace(checkpoint_path=lambda gpu: CKPT)
-    backend.handles = {0: SimpleNamespace(attempt="attempt-1")}
+    pod.mkdir(exist_ok=True)
+    backend = StubRayBackend(pod, SimpleNamespace(checkpoint_path=lambda gpu: CKPT),
+                             EventLog(pod), hub_url=hub)
+    custodian = RayCustodian(backend)
+    backend.attempts[0] = "attempt-1"
     for passed_token, served in ((320, 480), (640, 640), (None, 480)):
-        backend.on_hub = {0: {"next_token": passed_token, "sha256": "p" * 64,
-                              "path": CKPT, "hub_revision": "r"}} if passed_token else {}
-        assert backend.resume_copy(0)["next_token"] == served
-    used = [e for e in backend.events.emitted if e["event"] == "recovery_copy"]
+        custodian.on_hub = {0: {"next_token": passed_token, "sha256": "p" * 64,
+                                "path": CKPT, "hub_revision": "r"}} if passed_token else {}
+        assert custodian.resume_copy(0)["next_token"] == served
+    used = [e for e in read_events(pod) if e["event"] == "recovery_copy"]
     assert [e["passed_token"] for e in used] == [320, None]
-    backend.handles[0].attempt = "attempt-2"          # a later start of the GPU lost it
-    assert backend.resume_copy(0) is None
+    backend.attempts[0] = "attempt-2"          # a later start of the GPU lost it
+    assert custodian.resume_copy(0) is None

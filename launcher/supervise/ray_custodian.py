@@ -10,8 +10,9 @@ launcher/supervise/ray_probes.py). A push refused because another pod took the r
 recorded in the run's one lease (`lease`, which the hub sync shares): no node pushes again.
 
 It reaches the nodes only through RayBackend's narrow accessor: `actor(gpu)`, `node(gpu)`
-and `attempt(gpu)` (the worker start its recovery copies carry), the driver (`ray`), and `on_lost` (a GPU's node was lost: its queued push is
-dropped, never sent from the node that replaces it).
+and `attempt(gpu)` (the worker start its recovery copies carry), the driver (`ray`), and
+`on_lost` (a GPU's node was lost: its queued push is dropped, never sent from the node that
+replaces it).
 """
 
 from __future__ import annotations

@@ -48,12 +48,17 @@ class StubActor:
 
 
 class StubRayBackend:
-    """RayBackend's accessor for its custodian: `actor(gpu)`, `node(gpu)`, `on_lost`."""
+    """RayBackend's accessor for its custodian: `actor(gpu)`, `node(gpu)`, `attempt(gpu)`,
+    `on_lost`."""
 
-    def __init__(self, pod_dir, config, events, gpus=(0, 1)):
+    def __init__(self, pod_dir, config, events, gpus=(0, 1), hub_url="file://hub"):
         self.pod_dir, self.config, self.events = pod_dir, config, events
-        self.ray, self.hub_url, self.on_lost = StubRay(), "file://hub", []
+        self.ray, self.hub_url, self.on_lost = StubRay(), hub_url, []
         self.actors = {g: StubActor() for g in gpus}
+        self.attempts: dict[int, str] = {}      # the worker start each GPU's node reported
+
+    def attempt(self, gpu: int) -> str | None:
+        return self.attempts.get(gpu)
 
     def actor(self, gpu: int):
         return self.actors.get(gpu)
