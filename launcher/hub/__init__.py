@@ -38,7 +38,8 @@ The merge of GPU checkpoints lives in `launcher.hub.merge.merge_checkpoints`.
 
 from .integrity import INDEX_PATH, FileEntry, HubError, IntegrityError, PushConflict
 from .retry import RetryPolicy
-from .store import HistoryEntry, Store, open_store
+from .by_url import open_store
+from .store import HistoryEntry, Store
 
 __all__ = [
     "INDEX_PATH",

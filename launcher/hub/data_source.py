@@ -19,7 +19,8 @@ from launcher.pod.progress import progress
 
 from .integrity import FileEntry, pod_relpath, sha256_file
 from .retry import RetryPolicy
-from .store import Store, open_store
+from .by_url import open_store
+from .store import Store
 
 
 def data_store(url: str, pod_dir: Path, retry: RetryPolicy) -> Store:

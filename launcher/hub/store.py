@@ -32,7 +32,6 @@ from .integrity import (
     matches,
     pod_relpath,
 )
-from .retry import RetryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -250,38 +249,3 @@ def remove_empty_dirs(path: Path, upto: Path) -> None:
             return
         path = path.parent
 
-
-def open_store(
-    url: str,
-    pod_dir: str | Path,
-    *,
-    endpoint: str | None = None,
-    token: str | None = None,
-    retry: RetryPolicy = RetryPolicy(),
-    timeout_s: float = 10.0,
-) -> Store:
-    """Open the store named by a pod config's `hub:` URL.
-
-    - `file://path`: embedded store on local disk; a relative path is resolved against
-      `pod_dir` (`file://hub` -> `<pod_dir>/hub`), `file:///abs/path` is absolute.
-    - `hf://owner/repo` (model repo) or `hf://datasets/owner/repo`: Hugging Face Hub via
-      `huggingface_hub.HfApi`. `endpoint` defaults to `HF_ENDPOINT`, `token` to `HF_TOKEN`
-      or the client's login cache. `retry` bounds the backoff on transient failures;
-      `timeout_s` is how long a metadata request may stay silent before it is retried.
-
-    Raises ValueError for a URL of another scheme or a malformed one.
-    """
-    pod_dir = Path(pod_dir)
-    if url.startswith("file://"):
-        from .local import FileStore
-
-        raw = url[len("file://"):]
-        if not raw:
-            raise ValueError(f"hub URL {url!r} names no directory")
-        root = Path(raw).expanduser()
-        return FileStore(root if root.is_absolute() else pod_dir / root, pod_dir)
-    if url.startswith("hf://"):
-        from .hf import HfStore
-
-        return HfStore(url, pod_dir, endpoint=endpoint, token=token, retry=retry, timeout_s=timeout_s)
-    raise ValueError(f"hub URL must start with hf:// or file://, got {url!r}")
