@@ -8,7 +8,7 @@ at once); the real cluster is tests/test_ray_*.py's.
 import inspect
 
 from launcher.hub.lease import RunTakenOver
-from launcher.hub.sync import read_sync_state
+from launcher.hub.sync_state import read_sync_state
 from launcher.supervise.backend import WorkerBackend
 from launcher.supervise.ray_custodian import RayCustodian
 from tests.support.fake_supervisor import (  # noqa: F401 (fixtures)

@@ -19,7 +19,8 @@ from launcher.config.podconfig import load_config
 from launcher.hub import open_store
 from launcher.hub.from_hub import rebuild_from_hub
 from launcher.hub.retention import CHECKPOINT_SUFFIXES
-from launcher.hub.sync import HubSync, read_sync_state
+from launcher.hub.sync import HubSync
+from launcher.hub.sync_state import read_sync_state
 from launcher.pod.ckpt_index import PASSED, CheckpointIndex, sha256_file
 from launcher.pod.events import EventLog, read_events
 from launcher.pod.manifest import apply_checkpoint, read_manifest, write_manifest

@@ -15,7 +15,7 @@ import pytest
 from launcher.cli import main as cli_main
 from launcher.config.podconfig import load_config
 from launcher.hub import open_store
-from launcher.hub.sync import read_sync_state
+from launcher.hub.sync_state import read_sync_state
 from launcher.hub.sync_push import push_now
 from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex
 from launcher.pod.manifest import read_manifest, write_manifest

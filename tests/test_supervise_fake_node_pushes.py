@@ -13,7 +13,7 @@ import launcher.hub.snapshot as snapshot_module
 from launcher.hub import IntegrityError, open_store
 from launcher.hub.from_hub import rebuild_from_hub
 from launcher.hub.lease import RunTakenOver, pod_id, take_over
-from launcher.hub.sync import read_sync_state
+from launcher.hub.sync_state import read_sync_state
 from launcher.pod.ckpt_index import PASSED
 from launcher.pod.events import read_events
 from launcher.pod.manifest import read_manifest

@@ -150,7 +150,7 @@ def stop(ctx, timeout) -> None:
         return
     os.kill(int(holder["pid"]), signal.SIGTERM)
     from launcher.pod.live_state import read_pod_state
-    from launcher.hub.sync import read_sync_state
+    from launcher.hub.sync_state import read_sync_state
     deadline = time.monotonic() + (timeout if timeout is not None else config.stop_grace_s + 30)
     while read_holder(pod_dir) is not None:
         if timeout is None and (read_sync_state(pod_dir).get("in_flight") or

@@ -202,7 +202,7 @@ def _sync_report(pod_dir: Path, config: PodConfig, now: float) -> dict | None:
     """The hub sync as the launcher (or `sync push`) last recorded it; errors re-scrubbed."""
     from launcher.hub.redact import scrub
     from launcher.hub.retention import STATE_KEYS as STORAGE_KEYS
-    from launcher.hub.sync import read_sync_state
+    from launcher.hub.sync_state import read_sync_state
     if not config.hub:
         return None
     state = read_sync_state(pod_dir)

@@ -38,6 +38,7 @@ from launcher.files import read_json_state, write_json_state
 from launcher.paths import MERGED_PATH, RECOVERY_HUB_DIR
 
 from .integrity import HubError
+from .sync_state import update_sync_state
 
 LEDGER = "logs/hub_ledger.json"
 CHECKPOINT_SUFFIXES = (".pt", ".safetensors", ".bin")
@@ -356,7 +357,6 @@ STATE_KEYS = ("hub_bytes_kept", "hub_bytes_per_push", "hub_budget_bytes",
 def record_storage(pod_dir: Path, events, pushed: Pushed) -> None:
     """After a push under a policy: the storage figures into sync_state (status shows them),
     the retention's outcome as an event."""
-    from .sync import update_sync_state
     if pushed.storage is not None:
         update_sync_state(pod_dir, **{k: pushed.storage[k] for k in STATE_KEYS})
         events.emit("hub_retention", **{k: v for k, v in pushed.storage.items()
@@ -368,7 +368,6 @@ def record_storage(pod_dir: Path, events, pushed: Pushed) -> None:
 
 def record_budget_refused(pod_dir: Path, events, message: str, reason: str, retry: str) -> None:
     """A push the budget refused: said in status (last error) and as an event."""
-    from .sync import update_sync_state
     update_sync_state(pod_dir, in_flight=False, last_error=message, last_error_at=time.time(),
                       last_result="budget_refused")
     events.emit("hub_budget_refused", reason=reason, error=message, retry=retry)

@@ -38,8 +38,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from launcher.files import read_json_state, write_json_state
-from launcher.paths import SYNC_STATE, SNAPSHOT_DIR
+from launcher.paths import SNAPSHOT_DIR
+from launcher.hub.sync_state import read_sync_state, update_sync_state
 from launcher.pod.ckpt_index import CheckpointIndex
 from launcher.pod.events import EventLog
 from launcher.pod.manifest import Manifest, write_manifest
@@ -50,16 +50,6 @@ from launcher.hub.snapshot import (Snapshot, record_revision, take_manifest_snap
                                    take_snapshot)
 
 # ---- the sync state file (read by status) ------------------------------------------------
-def read_sync_state(pod_dir: Path) -> dict:
-    return read_json_state(pod_dir / SYNC_STATE)
-
-
-def update_sync_state(pod_dir: Path, **fields) -> dict:
-    state = {**read_sync_state(pod_dir), **fields}
-    write_json_state(pod_dir / SYNC_STATE, state)
-    return state
-
-
 def note_manifest_changed(pod_dir: Path, reason: str) -> None:
     """The manifest changed where no launcher's sync can push it now (a rollback by hand,
     a decided rollback completed at launch): recorded, so the next launcher pushes it at its

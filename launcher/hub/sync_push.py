@@ -20,8 +20,8 @@ from launcher.hub.sync import (
     record_taken_over,
     refuse_vanished_store,
     store_for,
-    update_sync_state,
 )
+from launcher.hub.sync_state import update_sync_state
 
 
 def already_pushed(store, snap: Snapshot) -> str | None:
