@@ -73,7 +73,7 @@ def delivery(root: Path, template: Path, count: int) -> dict:
 def poll_time(root: Path, template: Path, polls: int) -> dict:
     from launcher.pod.ckpt_index import CheckpointIndex
     from launcher.pod.events import EventLog
-    from launcher.supervise.prepare import load_plan
+    from launcher.supervise.plan import load_plan
     from launcher.supervise.supervisor import Supervisor
     from tests.support.fake_backend import FakeBackend
 

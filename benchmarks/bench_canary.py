@@ -19,6 +19,7 @@ relative per-step difference of tf, lb and grad_norm for each exact switch, plus
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import subprocess
 import sys
@@ -38,6 +39,7 @@ from launcher.config.devices import Slot  # noqa: E402
 from launcher.config.podconfig import load_config  # noqa: E402
 from launcher.pod.setup_init import init_pod, write_config
 from launcher.config.stages import load_stages  # noqa: E402
+from launcher.supervise.plan import load_plan  # noqa: E402
 from launcher.worker.process import (WorkerSpec, build_env, metrics_path, read_records,  # noqa: E402
                               worker_command)
 
@@ -120,8 +122,11 @@ def main() -> int:
         modes = [False, True] if args.parallel else [False]
         for a, b, stages_path, label in switches:
             for parallel in modes:
-                r = run_canary(pod, 0, a, b, steps=args.steps, device=args.device,
-                               parallel=parallel, stages_path=stages_path)
+                plan, manifest = load_plan(pod, None, None, None)
+                if stages_path is not None:
+                    plan = dataclasses.replace(plan, stages=load_stages(stages_path))
+                r = run_canary(plan, manifest, 0, a, b, steps=args.steps, device=args.device,
+                               parallel=parallel)
                 loops = [loop_seconds(pod, r, a), loop_seconds(pod, r, b)]
                 entry = {"switch": label, "mode": "parallel" if parallel else "sequential",
                          "passed": r.passed, "exact": r.exact, "seconds": r.seconds,

@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.checks.canary import SCRATCH_DIR, load_canary_settings, run_canary
+from launcher.checks.canary import SCRATCH_DIR, run_canary
 from launcher.checks.canary_compare import Tolerance, compare_approximate, compare_exact
-from launcher.checks.trusted_loss import shipped_trusted_loss
+from launcher.checks.trusted_loss import load_trusted_loss, shipped_trusted_loss
 from launcher.errors import UserError
 from launcher.pod.manifest import read_manifest
 from launcher.config.podconfig import load_config
 from launcher.worker.process import read_records
 
-from tests.support.pods import copy_pod
+from tests.support.pods import copy_pod, launch_plan
 from tests.support.wrong_kernel import WRONG_KERNEL
 
 STEPS = 4
@@ -61,7 +61,8 @@ def test_canary_passes_stage_1_to_2_sequentially(pod, monkeypatch, capsys):
     monkeypatch.setattr(launcher.pod.progress, "PLAIN_EVERY_S", 0.0)
     before = snapshot(pod)
     entry = read_manifest(pod / load_config(pod).manifest).entries[0]
-    result = run_canary(pod, gpu=0, from_stage=1, to_stage=2, steps=STEPS, device="cpu")
+    result = run_canary(*launch_plan(pod), gpu=0, from_stage=1, to_stage=2, steps=STEPS,
+                        device="cpu")
     assert result.passed and result.exact and result.status == "Successful", result.reason
     # It says which stage runs and at which step, while it runs.
     progress = capsys.readouterr().out
@@ -85,8 +86,8 @@ def test_canary_passes_stage_1_to_2_sequentially(pod, monkeypatch, capsys):
 
 def test_canary_passes_stage_2_to_3_in_parallel(pod):
     before = snapshot(pod)
-    result = run_canary(pod, gpu=0, from_stage=2, to_stage=3, steps=STEPS, device="cpu",
-                        parallel=True)
+    result = run_canary(*launch_plan(pod), gpu=0, from_stage=2, to_stage=3, steps=STEPS,
+                        device="cpu", parallel=True)
     assert result.passed and result.exact, result.reason
     assert len(result.per_step) == STEPS
     starts = start_events(pod, result)
@@ -107,8 +108,8 @@ def test_a_wrong_kernel_fails_the_canary_and_nothing_switches(pod, tmp_path, mon
     stages_path.write_text(yaml.safe_dump(table))
     before = snapshot(pod)
 
-    result = run_canary(pod, gpu=0, from_stage=2, to_stage=3, steps=STEPS, device="cpu",
-                        parallel=True, stages_path=stages_path)
+    result = run_canary(*launch_plan(pod, stages_path), gpu=0, from_stage=2, to_stage=3,
+                        steps=STEPS, device="cpu", parallel=True)
 
     assert not result.passed and result.status == "Failed" and result.exact
     assert start_events(pod, result)[3]["settings"]["attn_impl"] == "halfcarry"
@@ -125,8 +126,8 @@ def test_approximate_stage_runs_the_trusted_loss_checks(pod, tmp_path):
     table["stages"][4]["settings"]["COMPILE"] = 0
     stages_path = tmp_path / "stages.yaml"
     stages_path.write_text(yaml.safe_dump(table))
-    result = run_canary(pod, gpu=0, from_stage=3, to_stage=4, steps=STEPS, device="cpu",
-                        parallel=True, stages_path=stages_path)
+    result = run_canary(*launch_plan(pod, stages_path), gpu=0, from_stage=3, to_stage=4,
+                        steps=STEPS, device="cpu", parallel=True)
     assert result.passed and not result.exact, result.reason
     assert "trusted-loss checks" in result.reason
     records = read_records(pod / result.scratch / "stage4" / "metrics.jsonl")
@@ -140,8 +141,8 @@ def test_a_reference_run_that_cannot_start_is_inconclusive(pod, tmp_path):
     table["stages"][1]["settings"]["BATCH"] = "x"     # the worker exits 2 at once
     stages_path = tmp_path / "stages.yaml"
     stages_path.write_text(yaml.safe_dump(table))
-    result = run_canary(pod, gpu=0, from_stage=1, to_stage=2, steps=STEPS, device="cpu",
-                        stages_path=stages_path)
+    result = run_canary(*launch_plan(pod, stages_path), gpu=0, from_stage=1, to_stage=2,
+                        steps=STEPS, device="cpu")
     assert not result.passed and result.status == "Inconclusive"
     assert "reference run failed" in result.reason and "exited 2" in result.reason
     assert "BATCH" in result.reason
@@ -150,8 +151,8 @@ def test_a_reference_run_that_cannot_start_is_inconclusive(pod, tmp_path):
 
 
 def test_a_run_over_the_timeout_is_killed(pod):
-    result = run_canary(pod, gpu=0, from_stage=1, to_stage=2, steps=STEPS, device="cpu",
-                        timeout_s=1.0)
+    result = run_canary(*launch_plan(pod), gpu=0, from_stage=1, to_stage=2, steps=STEPS,
+                        device="cpu", timeout_s=1.0)
     assert not result.passed and result.status == "Inconclusive"
     assert "stage 1 timed out (killed)" in result.reason and result.seconds < 30
     assert not (pod / result.scratch / "stage2").exists()
@@ -167,7 +168,7 @@ def test_a_run_over_the_timeout_is_killed(pod):
 def test_user_mistakes_raise_before_anything_runs(pod, kwargs, message):
     before = snapshot(pod)
     with pytest.raises(UserError, match=message):
-        run_canary(pod, gpu=0, **kwargs)
+        run_canary(*launch_plan(pod), gpu=0, **kwargs)
     assert snapshot(pod) == before
 
 
@@ -236,14 +237,15 @@ def test_compare_approximate():
 
 def test_canary_settings_from_the_criteria_file(tmp_path):
     repo_file = Path(__file__).resolve().parents[1] / "manifests" / "trusted_loss.yaml"
-    settings, criteria = load_canary_settings(repo_file)      # with or without a canary: section
+    settings = load_trusted_loss(repo_file).canary          # with or without a canary: section
     assert settings.steps >= 2 and settings.exact["cpu"].rtol > 0
     data = yaml.safe_load(repo_file.read_text())
     data["canary"] = {"steps": 7, "exact": {"cuda": {"rtol": 0.03, "atol": 0.01}},
                       "approximate": {"maxEmaTfRise": 0.2}}
     path = tmp_path / "criteria.yaml"
     path.write_text(yaml.safe_dump(data))
-    settings, criteria = load_canary_settings(path)
+    trusted = load_trusted_loss(path)
+    settings, criteria = trusted.canary, trusted.criteria
     assert settings.steps == 7 and settings.max_ema_tf_rise == 0.2
     assert settings.exact["cuda"] == Tolerance(0.03, 0.01)
     assert settings.exact["cpu"] == shipped_trusted_loss().canary.exact["cpu"]
@@ -252,4 +254,4 @@ def test_canary_settings_from_the_criteria_file(tmp_path):
                 {"exact": {"cpu": {"rtol": -1}}}, {"approximate": {"maxRise": 1}}):
         path.write_text(yaml.safe_dump({**data, "canary": bad}))
         with pytest.raises(UserError, match="canary"):
-            load_canary_settings(path)
+            load_trusted_loss(path)

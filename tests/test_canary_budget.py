@@ -14,7 +14,7 @@ import pytest
 
 from launcher.cli import main as cli_main
 from launcher.supervise.canary_budget import estimate_canary, split_budget
-from launcher.supervise.prepare import load_plan
+from launcher.supervise.plan import load_plan
 from tests.support.pod_files import MANIFEST, tree
 
 STAGE1 = {"gpu_0": {"start_token": 0, "stage": 1}, "gpu_1": {"start_token": 0, "stage": 1}}

@@ -60,7 +60,8 @@ def test_checkpoint_outside_the_pod_is_refused_and_never_linked(pod, tmp_path, c
 
 
 def test_absolute_path_inside_the_pod_is_accepted(pod):
-    from launcher.supervise.prepare import load_plan, validate
+    from launcher.supervise.plan import load_plan
+    from launcher.supervise.prepare import validate
     set_entry(pod, checkpoint=str((pod / CKPT).resolve()))
     plan, manifest = load_plan(pod, 1, None, "0")
     validate(plan, manifest)
@@ -100,7 +101,8 @@ def _legacy_weights_only(ck: dict) -> None:
 
 @pytest.mark.parametrize("edit", [_strip_identity, _legacy_weights_only])
 def test_v1_checkpoints_without_identity_are_accepted(pod, edit):
-    from launcher.supervise.prepare import load_plan, validate
+    from launcher.supervise.plan import load_plan
+    from launcher.supervise.prepare import validate
     data = manifest_of(pod)
     data["run_id"] = "this-run"
     (pod / MANIFEST).write_text(json.dumps(data))

@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import yaml
 
-from launcher.checks.canary import CanarySettings
+from launcher.checks.canary_settings import CanarySettings
 from launcher.checks.criteria import CHECKS, Criteria, HangPolicy, RestartPolicy
 from launcher.checks.probe_check import ProbeSchedule, ProbeTolerance
 from launcher.checks.shipped_defaults import SHIPPED_CRITERIA

@@ -5,7 +5,8 @@ import math
 
 import pytest
 
-from launcher.checks.criteria import Criteria, load_criteria, parse_criteria
+from launcher.checks.criteria import Criteria, parse_criteria
+from launcher.checks.trusted_loss import load_trusted_loss
 from launcher.checks.trusted_loss import shipped_trusted_loss
 from launcher.errors import UserError
 from launcher.checks.health import (FAILED, INCONCLUSIVE, RUNNING, SUCCESSFUL, GpuHealth, analyze)
@@ -165,11 +166,11 @@ def test_close_out_judges_the_steps_since_the_last_periodic_tick():
 
 
 def test_repository_criteria_file_loads_and_thresholds_come_from_it(tmp_path):
-    loaded = load_criteria(REPO / "manifests" / "trusted_loss.yaml")
+    loaded = load_trusted_loss(REPO / "manifests" / "trusted_loss.yaml").criteria
     assert loaded.restarts.max_restarts >= 1 and loaded.hang.timeout_s > 0
     changed = tmp_path / "c.yaml"
     changed.write_text("checks:\n  ss_ratio: {maxRatio: 9.5}\n")
-    assert load_criteria(changed).ss_ratio.maxRatio == 9.5
+    assert load_trusted_loss(changed).criteria.ss_ratio.maxRatio == 9.5
 
 
 @pytest.mark.parametrize("text, needle", [
@@ -183,7 +184,7 @@ def test_bad_criteria_file_is_a_user_error(tmp_path, text, needle):
     path = tmp_path / "c.yaml"
     path.write_text(text)
     with pytest.raises(UserError, match=needle):
-        load_criteria(path)
+        load_trusted_loss(path)
 
 
 def test_restart_backoff_doubles_and_caps():

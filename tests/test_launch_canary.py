@@ -20,7 +20,7 @@ import psutil
 import pytest
 import yaml
 
-from launcher.checks.criteria import load_criteria
+from launcher.checks.trusted_loss import load_trusted_loss
 from launcher.errors import UserError
 from launcher.config.devices import Slot
 from launcher.config.podconfig import load_config
@@ -190,18 +190,16 @@ def test_same_stage_runs_no_canary(pod):
 def test_criteria_accept_canary_and_probe_sections_but_not_typos(tmp_path):
     path = tmp_path / "trusted_loss.yaml"
     path.write_text(yaml.safe_dump(CRITERIA))
-    assert load_criteria(path).trend.lookback == TEST_CRITERIA["checks"]["trend"]["lookback"]
+    assert load_trusted_loss(path).criteria.trend.lookback == \
+        TEST_CRITERIA["checks"]["trend"]["lookback"]
     path.write_text(yaml.safe_dump({**CRITERIA, "canery": {"steps": 3}}))
     with pytest.raises(UserError, match="canery"):
-        load_criteria(path)
-    shipped = REPO / "manifests" / "trusted_loss.yaml"
-    from launcher.checks.canary import load_canary_settings
-    from launcher.checks.probe_check import load_probe_tolerance
-    load_criteria(shipped)
-    settings, _ = load_canary_settings(shipped)
+        load_trusted_loss(path)
+    shipped = load_trusted_loss(REPO / "manifests" / "trusted_loss.yaml")
+    settings = shipped.canary
     assert (settings.steps, settings.exact["cpu"].rtol, settings.exact["cuda"].rtol) == \
         (5, 1e-4, 1e-2)
-    assert load_probe_tolerance(shipped).band == 0.25
+    assert shipped.probe_tolerance.band == 0.25
 
 
 def test_a_bad_canary_section_refuses_the_launch(pod):

@@ -29,15 +29,16 @@ def test_init_tiny_cpu_writes_a_loadable_self_contained_pod(tmp_path):
 
 
 def test_the_tiny_preset_gets_a_probe_band_for_its_model_and_keeps_the_comments(tmp_path):
-    from launcher.checks.probe_check import load_probe_tolerance
+    from launcher.checks.trusted_loss import load_trusted_loss
     from launcher.config.podconfig import DEFAULT_MANIFESTS
     from launcher.pod.setup_init import edit_yaml_values
     tiny, big = tmp_path / "tiny", tmp_path / "big"
     init_pod(tiny, "tiny-cpu")
     init_pod(big, "1b-8gpu")
-    assert load_probe_tolerance(tiny / "manifests" / "trusted_loss.yaml").relativeBand == 1.0
-    assert load_probe_tolerance(big / "manifests" / "trusted_loss.yaml").relativeBand is None
-    from launcher.checks.trusted_loss import load_trusted_loss
+    assert load_trusted_loss(tiny / "manifests" / "trusted_loss.yaml") \
+        .probe_tolerance.relativeBand == 1.0
+    assert load_trusted_loss(big / "manifests" / "trusted_loss.yaml") \
+        .probe_tolerance.relativeBand is None
     trend = lambda pod: load_trusted_loss(pod / "manifests" / "trusted_loss.yaml").criteria.trend
     assert trend(tiny).tolerance == 0.5 and trend(big).tolerance == 0.15   # the demo's noise
     original = (DEFAULT_MANIFESTS / "trusted_loss.yaml").read_text()

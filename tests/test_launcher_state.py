@@ -162,7 +162,8 @@ def test_sync_push_sends_only_passed_checkpoints_and_launch_restores_from_hub(tm
     pulled["gpu_0"]["hub_revision"] = revision
     (other / "checkpoints" / "RESUME_MANIFEST_8GPU.json").write_text(json.dumps(pulled))
     (other / "checkpoints" / "fractus_1b_gpu0.pt").unlink()
-    from launcher.supervise.prepare import load_plan, recover_checkpoints
+    from launcher.supervise.plan import load_plan
+    from launcher.supervise.prepare import recover_checkpoints
     plan, manifest = load_plan(other, 1, "cpu:1", None)
 
     def restore_from_hub(plan, manifest, events):
@@ -196,9 +197,8 @@ def test_rollback_never_goes_below_stage_1_and_never_loops(tmp_path, stage, roll
     sup = supervisor_for(pod, stage)
     sup.pod.rolled_back = rolled_back
     run = sup.pod.runs[1]
-    from launcher.checks.criteria import load_criteria
     from launcher.checks.health import GpuHealth
-    run.health = GpuHealth(load_criteria(pod / "manifests" / "trusted_loss.yaml"), 10)
+    run.health = GpuHealth(sup.pod.plan.criteria, 10)
     run.health.fail("finite", "nan event at step 7")
     sup.rollback.roll_back([run], auto=True)
     assert sup.pod.state == "failed" and sup.pod.exit_code == 1

@@ -182,7 +182,8 @@ def test_a_checkpoint_written_after_the_launcher_died_is_adopted_over_null_field
     from launcher.paths import metrics_path
     from launcher.pod.ckpt_index import CheckpointIndex, sha256_file
     from launcher.pod.events import EventLog, read_events
-    from launcher.supervise.prepare import load_plan, reconcile
+    from launcher.supervise.plan import load_plan
+    from launcher.supervise.prepare import reconcile
     pod = tmp_path / "pod"
     assert cli_main(["--pod-dir", str(pod), "init", "--preset", "tiny-cpu", "--no-data"]) == 0
     plan, _ = load_plan(pod, 2, None, "0")

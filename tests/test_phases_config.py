@@ -208,7 +208,7 @@ def test_a_launch_needs_the_current_and_every_later_phase_shard(pod):
     """What `launch` fetches (with `data:`) and refuses when missing: per GPU its current
     phase's shard and the later ones', never a phase it has left."""
     from launcher.supervise.launch_shards import shard_paths
-    from launcher.supervise.prepare import load_plan
+    from launcher.supervise.plan import load_plan
     set_shards(pod, TWO_PHASES)
     (pod / MANIFEST).write_text(json.dumps({"gpu_1": {"start_token": 0, "phase": 2}}))
     plan, manifest = load_plan(pod, 1, None, None)

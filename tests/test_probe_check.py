@@ -14,9 +14,9 @@ from fractus.data import synth
 from fractus.eval.probe import ProbeConfig, probe_checkpoint
 from launcher.errors import UserError
 from launcher.checks.health import FAILED, INCONCLUSIVE, SUCCESSFUL
-from launcher.checks.trusted_loss import shipped_trusted_loss
+from launcher.checks.trusted_loss import load_trusted_loss, shipped_trusted_loss
 from launcher.checks.probe_check import (Baseline, ProbeTolerance, ProbeUnavailable, check_probe,
-                                  load_probe_tolerance, probe_verdict, run_probe_process)
+                                         probe_verdict, run_probe_process)
 
 SHIPPED = shipped_trusted_loss().probe_tolerance   # manifests/trusted_loss.yaml's values
 ABS = dataclasses.replace(SHIPPED, band=0.25)
@@ -75,17 +75,18 @@ def test_cannot_judge_or_broken(res, baseline, error, status, words):
 def test_tolerance_from_the_criteria_file(tmp_path):
     path = tmp_path / "trusted_loss.yaml"
     path.write_text(yaml.safe_dump({"checks": {}}))
-    assert load_probe_tolerance(path) == SHIPPED
+    assert load_trusted_loss(path).probe_tolerance == SHIPPED
     path.write_text(yaml.safe_dump({"probe": {"band": 0.5, "relativeBand": 0.02}}))
-    assert load_probe_tolerance(path) == dataclasses.replace(SHIPPED, band=0.5, relativeBand=0.02)
+    assert load_trusted_loss(path).probe_tolerance == \
+        dataclasses.replace(SHIPPED, band=0.5, relativeBand=0.02)
     path.write_text(yaml.safe_dump({"probe": {"relativeBand": None}}))
-    assert load_probe_tolerance(path).relativeBand is None
+    assert load_trusted_loss(path).probe_tolerance.relativeBand is None
     for bad in ({"band": -1}, {"band": "wide"}, {"bandz": 1}, {"band": True}):
         path.write_text(yaml.safe_dump({"probe": bad}))
         with pytest.raises(UserError, match="probe"):
-            load_probe_tolerance(path)
+            load_trusted_loss(path)
     with pytest.raises(UserError, match="not found"):
-        load_probe_tolerance(tmp_path / "missing.yaml")
+        load_trusted_loss(tmp_path / "missing.yaml")
 
 
 # ---- the verdict calibrated on measured noise (issue 9) ----------------------------------

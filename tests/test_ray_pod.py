@@ -307,7 +307,7 @@ def test_a_call_that_fails_on_a_node_crashes_its_worker_not_the_launcher(tmp_pat
     from launcher.config.ray_settings import RaySettings
     from launcher.pod.ckpt_index import CheckpointIndex
     from launcher.pod.events import EventLog
-    from launcher.supervise.prepare import load_plan
+    from launcher.supervise.plan import load_plan
     from launcher.supervise.ray_backend import RayBackend
     from launcher.supervise.ray_custodian import RayCustodian
     from launcher.supervise.ray_node import NodeWorker
@@ -328,7 +328,7 @@ def test_a_call_that_fails_on_a_node_crashes_its_worker_not_the_launcher(tmp_pat
     plan, manifest = load_plan(pod, 1, None, "0")
     events = EventLog(pod)
     supervisor = Supervisor(plan, manifest, CheckpointIndex(pod), events)
-    backend = RayBackend(pod, plan.config, RaySettings.parse(plan.config.ray), events)
+    backend = RayBackend(pod, plan.config, plan.ray, events)
     try:
         backend.actor_class = ray.remote(FailsOnce)
         supervisor.use_backend(backend, RayCustodian(backend))

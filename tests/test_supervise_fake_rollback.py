@@ -35,8 +35,8 @@ def test_a_rollback_decided_survives_a_launcher_killed_while_carrying_it_out(mak
     from launcher.paths import DECIDED_ROLLBACK_FILE
     from launcher.pod.ckpt_index import CheckpointIndex
     from launcher.pod.events import EventLog
-    from launcher.supervise.prepare import (complete_decided_rollback, load_plan,
-                                            never_resume_failed, reconcile)
+    from launcher.supervise.plan import load_plan
+    from launcher.supervise.prepare import complete_decided_rollback, never_resume_failed, reconcile
     sup, backend, clock = make(stage=3)
     sup.starter.start_all()
     good = passed_checkpoint(sup, backend, 0)
@@ -59,7 +59,7 @@ def test_a_rollback_decided_survives_a_launcher_killed_while_carrying_it_out(mak
     # The next plain launch (no --stage), through launch's own preparation steps.
     plan, manifest = load_plan(pod_dir, None, "cpu:2", None)
     index, log = CheckpointIndex(pod_dir), EventLog(pod_dir)
-    complete_decided_rollback(plan, manifest, index, log, stage_given=False)
+    plan = complete_decided_rollback(plan, manifest, index, log, stage_given=False)
     reconcile(plan, manifest, index, log)
     never_resume_failed(plan, manifest, index, log)
     entry = read_manifest(pod_dir / plan.config.manifest).entries[0]
@@ -187,7 +187,7 @@ def test_a_stage_switch_at_launch_is_pushed_to_the_hub_at_once(make):
     """Issue 18: the stage a launch switches to is recorded in the manifest before any
     worker starts, and pushed at the first tick (the hub's copy named the stage below)."""
     from launcher.pod.events import EventLog
-    from launcher.supervise.prepare import load_plan
+    from launcher.supervise.plan import load_plan
     from launcher.supervise.supervisor import Supervisor
     from tests.support.fake_backend import FakeBackend
     sup, backend, clock = make(stage=2)          # hub: file://hub

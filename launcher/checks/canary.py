@@ -16,12 +16,14 @@ from the same checkpoint, token and SEED, so they see the same tokens.
 
 Nothing here switches anything: the caller switches only when `result.passed`.
 
-    result = run_canary(pod_dir, gpu=0, from_stage=1, to_stage=2)
+    plan, manifest = load_plan(pod_dir, ...)      # launcher/supervise/plan.py, once
+    result = run_canary(plan, manifest, gpu=0, from_stage=1, to_stage=2)
+
+It takes the launch's plan (anything with the CanaryPlan fields) and manifest: the settings,
+stages and criteria it uses are the ones the launch validated, never the files again.
 """
 
 from __future__ import annotations
-
-import math
 
 import shutil
 import subprocess
@@ -29,37 +31,27 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 from launcher.files import read_json_state, write_json_state
 from launcher.paths import CANARY_FILE
 from launcher.paths import CANARY_SCRATCH_DIR as SCRATCH_DIR  # noqa: F401 (re-exported)
 from launcher import child
-from launcher.checks.canary_compare import Tolerance, compare_approximate, compare_exact, metrics_lines
-from launcher.checks.criteria import Criteria
-from launcher.errors import UserError, refuse_unknown_keys
+from launcher.checks.canary_compare import compare_approximate, compare_exact, metrics_lines
+from launcher.checks.trusted_loss import TrustedLoss
+from launcher.errors import UserError
 from launcher.checks.health import FAILED, INCONCLUSIVE, SUCCESSFUL
-from launcher.pod.manifest import read_manifest
+from launcher.pod.manifest import Manifest
 from launcher.config.devices import Slot, parse_devices
-from launcher.config.podconfig import PodConfig, load_config
+from launcher.config.podconfig import PodConfig
 from launcher.pod.progress import progress
-from launcher.config.stages import Stage, get_stage, load_stages
+from launcher.config.stages import Stage, get_stage
 from launcher.worker.process import (WorkerSpec, build_env, pod_env_names, read_records,
                                      worker_command)
 
 EXIT_OOM = 4                     # the worker's out-of-memory exit (docs/WORKER.md)
 KEEP_RUNS = 5                    # canary run directories kept (metrics + logs, no weights)
 WATCH_S = 0.5                    # how often a running canary shows progress, looks for a stop
-
-
-# ---- settings (the `canary:` section of trusted_loss.yaml; defaults: the shipped file) -----
-@dataclass(frozen=True)
-class CanarySettings:
-    steps: int
-    timeout_s: float
-    # float32 CPU runs agree to float rounding; bf16 CUDA is a band (see docs/CANARY.md).
-    exact: dict                 # device ("cpu", "cuda") -> Tolerance
-    max_ema_tf_rise: float      # approximate stages: last ema_tf vs stage M's
 
 
 def write_canary_state(pod_dir: Path, record: dict) -> None:
@@ -69,48 +61,6 @@ def write_canary_state(pod_dir: Path, record: dict) -> None:
 
 def read_canary_state(pod_dir: Path) -> dict | None:
     return read_json_state(pod_dir / CANARY_FILE) or None
-
-
-def load_canary_settings(criteria_path: str | Path) -> tuple[CanarySettings, Criteria]:
-    """The `canary:` section (defaults for what is missing) and the health-check criteria."""
-    from launcher.checks.trusted_loss import load_trusted_loss
-    trusted = load_trusted_loss(criteria_path)
-    return trusted.canary, trusted.criteria
-
-
-def parse_canary(section, path: Path) -> CanarySettings:
-    """The `canary:` section of the criteria file, over the shipped file's section
-    (launcher/checks/shipped_defaults.py): every key is there."""
-    where = f"{path}: canary"
-    if not isinstance(section, dict):
-        raise UserError(f"{where}: expected a mapping")
-    refuse_unknown_keys(section, {"steps", "timeout_s", "exact", "approximate"}, where)
-    exact = {}
-    for device, tol in (section.get("exact") or {}).items():
-        if device not in ("cpu", "cuda") or not isinstance(tol, dict) \
-                or set(tol) != {"rtol", "atol"}:
-            raise UserError(f"{where}.exact: expected cpu/cuda: {{rtol, atol}}, "
-                            f"got {device}: {tol!r}")
-        at = f"{where}.exact.{device}"
-        exact[device] = Tolerance(_number(f"{at}.rtol", tol["rtol"]),
-                                  _number(f"{at}.atol", tol["atol"]))
-    approx = section.get("approximate")
-    if not isinstance(approx, dict) or set(approx) != {"maxEmaTfRise"}:
-        raise UserError(f"{where}.approximate: expected {{maxEmaTfRise}}, got {approx!r}")
-    steps = section.get("steps")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
-        raise UserError(f"{where}.steps: expected an integer >= 2, got {steps!r}")
-    return CanarySettings(
-        steps=steps, timeout_s=_number(f"{where}.timeout_s", section.get("timeout_s")),
-        exact=exact, max_ema_tf_rise=_number(f"{where}.approximate.maxEmaTfRise",
-                                             approx["maxEmaTfRise"]))
-
-
-def _number(where: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            not 0 <= value < math.inf:
-        raise UserError(f"{where}: expected a finite number >= 0, got {value!r}")
-    return float(value)
 
 
 # ---- results ------------------------------------------------------------------------------
@@ -146,9 +96,9 @@ class ResumePoint:
     phase: int = 1               # the data phase it trains on (its shard)
 
 
-def resume_point(pod_dir: Path, config: PodConfig, gpu: int) -> ResumePoint:
+def resume_point(pod_dir: Path, config: PodConfig, manifest: Manifest, gpu: int) -> ResumePoint:
     """Where GPU `gpu` resumes: its manifest entry, else its canonical checkpoint file."""
-    entry = read_manifest(pod_dir / config.manifest).entries.get(gpu)
+    entry = manifest.entries.get(gpu)
     if entry and entry.checkpoint:
         return ResumePoint(entry.checkpoint, entry.start_token, entry.ema_tf, entry.at_phase)
     canonical = config.checkpoint_path(gpu)
@@ -304,34 +254,40 @@ def _clean(scratch_root: Path, run_dir: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def run_canary(pod_dir: str | Path, gpu: int, from_stage: int, to_stage: int,
-               steps: int | None = None, device: str | None = None,
+class CanaryPlan(Protocol):
+    """What the canary reads of the launch plan (launcher/supervise/plan.py LaunchPlan)."""
+    pod_dir: Path
+    config: PodConfig
+    stages: dict[int, Stage]
+    trusted: TrustedLoss        # its `canary:` settings and the health-check criteria
+
+
+def run_canary(plan: CanaryPlan, manifest: Manifest, gpu: int, from_stage: int,
+               to_stage: int, steps: int | None = None, device: str | None = None,
                timeout_s: float | None = None, parallel: bool = False,
-               stages_path: str | Path | None = None,
                should_stop: Callable[[], str | None] = lambda: None) -> CanaryResult:
     """Run the canary for switching GPU `gpu` from stage M to stage N > M. Never switches.
 
     `device`: cpu or cuda (default: the pod's device for that GPU). `steps` and `timeout_s`
-    default to trusted_loss.yaml's canary section. `parallel` runs the two workers at once.
+    default to the plan's criteria file's canary section. `parallel` runs the two workers
+    at once.
     `should_stop` is polled while it runs: a reason there cuts it short (Inconclusive,
     `interrupted` set).
-    User mistakes (unknown stage, N <= M, bad files) raise UserError before anything runs.
+    User mistakes (unknown stage, N <= M) raise UserError before anything runs.
     """
     t0 = time.monotonic()
-    pod_dir = Path(pod_dir).resolve()
-    config = load_config(pod_dir)
-    stages = load_stages(stages_path or pod_dir / config.stages)
+    pod_dir, config, stages = Path(plan.pod_dir).resolve(), plan.config, plan.stages
     ref_stage, new_stage = get_stage(stages, from_stage), get_stage(stages, to_stage)
     if to_stage <= from_stage:
         raise UserError(f"the canary checks a switch up: to_stage {to_stage} must be > "
                         f"from_stage {from_stage}")
-    settings, criteria = load_canary_settings(pod_dir / config.criteria)
+    settings, criteria = plan.trusted.canary, plan.trusted.criteria
     steps = settings.steps if steps is None else steps
     if steps < 2:
         raise UserError(f"canary steps must be >= 2 (step 1 only checks the forward), got {steps}")
     timeout_s = settings.timeout_s if timeout_s is None else timeout_s
     slot = _slot(config, gpu, device)
-    start = resume_point(pod_dir, config, gpu)
+    start = resume_point(pod_dir, config, manifest, gpu)
     exact = all(stages[n].exact for n in range(from_stage + 1, to_stage + 1))
 
     scratch_root = pod_dir / SCRATCH_DIR

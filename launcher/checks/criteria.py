@@ -13,11 +13,9 @@ import dataclasses
 import math
 import typing
 from dataclasses import dataclass
-from pathlib import Path
 
 from launcher.errors import UserError, refuse_unknown_keys
 from launcher.checks.shipped_defaults import with_shipped_defaults
-from launcher.config.yamlfile import read_yaml
 
 
 @dataclass(frozen=True)
@@ -192,7 +190,3 @@ def parse_criteria(data: dict, source: str = "criteria") -> Criteria:
     parts.update({name: _build(cls, f"{source}: supervision.{name}", supervision.get(name))
                   for name, cls in _SUPERVISION_CLASSES.items()})
     return Criteria(**parts, peers=_peers(data.get("peers"), source))
-
-
-def load_criteria(path: str | Path) -> Criteria:
-    return parse_criteria(read_yaml(path, "criteria file"), str(path))

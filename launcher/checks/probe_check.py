@@ -6,7 +6,7 @@ process, so training never waits for it and a probe that crashes, hangs or canno
 its files makes the check Inconclusive instead of taking the launcher down.
 
     result = run_probe_process("checkpoints/fractus_1b_gpu0.pt", "data/shard_phase2_gpu0.npy")
-    status, reason = probe_verdict(result, Baseline.of(baseline_result), load_probe_tolerance(path))
+    status, reason = probe_verdict(result, Baseline.of(baseline_result), plan.trusted.probe_tolerance)
 
 The allowed rise is calibrated on measured noise (issue 9): the baseline was probed on R_b
 windows (rows) whose ARs spread with sample standard deviation s; a probe on R_c other
@@ -178,18 +178,6 @@ def _schedule_values(path: Path, section: dict) -> dict:
                             f"got {value!r}")
         values[key] = kind(value)
     return values
-
-
-def load_probe_tolerance(criteria_path: str | Path) -> ProbeTolerance:
-    """The `probe:` section's verdict tolerance (the whole criteria file is checked)."""
-    from launcher.checks.trusted_loss import load_trusted_loss
-    return load_trusted_loss(criteria_path).probe_tolerance
-
-
-def load_probe_schedule(criteria_path: str | Path) -> ProbeSchedule:
-    """The schedule keys of the `probe:` section (every, parallel, timeout_s)."""
-    from launcher.checks.trusted_loss import load_trusted_loss
-    return load_trusted_loss(criteria_path).probe_schedule
 
 
 def _field(result, key: str):

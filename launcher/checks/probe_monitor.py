@@ -94,13 +94,6 @@ class ProbeMonitor:
         self._lost: list[ProbeRequest] = []     # ended with their node, not yet abandoned
 
     @classmethod
-    def from_criteria(cls, pod_dir: Path, criteria_path: Path,
-                      model: str | None = None) -> "ProbeMonitor | None":
-        """None when the criteria file turns probing off (`probe.every: 0`, the default)."""
-        from launcher.checks.trusted_loss import load_trusted_loss
-        return cls.from_trusted_loss(pod_dir, load_trusted_loss(criteria_path), model)
-
-    @classmethod
     def from_trusted_loss(cls, pod_dir: Path, trusted, model: str | None = None
                           ) -> "ProbeMonitor | None":
         """From the parsed criteria file; None when it turns probing off."""

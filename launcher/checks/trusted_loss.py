@@ -1,10 +1,11 @@
 """The criteria file (manifests/trusted_loss.yaml) parsed once into one object.
 
 Each section is parsed by the module that owns it, over the shipped file's values (the only
-defaults, launcher/checks/shipped_defaults.py): `checks:`
-and `supervision:` by criteria.py (whose CHECKS is the one registry of checks), `canary:`
-by canary.py, `probe:` by probe_check.py. `launch` parses the file once (LaunchPlan) and
-hands the parts to the supervisor, the canary gate and the probe monitor.
+defaults, launcher/checks/shipped_defaults.py): `checks:` and `supervision:` by
+criteria.py (whose CHECKS is the one registry of checks), `canary:` by canary_settings.py,
+`probe:` by probe_check.py; none of them reads a file or imports this module. `launch`
+parses the file once (launcher/supervise/plan.py LaunchPlan.trusted) and hands it to the
+supervisor, the canary gate and the probe monitor.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.checks.canary import CanarySettings, parse_canary
+from launcher.checks.canary_settings import CanarySettings, parse_canary
 from launcher.checks.criteria import Criteria, parse_criteria
 from launcher.checks.probe_check import ProbeSchedule, ProbeTolerance, parse_probe
 from launcher.checks.shipped_defaults import SHIPPED_CRITERIA, with_shipped_defaults

@@ -71,10 +71,10 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
     from launcher.pod.events import EventLog
     from launcher.pod.lock import PodLock
     from launcher.supervise.launch_shards import fetch_shards, shards_on_nodes
+    from launcher.supervise.plan import load_plan
     from launcher.supervise.prepare import (
         complete_decided_rollback,
         ensure_run_id,
-        load_plan,
         never_resume_failed,
         on_the_hub,
         reconcile,
@@ -102,16 +102,16 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
     events = None
     try:
         try:
+            # Every file a person writes, read once: nothing below opens them again.
             plan, manifest = load_plan(pod_dir, stage, devices, gpus, max_time, max_steps,
-                                       _parse_faults(faults))
+                                       _parse_faults(faults), ray_address)
             refuse_budget_below_one_push(plan, manifest)
             stop.deadline = plan.deadline
             from launcher.supervise.canary_budget import split_budget
             canary = not no_canary and \
                 (stage_before_launch(plan, manifest) or plan.stage) < plan.stage
             budget = split_budget(plan, canary)
-            from launcher.config.ray_settings import RaySettings
-            ray_settings = RaySettings.parse(plan.config.ray, ray_address)
+            ray_settings = plan.ray
             if ray_settings is not None:    # before anything is written: a refusal writes nothing
                 from launcher.supervise.ray_reach import refuse_unreachable
                 refuse_unreachable(ray_settings)
@@ -135,8 +135,8 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
             fetch_shards(plan, manifest, on_nodes, canary)
             events = EventLog(pod_dir, mirror=_mirrors(pod_dir, alerting))
             index = CheckpointIndex(pod_dir)
-            complete_decided_rollback(plan, manifest, index, events,
-                                      stage_given=stage is not None)
+            plan = complete_decided_rollback(plan, manifest, index, events,
+                                             stage_given=stage is not None)
             reconcile(plan, manifest, index, events)
             never_resume_failed(plan, manifest, index, events)
             recover_checkpoints(plan, manifest, index, events, on_hub)

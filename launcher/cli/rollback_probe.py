@@ -173,7 +173,7 @@ def _probe_files(pod_dir: Path, config, gpu: int | None, checkpoint: str | None,
     if gpu not in known:
         raise UserError(f"no GPU {gpu} in this pod (GPUs: {sorted(known)})")
     entry = manifest.entries.get(gpu)
-    start = resume_point(pod_dir, config, gpu)      # the manifest's, else the canonical file
+    start = resume_point(pod_dir, config, manifest, gpu)   # the manifest's, else the canonical file
     if start.checkpoint is None:
         raise UserError(f"GPU {gpu} has no checkpoint to probe yet")
     ckpt = _existing(pod_dir, start.checkpoint, f"GPU {gpu} checkpoint", typed=False)
@@ -226,10 +226,10 @@ def probe_pod(pod_dir: Path, gpu: int | None = None, checkpoint: str | None = No
     from launcher.checks.probe_check import (
         Baseline,
         ProbeUnavailable,
-        load_probe_tolerance,
         probe_verdict,
         run_probe_process,
     )
+    from launcher.checks.trusted_loss import load_trusted_loss
     config = load_config(pod_dir)
     gpu, stage, ckpt_path, shard_path, gpu_head = _probe_files(pod_dir, config, gpu,
                                                                checkpoint, shard)
@@ -237,7 +237,7 @@ def probe_pod(pod_dir: Path, gpu: int | None = None, checkpoint: str | None = No
                                   if checkpoint is not None else (None, ""))
     if record_baseline and stage is None:
         raise UserError("--record-baseline needs --gpu of a GPU whose stage the manifest records")
-    tolerance = load_probe_tolerance(pod_dir / config.criteria)
+    tolerance = load_trusted_loss(pod_dir / config.criteria).probe_tolerance
     try:
         result = run_probe_process(ckpt_path, shard_path, head=gpu_head if head is None
                                    else head, device=device, timeout_s=timeout_s, cwd=pod_dir,

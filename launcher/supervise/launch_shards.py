@@ -17,7 +17,7 @@ from launcher.pod.setup_init import missing_shards_fix
 from launcher.pod.shards import shard_kind_problem, shard_length
 
 if TYPE_CHECKING:
-    from launcher.supervise.prepare import LaunchPlan
+    from launcher.supervise.plan import LaunchPlan
 
 
 def shards_on_nodes(plan: LaunchPlan, on_ray: bool) -> set[int]:

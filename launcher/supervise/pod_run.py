@@ -21,7 +21,7 @@ from launcher.pod.manifest import Manifest, ManifestEntry
 from launcher.supervise.backend import WorkerBackend
 from launcher.supervise.custodian import CheckpointCustodian
 from launcher.supervise.gpu_run import GpuRun
-from launcher.supervise.prepare import LaunchPlan
+from launcher.supervise.plan import LaunchPlan
 from launcher.supervise.state import PodEvent, PodState, transition
 
 if TYPE_CHECKING:           # tracker_sink imports nothing of the supervisor's at run time

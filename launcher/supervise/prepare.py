@@ -1,24 +1,19 @@
 """Everything `launch` checks and settles before it starts a single worker.
 
-Order: config files -> devices -> the pod lock -> no worker already on a requested GPU ->
-manifest (read, reconcile with checkpoint events a dead launcher missed, never resume from a
-checkpoint marked failed, recover the exact bytes each entry names, validate paths, types and
-each checkpoint's identity) -> verdict baseline. Any problem raises UserError (one line,
-exit 2) and nothing is started.
+Order: the plan (launcher/supervise/plan.py: every file a person writes, the devices) -> the
+pod lock -> no worker already on a requested GPU -> manifest (reconcile with checkpoint
+events a dead launcher missed, never resume from a checkpoint marked failed, recover the
+exact bytes each entry names, validate paths, types and each checkpoint's identity) ->
+verdict baseline. Any problem raises UserError (one line, exit 2) and nothing is started.
 """
 
 from __future__ import annotations
 
-import math
-import time
+import dataclasses
 import uuid
-from dataclasses import dataclass, field
-from pathlib import Path
 
 from launcher.pod.ckpt_index import PASSED, CheckpointIndex, sha256_file
 from launcher.pod.ckpt_trust import check_entry
-from launcher.checks.criteria import Criteria
-from launcher.checks.trusted_loss import TrustedLoss, load_trusted_loss
 from launcher.errors import PodBusy, UserError
 from launcher.pod.events import EventLog
 from launcher.pod.manifest import (
@@ -27,62 +22,14 @@ from launcher.pod.manifest import (
     apply_checkpoint,
     event_phase,
     event_position,
-    name_default_checkpoints,
-    read_manifest,
     relative_to_pod,
     validate_for_launch,
     write_manifest,
 )
-from launcher.config.devices import Slot, parse_devices
-from launcher.config.podconfig import PodConfig, check_model, load_config
 from launcher.pod.shards import shard_length
 from launcher.hub.recover import recover_all
-from launcher.config.stages import Stage, get_stage, load_stages
+from launcher.supervise.plan import LaunchPlan, check_worker_settings
 from launcher.worker.process import busy_cuda_gpus, metrics_path, read_records, running_workers
-
-
-@dataclass
-class LaunchPlan:
-    pod_dir: Path
-    config: PodConfig
-    stages: dict[int, Stage]
-    criteria: Criteria
-    stage: int
-    slots: list[Slot]
-    max_time: float | None = None
-    max_steps: int | None = None
-    faults: dict = field(default_factory=dict)   # gpu -> FRACTUS_FAULT for its first start
-    # time.monotonic() at which --max-time ends the launch: counted from the start of
-    # `launch`, so a canary before the workers spends it too.
-    deadline: float | None = None
-    # The whole criteria file, parsed once (checks, canary, probe); `criteria` is its checks.
-    trusted: TrustedLoss | None = None
-
-
-def load_plan(pod_dir: Path, stage: int | None, devices: str | None, gpus: str | None,
-              max_time: float | None = None, max_steps: int | None = None,
-              faults: dict | None = None) -> tuple[LaunchPlan, Manifest]:
-    config = load_config(pod_dir)
-    check_model(pod_dir, config)
-    stages = load_stages(pod_dir / config.stages)
-    trusted = load_trusted_loss(pod_dir / config.criteria)
-    slots = parse_devices(devices or config.devices, gpus)
-    manifest = read_manifest(pod_dir / config.manifest)
-    name_default_checkpoints(manifest, pod_dir, config.checkpoint_path)
-    if stage is None:
-        stage = manifest.recorded_stage() or 1
-    check_worker_settings(stages, stage, config, pod_dir / config.stages)
-    if max_time is not None and not 0 < max_time < math.inf:
-        raise UserError(f"--max-time must be a number of seconds > 0, got {max_time}; e.g. "
-                        f"--max-time 3600")
-    for gpu in (faults or {}):
-        if gpu not in {s.gpu for s in slots}:
-            raise UserError(f"--fault names GPU {gpu}, which this launch does not run; name "
-                            f"one of {sorted(s.gpu for s in slots)}")
-    plan = LaunchPlan(pod_dir, config, stages, trusted.criteria, stage, slots, max_time,
-                      max_steps, dict(faults or {}),
-                      None if max_time is None else time.monotonic() + max_time, trusted)
-    return plan, manifest
 
 
 def refuse_budget_below_one_push(plan: LaunchPlan, manifest: Manifest) -> None:
@@ -102,20 +49,6 @@ def refuse_budget_below_one_push(plan: LaunchPlan, manifest: Manifest) -> None:
                                         f"the {len(sizes)} checkpoint(s) the manifest names")
     if too_small:
         raise UserError(too_small)
-
-
-def check_worker_settings(stages: dict[int, Stage], number: int, config: PodConfig,
-                          stages_path: Path) -> None:
-    """The stage's settings and the config's `env`, parsed by the worker's own
-    WorkerSettings now: a bad value (BATCH: x) is refused before anything starts, not by
-    every worker after launch."""
-    from fractus.train.env import SettingsError, WorkerSettings
-    stage = get_stage(stages, number)
-    try:
-        WorkerSettings.from_env({**stage.settings, **config.env})
-    except SettingsError as exc:
-        raise UserError(f"{stages_path}: stage {number} (with fractus-pod.yaml env): {exc}") \
-            from None
 
 
 def refuse_if_busy(plan: LaunchPlan) -> None:
@@ -166,24 +99,27 @@ def reconcile(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
 
 
 def complete_decided_rollback(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
-                              events: EventLog, stage_given: bool) -> None:
+                              events: EventLog, stage_given: bool) -> LaunchPlan:
     """A rollback the last launcher decided and died carrying out is completed first
     (launcher/pod/decided_rollback.py), before reconcile could adopt the failed GPU's
-    unjudged checkpoints; a launch without --stage then runs at its target stage."""
+    unjudged checkpoints; a launch without --stage then runs at its target stage (the
+    plan returned: the same plan at that stage)."""
     from launcher.pod.decided_rollback import clear_decision, complete_decision
     to_stage = complete_decision(plan.pod_dir, manifest, index, events,
                                  plan.config.checkpoint_path)
     if to_stage is None:
-        return
+        return plan
     write_manifest(manifest)
     clear_decision(plan.pod_dir)
     if plan.config.hub:      # the hub still holds the stage rolled back from
         from launcher.hub.sync import note_manifest_changed
         note_manifest_changed(plan.pod_dir, "rollback")
     if not stage_given:
-        plan.stage = manifest.recorded_stage([s.gpu for s in plan.slots]) or to_stage
+        plan = dataclasses.replace(
+            plan, stage=manifest.recorded_stage([s.gpu for s in plan.slots]) or to_stage)
         check_worker_settings(plan.stages, plan.stage, plan.config,
                               plan.pod_dir / plan.config.stages)
+    return plan
 
 
 def never_resume_failed(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,

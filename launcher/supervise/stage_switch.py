@@ -65,7 +65,7 @@ def canary_gate(plan, manifest, events, no_canary: bool, stop: EarlyStop) -> Non
     ensure_canary_inputs(plan, manifest)    # its shard and checkpoint, on a Ray pod's head too
     print(f"canary: stage {current} -> {plan.stage} on GPU {slot.gpu} ({slot.device}) ...",
           flush=True)
-    result = run_canary(plan.pod_dir, slot.gpu, current, plan.stage, device=slot.device,
+    result = run_canary(plan, manifest, slot.gpu, current, plan.stage, device=slot.device,
                         should_stop=stop.reason)
     record = result.to_dict()
     events.emit("canary", **record)

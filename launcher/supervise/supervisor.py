@@ -51,7 +51,7 @@ from launcher.supervise.placement import NodePlacement
 from launcher.supervise.phase_switch import PhaseSwitch
 from launcher.supervise.pod_run import PodRun
 from launcher.supervise.pod_view import PodView, warn
-from launcher.supervise.prepare import LaunchPlan
+from launcher.supervise.plan import LaunchPlan
 from launcher.supervise.restart import WorkerRestarter
 from launcher.supervise.rollback import StageRollback
 from launcher.supervise.stage_switch import record_stage
@@ -285,7 +285,4 @@ def _gpu_runs(plan: LaunchPlan, backend: WorkerBackend) -> dict[int, GpuRun]:
 
 
 def _probes(plan: LaunchPlan) -> ProbeMonitor | None:
-    if plan.trusted is not None:
-        return ProbeMonitor.from_trusted_loss(plan.pod_dir, plan.trusted, model=plan.config.model)
-    return ProbeMonitor.from_criteria(plan.pod_dir, plan.pod_dir / plan.config.criteria,
-                                      model=plan.config.model)
+    return ProbeMonitor.from_trusted_loss(plan.pod_dir, plan.trusted, model=plan.config.model)

@@ -11,7 +11,7 @@ from launcher.pod.setup_init import init_pod
 from launcher.pod.ckpt_index import PASSED, CheckpointIndex
 from launcher.pod.events import EventLog, read_events
 from launcher.pod.live_state import read_pod_state
-from launcher.supervise.prepare import load_plan
+from launcher.supervise.plan import load_plan
 from launcher.supervise.supervisor import Supervisor
 from tests.support.fake_backend import FakeBackend
 from tests.support.fake_custodian import FakeCustodian

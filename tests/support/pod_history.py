@@ -44,7 +44,7 @@ def pod_with_history(tmp_path: Path) -> Path:
 
 def supervisor_for(pod: Path, stage: int):
     """The real Supervisor of a 2-CPU pod at `stage`, not started."""
-    from launcher.supervise.prepare import load_plan
+    from launcher.supervise.plan import load_plan
     from launcher.supervise.supervisor import Supervisor
     plan, manifest = load_plan(pod, stage, "cpu:2", None)
     return Supervisor(plan, manifest, CheckpointIndex(pod), EventLog(pod))

@@ -38,3 +38,14 @@ def copy_pod(template: Path, dest: Path) -> Path:
     """A copy of a trained pod (tests/conftest.py's session templates) to change freely."""
     shutil.copytree(template, dest)
     return dest
+
+
+def launch_plan(pod: Path, stages_path: Path | None = None):
+    """(plan, manifest) as `launch` builds them (launcher/supervise/plan.py), with the
+    stage table of `stages_path` instead of the pod's when given (a test's variant)."""
+    import dataclasses
+    from launcher.supervise.plan import load_plan
+    plan, manifest = load_plan(pod, None, None, None)
+    if stages_path is not None:
+        plan = dataclasses.replace(plan, stages=load_stages(stages_path))
+    return plan, manifest
