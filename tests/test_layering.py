@@ -1,6 +1,7 @@
 """launcher/'s sub-packages import one way only: each may import those after it in LAYERS
-(and the base modules), never one before it, at module level or inside a function. And no
-test module imports another (shared test helpers live in tests/support/)."""
+(and the base modules), never one before it, at module level or inside a function; inside a
+package no modules import each other in a circle either. And no test module imports another
+(shared test helpers live in tests/support/)."""
 
 import ast
 from pathlib import Path
@@ -21,6 +22,75 @@ def imported_launcher_modules(path: Path):
             yield node.lineno, [a.name for a in node.names if a.name.startswith("launcher.")]
 
 
+def module_name(path: Path) -> str:
+    parts = path.relative_to(LAUNCHER.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _type_checking_only(tree) -> set[int]:
+    """Line numbers of imports under `if TYPE_CHECKING:` (never run: no circle at run time)."""
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            lines |= {n.lineno for stmt in node.body for n in ast.walk(stmt)
+                      if isinstance(n, (ast.Import, ast.ImportFrom))}
+    return lines
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the launcher modules it imports, at module level or in a function, relative
+    imports included (`from .store import x`, `from launcher.hub import open_store`: the
+    package's __init__, `from launcher import child`: the module)."""
+    paths = {module_name(p): p for p in LAUNCHER.rglob("*.py")}
+    graph = {}
+    for name, path in paths.items():
+        tree = ast.parse(path.read_text())
+        skip, found = _type_checking_only(tree), set()
+        package = name if path.stem == "__init__" else name.rpartition(".")[0]
+        for node in ast.walk(tree):
+            if getattr(node, "lineno", None) in skip:
+                continue
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join([*package.split(".")[:len(package.split(".")) - node.level
+                                                        + 1], *([base] if base else [])])
+                found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in paths else base
+                          for a in node.names}
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+        graph[name] = {m for m in found if m in paths and m != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles: strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
 def test_every_module_lives_in_a_layer_or_the_base():
     top = {p.stem for p in LAUNCHER.glob("*.py")} - {"__init__"}
     packages = {p.name for p in LAUNCHER.iterdir() if (p / "__init__.py").is_file()}
@@ -39,6 +109,24 @@ def test_imports_point_one_way():
                 if theirs in rank and rank[theirs] < mine:
                     upward.append(f"{rel}:{line} imports {module}")
     assert not upward, "\n".join(upward)
+
+
+def test_no_import_circles():
+    """Inside a package too (canary <-> trusted_loss <-> probe_check through function-level
+    imports, hub/store.py <-> hf.py/local.py through open_store were two): a circle works
+    only while one of its imports stays inside a function, and breaks the day someone
+    moves that import to the top of its module; it also says the two modules are one."""
+    found = cycles(import_graph())
+    assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_the_circle_finder_sees_function_level_and_relative_imports():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+    got = import_graph()
+    assert "launcher.hub.store" in got["launcher.hub.local"]          # from .store import ...
+    assert "launcher.checks.trusted_loss" in got["launcher.supervise.plan"]
 
 
 def test_no_test_module_imports_another():
