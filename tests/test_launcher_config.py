@@ -155,3 +155,13 @@ def test_a_bad_stage_setting_is_refused_at_launch_by_the_workers_own_parser(tmp_
     assert len(err.splitlines()) == 1
     assert "stage 1" in err and "BATCH must be an integer >= 1, got 'x'" in err
     assert not (pod / "logs" / "events.jsonl").exists()
+
+
+def test_the_sync_section_is_parsed_once_per_value():
+    from launcher.config.podconfig import PodConfig, SyncSettings
+    config = PodConfig(sync={"interval": "30m"})
+    first = config.sync_settings()
+    assert config.sync_settings() is first          # not parsed again at every use
+    config.sync["interval"] = "1h"                  # a changed value is parsed anew
+    assert config.sync_settings() == SyncSettings(interval_s=3600.0)
+    assert config.to_dict()["sync"] == {"interval": "1h"}     # the user's text, kept

@@ -88,11 +88,16 @@ class PodConfig:
     @property
     def phases(self) -> tuple[Phase, ...]:
         """`shards:` parsed (once per value: the list is the user's, kept raw for to_dict)."""
-        cached = self.__dict__.get("_phases")
-        if cached is None or cached[0] != self.shards:
-            cached = (copy.deepcopy(self.shards),
-                      parse_phases(self.shards, "shards", _check_template))
-            self.__dict__["_phases"] = cached
+        return self._parsed("_phases", self.shards,
+                            lambda raw: parse_phases(raw, "shards", _check_template))
+
+    def _parsed(self, key: str, raw, parse):
+        """parse(raw), remembered until the raw value changes: a section is parsed once,
+        not at every use, while the config keeps the user's text for to_dict."""
+        cached = self.__dict__.get(key)
+        if cached is None or cached[0] != raw:
+            cached = (copy.deepcopy(raw), parse(raw))
+            self.__dict__[key] = cached
         return cached[1]
 
     def phase(self, number: int) -> Phase:
@@ -118,7 +123,8 @@ class PodConfig:
         return dataclasses.asdict(self)
 
     def sync_settings(self) -> "SyncSettings":
-        return SyncSettings.parse(self.sync)
+        """`sync:` parsed (once per value; load_config has checked it)."""
+        return self._parsed("_sync", self.sync, SyncSettings.parse)
 
     def alert_settings(self) -> "AlertSettings | None":
         from launcher.config.alerts import AlertSettings
