@@ -4,7 +4,8 @@ Every threshold the health checks use comes from here; the check logic lives in
 launcher/checks/health.py. No field has a default in code: a key a pod's file leaves out
 takes the shipped file's value (launcher/checks/shipped_defaults.py). Unknown keys are refused so a typo never silently disables a check.
 The `canary:` and `probe:` sections belong to the stage canary and the AR probe verdict:
-they are parsed (and their keys checked) by launcher/checks/canary.py and launcher/checks/probe_check.py.
+they are parsed (and their keys checked) by launcher/checks/canary_settings.py and
+launcher/checks/probe_check.py.
 """
 
 from __future__ import annotations

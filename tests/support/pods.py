@@ -6,6 +6,7 @@ written from the worker's last checkpoint event, as the launcher does.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 from pathlib import Path
@@ -16,6 +17,7 @@ from launcher.config.devices import Slot
 from launcher.config.podconfig import load_config
 from launcher.pod.setup_init import init_pod
 from launcher.config.stages import load_stages
+from launcher.supervise.plan import load_plan
 from launcher.worker.process import WorkerSpec, build_env, metrics_path, read_records, worker_command
 
 
@@ -43,8 +45,6 @@ def copy_pod(template: Path, dest: Path) -> Path:
 def launch_plan(pod: Path, stages_path: Path | None = None):
     """(plan, manifest) as `launch` builds them (launcher/supervise/plan.py), with the
     stage table of `stages_path` instead of the pod's when given (a test's variant)."""
-    import dataclasses
-    from launcher.supervise.plan import load_plan
     plan, manifest = load_plan(pod, None, None, None)
     if stages_path is not None:
         plan = dataclasses.replace(plan, stages=load_stages(stages_path))
