@@ -304,7 +304,6 @@ def test_a_call_that_fails_on_a_node_crashes_its_worker_not_the_launcher(tmp_pat
     head, and the GPU restarts as after a crash."""
     import ray
 
-    from launcher.config.ray_settings import RaySettings
     from launcher.pod.ckpt_index import CheckpointIndex
     from launcher.pod.events import EventLog
     from launcher.supervise.plan import load_plan
