@@ -10,7 +10,8 @@ kept). Reported: checkpoint bytes the hub holds after the last push, in units of
 (goal: <= keep + milestones; no stage changes here, so milestones = 0), and the retention
 step's time as a share of the push's own time (goal: < 5 %), median over the pushes.
 `--hub hf` runs the test hub (tests/support/hub_server.py) in its own process and talks to it
-through the real HfApi (list_lfs_files + permanently_delete_lfs_files).
+through the real HfApi (permanently_delete_lfs_files; list_repo_commits and list_lfs_files
+only where the retention ledger does not know the push's parent: the first push here).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def run(hub_url: str, work: Path, pushes: int, keep: int | None, gpus: int,
     import yaml
     from launcher.cli import main as cli_main
     from launcher.hub import open_store
-    from launcher.hub.retention import CHECKPOINT_SUFFIXES
+    from launcher.hub.retention_ledger import CHECKPOINT_SUFFIXES
     from launcher.hub.sync_push import push_now
     from launcher.config.podconfig import load_config
     from launcher.pod.events import read_events
@@ -64,8 +65,8 @@ def run(hub_url: str, work: Path, pushes: int, keep: int | None, gpus: int,
         started = time.perf_counter()
         push_now(pod, load_config(pod), f"bench push {n}")
         push_s.append(time.perf_counter() - started)
-    retention_s = [e["retention_seconds"] for e in read_events(pod)
-                   if e.get("event") == "hub_retention"]
+    steps = [e for e in read_events(pod) if e.get("event") == "hub_retention"]
+    retention_s = [e["retention_seconds"] for e in steps]
     store = open_store(hub_url, pod)
     head = store.head()
     one_push = sum(e.size for p, e in store.files(head).items()
@@ -83,7 +84,9 @@ def run(hub_url: str, work: Path, pushes: int, keep: int | None, gpus: int,
             "retention_median_s": round(statistics.median(retention_s), 4) if retention_s
             else None,
             "retention_share_median": round(statistics.median(shares), 4) if shares else None,
-            "retention_share_max": round(max(shares), 4) if shares else None}
+            "retention_share_max": round(max(shares), 4) if shares else None,
+            # Steps that read the hub (listings) rather than deciding from the ledger alone.
+            "steps_listed": sum(1 for e in steps if e.get("listed", True))}
 
 
 def main() -> None:

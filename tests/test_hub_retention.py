@@ -18,7 +18,7 @@ from launcher.cli import main as cli_main
 from launcher.config.podconfig import load_config
 from launcher.hub import open_store
 from launcher.hub.from_hub import rebuild_from_hub
-from launcher.hub.retention import CHECKPOINT_SUFFIXES
+from launcher.hub.retention_ledger import CHECKPOINT_SUFFIXES, read_ledger
 from launcher.hub.sync import HubSync
 from launcher.hub.sync_state import read_sync_state
 from launcher.pod.ckpt_index import PASSED, CheckpointIndex, sha256_file
@@ -66,6 +66,28 @@ def push(pod: Path, capsys) -> str:
                 if x.startswith(("pushed revision", "skipped")))
     assert line.startswith("pushed revision "), line
     return line.split()[-1]
+
+
+def pod_with_pushes(tmp_path: Path, hub_url: str, capsys, retention: dict,
+                    pushes: int) -> tuple[Path, object, list[str]]:
+    """A pod under `retention` after `pushes` pushes of new checkpoints: (pod, its store,
+    the revisions oldest first)."""
+    pod = make_pod(tmp_path, hub_url, retention)
+    store = open_store(hub_url, pod)
+    revisions = []
+    for n in range(pushes):
+        new_checkpoints(pod, 1000 * (n + 1))
+        revisions.append(push(pod, capsys))
+    return pod, store, revisions
+
+
+def assert_holds_the_newest(store, keep: int) -> None:
+    """Of the checkpoint objects some revision names, the store holds exactly the newest
+    `keep` revisions' (every revision here is a push)."""
+    history = [h.revision for h in store.history()]
+    kept = {sha for rev in history[:keep] for sha in checkpoint_objects(store, rev)}
+    named = {sha for rev in history for sha in checkpoint_objects(store, rev)}
+    assert {sha for sha in store.stored_objects() if sha in named} == kept
 
 
 def checkpoint_objects(store, revision: str) -> dict[str, int]:
@@ -347,22 +369,29 @@ def test_a_push_reads_only_the_revisions_the_ledger_does_not_know(
     assert {sha for sha in store.stored_objects() if sha in named} == kept
 
 
-def test_a_ledger_a_crash_emptied_is_read_again_from_the_hub(tmp_path, capsys):
-    """The ledger is written without fsync (a cache): emptied, the next push reads the
+@pytest.mark.parametrize("damage", ["emptied", "torn"])
+def test_a_ledger_a_crash_emptied_or_tore_is_read_again_from_the_hub(tmp_path, capsys, damage):
+    """The ledger is rewritten in place without fsync (a cache): emptied, or torn (its
+    bytes no longer match its checksum line, though still JSON), the next push reads the
     history from the hub again and keeps and deletes exactly what it would have."""
-    pod = make_pod(tmp_path, f"file://{tmp_path / 'store'}", {"keep": 2})
-    for n in range(4):
-        new_checkpoints(pod, 1000 * (n + 1))
-        push(pod, capsys)
-    (pod / "logs" / "hub_ledger.json").write_bytes(b"")
+    hub_url = f"file://{tmp_path / 'store'}"
+    pod, store, _revisions = pod_with_pushes(tmp_path, hub_url, capsys, {"keep": 2}, 4)
+    path = pod / "logs" / "hub_ledger.json"
+    if damage == "emptied":
+        path.write_bytes(b"")
+    else:
+        checksum, body = path.read_bytes().split(b"\n", 1)
+        held = json.loads(body)["held"]
+        json.loads(body.replace(next(iter(held)).encode(), b"0" * 64))   # still JSON
+        path.write_bytes(checksum + b"\n" + body.replace(next(iter(held)).encode(), b"0" * 64))
+    assert read_ledger(pod) == {}
     new_checkpoints(pod, 5000)
     push(pod, capsys)
-    store = open_store(f"file://{tmp_path / 'store'}", pod)
+    assert_holds_the_newest(store, 2)
+    (event,) = [e for e in read_events(pod) if e.get("event") == "hub_retention"][-1:]
+    assert event["listed"] is True
+    ledger = read_ledger(pod)
     history = [h.revision for h in store.history()]
-    kept = {sha for rev in history[:2] for sha in checkpoint_objects(store, rev)}
-    named = {sha for rev in history for sha in checkpoint_objects(store, rev)}
-    assert {sha for sha in store.stored_objects() if sha in named} == kept
-    ledger = json.loads((pod / "logs" / "hub_ledger.json").read_text())
     assert ledger["order"] == history and set(ledger["revisions"]) == set(history)
 
 
@@ -398,3 +427,65 @@ def test_only_the_newest_recovery_copy_is_kept_and_it_evicts_no_push(tmp_path, c
     for revision in pushes:                     # keep 3: all three passed pushes
         assert set(checkpoint_objects(store, revision)) <= held
     assert {copies[0], copies[2]} <= held and copies[1] not in held
+
+
+def test_a_push_the_ledger_knows_deletes_with_one_call_and_lists_nothing(
+        tmp_path, capsys, request, monkeypatch):
+    """After a push built on the newest revision the ledger knew, the step decides from the
+    ledger: no listing of commits or LFS files, one deletion call (none when nothing fell
+    out); a deletion that fails leaves what the hub holds unknown, so the next push lists."""
+    hub = request.getfixturevalue("test_hub")
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    hub_url = f"hf://{REPO_ID}"
+    pod = make_pod(tmp_path, hub_url, {"keep": 2})
+    store = open_store(hub_url, pod)
+
+    def push_counting() -> dict[str, int]:
+        before = {route: len(hub.routed(route)) for route in
+                  ("commits", "lfs_files", "lfs_delete")}
+        push(pod, capsys)
+        return {route: len(hub.routed(route)) - n for route, n in before.items()}
+
+    new_checkpoints(pod, 1000)
+    first = push_counting()                       # no ledger yet: the hub is read
+    assert first["commits"] == 1 and first["lfs_files"] == 1 and first["lfs_delete"] == 0
+    new_checkpoints(pod, 2000)
+    assert push_counting() == {"commits": 0, "lfs_files": 0, "lfs_delete": 0}   # nothing fell out
+    new_checkpoints(pod, 3000)
+    assert push_counting() == {"commits": 0, "lfs_files": 0, "lfs_delete": 1}
+    (event,) = [e for e in read_events(pod) if e.get("event") == "hub_retention"][-1:]
+    assert event["deleted_objects"] == GPUS and event["listed"] is False
+
+    hub.faults.add("lfs_delete", "status", status=403)
+    new_checkpoints(pod, 4000)
+    assert push_counting()["lfs_delete"] == 1
+    failed = [e for e in read_events(pod) if e.get("event") == "hub_retention_failed"]
+    assert len(failed) == 1 and failed[0]["retry"] == "after the next push"
+    new_checkpoints(pod, 5000)
+    after_failure = push_counting()
+    assert after_failure["lfs_files"] == 1 and after_failure["lfs_delete"] == 1
+    assert_holds_the_newest(store, 2)
+
+
+def test_a_revision_another_writer_committed_makes_the_step_read_the_hub(tmp_path, capsys):
+    """Another writer's commit (a node, another pod) between two of this pod's pushes: the
+    ledger does not know it, so the step reads the hub and keeps what that commit names.
+    Here it names the checkpoints of an older push, which the ledger alone would delete."""
+    hub_url = f"file://{tmp_path / 'store'}"
+    pod, store, revisions = pod_with_pushes(tmp_path, hub_url, capsys, {"keep": 2}, 3)
+    second = checkpoint_objects(store, revisions[1])
+    # The other writer pushes the second push's checkpoints again, as the head.
+    other = open_store(hub_url, tmp_path / "other")
+    config = load_config(pod)
+    other.pull([config.checkpoint_path(gpu) for gpu in range(GPUS)], revisions[1])
+    other.push([config.checkpoint_path(gpu) for gpu in range(GPUS)], "another writer")
+    new_checkpoints(pod, 4000)
+    head = push(pod, capsys)
+    # The newest 2 pushes: this one and the other writer's, which names `second`.
+    held = set(store.stored_objects())
+    assert set(second) <= held
+    assert set(checkpoint_objects(store, head)) <= held
+    assert not set(checkpoint_objects(store, revisions[2])) & held
+    (event,) = [e for e in read_events(pod) if e.get("event") == "hub_retention"][-1:]
+    assert event["listed"] is True

@@ -24,7 +24,7 @@ import shutil
 import uuid
 from datetime import timezone
 from pathlib import Path
-from typing import Callable, Mapping, TypeVar
+from typing import Callable, Mapping, NamedTuple, TypeVar
 
 import httpx2
 from huggingface_hub import CommitOperationAdd, HfApi, constants, hf_hub_url, set_client_factory
@@ -90,7 +90,6 @@ class HfStore(Store):
         self._repo_ready = False
         # A commit's index never changes: read (or pushed) once per revision, kept here.
         self._indexes: dict[str, tuple[dict[str, FileEntry], str | None]] = {}
-        self._lfs_listing: list = []           # the last list_lfs_files answer
         _install_client_timeouts()
 
     # -- plumbing ------------------------------------------------------------------------
@@ -227,28 +226,25 @@ class HfStore(Store):
     # -- storage -------------------------------------------------------------------------
     def stored_objects(self) -> dict[str, int]:
         try:
-            self._lfs_listing = self._call(lambda: list(self._api.list_lfs_files(
+            listing = self._call(lambda: list(self._api.list_lfs_files(
                 self.repo_id, repo_type=self.repo_type)), "listing LFS files")
         except HubError as exc:
             if exc.status != 404:
                 raise
-            self._lfs_listing = []
-        return {f.file_oid: f.size for f in self._lfs_listing}
+            listing = []
+        return {f.file_oid: f.size for f in listing}
 
     def delete_objects(self, shas: list[str]) -> None:
-        # The deletion call takes the listing's own records: those of the last listing
-        # (retention lists, then deletes), listed again when one is missing from it.
-        wanted = set(shas)
-        if not wanted <= {f.file_oid for f in self._lfs_listing}:
-            self.stored_objects()
-        doomed = [f for f in self._lfs_listing if f.file_oid in wanted]
-        if not doomed:
+        if not shas:
             return
+        # The deletion call reads one field of each LFSFileInfo, `file_oid` ("the identifier
+        # to pass when permanently deleting the file", the client's docs): the caller knows
+        # the objects' sha256 (the LFS oid) from the revisions' indexes, so no listing first.
         # rewrite_history=False: the commits stay (their small files, `sync history`); only
         # the objects go. The Hub's documented call for freeing LFS storage.
         self._call(lambda: self._api.permanently_delete_lfs_files(
-            self.repo_id, doomed, rewrite_history=False, repo_type=self.repo_type),
-            "deleting LFS files")
+            self.repo_id, [LfsObject(sha) for sha in shas], rewrite_history=False,
+            repo_type=self.repo_type), "deleting LFS files")
 
     # -- writing -------------------------------------------------------------------------
     def _ensure_repo(self) -> None:
@@ -299,6 +295,7 @@ class HfStore(Store):
                 )
                 log.info("hub: pushed %d file(s) to %s as %s", len(entries), self.url, info.oid[:12])
                 self._indexes[info.oid] = (index, push_id)
+                self.parents[info.oid] = parent
                 return info.oid
             except HfHubHTTPError as exc:
                 if http_status(exc) not in CONFLICT_STATUS:
@@ -316,6 +313,12 @@ class HfStore(Store):
             log.info("hub: %s moved to %s (other paths); re-applying push", self.url, head[:12])
             parent, parent_index = head, head_index
         raise PushConflict(f"{self.url} kept moving during the push; gave up after {MAX_REBASES} re-applications")
+
+
+class LfsObject(NamedTuple):
+    """An LFS object to delete, as `HfApi.permanently_delete_lfs_files` reads its
+    `LFSFileInfo` items: by `file_oid` (sha256) alone."""
+    file_oid: str
 
 
 def _client_token() -> str | None:

@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -50,6 +51,10 @@ class FileStore(Store):
         super().__init__(pod_dir)
         self.root = Path(root).absolute()
         self.url = f"file://{self.root}"
+        # The indexes of the commits this store object wrote, for `files_at` right after a
+        # push (retention, the deletion's check of the head): the record it just wrote is
+        # not read and hashed again.
+        self._pushed: dict[str, dict[str, FileEntry]] = {}
 
     def _reserved_dirs(self) -> list[Path]:
         # A store kept inside the pod (file://hub) must not be overwritten by a pull.
@@ -94,6 +99,13 @@ class FileStore(Store):
         if got != rev:
             raise IntegrityError(f"commit record {rev[:12]} in {self.url} is corrupt; refused")
         return json.loads(data)
+
+    def files_at(self, revision: str) -> dict[str, FileEntry]:
+        # A commit this store object wrote: the index it wrote. Every other read (pull,
+        # files, read_bytes) still reads the record and checks its hash.
+        if revision in self._pushed:
+            return dict(self._pushed[revision])
+        return super().files_at(revision)
 
     def _index(self, rev: str) -> dict[str, FileEntry]:
         return decode_index(self._record(rev)["index"].encode(), f"{self.url}@{rev[:12]}")[0]
@@ -144,11 +156,16 @@ class FileStore(Store):
     def delete_objects(self, shas: list[str]) -> None:
         with self._locked():      # the head cannot move meanwhile: never one it names
             head = self.head()
-            named = {e.sha256 for e in self._index(head).values()} if head else set()
-            doomed = [sha for sha in shas if sha not in named]
-            # No fsync: a deletion a crash undoes is done again after the next push.
-            for sha in doomed:
-                self._object(sha).unlink(missing_ok=True)
+            named = {e.sha256 for e in self.files_at(head).values()} if head else set()
+            doomed = [self._object(sha) for sha in shas if sha not in named]
+            # No fsync: a deletion a crash undoes is done again after the next push. In
+            # parallel: an unlink waits on the disk (~0.4-4 ms each on a disk mounted with
+            # `discard`, whatever the size), and four at once take about as long as one.
+            if len(doomed) > 1:
+                with ThreadPoolExecutor(min(len(doomed), 8)) as pool:
+                    list(pool.map(_unlink, doomed))
+            elif doomed:
+                _unlink(doomed[0])
 
     # -- writing -------------------------------------------------------------------------
     def push(self, files: PushFiles, message: str, *, base: str | None = None,
@@ -178,6 +195,8 @@ class FileStore(Store):
             rev = hashlib.sha256(data).hexdigest()
             atomic_write_bytes(self.root / "commits" / f"{rev}.json", data)
             atomic_write_bytes(self.root / "refs" / BRANCH, f"{rev}\n".encode())
+        self._pushed[rev] = index
+        self.parents[rev] = head
         return rev
 
     def _store_object(self, src: Path) -> FileEntry:
@@ -211,3 +230,5 @@ class FileStore(Store):
                 fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def _unlink(path: Path) -> None:
+    path.unlink(missing_ok=True)

@@ -16,15 +16,14 @@ launcher/config/retention_settings.py) keeps:
   They are no pushes of their own (a revision that only adds one names the same
   checkpoints as its parent), so they never push a passed checkpoint out of `keep`.
 Every other checkpoint object that some revision names is deleted for real through the
-store (hf://: `list_lfs_files` + `permanently_delete_lfs_files`; file://: unlink). Only
+store (hf://: one `permanently_delete_lfs_files` call; file://: unlink). Only
 objects some revision names are candidates: an object a concurrent push uploaded but has not
 committed yet is never touched.
 
-What each revision names (its checkpoint objects, stage, merged brain) never changes, so it
-is read from the hub once and kept in the ledger `logs/hub_ledger.json` (a cache: a pod
-rebuilt with `launch --from-hub` reads it again from the revisions themselves). The ledger
-keeps the revisions' order too: a push walks back from the head only to the newest revision
-it knew, so the retention step reads what the push added, not the whole history.
+What each revision names, in order, and what the hub held after the last step are kept in
+the ledger `logs/hub_ledger.json` (launcher/hub/retention_ledger.py): after a push that
+built on the newest revision the ledger knew, the step decides from it alone, with no
+listing, and deletes with one call, none when nothing fell out of the policy.
 """
 
 from __future__ import annotations
@@ -34,52 +33,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.config.retention_settings import RetentionSettings, human_bytes
-from launcher.files import read_json_state, write_json_state
-from launcher.paths import MERGED_PATH, RECOVERY_HUB_DIR
 
 from .integrity import HubError
+from .retention_ledger import (History, RevisionFacts, after_push, pushed_facts, read_history,
+                               record)
 from .sync_state import update_sync_state
-
-LEDGER = "logs/hub_ledger.json"
-CHECKPOINT_SUFFIXES = (".pt", ".safetensors", ".bin")
 
 
 class BudgetRefused(HubError):
     """A push would make the hub hold more than `retention.budget`: not sent."""
-
-
-@dataclass(frozen=True)
-class RevisionFacts:
-    """What one revision names: fixed once committed."""
-    objects: dict[str, int]         # sha256 -> size of each checkpoint file it names
-    stages: tuple[int, ...]         # the distinct stages its manifest's GPUs record
-    merged: str | None              # sha256 of the merged brain it names, if any
-    phases: tuple[int, ...] = ()    # the distinct data phases its manifest's GPUs are in
-    # sha256 -> size of each recovery copy it names (not in `objects`: no push of its own)
-    recovery: dict[str, int] = field(default_factory=dict)
-
-    def to_json(self) -> dict:
-        return {"objects": self.objects, "stages": list(self.stages), "merged": self.merged,
-                "phases": list(self.phases), "recovery": self.recovery}
-
-    @classmethod
-    def from_json(cls, doc: dict) -> "RevisionFacts":
-        """KeyError for an entry without a key (a ledger written before phases were
-        recorded): it is read again from the hub, as a damaged one. One without recovery
-        copies names none (entries before them were of revisions without any)."""
-        objects = {str(k): int(v) for k, v in dict(doc["objects"]).items()}
-        recovery = {str(k): int(v) for k, v in dict(doc.get("recovery") or {}).items()}
-        return cls(objects, tuple(int(s) for s in doc["stages"]), doc.get("merged"),
-                   tuple(int(p) for p in doc["phases"]), recovery)
-
-
-def _checkpoint_objects(index: dict) -> tuple[dict[str, int], dict[str, int]]:
-    """(checkpoint objects, recovery-copy objects) of a revision's index: sha256 -> size."""
-    objects, recovery = {}, {}
-    for path, e in index.items():
-        if path.endswith(CHECKPOINT_SUFFIXES):
-            (recovery if path.startswith(RECOVERY_HUB_DIR + "/") else objects)[e.sha256] = e.size
-    return objects, recovery
 
 
 @dataclass
@@ -89,7 +51,8 @@ class Plan:
     kept: dict[str, str] = field(default_factory=dict)    # revision -> why it is kept
     needed: set[str] = field(default_factory=set)         # objects no deletion may touch
     delete: dict[str, int] = field(default_factory=dict)  # sha256 -> size, to delete now
-    stored: dict[str, int] = field(default_factory=dict)  # what the hub holds before
+    # The checkpoint objects some revision names that the hub holds before the deletion.
+    stored: dict[str, int] = field(default_factory=dict)
     facts: dict[str, RevisionFacts] = field(default_factory=dict)
 
     @property
@@ -97,83 +60,13 @@ class Plan:
         return sum(size for sha, size in self.stored.items() if sha not in self.delete)
 
 
-# ---- the ledger: facts per revision, read once ------------------------------------------
-def revision_facts(store, revision: str, manifest_path: str) -> RevisionFacts:
-    """Read from the hub: the revision's index and the stages its manifest records."""
-    from launcher.pod.manifest import ManifestError, read_manifest
-    index = store.files(revision)
-    objects, recovery = _checkpoint_objects(index)
-    merged = index[MERGED_PATH].sha256 if MERGED_PATH in index else None
-    stages: tuple[int, ...] = ()
-    phases: tuple[int, ...] = ()
-    if manifest_path in index:
-        with store.fetched(manifest_path, revision) as local:
-            try:
-                manifest = read_manifest(local)
-                stages, phases = tuple(manifest.recorded_stages()), \
-                    tuple(manifest.recorded_phases())
-            except ManifestError:
-                pass                 # a manifest the launcher cannot read names no stage
-    return RevisionFacts(objects, stages, merged, phases, recovery)
-
-
-def pushed_facts(store, revision: str, manifest) -> RevisionFacts:
-    """The facts of a revision this pod just pushed: its index (the store has it at hand
-    after the push) and the stages of the manifest it sent (`manifest`), not read back."""
-    index = store.files(revision)
-    objects, recovery = _checkpoint_objects(index)
-    return RevisionFacts(objects, tuple(manifest.recorded_stages()),
-                         index[MERGED_PATH].sha256 if MERGED_PATH in index else None,
-                         tuple(manifest.recorded_phases()), recovery)
-
-
-def load_history(store, pod_dir: Path, manifest_path: str,
-                 new: dict[str, RevisionFacts] | None = None
-                 ) -> tuple[list[str], dict[str, RevisionFacts]]:
-    """The hub's revisions (newest first) and their facts: `new` ones given, the ledger's,
-    else read from the hub (and recorded). The ledger also keeps the revisions' order, so a
-    push reads only the revisions above the newest one it knew (a revision's ancestors never
-    change); a ledger of another hub, or none, reads the whole history once."""
-    path = pod_dir / LEDGER
-    doc = read_json_state(path)
-    mine = doc.get("hub") == store.url
-    stored = dict(doc.get("revisions") or {}) if mine else {}
-    order = doc.get("order") if mine else None
-    order = [str(rev) for rev in order] if isinstance(order, list) else []
-    walked = store.revisions_until(set(order))
-    revisions = walked
-    if walked and walked[-1] in order:           # the rest of the chain: the ledger's
-        revisions = walked[:-1] + order[order.index(walked[-1]):]
-    known: dict[str, RevisionFacts] = {}
-    for rev in revisions:
-        if rev in stored:
-            try:
-                known[rev] = RevisionFacts.from_json(stored[rev])
-            except (KeyError, TypeError, ValueError):
-                del stored[rev]      # a damaged entry is read again from the hub
-    fresh = {**(new or {})}
-    fresh.update({rev: revision_facts(store, rev, manifest_path) for rev in revisions
-                  if rev not in known and rev not in fresh})
-    known.update(fresh)
-    if fresh or revisions != order:
-        # Only revisions the hub still lists: the ledger stays the size of the history.
-        stored.update({rev: facts.to_json() for rev, facts in fresh.items()})
-        # Not fsynced: a ledger a crash empties or loses reads as {} and is read again
-        # from the hub (what a revision names is on the hub, never only here).
-        write_json_state(path, {"hub": store.url, "order": revisions, "revisions": {
-            rev: stored[rev] for rev in revisions if rev in stored}}, durable=False)
-    return revisions, {rev: known[rev] for rev in revisions}
-
-
 # ---- the policy ---------------------------------------------------------------------------
-def plan(store, settings: RetentionSettings, pod_dir: Path, manifest_path: str,
-         protected: set[str] = frozenset(),
-         new: dict[str, RevisionFacts] | None = None) -> Plan:
+def plan(history: History, settings: RetentionSettings, pod_dir: Path,
+         protected: set[str] = frozenset()) -> Plan:
     """What the policy keeps and deletes now (nothing is deleted here). `protected`:
-    sha256 of objects the pod's manifest names, never deleted; `new`: facts of a revision
-    just pushed."""
-    revisions, facts = load_history(store, pod_dir, manifest_path, new)
-    out = Plan(revisions, stored=store.stored_objects(), facts=facts)
+    sha256 of objects the pod's manifest names, never deleted."""
+    revisions, facts = history.revisions, history.facts
+    out = Plan(revisions, stored=history.stored, facts=facts)
     pushes = _pushes(revisions, facts)
     for rev in pushes[:settings.keep]:
         out.kept[rev] = f"one of the newest {settings.keep}"
@@ -201,9 +94,9 @@ def plan(store, settings: RetentionSettings, pod_dir: Path, manifest_path: str,
         out.needed.update(facts[revisions[0]].recovery)
     if recovery:       # ... and the bytes a node may still push as a passed checkpoint
         out.needed.update(recovery & awaiting_push(pod_dir))
-    named = {sha for f in facts.values() for sha in (*f.objects, *f.recovery)}
-    out.delete = {sha: size for sha, size in out.stored.items()
-                  if sha in named and sha not in out.needed}
+    # Only objects some revision names are in `stored`: never one a concurrent push
+    # uploaded and has not committed yet.
+    out.delete = {sha: size for sha, size in out.stored.items() if sha not in out.needed}
     return out
 
 
@@ -274,12 +167,14 @@ def push_with_retention(store, settings: RetentionSettings | None, snap, message
     check_budget(store, settings, {sha: snap.files[path].stat().st_size
                                    for path, sha in snap.pushed.values() if path in snap.files})
     revision = send(store, snap, message)
+    started = time.monotonic()      # all the step adds to the push, reading facts included
     try:
-        new = {revision: pushed_facts(store, revision, snap.manifest)}
+        history = after_push(store, store.pod_dir, manifest_path, revision,
+                             pushed_facts(store, revision, snap.manifest))
         protected = {sha for _path, sha in snap.pushed.values()}
         protected |= named_by_pod_manifest(store.pod_dir / manifest_path)
-        return Pushed(revision, apply_retention(
-            store, settings, store.pod_dir, manifest_path, protected, new))
+        return Pushed(revision, apply_retention(store, settings, store.pod_dir, history,
+                                                protected, started))
     except (HubError, OSError) as exc:
         from .redact import describe_error
         return Pushed(revision, retention_error=describe_error(exc))
@@ -296,18 +191,24 @@ def named_by_pod_manifest(path: Path) -> set[str]:
     return {e.checkpoint_sha256 for e in manifest.entries.values() if e.checkpoint_sha256}
 
 
-def apply_retention(store, settings: RetentionSettings, pod_dir: Path, manifest_path: str,
-                    protected: set[str], new: dict[str, RevisionFacts]) -> dict:
-    """Delete what the policy no longer keeps. Returns the storage figures (for
-    sync_state) and the `hub_retention` event's fields."""
-    started = time.monotonic()
-    todo = plan(store, settings, pod_dir, manifest_path, protected, new)
-    if todo.delete:
-        store.delete_objects(sorted(todo.delete))
+def apply_retention(store, settings: RetentionSettings, pod_dir: Path, history: History,
+                    protected: set[str], started: float) -> dict:
+    """Delete what the policy no longer keeps (one call; none when nothing fell out), then
+    record the ledger. Returns the storage figures (for sync_state) and the
+    `hub_retention` event's fields; `started`: when the step began (time.monotonic)."""
+    todo = plan(history, settings, pod_dir, protected)
+    held = None              # a deletion that fails leaves what the hub holds unknown
+    try:
+        if todo.delete:
+            store.delete_objects(sorted(todo.delete))
+        held = {sha: size for sha, size in todo.stored.items() if sha not in todo.delete}
+    finally:
+        record(store, pod_dir, history, held)
     storage = storage_figures(todo, settings)
     return {**storage, "kept_revisions": sorted(r[:12] for r in todo.kept),
             "deleted_objects": len(todo.delete), "freed_bytes": sum(todo.delete.values()),
-            "retention_seconds": round(time.monotonic() - started, 3)}
+            "listed": history.listed,
+            "retention_seconds": round(time.monotonic() - started, 4)}
 
 
 def storage_figures(todo: Plan, settings: RetentionSettings | None) -> dict:
@@ -354,16 +255,23 @@ STATE_KEYS = ("hub_bytes_kept", "hub_bytes_per_push", "hub_budget_bytes",
               "hub_pushes_until_budget")
 
 
-def record_storage(pod_dir: Path, events, pushed: Pushed) -> None:
-    """After a push under a policy: the storage figures into sync_state (status shows them),
-    the retention's outcome as an event."""
+def storage_state(pushed: Pushed) -> dict:
+    """After a push under a policy: the storage figures sync_state keeps (status shows them),
+    written with the push's own sync_state update (one write per push, not two)."""
+    return {} if pushed.storage is None else {k: pushed.storage[k] for k in STATE_KEYS}
+
+
+def retention_events(pushed: Pushed) -> list[tuple[str, dict]]:
+    """The retention's outcome as events, appended with the push's own `sync_pushed` (one
+    fsync'd append per push, not two)."""
+    out = []
     if pushed.storage is not None:
-        update_sync_state(pod_dir, **{k: pushed.storage[k] for k in STATE_KEYS})
-        events.emit("hub_retention", **{k: v for k, v in pushed.storage.items()
-                                        if k not in STATE_KEYS or k == "hub_bytes_kept"})
+        out.append(("hub_retention", {k: v for k, v in pushed.storage.items()
+                                      if k not in STATE_KEYS or k == "hub_bytes_kept"}))
     if pushed.retention_error is not None:
-        events.emit("hub_retention_failed", error=pushed.retention_error,
-                    retry="after the next push")
+        out.append(("hub_retention_failed", {"error": pushed.retention_error,
+                                             "retry": "after the next push"}))
+    return out
 
 
 def record_budget_refused(pod_dir: Path, events, message: str, reason: str, retry: str) -> None:
@@ -378,8 +286,10 @@ def history_marks(store, settings: RetentionSettings, pod_dir: Path,
                   manifest_path: str) -> tuple[dict[str, str], str]:
     """Per revision: why the policy keeps it, or that its checkpoints were deleted; and one
     line of the hub's storage (bytes kept, per push, pushes until the budget)."""
-    todo = plan(store, settings, pod_dir, manifest_path)
+    history = read_history(store, pod_dir, manifest_path)
+    todo = plan(history, settings, pod_dir)
     todo.delete = {}             # what the hub holds now, not what the next push frees
+    record(store, pod_dir, history, dict(history.stored))
     marks = {rev: "checkpoints deleted: cannot rebuild a pod" for rev in deleted_revisions(todo)}
     marks.update({rev: f"kept: {why}" for rev, why in todo.kept.items() if rev not in marks})
     return marks, storage_line(storage_figures(todo, settings))

@@ -52,6 +52,10 @@ class Store(ABC):
 
     def __init__(self, pod_dir: Path):
         self.pod_dir = Path(pod_dir).absolute()
+        # revision -> its parent, for each commit this store object made (a commit's parent
+        # never changes): the retention step knows whether another writer committed in
+        # between without listing the history (launcher/hub/retention_ledger.py).
+        self.parents: dict[str, str | None] = {}
 
     # -- to implement --------------------------------------------------------------------
     @abstractmethod
@@ -117,6 +121,12 @@ class Store(ABC):
             head = self.head()
             return {} if head is None else self._index(head)
         return self._index(self.resolve(revision))
+
+    def files_at(self, revision: str) -> dict[str, FileEntry]:
+        """The hub index at a full revision id, as a push or the history returned it: not
+        resolved again (on hf:// that is one request fewer; the index of a revision this
+        store pushed is at hand)."""
+        return self._index(revision)
 
     def pull(self, paths: Iterable[str] | None = None, revision: str | None = None) -> dict[str, Path]:
         """Download `paths` (default: every tracked file) as of `revision` (default: head).

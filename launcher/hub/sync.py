@@ -45,7 +45,7 @@ from launcher.pod.events import EventLog
 from launcher.pod.manifest import Manifest, write_manifest
 from launcher.config.podconfig import PodConfig
 from launcher.hub.redact import describe_error
-from launcher.hub.retention import record_budget_refused, record_storage
+from launcher.hub.retention import record_budget_refused, retention_events, storage_state
 from launcher.hub.snapshot import (Snapshot, record_revision, take_manifest_snapshot,
                                    take_snapshot)
 
@@ -293,10 +293,10 @@ class HubSync:
             update_sync_state(self.pod_dir, in_flight=False, last_revision=value,
                               last_revision_hub=self.config.hub,
                               last_success_at=time.time(), last_pushed_tokens=tokens,
-                              last_result="ok", taken_over=None)
-            self.events.emit("sync_pushed", reason=reason, revision=value, tokens=tokens,
-                             files=len(snap.files), seconds=seconds, hub_revision_for=noted)
-            record_storage(self.pod_dir, self.events, pushed)
+                              last_result="ok", taken_over=None, **storage_state(pushed))
+            self.events.emit_all([("sync_pushed", dict(
+                reason=reason, revision=value, tokens=tokens, files=len(snap.files),
+                seconds=seconds, hub_revision_for=noted)), *retention_events(pushed)])
         elif kind == "budget":
             record_budget_refused(self.pod_dir, self.events, value, reason,
                                   "at the next interval" if reason in ("interval", "manifest")

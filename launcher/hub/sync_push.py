@@ -13,7 +13,7 @@ from launcher.pod.manifest import write_manifest
 from launcher.config.podconfig import PodConfig
 from launcher.hub.redact import describe_error
 from launcher.hub.retention import (BudgetRefused, Pushed, push_with_retention,
-                                    record_budget_refused, record_storage)
+                                    record_budget_refused, retention_events, storage_state)
 from launcher.hub.snapshot import Snapshot, record_revision, take_snapshot
 from launcher.hub.sync import (
     HubSync,
@@ -93,10 +93,11 @@ def push_now(pod_dir: Path, config: PodConfig,
         update_sync_state(pod_dir, last_revision=revision, last_revision_hub=config.hub,
                           last_success_at=time.time(),
                           last_result="ok", taken_over=None, last_pushed_tokens={
-                              g: HubSync.manifest_token(snap, g) for g in snap.pushed})
-        EventLog(pod_dir).emit("sync_pushed", reason="by hand", revision=revision,
-                               files=len(snap.files), hub_revision_for=noted)
-        record_storage(pod_dir, EventLog(pod_dir), pushed)
+                              g: HubSync.manifest_token(snap, g) for g in snap.pushed},
+                          **storage_state(pushed))
+        EventLog(pod_dir).emit_all([("sync_pushed", dict(
+            reason="by hand", revision=revision, files=len(snap.files),
+            hub_revision_for=noted)), *retention_events(pushed)])
         return revision, noted, False
     finally:
         if lock is not None:

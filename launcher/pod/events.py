@@ -53,21 +53,28 @@ class EventLog:
         self.taps: list = []
 
     def emit(self, event: str, **fields) -> dict:
-        record = {"ts": time.time(), "event": event, **fields}
-        line = json.dumps(record, default=str) + "\n"
+        return self.emit_all([(event, fields)])[0]
+
+    def emit_all(self, events: list[tuple[str, dict]]) -> list[dict]:
+        """Several events (name, fields) recorded in order with one append and one fsync: a
+        push and what its retention step did cost one durable write, not two."""
+        now = time.time()
+        records = [{"ts": now, "event": event, **fields} for event, fields in events]
+        data = "".join(json.dumps(record, default=str) + "\n" for record in records)
         # One write on an O_APPEND descriptor: a line is never interleaved or torn by
         # another writer (status runs concurrently; a second CLI may record a refusal).
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, line.encode())
+            os.write(fd, data.encode())
             os.fsync(fd)
         finally:
             os.close(fd)
-        for tap in self.taps:
-            tap(record)
-        if self.mirror is not None:
-            self.mirror(record)
-        return record
+        for record in records:
+            for tap in self.taps:
+                tap(record)
+            if self.mirror is not None:
+                self.mirror(record)
+        return records
 
 
 def read_events(pod_dir: Path, last: int | None = None) -> list[dict]:
