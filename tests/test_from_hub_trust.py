@@ -71,9 +71,15 @@ def test_a_hub_config_that_would_run_code_is_refused_unless_trusted(hostile_hub,
     assert events_of(new, "rebuilt_from_hub")
 
 
-def test_trust_hub_config_goes_with_from_hub(tmp_path):
-    done = fractus_pod(tmp_path / "pod", "launch", "--trust-hub-config")
-    assert done.returncode == 2 and "--trust-hub-config goes with --from-hub" in done.stderr
+@pytest.mark.parametrize("command, source_flag", [(("launch",), "--from-hub"),
+                                                   (("sync", "pull"), "--from")])
+def test_trust_hub_config_goes_with_the_flag_naming_a_hub(tmp_path, command, source_flag):
+    done = fractus_pod(tmp_path / "pod", *command, "--trust-hub-config")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith(f"error: --trust-hub-config goes with {source_flag} (")
+    assert not (tmp_path / "pod").exists() or not any((tmp_path / "pod").iterdir())
+    help_text = fractus_pod(tmp_path, *command, "--help").stdout
+    assert f"With {source_flag}: take the hub config's worker command" in " ".join(help_text.split())
 
 
 def test_paths_outside_the_pod_and_passed_env_are_named(tmp_path):

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from launcher.cli.options import pod_dir_of, pod_dir_option
+from launcher.cli.options import (check_trust_flag, pod_dir_of, pod_dir_option,
+                                  trust_hub_config_option)
 from launcher.errors import UserError
 
 
@@ -102,18 +103,15 @@ def sync_push(ctx, message: str) -> None:
                    "`hub:`. Into a new folder, this is all it needs.")
 @click.option("--force", is_flag=True,
               help="Replace the manifest or a checkpoint it names with other bytes.")
-@click.option("--trust-hub-config", is_flag=True,
-              help="With --from: take the hub config's worker command, env, paths outside "
-                   "the pod and Ray cluster as they are (refused otherwise).")
+@trust_hub_config_option("--from")
 @click.argument("paths", nargs=-1)
 @click.pass_context
 @_hub_errors
 def sync_pull(ctx, revision, from_url, force, trust_hub_config, paths) -> None:
     """Pull files (default: all) from the hub store, verified by sha256."""
     from launcher.hub.pull import pull_into_pod
-    if trust_hub_config and not from_url:
-        raise UserError("--trust-hub-config goes with --from (a pull from the pod's own "
-                        "`hub:` takes its config as it is)")
+    check_trust_flag(trust_hub_config, from_url, "--from",
+                     "a pull from the pod's own `hub:` takes its config as it is")
     url, rev, pulled = pull_into_pod(pod_dir_of(ctx), from_url, revision, list(paths), force,
                                      trust_hub_config)
     for rel in sorted(pulled):

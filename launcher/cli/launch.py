@@ -12,7 +12,8 @@ from pathlib import Path
 import click
 import psutil
 
-from launcher.cli.options import pod_dir_of, pod_dir_option
+from launcher.cli.options import (check_trust_flag, pod_dir_of, pod_dir_option,
+                                  trust_hub_config_option)
 from launcher.errors import UserError
 from launcher.paths import CONFIG_NAME
 from launcher.pod.live_state import take_stop_request
@@ -45,9 +46,7 @@ def _parse_faults(values: tuple[str, ...]) -> dict[int, str]:
                    "file://DIR): config, manifest, checkpoints; then launch.")
 @click.option("--revision", default=None,
               help="With --from-hub: the hub revision to rebuild from (default: the newest).")
-@click.option("--trust-hub-config", is_flag=True,
-              help="With --from-hub: take the hub config's worker command, env and paths "
-                   "outside the pod as they are (refused otherwise: they run on this machine).")
+@trust_hub_config_option("--from-hub")
 @click.option("--no-canary", is_flag=True,
               help="Switch to a higher --stage without the canary (recorded in the events).")
 @click.option("--ray", "ray_address", default=None, metavar="ADDRESS",
@@ -89,9 +88,8 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
     if revision and not from_hub:
         raise UserError("--revision goes with --from-hub (a resumed pod uses the revisions "
                         "its manifest records)")
-    if trust_hub_config and not from_hub:
-        raise UserError("--trust-hub-config goes with --from-hub (a pod's own "
-                        "fractus-pod.yaml is always taken as it is)")
+    check_trust_flag(trust_hub_config, from_hub, "--from-hub",
+                     "a pod's own fractus-pod.yaml is always taken as it is")
     if from_hub:
         _rebuild(pod_dir, from_hub, revision, ray_address, trust_config=trust_hub_config)
     lock = PodLock(pod_dir)

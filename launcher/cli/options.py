@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from launcher.errors import UserError
+
 
 POD_DIR_HELP = "Pod working directory (default: $FRACTUS_POD_DIR or the current directory)."
 
@@ -60,3 +62,19 @@ def pod_dir_option(command):
             ctx.obj["pod_dir"] = value
     return click.option("--pod-dir", default=None, expose_value=False, callback=remember,
                         help=POD_DIR_HELP)(command)
+
+
+def trust_hub_config_option(source_flag: str):
+    """`--trust-hub-config` of `launch --from-hub` and `sync pull --from`, one text: both
+    lead to the same check of what a hub's config may not bring (hub/config_trust.py)."""
+    return click.option(
+        "--trust-hub-config", is_flag=True,
+        help=f"With {source_flag}: take the hub config's worker command, env, paths outside the "
+             "pod and Ray cluster as they are (refused otherwise: they run on this machine).")
+
+
+def check_trust_flag(trust_hub_config: bool, source: str | None, source_flag: str,
+                     why_not: str) -> None:
+    """--trust-hub-config only with the flag that names another hub (`why_not`: the reason)."""
+    if trust_hub_config and not source:
+        raise UserError(f"--trust-hub-config goes with {source_flag} ({why_not})")
