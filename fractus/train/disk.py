@@ -11,7 +11,6 @@ import os
 import shutil
 
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-EXIT_DISK_FULL = 5      # the worker's exit code for it (fractus/train/worker.py)
 
 
 def disk_full(exc: BaseException | None) -> OSError | None:

@@ -4,9 +4,7 @@
         FRACTUS_ATTN_IMPL=chunked COMPILE=1 python -u scripts/fast4gpu_boost_v2.py
 
 Setup (all checks before anything is written) -> resume -> loop -> final checkpoint.
-Exit codes: 0 done or stopped by a signal, 1 crash (error event), 2 bad settings or bad
-input files, 3 non-finite loss or gradient (nan event, no checkpoint), 4 out of memory
-(oom event), 5 disk full (error event starting "disk full", when it can still be written).
+Exit codes: fractus/train/exit_codes.py (WorkerExitCode), listed in docs/WORKER.md.
 The environment contract is fractus/train/env.py; docs in docs/WORKER.md.
 """
 
@@ -28,8 +26,9 @@ from fractus.data import ShardError, TokenShard, batch_from_window
 from fractus.train.async_save import AsyncCheckpointer, SaveTiming
 from fractus.train.checkpoint import (NonFiniteCheckpointError, capture_rng, remove_stale_temps,
                                       restore_rng, save_checkpoint, training_payload)
-from fractus.train.disk import EXIT_DISK_FULL, describe_disk_full, disk_full
+from fractus.train.disk import describe_disk_full, disk_full
 from fractus.train.env import PARENT_DEATH_ENV, SettingsError, WorkerSettings
+from fractus.train.exit_codes import WorkerExitCode
 from fractus.train.faults import FaultInjector, parse_fault
 from fractus.train.metrics import MetricsWriter, human_line
 from fractus.train.resume import build_model, find_start, resolve_device
@@ -37,7 +36,6 @@ from fractus.train.step import NonFiniteError, TrainStep
 from fractus.train.tensorboard import TensorBoardScalars
 
 EMA_BETA = 0.98
-EXIT_OK, EXIT_CRASH, EXIT_SETTINGS, EXIT_NAN, EXIT_OOM = 0, 1, 2, 3, 4
 
 
 def ema(previous: float | None, value: float) -> float:
@@ -318,32 +316,32 @@ class Worker:
             self.log.event("nan", step=getattr(e, "step", self.step + 1), values=values,
                            message=str(e))
             print(f"GPU {s.gpu_id}: {e}; stopping without a checkpoint", file=sys.stderr)
-            return EXIT_NAN
+            return WorkerExitCode.NAN
         except torch.OutOfMemoryError as e:
             self._settle_saves()
             self.log.event("oom", step=self.step + 1, message=str(e)[:500])
             print(f"GPU {s.gpu_id}: out of memory at step {self.step + 1}: {e}", file=sys.stderr)
-            return EXIT_OOM
+            return WorkerExitCode.OOM
         except StoppedBeforeProgress as e:
             self.log.event("done", reason="signal_before_first_step", signal=str(e),
                            step=self.step, next_token=self.next_token)
             print(f"GPU {s.gpu_id}: stopped ({e}) before its first step: nothing to save, "
                   f"it resumes from next_token={self.next_token}", flush=True)
             self.log.close()
-            return EXIT_OK
+            return WorkerExitCode.OK
         except ShardError as e:
             self._settle_saves()
-            self.log.event("error", message=str(e), exit_code=EXIT_SETTINGS)
+            self.log.event("error", message=str(e), exit_code=WorkerExitCode.SETTINGS)
             print(f"error: {e}", file=sys.stderr)
-            return EXIT_SETTINGS
+            return WorkerExitCode.SETTINGS
         except Exception as e:
             self._settle_saves()
             full = disk_full(e)
             if full is not None:
                 return self._disk_full(full)
-            self.log.event("error", message=f"{type(e).__name__}: {e}"[:2000], exit_code=EXIT_CRASH)
+            self.log.event("error", message=f"{type(e).__name__}: {e}"[:2000], exit_code=WorkerExitCode.CRASH)
             traceback.print_exc()
-            return EXIT_CRASH
+            return WorkerExitCode.CRASH
         finally:
             try:
                 sys.stdout.flush()
@@ -354,21 +352,21 @@ class Worker:
                        ema_tf=self.ema_tf, ema_ss=self.ema_ss)
         print(f"GPU {s.gpu_id}: DONE ({reason}) next_token={self.next_token}", flush=True)
         self.log.close()
-        return EXIT_OK
+        return WorkerExitCode.OK
 
     def _disk_full(self, exc: OSError) -> int:
         """No space left: one line saying so (the previous checkpoint stays the last good
         one: saves are atomic), as an event if the metrics file can still take it."""
         message = describe_disk_full(self.ckpt_out, exc)
         try:
-            self.log.event("error", message=message, exit_code=EXIT_DISK_FULL)
+            self.log.event("error", message=message, exit_code=WorkerExitCode.DISK_FULL)
         except OSError:
             pass
         try:
             print(f"error: GPU {self.s.gpu_id}: {message}", file=sys.stderr, flush=True)
         except OSError:       # its log is on the full disk too
             pass
-        return EXIT_DISK_FULL
+        return WorkerExitCode.DISK_FULL
 
 
 def main(environ=None) -> int:
@@ -381,13 +379,13 @@ def main(environ=None) -> int:
         return worker.run()
     except StoppedBeforeProgress as e:
         print(f"stopped ({e}) before its first step: nothing to save", flush=True)
-        return EXIT_OK
+        return WorkerExitCode.OK
     except (SettingsError, ShardError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return EXIT_SETTINGS
+        return WorkerExitCode.SETTINGS
     except torch.OutOfMemoryError as e:  # building or loading the model did not fit
         print(f"error: out of memory during setup: {str(e).splitlines()[0]}", file=sys.stderr)
-        return EXIT_OOM
+        return WorkerExitCode.OOM
     finally:
         if hasattr(worker, "log"):   # every exit path: the TensorBoard writer flushes its queue
             worker.log.close()

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
 
+from fractus.train.exit_codes import WorkerExitCode
 from launcher.files import read_json_state, write_json_state
 from launcher.paths import CANARY_FILE
 from launcher.paths import CANARY_SCRATCH_DIR as SCRATCH_DIR  # noqa: F401 (re-exported)
@@ -49,7 +50,6 @@ from launcher.config.stages import Stage, get_stage
 from launcher.worker.process import (WorkerSpec, build_env, pod_env_names, read_records,
                                      worker_command)
 
-EXIT_OOM = 4                     # the worker's out-of-memory exit (docs/WORKER.md)
 KEEP_RUNS = 5                    # canary run directories kept (metrics + logs, no weights)
 WATCH_S = 0.5                    # how often a running canary shows progress, looks for a stop
 
@@ -173,7 +173,7 @@ class _Run:
 
     def out_of_memory(self) -> bool:
         """The worker's out-of-memory exit (4; an `oom` event when its metrics file was open)."""
-        return self.code == EXIT_OOM and not self.interrupted and not self.timed_out
+        return self.code == WorkerExitCode.OOM and not self.interrupted and not self.timed_out
 
 
 def _start(run: _Run, command: list[str], env: dict, cwd: Path, keep: set[str]) -> None:

@@ -16,6 +16,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+from fractus.train.exit_codes import WorkerExitCode
 from launcher.checks.criteria import AT_ONCE, CHECKS, CheckSpec, Criteria
 
 PENDING, RUNNING, SUCCESSFUL, FAILED, INCONCLUSIVE = (
@@ -149,10 +150,10 @@ class GpuHealth:
         check.reason = reason
 
     def exit_code(self, code: int) -> None:
-        if code == 3:
-            self.fail("finite", "worker exited 3 (NaN/Inf loss)")
-        elif code == 4:
-            self.fail("oom", "worker exited 4 (out of memory)")
+        if code == WorkerExitCode.NAN:
+            self.fail("finite", f"worker exited {code:d} (NaN/Inf loss)")
+        elif code == WorkerExitCode.OOM:
+            self.fail("oom", f"worker exited {code:d} (out of memory)")
 
     def event(self, record: dict) -> None:
         kind = record.get("event")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from fractus.train.disk import EXIT_DISK_FULL
+from fractus.train.exit_codes import WorkerExitCode
 
 
 class _Named(str, Enum):
@@ -116,13 +116,13 @@ def exit_event(code: int, pod_running: bool) -> GpuEvent:
     """What a worker's exit code means for its GPU (before the restart budget is applied)."""
     if not pod_running:
         return GpuEvent.STOPPED
-    if code == 0:
+    if code == WorkerExitCode.OK:
         return GpuEvent.FINISHED
-    if code == 2:
+    if code == WorkerExitCode.SETTINGS:
         return GpuEvent.REFUSED
-    if code == EXIT_DISK_FULL:
+    if code == WorkerExitCode.DISK_FULL:
         return GpuEvent.DISK_FULL
-    if code in (3, 4):
+    if code in (WorkerExitCode.NAN, WorkerExitCode.OOM):
         return GpuEvent.CHECK_EXIT
     return GpuEvent.CRASHED
 
