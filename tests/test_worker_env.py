@@ -81,3 +81,22 @@ def test_fault_parsing_and_firing():
         FaultInjector(Fault("oom", 1)).before_step(1)
     nan = FaultInjector(Fault("nan", 3))
     assert nan.loss_scale(2) is None and math.isnan(nan.loss_scale(3))
+
+
+def test_the_worker_takes_its_attention_kernel_from_its_settings(tmp_path, monkeypatch):
+    """FRACTUS_ATTN_IMPL reaches the engine through WorkerSettings (main's environ), not
+    through the engine's own read of os.environ (kept for the user's scripts)."""
+    from fractus.nn import attention
+    from fractus.train.worker import main
+    from tests.support.worker_utils import worker_env, write_synth_shard
+    calls = []
+    attention.register_attention_impl(
+        "spy", lambda *a: calls.append(1) or attention.cumsum_attention(*a))
+    monkeypatch.delenv("FRACTUS_ATTN_IMPL", raising=False)
+    try:
+        write_synth_shard(tmp_path / "shard.npy", tokens=500)
+        assert main(worker_env(tmp_path, FRACTUS_ATTN_IMPL="spy", MAX_STEPS=1)) == 0
+    finally:
+        attention.set_attention_impl(None)
+        attention.unregister_attention_impl("spy")
+    assert calls

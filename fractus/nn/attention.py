@@ -253,7 +253,8 @@ def use_attention_impl(name: str) -> Iterator[None]:
         _explicit_choice = saved
 
 
-def _default_for(device_type: str) -> str:
+def default_impl_for(device_type: str) -> str:
+    """The kernel impl=None uses on a device of this type when nothing was chosen."""
     # Measured: on CPU the prefix sums are the user's validated default; on CUDA the blocked
     # kernel is both the fastest and the only memory-flat one.
     return "chunked" if device_type == "cuda" else "cumsum"
@@ -273,7 +274,7 @@ def get_attention_impl(device: Union[str, torch.device, None] = None) -> str:
         return _env_choice
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    return _default_for(torch.device(device).type)
+    return default_impl_for(torch.device(device).type)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -103,87 +103,115 @@ def _fault(name: str, raw: str) -> str:
     return raw.strip()
 
 
-def _var(env: str, default, parse, doc: str):
-    """A settings field bound to one environment variable."""
-    return field(default=default, metadata={"env": env, "parse": parse, "doc": doc})
+def _var(env: str, default, parse, doc: str, shown: str | None = None):
+    """A settings field bound to one environment variable. `doc` and `shown` (the default as
+    people read it, when it is not the value itself) are its row of docs/WORKER.md's table
+    (env_table)."""
+    return field(default=default, metadata={"env": env, "parse": parse, "doc": doc,
+                                            "shown": shown})
 
 
 @dataclass(frozen=True)
 class WorkerSettings:
     gpu_id: int = _var("GPU_ID", 0, _int_at_least(0),
-                       "Index of this worker; names its shard, checkpoint and seed.")
+                       "index of this worker: names its shard, checkpoint, seed")
     start_token: int | None = _var("START_TOKEN", None, _int_at_least(0),
-                                   "First token to train on, exactly (no rounding). Required with "
-                                   "a legacy weights-only CKPT_IN; must match a full checkpoint.")
-    batch: int = _var("BATCH", 4, _int_at_least(1), "Rows per batch (B).")
-    seq: int = _var("SEQ", 128, _int_at_least(1), "Tokens per row (chunk length).")
-    lr: float = _var("LR", 7e-4, _float_in(0.0, math.inf, low_open=True), "SGD learning rate.")
+                                   "first token to train on, exactly (no rounding). Required "
+                                   "with a weights-only `CKPT_IN`; must equal a full "
+                                   "checkpoint's `next_token` unless `FORCE_START_TOKEN=1`; 0 "
+                                   "for a fresh model")
+    batch: int = _var("BATCH", 4, _int_at_least(1), "rows per batch")
+    seq: int = _var("SEQ", 128, _int_at_least(1), "tokens per row")
+    lr: float = _var("LR", 7e-4, _float_in(0.0, math.inf, low_open=True),
+                     "SGD learning rate (momentum 0.9). Not restored from the checkpoint: the "
+                     "setting wins",
+                     shown="7e-4")
     ss_rate: float = _var("SS_RATE", 0.25, _float_in(0.0, 1.0),
-                          "Probability of a scheduled-sampling pass per batch.")
+                          "probability of a scheduled-sampling pass per batch")
     ss_prob: float = _var("SS_PROB", 0.2, _float_in(0.0, 1.0),
-                          "Per-position probability of replacing a token in the SS pass.")
-    lb_coef: float = _var("LB_COEF", 0.02, _float_in(0.0, math.inf), "Load-balance loss weight.")
+                          "per-position replacement probability in the SS pass")
+    lb_coef: float = _var("LB_COEF", 0.02, _float_in(0.0, math.inf), "load-balance weight")
     gate_temp: float = _var("GATE_TEMP", 2.5, _float_in(0.0, math.inf, low_open=True),
-                            "MoE gate temperature, set on every block.")
+                            "MoE gate temperature")
     ce_chunk: int = _var("CE_CHUNK", 0, _int_at_least(0),
-                         "0: dense reference CE. >0: chunked CE and chunked SS sampling.")
+                         "0: dense reference CE; >0: chunked CE and chunked SS sampling")
     attn_impl: str | None = _var("FRACTUS_ATTN_IMPL", None, _attn_impl,
-                                 "Attention kernel; read by fractus.nn.attention itself.")
-    compile: bool = _var("COMPILE", False, _flag, "1: torch.compile the model's chunk functions.")
+                                 "`einsum`, `cumsum` or `chunked` (or a kernel registered "
+                                 "with `fractus.nn.attention`): the engine's kernel, set by the "
+                                 "worker before it builds the model",
+                                 shown="the engine's: `cumsum` on CPU, `chunked` on CUDA")
+    compile: bool = _var("COMPILE", False, _flag,
+                         "1: `torch.compile` the model's chunk functions")
     accum: int = _var("ACCUM", 1, _int_at_least(1),
-                      "Batches accumulated per optimizer step (1 = the reference step).")
+                      "batches per optimizer step (1 = the reference step)")
     shard: str | None = _var("SHARD", None, _text,
-                             "Token shard (.pt 1-D integer tensor, or .npy of any integer "
-                             "dtype). Default data/shard_gpu{GPU_ID}.pt; a missing .pt falls "
-                             "back to the same path with .npy (as v1).")
+                             "token shard: a 1-D integer `.pt` tensor, or a `.npy` of any "
+                             "integer dtype (memmapped; each window widened to int32/int64, "
+                             "never the whole shard). A missing `.pt` falls back to the same "
+                             "path with `.npy`, as v1",
+                             shown="`data/shard_gpu{GPU_ID}.pt` (v1's)")
     ckpt_in: str | None = _var("CKPT_IN", None, _text,
-                               "Checkpoint to start from (full, v1 weights-only, or a bare "
-                               "state_dict). Unset: CKPT_OUT if it exists, else "
-                               "checkpoints/FRACTUS_1B_STAGE2_MERGED.pt (v1's chain), else "
-                               "refused unless ALLOW_FRESH_START=1.")
+                               "checkpoint to start from: full, v1 weights-only "
+                               '`{"model_state", "config"}`, or a bare state_dict (config from '
+                               "`MODEL`)",
+                               shown="(none: see below)")
     ckpt_out: str | None = _var("CKPT_OUT", None, _text,
-                                "Checkpoint to write. Default checkpoints/fractus_1b_gpu{GPU_ID}.pt; "
-                                "resumed from when CKPT_IN is unset and it exists.")
+                                "checkpoint written; resumed from when `CKPT_IN` is unset and "
+                                "it exists",
+                                shown="`checkpoints/fractus_1b_gpu{GPU_ID}.pt`")
     model: str | None = _var("MODEL", None, _text,
-                             "Preset name or .json/.yaml of constructor keywords. Default: the "
-                             "checkpoint's config when resuming, else '1b'.")
-    device: str | None = _var("DEVICE", None, _device, "cpu or cuda[:N]. Default cuda if available.")
+                             "preset (`1b`, `small`, `tiny`) or a `.json`/`.yaml` of "
+                             "constructor keywords. When resuming, the checkpoint's config is "
+                             "used; an explicit `MODEL` that disagrees is refused",
+                             shown="`1b`")
+    device: str | None = _var("DEVICE", None, _device,
+                              "`cpu`, `cuda` or `cuda:N`",
+                              shown="`cuda` if available, else `cpu`")
     max_steps: int = _var("MAX_STEPS", 0, _int_at_least(0),
-                          "Optimizer steps in this run; 0 = to the end of the shard.")
+                          "optimizer steps in this run; 0 = to the end of the shard")
     save_every: int = _var("SAVE_EVERY", 800, _int_at_least(0),
-                           "Checkpoint every N steps (0 = only at the end).")
+                           "checkpoint every N steps (0 = only at the end)")
     save_keep: int = _var("SAVE_KEEP", 3, _int_at_least(1),
-                          "Checkpoints kept per GPU: the canonical file plus SAVE_KEEP-1 copies.")
+                          "checkpoints kept per GPU (canonical file + `SAVE_KEEP-1` copies)")
     async_save: bool = _var("ASYNC_SAVE", True, _flag,
                             "1: snapshot at the step boundary, write the checkpoint in the "
-                            "background (one in flight, one snapshot of host memory). "
-                            "0: write it on the training thread.")
+                            "background (below). 0: write it on the training thread")
     log_every: int = _var("LOG_EVERY", 40, _int_at_least(1),
-                          "Metrics line and human line every N steps (and at step 1 of a run).")
-    metrics: str | None = _var("METRICS", None, _text, "JSON-lines file for metrics and events.")
+                          "metrics line and human line every N steps, at the first step of "
+                          "every run, and at its last step (the final checkpoint's)")
+    metrics: str | None = _var("METRICS", None, _text,
+                               "JSON-lines file for metrics and events (appended)",
+                               shown="(none: no file)")
     tb_dir: str | None = _var("TB_DIR", None, _text,
-                              "TensorBoard run directory for the metrics (unset: none).")
+                              "TensorBoard run directory: every metrics line also as scalars "
+                              "(below); the launcher sets `logs/tb/gpu{i}`",
+                              shown="(none: no files)")
     stage: int | None = _var("STAGE", None, _int_at_least(1),
-                             "The pod stage of this run: only shown, as the TensorBoard "
-                             "`stage` scalar.")
+                             "the pod stage of this run, shown only (the TensorBoard `stage` "
+                             "scalar); set by the launcher")
     seed: int | None = _var("SEED", None, _int_at_least(0),
-                            "Seed for torch and python random. Default 42 + GPU_ID.")
+                            "seeds torch and python `random` (v1 seeded torch with 42 + GPU_ID "
+                            "and left `random` unseeded)",
+                            shown="42 + `GPU_ID`")
     run_id: str | None = _var("RUN_ID", None, _text,
-                              "Identity of the run, recorded in each checkpoint (the launcher "
-                              "sets it from the manifest's run_id).")
+                              "identity of the run, recorded in each checkpoint "
+                              "(`train_state.run_id`); the launcher sets it from the "
+                              "manifest's `run_id`")
     phase: int = _var("PHASE", 1, _int_at_least(1),
-                      "The data phase SHARD belongs to (1-based), recorded in each checkpoint. "
-                      "A checkpoint of phase PHASE-1 starts this phase at START_TOKEN=0 with "
-                      "its weights, optimizer state, carry and RNG (the launcher's phase "
-                      "switch); a checkpoint of another phase is refused.")
+                      "the data phase `SHARD` belongs to (1-based), recorded in each "
+                      "checkpoint (`train_state.phase`) and `checkpoint` event. A full "
+                      "checkpoint of phase `PHASE-1` with `START_TOKEN=0` starts this phase at "
+                      "token 0 of `SHARD` with its weights, optimizer state, carry and RNG "
+                      "(the launcher's phase switch; no warning); a checkpoint of any other "
+                      "phase is refused (exit 2)")
     force_start_token: bool = _var("FORCE_START_TOKEN", False, _flag,
-                                   "1: accept a START_TOKEN that disagrees with the checkpoint.")
+                                   "1: accept a `START_TOKEN` that disagrees with the full "
+                                   "checkpoint")
     allow_fresh_start: bool = _var("ALLOW_FRESH_START", False, _flag,
-                                   "1: train a new random model when there is no checkpoint "
-                                   "to start from (the demo preset sets it); else refused.")
-    fault: str | None = _var("FRACTUS_FAULT", None, _fault,
-                             "Tests only: nan@S, oom@S, hang@S, crash@S, compile@S, "
-                             "kill_after_save@S, save_hang@S.")
+                                   "1: train a new random model when there is no checkpoint to "
+                                   "start from (the `tiny-cpu` demo preset sets it); otherwise "
+                                   "that is refused (exit 2)")
+    fault: str | None = _var("FRACTUS_FAULT", None, _fault, "tests only, see below")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> "WorkerSettings":
@@ -229,11 +257,24 @@ class WorkerSettings:
 
 # Every variable the worker reads, for the launcher (which must not invent its own list).
 ENV_VARS: tuple[str, ...] = tuple(f.metadata["env"] for f in dataclasses.fields(WorkerSettings))
-ENV_DEFAULTS: dict[str, object] = {
-    f.metadata["env"]: f.default for f in dataclasses.fields(WorkerSettings)}
-ENV_DOCS: dict[str, str] = {
-    f.metadata["env"]: f.metadata["doc"] for f in dataclasses.fields(WorkerSettings)}
+# v1's fallback for CKPT_IN after CKPT_OUT (resume.py), which the launcher's adoption of a
+# v1 run names too: here, in the light module both import.
+MERGED_BRAIN = "checkpoints/FRACTUS_1B_STAGE2_MERGED.pt"
 # The variables that name files (read or written by the worker): a pod rebuilt from a hub
 # takes them only inside the pod (launcher/hub/config_trust.py).
 PATH_VARS: tuple[str, ...] = ("SHARD", "CKPT_IN", "CKPT_OUT", "METRICS", "TB_DIR", "MODEL")
 assert set(PATH_VARS) <= set(ENV_VARS)
+
+
+def env_table() -> str:
+    """docs/WORKER.md's "Environment" table, from the fields above (tests/test_worker_docs.py
+    checks the docs hold it): `python -c "from fractus.train.env import env_table as t;
+    print(t())"` prints it after a change here."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for f in dataclasses.fields(WorkerSettings):
+        shown = f.metadata["shown"]
+        if shown is None:
+            shown = ("(none)" if f.default is None else str(int(f.default))
+                     if isinstance(f.default, bool) else str(f.default))
+        rows.append(f"| `{f.metadata['env']}` | {shown} | {f.metadata['doc']} |")
+    return "\n".join(rows) + "\n"

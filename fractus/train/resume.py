@@ -14,10 +14,9 @@ import torch
 
 from fractus.config import EngineConfig, load_config
 from fractus.train.checkpoint import is_full, load_checkpoint
-from fractus.train.env import SettingsError, WorkerSettings
+from fractus.train.env import MERGED_BRAIN, SettingsError, WorkerSettings
 
 DEFAULT_MODEL = "1b"          # v1's TARGET config (vocab 50257)
-MERGED_BRAIN = "checkpoints/FRACTUS_1B_STAGE2_MERGED.pt"   # v1's fallback for CKPT_IN
 
 
 @dataclass

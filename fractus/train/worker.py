@@ -23,6 +23,7 @@ import torch
 
 from fractus.continuous_engine import check_token_ids
 from fractus.data import ShardError, TokenShard, batch_from_window
+from fractus.nn import attention
 from fractus.train.async_save import AsyncCheckpointer, SaveTiming
 from fractus.train.checkpoint import (NonFiniteCheckpointError, capture_rng, remove_stale_temps,
                                       restore_rng, save_checkpoint, training_payload)
@@ -94,6 +95,9 @@ class Worker:
     def setup(self) -> None:
         s = self.s
         self.device = resolve_device(s)
+        # The kernel comes from the parsed settings (main's environ), never from the engine's
+        # own read of os.environ, which stays for the user's scripts that import the engine.
+        attention.set_attention_impl(s.attn_impl or attention.default_impl_for(self.device.type))
         self.shard = TokenShard(s.shard_path)
         self.start = find_start(s, len(self.shard))
         torch.manual_seed(s.effective_seed)
