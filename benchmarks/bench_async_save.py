@@ -140,7 +140,7 @@ def side_by_side(preset: str, batch: int, threads: int, n_layers: int | None = N
         saver.wait()
         out["async_stall_first_s"], out["async_stall_s"], out["async_stall_prepared_s"] = stalls
         out["async_durable_s"] = [seconds for seconds, _ in durable]
-        from fractus.train.checkpoint import sha256_file
+        from launcher.files import sha256_file
         out["async_file_sha_matches_event"] = sha256_file(path) == durable[-1][1]
     out["stall_ratio"] = out["async_stall_s"] / out["sync_stall_s"]
     out["stall_ratio_first"] = out["async_stall_first_s"] / out["sync_stall_s"]

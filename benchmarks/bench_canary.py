@@ -39,9 +39,10 @@ from launcher.config.devices import Slot  # noqa: E402
 from launcher.config.podconfig import load_config  # noqa: E402
 from launcher.pod.setup_init import init_pod, write_config
 from launcher.config.stages import load_stages  # noqa: E402
+from launcher.paths import metrics_path  # noqa: E402
 from launcher.supervise.plan import load_plan  # noqa: E402
-from launcher.worker.process import (WorkerSpec, build_env, metrics_path, read_records,  # noqa: E402
-                              worker_command)
+from launcher.worker.process import (WorkerSpec, build_env, read_records,  # noqa: E402
+                                     worker_command)
 
 
 def make_pod(root: Path, model: str, seq: int, device: str, train_steps: int) -> Path:

@@ -1,6 +1,7 @@
 """The one way fractus-pod writes and hashes its files: atomic writes (a temp file in the
 same directory, fsync, rename, fsync of the directory: readers see the old file or the new
-one, never a torn one, even after a crash), sha256 of a file, and small JSON state files.
+one, never a torn one, even after a crash), sha256 of a file or stream (the one implementation:
+the launcher, the hub and the tests all hash through sha256_stream), and small JSON state files.
 """
 
 from __future__ import annotations
@@ -10,10 +11,11 @@ import json
 import os
 import stat
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable
 
-BLOCK = 1 << 20
+CHUNK = 8 << 20  # 8 MiB reads: large enough that hashing, not syscalls, sets the pace
 
 
 def fsync_dir(path: Path) -> None:
@@ -53,15 +55,38 @@ def atomic_write_text(path: Path, text: str, durable: bool = True) -> None:
     atomic_write_bytes(path, text.encode("utf-8"), durable)
 
 
-def sha256_file(path: Path, on_bytes: Callable[[int], None] | None = None) -> str:
-    """Hex sha256 of a file; `on_bytes(n)` after each block read (a progress task's advance)."""
-    h = hashlib.sha256()
+@dataclass(frozen=True)
+class FileEntry:
+    """The identity of a file's bytes (the hub records one per tracked path)."""
+    sha256: str
+    size: int
+
+
+def sha256_stream(src: BinaryIO, sink: BinaryIO | None = None,
+                  on_bytes: Callable[[int], None] | None = None) -> FileEntry:
+    """Hash `src` to its end, copying the bytes to `sink` on the way if given; `on_bytes(n)`
+    after each chunk read (a progress task's advance)."""
+    digest = hashlib.sha256()
+    size = 0
+    while chunk := src.read(CHUNK):
+        digest.update(chunk)
+        size += len(chunk)
+        if sink is not None:
+            sink.write(chunk)
+        if on_bytes is not None:
+            on_bytes(len(chunk))
+    return FileEntry(digest.hexdigest(), size)
+
+
+def file_entry(path: Path, on_bytes: Callable[[int], None] | None = None) -> FileEntry:
+    """sha256 and size of the file at `path`."""
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(BLOCK), b""):
-            h.update(block)
-            if on_bytes is not None:
-                on_bytes(len(block))
-    return h.hexdigest()
+        return sha256_stream(f, on_bytes=on_bytes)
+
+
+def sha256_file(path: str | os.PathLike, on_bytes: Callable[[int], None] | None = None) -> str:
+    """Hex sha256 of the file at `path`."""
+    return file_entry(Path(path), on_bytes).sha256
 
 
 def read_json_state(path: Path) -> dict:

@@ -26,6 +26,7 @@ def tensorboard_dir(gpu: int) -> str:
 
 # ---- written by the launcher ----------------------------------------------------------
 EVENTS_FILE = "logs/events.jsonl"
+LAUNCHER_LOG = "logs/launcher.log"   # a detached launcher's stdout and stderr
 TENSORBOARD_RUN = "logs/tb/launcher"
 TRACKIO_DIR = "logs/trackio"        # trackio's local store, when `tracker:` is set
 INDEX_FILE = "logs/checkpoints.jsonl"
@@ -43,11 +44,18 @@ BASELINES_FILE = "logs/probe_baselines.json"   # stage -> gpu -> the AR recorded
 
 # ---- adoption of a reference-trainer run --------------------------------------------
 ADOPTION_DIR = "checkpoints/adopted"
-MERGED_BRAIN = "checkpoints/FRACTUS_1B_STAGE2_MERGED.pt"
 ADOPTED_MODEL_FILE = "manifests/adopted_model.json"
+# The v1 run's own layout, as adoption finds it (its merged brain, the CKPT_IN fallback, is
+# the worker's: fractus/train/env.py's MERGED_BRAIN).
+V1_MANIFESTS = ("checkpoints/RESUME_MANIFEST_8GPU.json", "RESUME_MANIFEST.json",
+                "RESUME_MANIFEST_FINE.json", "RESUME_MANIFEST_SS.json")
+V1_CHECKPOINT = "checkpoints/fractus_1b_gpu{i}.pt"
+V1_SHARDS = ("data/shard_gpu{i}.pt", "data/shard_gpu{i}.npy")
 
 # ---- the hub --------------------------------------------------------------------------
 SYNC_STATE = "logs/sync_state.json"
+HUB_LOG = "logs/hub.log"            # every retry of a hub call (launcher/cli/hub.py)
+HUB_LEDGER = "logs/hub_ledger.json"  # retention's cache of the hub's revisions; rebuilt from the hub
 # Shards fetched or hashed against the pod config's `data:` revision, by path, size and
 # mtime: a 4 GB shard is not hashed again at every launch (launcher/hub/fetch.py).
 DATA_VERIFIED_FILE = "logs/data_verified.json"

@@ -13,8 +13,9 @@ from fractus.config import load_config
 from fractus.continuous_engine import ContinuousThoughtEngine
 from fractus.train.async_save import AsyncCheckpointer
 from fractus.train.checkpoint import (NonFiniteCheckpointError, load_checkpoint,
-                                      save_checkpoint, sha256_file, training_payload)
+                                      save_checkpoint, training_payload)
 from fractus.train.env import WorkerSettings
+from launcher.files import sha256_file
 
 CPU = torch.device("cpu")
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.checks.canary import SCRATCH_DIR, run_canary
+from launcher.checks.canary import run_canary
+from launcher.paths import CANARY_SCRATCH_DIR
 from launcher.checks.canary_compare import Tolerance, compare_approximate, compare_exact
 from launcher.checks.trusted_loss import load_trusted_loss, shipped_trusted_loss
 from launcher.errors import UserError
@@ -35,7 +36,7 @@ def pod(worker_trained_pod, tmp_path_factory) -> Path:
 
 def snapshot(pod: Path) -> dict:
     """Every file of the pod outside the canary's scratch dir: path -> sha256."""
-    scratch = pod / SCRATCH_DIR
+    scratch = pod / CANARY_SCRATCH_DIR
     return {str(p.relative_to(pod)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(pod.rglob("*")) if p.is_file() and scratch not in p.parents}
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from launcher.pod.ckpt_index import sha256_file
+from launcher.files import sha256_file
 from launcher.cli import main as cli_main
 from launcher.pod.events import read_events
 from tests.support.trusted_pod import (CKPT, MANIFEST, manifest_of, pod,  # noqa: F401 (fixture)

@@ -12,7 +12,8 @@ import json
 
 import yaml
 
-from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex, sha256_file
+from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex
+from launcher.files import sha256_file
 from launcher.cli import main as cli_main
 from launcher.pod.manifest import read_manifest
 from tests.support.e2e import (TEST_CRITERIA, Launcher, events_of, launchers,  # noqa: F401

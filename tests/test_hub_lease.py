@@ -24,8 +24,9 @@ import pytest
 from launcher.cli import main as cli_main
 from launcher.hub.from_hub import rebuild_from_hub
 from launcher.hub import open_store
-from launcher.hub.lease import (HELD_FILE, LEASE_PATH, RunTakenOver, hub_lease, pod_id,
-                                push_as_writer, take_over)
+from launcher.hub.lease import (LEASE_PATH, RunTakenOver, hub_lease, pod_id, push_as_writer,
+                                take_over)
+from launcher.paths import HELD_FILE
 from launcher.supervise.ray_node import push_as_pod
 from tests.support.hub_server import test_hub  # noqa: F401  (pytest fixture)
 from tests.support.e2e import REPO, events_of, make_pod

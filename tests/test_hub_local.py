@@ -9,6 +9,7 @@ import pytest
 
 from launcher.hub import HubError, IntegrityError, open_store
 from launcher.hub.local import FileStore
+from launcher.hub.by_url import absolute_hub_url
 from tests.support.hub_writers import second_writer_is_refused
 from tests.support.pod_files import MANIFEST, write_file
 
@@ -29,6 +30,16 @@ def test_url_dispatch_resolves_relative_paths_against_the_pod(pod, tmp_path):
     for bad in ["s3://bucket/x", "hub", "file://", "hf://only-one-part"]:
         with pytest.raises(ValueError):
             open_store(bad, pod)
+
+
+def test_a_store_named_from_elsewhere_is_the_store_the_pod_opens(pod, tmp_path):
+    """absolute_hub_url (the CLI's --from, a Ray node's hub and data URLs) names the store
+    open_store(url, pod) opens, from any directory; other URLs pass through."""
+    url = absolute_hub_url("file://hub", pod)
+    assert url == f"file://{(pod / 'hub').resolve()}"
+    assert open_store(url, tmp_path / "elsewhere").root == open_store("file://hub", pod).root
+    for unchanged in (None, "hf://owner/repo", f"file://{tmp_path}/abs", "file://~/hub"):
+        assert absolute_hub_url(unchanged, pod) == unchanged
 
 
 def test_revisions_history_and_pinned_pulls(pod, tmp_path):

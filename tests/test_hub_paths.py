@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from launcher.pod.ckpt_index import sha256_file
+from launcher.files import sha256_file
 from tests.support.e2e import events_of
 from tests.support.hub_pod import CKPT, MANIFEST, add_passed, pod, run  # noqa: F401 (fixture)
 

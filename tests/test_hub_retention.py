@@ -21,7 +21,8 @@ from launcher.hub.from_hub import rebuild_from_hub
 from launcher.hub.retention_ledger import CHECKPOINT_SUFFIXES, read_ledger
 from launcher.hub.sync import HubSync
 from launcher.hub.sync_state import read_sync_state
-from launcher.pod.ckpt_index import PASSED, CheckpointIndex, sha256_file
+from launcher.pod.ckpt_index import PASSED, CheckpointIndex
+from launcher.files import sha256_file
 from launcher.pod.events import EventLog, read_events
 from launcher.pod.manifest import apply_checkpoint, read_manifest, write_manifest
 from tests.support.hub_server import test_hub  # noqa: F401  (pytest fixture)

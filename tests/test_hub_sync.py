@@ -9,12 +9,14 @@ import os
 import pytest
 import torch
 
-from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex, sha256_file
+from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex
+from launcher.files import sha256_file
 from launcher.hub import IntegrityError, open_store
 from launcher.pod.manifest import apply_checkpoint, read_manifest, write_manifest
 from launcher.config.podconfig import load_config
 from launcher.hub.redact import scrub
-from launcher.hub.snapshot import MERGED_PATH, record_revision, send, take_snapshot
+from launcher.hub.snapshot import record_revision, send, take_snapshot
+from launcher.paths import MERGED_PATH
 from tests.support.e2e import (TEST_CRITERIA, TOKENS_PER_STEP, Launcher,  # noqa: F401
                                events_of, launchers, make_pod, manifest_json,
                                worker_records)

@@ -10,7 +10,7 @@ import os
 import signal
 from pathlib import Path
 
-from launcher.pod.ckpt_index import sha256_file
+from launcher.files import sha256_file
 from tests.support.e2e import (TOKENS_PER_STEP, Launcher, events_of, launchers, make_pod,
                                manifest_json, wait_for, worker_records)
 

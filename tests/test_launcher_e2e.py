@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import signal
 
-from launcher.pod.ckpt_index import sha256_file
+from launcher.files import sha256_file
 from tests.support.e2e import (BATCH, TOKENS_PER_STEP, Launcher, events_of,  # noqa: F401
                                launchers, make_pod, manifest_json, wait_for, worker_records)
 

@@ -13,7 +13,7 @@ import signal
 
 import yaml
 
-from launcher.pod.ckpt_index import sha256_file
+from launcher.files import sha256_file
 from tests.support.e2e import (TEST_CRITERIA, TOKENS_PER_STEP, Launcher, events_of,
                                launchers, make_pod, manifest_json, wait_for,
                                worker_records)

@@ -142,3 +142,40 @@ def test_no_test_module_imports_another():
             found += [f"{path.relative_to(root)}:{node.lineno} imports {name}" for name in names
                       if name.startswith("tests.test_")]
     assert not found, "\n".join(found)
+
+
+def test_pod_paths_have_one_home():
+    """launcher/paths.py names every pod path: a path name is imported from it under its own
+    name, used where imported (no module re-exports one for others), and no other module
+    defines a constant of its own that names a pod file."""
+    import launcher.paths as paths
+    root = LAUNCHER.parent
+    names = {n for n in vars(paths) if not n.startswith("_") and n != "annotations"}
+    pod_dirs = ("logs/", "checkpoints/", "scratch/", "manifests/", ".fractus")
+    found = []
+    for path in [*LAUNCHER.rglob("*.py"), *(root / "tests").rglob("*.py"),
+                 *(root / "benchmarks").rglob("*.py")]:
+        if path == LAUNCHER / "paths.py":
+            continue
+        tree = ast.parse(path.read_text())
+        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        where = path.relative_to(root)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                for alias in node.names:
+                    if node.module == "launcher.paths":
+                        if alias.asname not in (None, alias.name):
+                            found.append(f"{where}:{node.lineno} renames {alias.name}")
+                        elif alias.name not in used:
+                            found.append(f"{where}:{node.lineno} re-exports {alias.name}")
+                    elif alias.name in names and node.module.startswith("launcher"):
+                        found.append(f"{where}:{node.lineno} takes {alias.name} from "
+                                     f"{node.module}, not launcher.paths")
+        if path.is_relative_to(LAUNCHER):
+            for node in tree.body:
+                if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+                        and isinstance(node.value.value, str)
+                        and node.value.value.startswith(pod_dirs)
+                        and " " not in node.value.value):     # a message, not a path
+                    found.append(f"{where}:{node.lineno} defines a pod path of its own")
+    assert not found, "\n".join(found)

@@ -180,7 +180,8 @@ def test_a_checkpoint_written_after_the_launcher_died_is_adopted_over_null_field
     launch that adopts a worker's unrecorded checkpoint read them as numbers (TypeError)."""
     from launcher.cli import main as cli_main
     from launcher.paths import metrics_path
-    from launcher.pod.ckpt_index import CheckpointIndex, sha256_file
+    from launcher.pod.ckpt_index import CheckpointIndex
+    from launcher.files import sha256_file
     from launcher.pod.events import EventLog, read_events
     from launcher.supervise.plan import load_plan
     from launcher.supervise.prepare import reconcile

@@ -13,7 +13,7 @@ import torch
 from launcher.cli import main as cli_main
 from launcher.files import sha256_file
 from launcher.hub import IntegrityError, open_store
-from launcher.hub.integrity import SCRATCH_DIR
+from launcher.paths import HUB_SCRATCH_DIR
 from launcher.hub.merge import merge_checkpoints
 
 
@@ -57,7 +57,7 @@ def test_a_merge_reads_hub_only_checkpoints_one_at_a_time_bitwise_the_merge_on_d
     merge_checkpoints(paths, tmp_path / "on_disk.pt")
 
     store = open_store(f"file://{tmp_path / 'hub'}", head)
-    scratch = head / SCRATCH_DIR
+    scratch = head / HUB_SCRATCH_DIR
     held = []
 
     def from_hub(rel: str):
@@ -154,4 +154,4 @@ def test_a_ray_pods_last_push_carries_the_merged_brain_read_back_from_the_nodes_
     open_store(f"file://{pod / 'hub'}", fresh).pull([MERGED_PATH], revision=last["revision"])
     merge_checkpoints(paths, tmp_path / "on_disk.pt")
     assert_same_merge(fresh / MERGED_PATH, tmp_path / "on_disk.pt")
-    assert not (pod / SCRATCH_DIR).exists()
+    assert not (pod / HUB_SCRATCH_DIR).exists()

@@ -10,7 +10,8 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from launcher.pod.events import EventLog
-from launcher.pod.events_tensorboard import TENSORBOARD_RUN, EventsToTensorBoard
+from launcher.pod.events_tensorboard import EventsToTensorBoard
+from launcher.paths import TENSORBOARD_RUN
 from tests.support.worker_utils import read_jsonl, run_worker, worker_env, write_synth_shard
 
 

@@ -8,7 +8,7 @@ mid-file (its temp file has bytes, nothing is renamed) for as long as the test n
 import signal
 from pathlib import Path
 
-from fractus.train.checkpoint import sha256_file
+from launcher.files import sha256_file
 from tests.support.e2e import wait_for
 from tests.support.worker_utils import (events, metrics_lines, read_jsonl, run_worker,
                                         start_worker, wait_for_line, worker_env,

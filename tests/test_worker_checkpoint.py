@@ -8,7 +8,8 @@ import torch
 
 from fractus.train.checkpoint import (NonFiniteCheckpointError, capture_rng, is_full,
                                       load_checkpoint, remove_stale_temps, restore_rng,
-                                      rotated_path, save_checkpoint, sha256_file)
+                                      rotated_path, save_checkpoint)
+from launcher.files import sha256_file
 from fractus.train.metrics import MetricsWriter, human_line
 
 

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from fractus.train.checkpoint import sha256_file
+from launcher.files import sha256_file
 from tests.support.worker_utils import (events, load_ckpt, metrics_lines, read_jsonl,
                                         run_worker, start_worker, wait_for_line, worker_env,
                                         write_synth_shard)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fractus.train.checkpoint import sha256_file
+from launcher.files import sha256_file
 from tests.support.worker_utils import (REPO_ROOT, events, load_ckpt, metrics_lines, read_jsonl,
                                         run_worker, worker_command, worker_env, write_synth_shard)
 

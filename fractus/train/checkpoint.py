@@ -67,14 +67,6 @@ class _HashingWriter:
         self._f.flush()
 
 
-def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def all_finite(state: dict) -> bool:
     """True when every floating tensor is finite. min/max propagate NaN and keep +-inf, so
     two reductions per tensor decide it (10x faster than isfinite().all() on CPU), and the

@@ -35,8 +35,7 @@ from typing import Callable, Protocol
 
 from fractus.train.exit_codes import WorkerExitCode
 from launcher.files import read_json_state, write_json_state
-from launcher.paths import CANARY_FILE
-from launcher.paths import CANARY_SCRATCH_DIR as SCRATCH_DIR  # noqa: F401 (re-exported)
+from launcher.paths import CANARY_FILE, CANARY_SCRATCH_DIR
 from launcher import child
 from launcher.checks.canary_compare import compare_approximate, compare_exact, metrics_lines
 from launcher.checks.trusted_loss import TrustedLoss
@@ -290,7 +289,7 @@ def run_canary(plan: CanaryPlan, manifest: Manifest, gpu: int, from_stage: int,
     start = resume_point(pod_dir, config, manifest, gpu)
     exact = all(stages[n].exact for n in range(from_stage + 1, to_stage + 1))
 
-    scratch_root = pod_dir / SCRATCH_DIR
+    scratch_root = pod_dir / CANARY_SCRATCH_DIR
     scratch_root.mkdir(parents=True, exist_ok=True)
     run_dir = Path(tempfile.mkdtemp(dir=scratch_root, prefix=f"{time.strftime('%Y%m%d-%H%M%S')}"
                                     f"-gpu{gpu}-s{from_stage}to{to_stage}-"))

@@ -50,9 +50,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher.paths import PROBE_DIR  # noqa: F401 (re-exported)
+from launcher.paths import BASELINES_FILE, PROBE_DIR
 from launcher.files import read_json_state
-from launcher.paths import BASELINES_FILE
 from launcher.checks.health import FAILED, INCONCLUSIVE
 from launcher.checks.probe_outcome import BASELINE, ProbeOutcome, ProbeRequest
 from launcher.checks.probe_check import (

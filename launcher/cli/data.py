@@ -29,12 +29,13 @@ def push(ctx, url: str) -> None:
     nothing) in one revision, and write that revision into fractus-pod.yaml's data:."""
     import yaml
     from launcher.config.devices import parse_devices
-    from launcher.config.podconfig import CONFIG_NAME, load_config
+    from launcher.config.podconfig import load_config
+    from launcher.paths import CONFIG_NAME
     from launcher.config.yamlfile import read_yaml
     from launcher.files import atomic_write_text
     from launcher.hub import HubError
     from launcher.hub.data_source import push_shards
-    from launcher.hub.from_hub import absolute_hub_url
+    from launcher.hub.by_url import absolute_hub_url
     from launcher.hub.sync import retry_policy
     pod_dir = pod_dir_of(ctx)
     config = load_config(pod_dir)

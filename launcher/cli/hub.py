@@ -11,6 +11,7 @@ import click
 from launcher.cli.options import (check_trust_flag, pod_dir_of, pod_dir_option,
                                   trust_hub_config_option)
 from launcher.errors import UserError
+from launcher.paths import MERGED_PATH
 
 
 @click.group()
@@ -121,7 +122,7 @@ def sync_pull(ctx, revision, from_url, force, trust_hub_config, paths) -> None:
 
 @click.command()
 @pod_dir_option
-@click.option("--out", default="checkpoints/FRACTUS_1B_8GPU_MERGED.pt", show_default=True)
+@click.option("--out", default=MERGED_PATH, show_default=True)
 @click.pass_context
 def merge(ctx, out: str) -> None:
     """Mean of the floating tensors of every GPU's checkpoint (streamed). A checkpoint not on

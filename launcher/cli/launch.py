@@ -15,7 +15,7 @@ import psutil
 from launcher.cli.options import (check_trust_flag, pod_dir_of, pod_dir_option,
                                   trust_hub_config_option)
 from launcher.errors import UserError
-from launcher.paths import CONFIG_NAME
+from launcher.paths import CONFIG_NAME, LAUNCHER_LOG
 from launcher.pod.live_state import take_stop_request
 
 
@@ -255,7 +255,7 @@ def _daemonize(pod_dir: Path) -> None:
         os._exit(0)
     os.write(write_fd, str(os.getpid()).encode())
     os.close(write_fd)
-    log = os.open(pod_dir / "logs" / "launcher.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    log = os.open(pod_dir / LAUNCHER_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(log, 1)

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from launcher.errors import UserError
+from launcher.paths import HUB_LOG
 
 
 POD_DIR_HELP = "Pod working directory (default: $FRACTUS_POD_DIR or the current directory)."
@@ -30,7 +31,7 @@ def log_hub_retries(pod_dir: Path) -> None:
     for old in [h for h in logger.handlers if getattr(h, "fractus_pod_log", False)]:
         logger.removeHandler(old)       # another pod's, or this one's from an earlier call
         old.close()
-    to_file = _DelayedFileHandler(pod_dir / "logs" / "hub.log")
+    to_file = _DelayedFileHandler(pod_dir / HUB_LOG)
     to_file.setLevel(logging.INFO)
     to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     to_stderr = logging.StreamHandler()         # the give-up line, on today's stderr

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from launcher.files import read_json_state
-from launcher.paths import BASELINES_FILE  # noqa: F401 (re-exported)
+from launcher.paths import BASELINES_FILE
 from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex
 from launcher.errors import UserError
 from launcher.pod.events import EventLog

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from launcher.paths import CONFIG_NAME  # noqa: F401 (re-exported)
+from launcher.paths import CONFIG_NAME
 from launcher.errors import UserError, refuse_unknown_keys
 from launcher.config.devices import parse_devices
 from launcher.config.phases import Phase, parse_phases

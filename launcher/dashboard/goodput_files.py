@@ -13,7 +13,7 @@ from launcher.config.podconfig import PodConfig
 from launcher.dashboard.goodput import LINE, Ledger, ledger_of, marks_of
 from launcher.pod.events import read_events
 from launcher.pod.lock import read_holder
-from launcher.worker.process import metrics_path
+from launcher.paths import metrics_path
 
 # A metrics line as the worker writes it (docs/WORKER.md, json.dumps' separators): the two
 # fields the ledger needs, read without parsing the line (half the CPU time of json.loads,

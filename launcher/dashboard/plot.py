@@ -12,7 +12,7 @@ from pathlib import Path
 from launcher.dashboard.series import CURVES, PodSeries
 from launcher.dashboard.timeline import MARKER_COLORS, read_timeline
 from launcher.dashboard.xaxis import X_MODES, idle, pod_axis
-from launcher.pod.manifest import atomic_write_bytes
+from launcher.files import atomic_write_bytes
 
 DPI = 100
 PLOT_POINTS = 4000            # per GPU and curve: more than a 1600-pixel-wide PNG can show

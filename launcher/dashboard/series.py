@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from launcher.paths import metrics_path
+
 CURVES = ("ema_tf", "lb", "tok_s")          # what the dashboard and the plot draw
 METRICS_PREFIX = b'{"type": "metrics"'      # MetricsWriter's json.dumps puts "type" first
 START_PREFIX = b'{"type": "event", "event": "start"'   # a worker (re)start: the curve breaks
@@ -23,7 +25,7 @@ METRICS_FILE = re.compile(r"metrics_gpu(\d+)\.jsonl$")
 def metrics_files(pod_dir: Path) -> dict[int, Path]:
     """GPU -> its METRICS file, for every file the workers left under logs/."""
     found = {}
-    for path in (pod_dir / "logs").glob("metrics_gpu*.jsonl"):
+    for path in pod_dir.glob(metrics_path("*")):
         match = METRICS_FILE.search(path.name)
         if match:
             found[int(match.group(1))] = path

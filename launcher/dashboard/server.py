@@ -31,7 +31,7 @@ from launcher.dashboard.goodput_files import LedgerSource, goodput_report
 from launcher.dashboard.series import PodSeries, metrics_files
 from launcher.dashboard.timeline import MARKER_COLORS, read_timeline
 from launcher.dashboard.xaxis import X_MODES, pod_axis
-from launcher.pod.events import EVENTS_FILE
+from launcher.paths import CANARY_FILE, EVENTS_FILE, STATE_FILE, SYNC_STATE
 
 STATIC_DIR = Path(__file__).with_name("static")
 STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
@@ -39,7 +39,7 @@ STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; ch
 DEFAULT_POINTS, MAX_POINTS = 1000, 4000
 TABLE_REFRESH_S = 30      # ages in the table move without any file changing
 LEDGER_S = 30             # the goodput panel's ledger is swept again at most this often
-WATCHED = (EVENTS_FILE, "logs/pod_state.json", "logs/sync_state.json", "logs/canary.json")
+WATCHED = (EVENTS_FILE, STATE_FILE, SYNC_STATE, CANARY_FILE)
 
 
 class DashboardData:

@@ -29,7 +29,7 @@ from launcher.dashboard.goodput_files import goodput_report
 from launcher.dashboard.status_checkpoints import (checkpoint_problem, hub_note, hub_tokens,
                                                   last_metrics, node_checkpoint_age)
 from launcher.dashboard.status_table import age as _age, fmt as _fmt, gpu_table, natural_width
-from launcher.worker.process import metrics_path
+from launcher.paths import metrics_path
 
 WIDE_EVENT_CHARS = 400    # `status --wide`: an event line in full, up to this
 

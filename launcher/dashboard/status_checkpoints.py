@@ -9,7 +9,7 @@ from pathlib import Path
 
 from launcher.pod.ckpt_index import CheckpointIndex
 from launcher.pod.manifest import ManifestEntry, event_position
-from launcher.worker.process import metrics_path
+from launcher.paths import metrics_path
 
 TAIL_BYTES = 64 * 1024
 

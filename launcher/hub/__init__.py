@@ -36,7 +36,9 @@ not match their recorded sha256: they were not installed.
 The merge of GPU checkpoints lives in `launcher.hub.merge.merge_checkpoints`.
 """
 
-from .integrity import INDEX_PATH, FileEntry, HubError, IntegrityError, PushConflict
+from launcher.files import FileEntry
+
+from .integrity import INDEX_PATH, HubError, IntegrityError, PushConflict
 from .retry import RetryPolicy
 from .by_url import open_store
 from .store import HistoryEntry, Store

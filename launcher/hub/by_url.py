@@ -1,4 +1,5 @@
-"""Which Store a pod config's `hub:` URL names (file:// or hf://).
+"""Which Store a pod config's `hub:` URL names (file:// or hf://), and that URL as another
+directory names the same store (absolute_hub_url).
 
 Its own module so that store.py (the interface) imports neither backend: local.py and hf.py
 import store.py, and open_store inside store.py closed an import circle with both.
@@ -11,6 +12,17 @@ from pathlib import Path
 from .local import FileStore
 from .retry import RetryPolicy
 from .store import Store
+
+
+def absolute_hub_url(url: str | None, base: Path) -> str | None:
+    """`url` with a relative file:// store made absolute against `base`, for whoever names
+    the store from elsewhere: a URL typed on the command line is relative to the current
+    directory, not to the pod it fills; a Ray node names the head's pod's store. Other URLs
+    (hf://, absolute file://, None) unchanged. The same rule as open_store's."""
+    if url and url.startswith("file://") and url[len("file://"):] and \
+            not Path(url[len("file://"):]).expanduser().is_absolute():
+        return f"file://{(base / url[len('file://'):]).resolve()}"
+    return url
 
 
 def open_store(

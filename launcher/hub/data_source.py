@@ -15,9 +15,10 @@ from pathlib import Path
 
 from launcher.config.data_settings import DataSource
 from launcher.errors import UserError
+from launcher.files import FileEntry, file_entry
 from launcher.pod.progress import progress
 
-from .integrity import FileEntry, pod_relpath, sha256_file
+from .integrity import pod_relpath
 from .retry import RetryPolicy
 from .by_url import open_store
 from .store import Store
@@ -76,7 +77,7 @@ def push_shards(pod_dir: Path, paths: list[str], url: str,
     with progress("data push: hashing", sum((pod_dir / p).stat().st_size for p in paths),
                   "bytes") as task:
         for rel in paths:
-            local[rel] = sha256_file(pod_dir / rel)
+            local[rel] = file_entry(pod_dir / rel)
             task.update(advance=local[rel].size)
     upload = [p for p in paths if held.get(p) != local[p]]
     if not upload:

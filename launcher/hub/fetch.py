@@ -36,13 +36,13 @@ from huggingface_hub.file_download import http_get
 
 from launcher.config.data_settings import DataSource
 from launcher.errors import UserError
-from launcher.files import atomic_write_text, fsync_dir
+from launcher.files import CHUNK, FileEntry, atomic_write_text, file_entry, fsync_dir
 from launcher.paths import DATA_VERIFIED_FILE
 from launcher.pod.progress import Task, progress
 
 from .data_source import data_store, shard_paths_in_store, shard_records
 from .hf import HfStore
-from .integrity import CHUNK, FileEntry, HubError, IntegrityError, sha256_file
+from .integrity import HubError, IntegrityError
 from .retry import RetryPolicy, describe, http_status
 
 FETCH_ATTEMPTS = 2      # a fetch whose bytes differ from the record is redone once, from 0
@@ -68,7 +68,7 @@ def ensure_shards(paths: list[str], source: DataSource, pod_dir: Path,
             dest, record = pod_dir / rel, records[rel]
             task.update(description=f"data: {rel}")
             if dest.is_file():
-                got = FileEntry(sha256_file(dest).sha256, dest.stat().st_size)
+                got = file_entry(dest)
                 task.update(advance=record.size)
                 if got != record:
                     raise UserError(f"data: {rel} holds other bytes than revision "

@@ -13,22 +13,16 @@ import sys
 from pathlib import Path
 
 from launcher.hub.integrity import IntegrityError
+from launcher.hub.by_url import absolute_hub_url
 from launcher.pod.events import EventLog
-from launcher.pod.manifest import atomic_write_text, write_manifest
+from launcher.pod.manifest import write_manifest
+from launcher.files import atomic_write_text
 from launcher.config.devices import parse_devices
-from launcher.config.podconfig import CONFIG_NAME, PodConfig
+from launcher.config.podconfig import PodConfig
+from launcher.paths import CONFIG_NAME
 
 
 MAX_WALK_BACK = 20      # revisions looked at for the newest consistent one
-
-
-def absolute_hub_url(url: str, base: Path) -> str:
-    """A relative file:// URL given on the command line means relative to `base` (the
-    current directory), not to the new pod."""
-    if url.startswith("file://") and url[len("file://"):] and \
-            not Path(url[len("file://"):]).expanduser().is_absolute():
-        return f"file://{(base / url[len('file://'):]).resolve()}"
-    return url
 
 
 def rebuild_from_hub(pod_dir: Path, url: str, revision: str | None,

@@ -31,10 +31,11 @@ from huggingface_hub import CommitOperationAdd, HfApi, constants, hf_hub_url, se
 from huggingface_hub.errors import HfHubHTTPError
 from huggingface_hub.utils import build_hf_headers
 
+from launcher.files import FileEntry, file_entry
+from launcher.paths import HUB_SCRATCH_DIR
+
 from .integrity import (
     INDEX_PATH,
-    SCRATCH_DIR,
-    FileEntry,
     HubError,
     IntegrityError,
     PushConflict,
@@ -42,7 +43,6 @@ from .integrity import (
     decode_index,
     encode_index,
     install_staged,
-    sha256_file,
 )
 from .retry import RetryPolicy, describe, http_status, with_retries
 from .store import HistoryEntry, PushFiles, Store
@@ -110,7 +110,7 @@ class HfStore(Store):
         return text.replace(secret, "<redacted>") if secret else text
 
     def _scratch(self) -> Path:
-        path = self.pod_dir / SCRATCH_DIR / f"tmp-{uuid.uuid4().hex[:12]}"
+        path = self.pod_dir / HUB_SCRATCH_DIR / f"tmp-{uuid.uuid4().hex[:12]}"
         path.mkdir(parents=True)
         return path
 
@@ -264,7 +264,7 @@ class HfStore(Store):
         # recorded one before any byte leaves, so the hub never holds an object under a hash
         # its bytes do not have (a later push of the real bytes would be deduplicated
         # against it on a hub that does not verify uploads).
-        entries = {rel: sha256_file(path) for rel, path in local.items()}
+        entries = {rel: file_entry(path) for rel, path in local.items()}
         self._check_expected(entries, expected)
         self._ensure_repo()
         base = self.resolve(base)

@@ -8,23 +8,18 @@ manifest belongs to the launcher and may change shape without breaking verificat
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import re
 import uuid
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import BinaryIO, Mapping
+from typing import Mapping
 
-from launcher.files import fsync_dir  # noqa: F401 (re-exported)
-from launcher.paths import HUB_SCRATCH_DIR as SCRATCH_DIR  # noqa: F401 (re-exported)
+from launcher.files import FileEntry, file_entry, fsync_dir, sha256_stream
 
 INDEX_PATH = "hub_index.json"
 INDEX_FORMAT = "fractus-hub-index/1"
-# Scratch space of the store inside the pod (staging of downloads); never pushed.
 
-CHUNK = 8 << 20  # 8 MiB reads: large enough that hashing, not syscalls, sets the pace
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -45,12 +40,6 @@ class IntegrityError(HubError):
 
 class PushConflict(HubError):
     """Another writer changed the same paths since the revision this push started from."""
-
-
-@dataclass(frozen=True)
-class FileEntry:
-    sha256: str
-    size: int
 
 
 def pod_relpath(path: str | os.PathLike) -> str:
@@ -82,29 +71,12 @@ def confine(pod_dir: Path, rel: str) -> Path:
     return root / rel
 
 
-def sha256_stream(src: BinaryIO, sink: BinaryIO | None = None) -> FileEntry:
-    """Hash `src` to its end, copying the bytes to `sink` on the way if given."""
-    digest = hashlib.sha256()
-    size = 0
-    while chunk := src.read(CHUNK):
-        digest.update(chunk)
-        size += len(chunk)
-        if sink is not None:
-            sink.write(chunk)
-    return FileEntry(digest.hexdigest(), size)
-
-
-def sha256_file(path: Path) -> FileEntry:
-    with open(path, "rb") as f:
-        return sha256_stream(f)
-
-
 def matches(path: Path, entry: FileEntry) -> bool:
     """True when `path` is a regular file holding exactly the recorded bytes."""
     try:
         if not path.is_file() or path.stat().st_size != entry.size:
             return False
-        return sha256_file(path).sha256 == entry.sha256
+        return file_entry(path).sha256 == entry.sha256
     except OSError:
         return False
 
@@ -128,7 +100,7 @@ def install_copy(src: Path, dest: Path, expected: FileEntry, what: str) -> None:
 def install_staged(staged: Path, dest: Path, expected: FileEntry, what: str) -> None:
     """Verify a downloaded file, then move it into place atomically (copy across filesystems)."""
     try:
-        got = sha256_file(staged)
+        got = file_entry(staged)
         _check(got, expected, what)
         with open(staged, "rb+") as f:
             os.fsync(f.fileno())

@@ -21,9 +21,9 @@ import uuid
 from pathlib import Path
 from typing import Mapping
 
-from launcher.paths import HELD_FILE  # noqa: F401 (re-exported)
+from launcher.paths import HELD_FILE
 from launcher.hub import HubError, PushConflict
-from launcher.pod.manifest import atomic_write_text
+from launcher.files import atomic_write_text
 
 LEASE_PATH = "fractus-pod.lease.json"    # in the hub: which pod writes this run
 # Pushes of one writer that conflict with each other (the lease unchanged) are retried on

@@ -28,19 +28,16 @@ from pathlib import Path
 from typing import Iterator, Mapping
 
 from .integrity import (
-    FileEntry,
     HubError,
     IntegrityError,
     PushConflict,
     conflicting_paths,
     decode_index,
     encode_index,
-    fsync_dir,
     install_copy,
-    sha256_stream,
 )
 from .store import HistoryEntry, PushFiles, Store
-from launcher.files import atomic_write_bytes
+from launcher.files import FileEntry, atomic_write_bytes, fsync_dir, sha256_stream
 
 BRANCH = "main"
 MIN_PREFIX = 7  # shortest revision prefix accepted, as with git short hashes

@@ -14,7 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from launcher.errors import UserError
-from launcher.config.podconfig import CONFIG_NAME, PodConfig, load_config
+from launcher.config.podconfig import PodConfig, load_config
+from launcher.paths import CONFIG_NAME
 
 
 def _live_files(pod_dir: Path, config: PodConfig) -> dict[str, str]:
@@ -65,7 +66,8 @@ def pull_into_pod(pod_dir: Path, url: str | None, revision: str | None, paths: l
     """Pull `paths` (default: every file) of `revision` (default: newest) from `url` (default:
     the pod's `hub:`). Returns (url, revision, {path: local file}). `trust_config`: the
     user's --trust-hub-config (a config from a hub the pod does not name is filtered)."""
-    from launcher.hub.from_hub import absolute_hub_url, keep_hub
+    from launcher.hub.from_hub import keep_hub
+    from launcher.hub.by_url import absolute_hub_url
     from launcher.hub import open_store
     from launcher.hub.integrity import pod_relpath
     from launcher.hub.lease import LEASE_PATH

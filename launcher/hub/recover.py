@@ -22,11 +22,13 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from launcher.pod.ckpt_index import CheckpointIndex, sha256_file
+from launcher.pod.ckpt_index import CheckpointIndex
+from launcher.files import sha256_file
 from launcher.errors import UserError
 from launcher.pod.events import EventLog
 from launcher.pod.manifest import Manifest, relative_to_pod, resolve_in_pod
 from launcher.pod.progress import progress
+from launcher.paths import INDEX_FILE, PASSED_DIR
 
 MAX_ROTATED = 8
 
@@ -76,7 +78,7 @@ def recover_entry(pod_dir: Path, gpu: int, manifest: Manifest, index: Checkpoint
     for copy in _local_copies(pod_dir, gpu, named, sha256, index, canonical):
         if holds(copy, sha256):
             rel = relative_to_pod(copy, pod_dir)
-            if not rel.startswith("checkpoints/retained/"):
+            if not rel.startswith(PASSED_DIR + "/"):
                 rel = index.retain_file(gpu, entry.start_token, sha256, copy)
             entry.name_checkpoint(rel)
             events.emit("checkpoint_recovered", gpu=gpu, checkpoint=rel, was=name,
@@ -105,8 +107,8 @@ def _way_back(manifest: Manifest, index: CheckpointIndex, gpu: int) -> str:
     its newest passed checkpoint left intact (a retained copy), at the pod's stage."""
     target = index.newest_passed(gpu)
     if target is None:
-        return ("no passed checkpoint of it is left intact either (see "
-                "logs/checkpoints.jsonl): restore the file")
+        return (f"no passed checkpoint of it is left intact either (see "
+                f"{INDEX_FILE}): restore the file")
     stage = manifest.recorded_stage() or manifest.entries[gpu].stage or 1
     return (f"restore the file, or roll the GPU back to its newest passed checkpoint "
             f"(token {int(target['next_token']):,}, {target['path']}): "

@@ -30,9 +30,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher.paths import MERGED_PATH, RECOVERY_HUB_DIR
+from launcher.paths import HUB_LEDGER, MERGED_PATH, RECOVERY_HUB_DIR
 
-LEDGER = "logs/hub_ledger.json"
 CHECKPOINT_SUFFIXES = (".pt", ".safetensors", ".bin")
 
 
@@ -113,7 +112,7 @@ def read_ledger(pod_dir: Path) -> dict:
     """The ledger as written; {} when it is missing, torn (its checksum line does not match)
     or not a mapping."""
     try:
-        raw = (pod_dir / LEDGER).read_bytes()
+        raw = (pod_dir / HUB_LEDGER).read_bytes()
     except FileNotFoundError:
         return {}
     checksum, _, body = raw.partition(b"\n")
@@ -130,7 +129,7 @@ def _write_ledger(pod_dir: Path, doc: dict) -> None:
     """In place (see the module's docstring): the checksum line, then the document."""
     body = json.dumps(doc, separators=(",", ":")).encode()
     data = hashlib.sha256(body).hexdigest().encode() + b"\n" + body
-    path = pod_dir / LEDGER
+    path = pod_dir / HUB_LEDGER
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:

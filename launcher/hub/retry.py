@@ -16,6 +16,8 @@ from typing import Callable, TypeVar
 import httpx2
 from huggingface_hub.errors import HfHubHTTPError
 
+from launcher.paths import HUB_LOG
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -100,7 +102,7 @@ def with_retries(
                 # The one line a person sees per failed operation (stderr); each retry
                 # before it is in logs/hub.log (INFO, launcher/cli/options.py).
                 log.warning("hub: %s failed (%s); gave up after %d attempts (each in "
-                            "logs/hub.log)", what, describe(exc), failures)
+                            "%s)", what, describe(exc), failures, HUB_LOG)
                 raise
             wait = policy.delay(failures)
             log.info(

@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Callable
 
 from launcher.errors import UserError
-from launcher.paths import MERGED_PATH, SNAPSHOT_DIR
+from launcher.paths import CONFIG_NAME, MERGED_PATH, SNAPSHOT_DIR
 from launcher.pod.ckpt_index import CheckpointIndex
 from launcher.files import atomic_write_bytes
 from launcher.pod.manifest import Manifest, ManifestEntry, event_phase
-from launcher.config.podconfig import CONFIG_NAME, PodConfig
+from launcher.config.podconfig import PodConfig
 from launcher.pod.progress import progress
 
 

@@ -19,16 +19,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import ContextManager, Iterable, Iterator, Mapping
 
+from launcher.files import FileEntry, fsync_dir
+from launcher.paths import HUB_SCRATCH_DIR
 from launcher.pod.progress import progress
 
 from .integrity import (
     INDEX_PATH,
-    SCRATCH_DIR,
-    FileEntry,
     HubError,
     IntegrityError,
     confine,
-    fsync_dir,
     matches,
     pod_relpath,
 )
@@ -146,7 +145,7 @@ class Store(ABC):
         # Staged, then committed: every file is fetched and verified into a scratch folder
         # first, and moved into the pod only when all of them are. A refused checkpoint used
         # to leave the manifest already installed, naming a file that was not.
-        stage = self.pod_dir / SCRATCH_DIR / f"pull-{uuid.uuid4().hex[:12]}"
+        stage = self.pod_dir / HUB_SCRATCH_DIR / f"pull-{uuid.uuid4().hex[:12]}"
         staged: dict[str, Path] = {}
         try:
             with progress(f"hub pull {rev[:12]}", sum(index[rel].size for rel in wanted),
@@ -197,7 +196,7 @@ class Store(ABC):
 
     @contextmanager
     def _fetched(self, rel: str, entry: FileEntry, revision: str) -> Iterator[Path]:
-        scratch = self.pod_dir / SCRATCH_DIR / f"read-{uuid.uuid4().hex[:12]}"
+        scratch = self.pod_dir / HUB_SCRATCH_DIR / f"read-{uuid.uuid4().hex[:12]}"
         scratch.mkdir(parents=True)
         try:
             local = scratch / Path(rel).name       # its own name, for the errors
@@ -235,7 +234,7 @@ class Store(ABC):
 
     def _reserved_dirs(self) -> list[Path]:
         """Absolute directories inside the pod that synced files must never touch."""
-        return [self.pod_dir.resolve() / SCRATCH_DIR]
+        return [self.pod_dir.resolve() / HUB_SCRATCH_DIR]
 
     def _destination(self, rel: str) -> Path:
         """Where `rel` lives in the pod; refuses escapes and the store's own files."""

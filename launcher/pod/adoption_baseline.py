@@ -14,9 +14,9 @@ import json
 import time
 from pathlib import Path
 
-from launcher.paths import ADOPTION_DIR  # noqa: F401 (re-exported)
+from launcher.paths import ADOPTION_DIR
 from launcher.pod.ckpt_index import link_or_copy
-from launcher.pod.manifest import atomic_write_text
+from launcher.files import atomic_write_text
 
 ADOPTION_RECORD = f"{ADOPTION_DIR}/adoption.json"
 

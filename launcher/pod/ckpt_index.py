@@ -21,8 +21,8 @@ import shutil
 import time
 from pathlib import Path
 
-from launcher.paths import INDEX_FILE, PASSED_DIR  # noqa: F401 (re-exported)
-from launcher.files import sha256_file  # noqa: F401 (re-exported)
+from launcher.paths import INDEX_FILE, PASSED_DIR
+from launcher.files import sha256_file
 from launcher.pod.manifest import resolve_in_pod
 
 KEEP_PASSED = 2

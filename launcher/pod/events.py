@@ -12,7 +12,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-from launcher.paths import EVENTS_FILE  # noqa: F401 (re-exported)
+from launcher.paths import EVENTS_FILE
 
 
 class Mirrors:

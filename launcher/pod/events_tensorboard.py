@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from fractus.train.tensorboard import EventFile
-from launcher.paths import TENSORBOARD_RUN  # noqa: F401 (re-exported)
+from launcher.paths import TENSORBOARD_RUN
 
 
 class EventsToTensorBoard:

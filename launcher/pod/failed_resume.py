@@ -20,7 +20,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex, rotated_names, sha256_file
+from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex, rotated_names
+from launcher.files import sha256_file
 from launcher.errors import UserError
 from launcher.pod.events import EventLog
 from launcher.pod.manifest import Manifest, apply_rollback, event_position

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from launcher.paths import STATE_FILE, REQUEST_FILE, STOP_REQUEST_FILE  # noqa: F401
+from launcher.paths import STATE_FILE, REQUEST_FILE, STOP_REQUEST_FILE
 from launcher.files import atomic_write_text, read_json_state, write_json_state
 
 

@@ -13,7 +13,7 @@ import time
 import uuid
 from pathlib import Path
 
-from launcher.paths import LOCK_FILE  # noqa: F401 (re-exported)
+from launcher.paths import LOCK_FILE
 from launcher.errors import PodBusy
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.errors import UserError
-from launcher.files import atomic_write_bytes, atomic_write_text  # noqa: F401 (re-exported)
+from launcher.files import atomic_write_text
 from launcher.pod.manifest_entry import ENTRY_FIELDS, EntryError, ManifestEntry  # noqa: F401
 
 _CURRENT_KEY = re.compile(r"gpu_([0-9]+)", re.ASCII)

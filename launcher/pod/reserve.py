@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from launcher.paths import RESERVE_FILE  # noqa: F401 (re-exported)
+from launcher.paths import RESERVE_FILE
 
 RESERVE_BYTES = 1 << 20
 

@@ -1,7 +1,7 @@
 """`fractus-pod adopt`: take over a run directory made by the reference trainer, unchanged.
 
 It reads what the run already has (docs/ADOPT.md):
-- the resume manifests, in every layout the run has used (`MANIFEST_CANDIDATES`): the
+- the resume manifests, in every layout the run has used (`launcher/paths.py`'s `V1_MANIFESTS`): the
   tracker's `checkpoints/RESUME_MANIFEST_8GPU.json` (`{"gpu_i": {"start_token"}}`) and the
   older root `RESUME_MANIFEST*.json` (`{"gpus": {"0": {...}}}`);
 - for each GPU its checkpoint (the manifest's `checkpoint`, else v1's
@@ -25,21 +25,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.paths import MERGED_BRAIN, ADOPTED_MODEL_FILE  # noqa: F401 (re-exported)
+from fractus.train.env import MERGED_BRAIN
+from launcher.paths import ADOPTED_MODEL_FILE, CONFIG_NAME, V1_CHECKPOINT, V1_MANIFESTS, V1_SHARDS
 from launcher.pod.adoption_baseline import record_adoption
-from launcher.pod.ckpt_index import sha256_file
+from launcher.files import atomic_write_text, sha256_file
 from launcher.errors import UserError
 from launcher.pod.manifest import (Manifest, ManifestEntry, ManifestError, read_manifest,
                                     write_manifest)
 from launcher.config.devices import parse_devices
-from launcher.config.podconfig import CONFIG_NAME, DEFAULT_MANIFESTS, PodConfig, load_config
+from launcher.config.podconfig import DEFAULT_MANIFESTS, PodConfig, load_config
 from launcher.pod.setup_init import write_config
 from launcher.pod.progress import progress
 
-MANIFEST_CANDIDATES = ("checkpoints/RESUME_MANIFEST_8GPU.json", "RESUME_MANIFEST.json",
-                       "RESUME_MANIFEST_FINE.json", "RESUME_MANIFEST_SS.json")
-V1_CHECKPOINT = "checkpoints/fractus_1b_gpu{i}.pt"
-V1_SHARDS = ("data/shard_gpu{i}.pt", "data/shard_gpu{i}.npy")
 # Written when the checkpoints' config is no preset: the constructor keywords, for MODEL.
 V1_MODEL = "1b"       # v1 always built its TARGET config: a bare state_dict gets this
 
@@ -86,13 +83,13 @@ def _inside(pod_dir: Path, rel: str, what: str, problems: list[str]) -> Path | N
 
 
 def _read_manifests(pod_dir: Path, only: str | None, problems: list[str]) -> list[Manifest]:
-    names = [only] if only else [n for n in MANIFEST_CANDIDATES if (pod_dir / n).is_file()]
+    names = [only] if only else [n for n in V1_MANIFESTS if (pod_dir / n).is_file()]
     if only and not (pod_dir / only).is_file():
         problems.append(f"--manifest {only} does not exist in {pod_dir}")
         return []
     if not names:
         problems.append(f"no resume manifest in {pod_dir} (looked for "
-                        f"{', '.join(MANIFEST_CANDIDATES)}); give --manifest PATH")
+                        f"{', '.join(V1_MANIFESTS)}); give --manifest PATH")
         return []
     manifests = []
     for name in names:
@@ -274,7 +271,6 @@ def _pod_config(pod_dir: Path, adoption: Adoption) -> PodConfig:
 
 
 def _write_support_files(pod_dir: Path, config: PodConfig, adoption: Adoption) -> None:
-    from launcher.pod.manifest import atomic_write_text
     if adoption.model == ADOPTED_MODEL_FILE:
         path = pod_dir / ADOPTED_MODEL_FILE
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.config.devices import Slot
-from launcher.worker.process import WorkerSpec, metrics_path, worker_log_path
+from launcher.paths import metrics_path, worker_log_path
+from launcher.worker.process import WorkerSpec
 
 
 @dataclass

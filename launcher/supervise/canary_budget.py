@@ -23,7 +23,8 @@ from pathlib import Path
 
 from launcher.errors import UserError
 from launcher.pod.events import read_events
-from launcher.worker.process import metrics_path, read_records
+from launcher.worker.process import read_records
+from launcher.paths import metrics_path
 
 CANARY_RUNS = 2      # the reference stage's run, then the new stage's (launcher/checks/canary.py)
 

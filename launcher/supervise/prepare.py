@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 import uuid
 
-from launcher.pod.ckpt_index import PASSED, CheckpointIndex, sha256_file
+from launcher.pod.ckpt_index import PASSED, CheckpointIndex
+from launcher.files import sha256_file
 from launcher.pod.ckpt_trust import check_entry
 from launcher.errors import PodBusy, UserError
 from launcher.pod.events import EventLog
@@ -28,8 +29,9 @@ from launcher.pod.manifest import (
 )
 from launcher.pod.shards import shard_length
 from launcher.hub.recover import recover_all
+from launcher.paths import metrics_path
 from launcher.supervise.plan import LaunchPlan, check_worker_settings
-from launcher.worker.process import busy_cuda_gpus, metrics_path, read_records, running_workers
+from launcher.worker.process import busy_cuda_gpus, read_records, running_workers
 
 
 def refuse_budget_below_one_push(plan: LaunchPlan, manifest: Manifest) -> None:

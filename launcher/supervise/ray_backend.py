@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Callable
 
 from launcher.hub.lease import pod_id
+from launcher.hub.by_url import absolute_hub_url
 from launcher.pod.events import EventLog
 from launcher.config.devices import Slot
 from launcher.config.podconfig import PodConfig
@@ -42,7 +43,8 @@ from launcher.supervise.ray_adopt import NodeAdoption
 from launcher.supervise.ray_fence import NAMESPACE, Heartbeat, actor_prefix, end_orphans
 from launcher.supervise.ray_node import NodeWorker
 from launcher.config.ray_settings import RaySettings
-from launcher.worker.process import WorkerSpec, build_env, pod_env_names, worker_log_path
+from launcher.worker.process import WorkerSpec, build_env, pod_env_names
+from launcher.paths import worker_log_path
 
 POLL_WAIT_S = 5.0          # a node slower than this to answer is asked again next poll
 # At most one round trip to the nodes every 2 s, whatever the pod's poll_interval_s: each
@@ -97,11 +99,11 @@ class RayBackend(NodeAdoption, WorkerBackend):
         self.on_lost: list[Callable[[int], None]] = []
         # Each actor is told the hub and the pod it pushes as (the run's hub lease:
         # launcher/hub/lease.py); what it pushes and when is RayCustodian's.
-        self.hub_url = _absolute_hub(config.hub, pod_dir)
+        self.hub_url = absolute_hub_url(config.hub, pod_dir)
         self.writer = pod_id(pod_dir) if self.hub_url else None
         # Each node fetches its own GPUs' shards from here (the URL and revision only: its
         # credentials are the node's own, as for the hub).
-        self.data = {"url": _absolute_hub(config.data.url, pod_dir),
+        self.data = {"url": absolute_hub_url(config.data.url, pod_dir),
                      "revision": config.data.revision} if config.data else None
         self.last_round_trip = float("-inf")
         self.heartbeat = Heartbeat(ray, self.actors, settings.fence_s, config.stop_grace_s)
@@ -378,9 +380,3 @@ def remote_error(exc: Exception) -> str:
     return f"{kind}({describe_error(cause)})"[:500]
 
 
-def _absolute_hub(url: str | None, pod_dir: Path) -> str | None:
-    """The hub or data store as every node must name it: a relative file:// store is the
-    head's."""
-    if url and url.startswith("file://") and not Path(url[len("file://"):]).is_absolute():
-        return f"file://{(pod_dir / url[len('file://'):]).resolve()}"
-    return url

@@ -49,10 +49,11 @@ import time
 from pathlib import Path
 
 from launcher import child
-from launcher.paths import NODE_LEASE_DIR, PROBE_DIR
-from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex, link_or_copy, sha256_file
+from launcher.paths import NODE_LEASE_DIR, PROBE_DIR, worker_log_path
+from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex, link_or_copy
+from launcher.files import sha256_file
 from launcher.pod.manifest import event_position, relative_to_pod
-from launcher.worker.process import kill, terminate, worker_env, worker_log_path
+from launcher.worker.process import MetricsTail, kill, terminate, worker_env
 
 # Settings resolved against the node's directory, else the head's pod directory (the same
 # machine or a shared filesystem): shards (without `data:`) and a model file are the
@@ -78,8 +79,7 @@ class NodeWorker:
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
         self.index = CheckpointIndex(self.workdir)   # this node's retained checkpoints
         self.proc: subprocess.Popen | None = None
-        self.metrics: Path | None = None
-        self.offset, self.partial = 0, b""
+        self.tail: MetricsTail | None = None     # the running worker's METRICS file
         self.lock = threading.Lock()      # poll and push run on two actor threads
         self.resume_file: Path | None = None   # held for the stage's baseline probe
         self.pushers: list[subprocess.Popen] = []   # recovery pushers (ray_recovery.py)
@@ -119,9 +119,7 @@ class NodeWorker:
         if cuda:       # the device Ray gave this actor, not the GPU's index on the head
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(int(i)) for i in ray.get_gpu_ids())
         with self.lock:
-            self.metrics = self.workdir / settings["METRICS"]
-            self.offset = self.metrics.stat().st_size if self.metrics.exists() else 0
-            self.partial = b""
+            self.tail = MetricsTail(self.workdir / settings["METRICS"])
             log_path = self.workdir / worker_log_path(self.gpu)
             with open(log_path, "ab") as log:
                 self.proc = child.spawn(self.command, cwd=self.workdir, env=env, keep=keep,
@@ -194,7 +192,7 @@ class NodeWorker:
         with self.lock:
             code = self.proc.poll() if self.proc is not None else None
             lines = self._new_lines()          # after the exit code: nothing is left behind
-            return code, lines, self.offset - len(self.partial)
+            return code, lines, self.tail.position if self.tail is not None else 0
 
     def adopt(self, pid: int, metrics: str, offset: int) -> tuple[int | None, bytes]:
         """Take over from this GPU's previous actor on this node, whose process died while
@@ -211,7 +209,7 @@ class NodeWorker:
                 time.sleep(ADOPT_CHECK_S)
         self.heard = time.monotonic()
         with self.lock:
-            self.metrics, self.offset, self.partial = self.workdir / metrics, offset, b""
+            self.tail = MetricsTail(self.workdir / metrics, offset=offset)
             return None, self._new_lines()
 
     def signal(self, signum: int) -> None:
@@ -232,19 +230,8 @@ class NodeWorker:
             return (self.proc.returncode if self.proc else None), self._new_lines()
 
     def _new_lines(self) -> bytes:
-        if self.metrics is None or not self.metrics.exists():
-            return b""
-        with open(self.metrics, "rb") as f:
-            f.seek(self.offset)
-            data = f.read()
-        self.offset += len(data)
-        data = self.partial + data
-        cut = data.rfind(b"\n") + 1          # an unfinished last line waits for its newline
-        self.partial, complete = data[cut:], data[:cut]
-        out = []
-        for line in complete.splitlines(keepends=True):
-            out.append(self._seen(line))
-        return b"".join(out)
+        lines = self.tail.read_lines() if self.tail is not None else []
+        return b"".join(self._seen(line) + b"\n" for line in lines)
 
     def _seen(self, line: bytes) -> bytes:
         """Retain a checkpoint the moment its event is read; the head gets the event
@@ -264,7 +251,7 @@ class NodeWorker:
         event["path"], event["node"] = rel, self.node
         # Read too late to pin its bytes (rotated past SAVE_KEEP): the head probes none.
         event["retained"] = bool(record.get("retained"))
-        return (json.dumps(event) + "\n").encode()
+        return json.dumps(event).encode()
 
     # ---- AR probes ---------------------------------------------------------------------
     def _hold_resume(self, source: Path) -> None:

@@ -17,7 +17,7 @@ from typing import Collection, Mapping
 
 import psutil
 
-from launcher.paths import metrics_path, tensorboard_dir, worker_log_path  # noqa: F401
+from launcher.paths import metrics_path, tensorboard_dir, worker_log_path
 from launcher import child
 from launcher.config.devices import Slot
 from launcher.config.podconfig import PodConfig
@@ -124,14 +124,26 @@ def spawn_worker(config: PodConfig, pod_dir: Path, spec: WorkerSpec) -> subproce
 
 
 class MetricsTail:
-    """Reads complete new JSON lines appended to a worker's METRICS file."""
+    """Reads complete new lines appended to a worker's METRICS file: the one tail, on the
+    launcher's machine (the supervisor, as JSON records) and on a Ray node (NodeWorker, as
+    the lines it forwards)."""
 
-    def __init__(self, path: Path, from_end: bool = True):
+    def __init__(self, path: Path, from_end: bool = True, offset: int | None = None):
+        """Start at `offset`, else at the file's end (`from_end`) or its beginning."""
         self.path = path
-        self.offset = path.stat().st_size if (from_end and path.exists()) else 0
+        if offset is None:
+            offset = path.stat().st_size if (from_end and path.exists()) else 0
+        self.offset = offset
         self._partial = b""
 
-    def read(self) -> list[dict]:
+    @property
+    def position(self) -> int:
+        """The byte offset where the complete lines read so far end (where another tail of
+        this file goes on reading without losing or repeating a line)."""
+        return self.offset - len(self._partial)
+
+    def read_lines(self) -> list[bytes]:
+        """The complete lines appended since the last read, without their newlines."""
         try:
             size = self.path.stat().st_size
         except FileNotFoundError:
@@ -146,8 +158,12 @@ class MetricsTail:
         self.offset += len(data)
         lines = (self._partial + data).split(b"\n")
         self._partial = lines.pop()      # an unfinished last line waits for its newline
+        return lines
+
+    def read(self) -> list[dict]:
+        """The new lines' JSON objects (an unreadable line is skipped)."""
         records = []
-        for line in lines:
+        for line in self.read_lines():
             try:
                 record = json.loads(line)
             except (json.JSONDecodeError, UnicodeDecodeError):

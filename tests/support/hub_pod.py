@@ -11,7 +11,8 @@ import pytest
 
 from launcher.cli import main as cli_main
 from launcher.config.podconfig import load_config
-from launcher.pod.ckpt_index import PASSED, CheckpointIndex, sha256_file
+from launcher.pod.ckpt_index import PASSED, CheckpointIndex
+from launcher.files import sha256_file
 from launcher.pod.manifest import apply_checkpoint, read_manifest, write_manifest
 from tests.support.e2e import TEST_CRITERIA
 from tests.support.pod_files import MANIFEST  # noqa: F401 (re-exported for hub tests)

@@ -9,7 +9,8 @@ import pytest
 from launcher.dashboard.goodput import Ledger
 from launcher.dashboard.goodput_files import pod_ledger
 from launcher.pod.events import read_events
-from launcher.worker.process import metrics_path, read_records
+from launcher.worker.process import read_records
+from launcher.paths import metrics_path
 
 
 def metrics_lines(pod: Path, gpu: int) -> list[dict]:

@@ -7,7 +7,8 @@ import os
 from pathlib import Path
 
 from launcher.config.podconfig import load_config
-from launcher.pod.ckpt_index import PASSED, CheckpointIndex, sha256_file
+from launcher.pod.ckpt_index import PASSED, CheckpointIndex
+from launcher.files import sha256_file
 from launcher.pod.manifest import apply_checkpoint, read_manifest, write_manifest
 
 

@@ -8,7 +8,8 @@ import os
 from pathlib import Path
 
 from launcher.pod.setup_init import init_pod
-from launcher.pod.ckpt_index import PASSED, CheckpointIndex, sha256_file
+from launcher.pod.ckpt_index import PASSED, CheckpointIndex
+from launcher.files import sha256_file
 from launcher.pod.events import EventLog
 
 

@@ -17,8 +17,9 @@ from launcher.config.devices import Slot
 from launcher.config.podconfig import load_config
 from launcher.pod.setup_init import init_pod
 from launcher.config.stages import load_stages
+from launcher.paths import metrics_path
 from launcher.supervise.plan import load_plan
-from launcher.worker.process import WorkerSpec, build_env, metrics_path, read_records, worker_command
+from launcher.worker.process import WorkerSpec, build_env, read_records, worker_command
 
 
 def stage1_pod(pod: Path, steps: int = 3) -> Path:

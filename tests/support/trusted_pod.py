@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from launcher.pod.ckpt_index import sha256_file
+from launcher.files import sha256_file
 from tests.support.pod_files import MANIFEST
 from tests.support.pods import copy_pod
 
