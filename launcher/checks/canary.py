@@ -153,7 +153,7 @@ class _Run:
             return f"{self.name} interrupted: {self.interrupted}"
         if self.timed_out:
             return f"{self.name} timed out (killed)"
-        if self.code == 0:
+        if self.code == WorkerExitCode.OK:
             return None
         events = [r for r in self.records() if r.get("event") in ("nan", "oom", "error")]
         if self.out_of_memory():

@@ -92,7 +92,7 @@ class ExitHandlers:
     def refused(self, run: GpuRun, ended: WorkerExit) -> None:
         run.apply(GpuEvent.REFUSED)
         gpu = run.slot.gpu
-        self.ending.fail(f"GPU {gpu}: the worker refused its settings or files (exit 2"
+        self.ending.fail(f"GPU {gpu}: the worker refused its settings or files (exit {ended.code}"
                          + (f": {run.last_error}" if run.last_error else "")
                          + f"); see logs/worker_gpu{gpu}.log", exit_code=2)
 
