@@ -135,7 +135,7 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> 
 
 def write_json_atomic(path: os.PathLike, obj: object) -> None:
     """Write JSON to `path` atomically: temp file in the same folder, fsync, os.replace."""
-    from launcher.pod.manifest import atomic_write_text  # one atomic writer (temp, fsync, rename)
+    from launcher.files import atomic_write_text  # one atomic writer (temp, fsync, rename)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(obj, indent=2) + "\n")

@@ -11,6 +11,7 @@ import signal
 import time
 
 from launcher.errors import Refused
+from launcher.files import sha256_file
 from launcher.pod.manifest import write_manifest
 
 
@@ -98,7 +99,6 @@ def ensure_canary_inputs(plan, manifest) -> None:
       on_the_hub): pulled to the name its entry gives, verified against the revision's
       index and the entry's sha256, the entry unchanged (the node pulls it by that name).
     Refused (exit 1, one line) when it cannot be had."""
-    from launcher.pod.ckpt_index import sha256_file
     from launcher.supervise.launch_shards import canary_shard, ensure_shards_here
     from launcher.supervise.prepare import on_the_hub
     if plan.config.data is not None:
