@@ -144,18 +144,30 @@ def test_no_test_module_imports_another():
     assert not found, "\n".join(found)
 
 
-def test_pod_paths_have_one_home():
-    """launcher/paths.py names every pod path: a path name is imported from it under its own
-    name, used where imported (no module re-exports one for others), and no other module
-    defines a constant of its own that names a pod file."""
-    import launcher.paths as paths
+def defined_in(module: Path) -> dict[str, str]:
+    """Top-level names a module defines (not imports) -> its dotted name."""
+    dotted = "launcher." + module.stem
+    names = {}
+    for node in ast.parse(module.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names[node.name] = dotted
+        elif isinstance(node, ast.Assign):
+            names.update({t.id: dotted for t in node.targets if isinstance(t, ast.Name)})
+    return {n: m for n, m in names.items() if not n.startswith("_")}
+
+
+def test_pod_paths_and_file_helpers_have_one_home():
+    """launcher/paths.py names every pod path and launcher/files.py holds the file helpers
+    (atomic writes, sha256): their names are imported from them under their own names, used
+    where imported (no module re-exports one for others), and no other module defines a
+    constant of its own that names a pod file."""
     root = LAUNCHER.parent
-    names = {n for n in vars(paths) if not n.startswith("_") and n != "annotations"}
+    homes = {**defined_in(LAUNCHER / "paths.py"), **defined_in(LAUNCHER / "files.py")}
     pod_dirs = ("logs/", "checkpoints/", "scratch/", "manifests/", ".fractus")
     found = []
     for path in [*LAUNCHER.rglob("*.py"), *(root / "tests").rglob("*.py"),
                  *(root / "benchmarks").rglob("*.py")]:
-        if path == LAUNCHER / "paths.py":
+        if path in (LAUNCHER / "paths.py", LAUNCHER / "files.py"):
             continue
         tree = ast.parse(path.read_text())
         used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
@@ -163,14 +175,16 @@ def test_pod_paths_have_one_home():
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module:
                 for alias in node.names:
-                    if node.module == "launcher.paths":
-                        if alias.asname not in (None, alias.name):
-                            found.append(f"{where}:{node.lineno} renames {alias.name}")
-                        elif alias.name not in used:
-                            found.append(f"{where}:{node.lineno} re-exports {alias.name}")
-                    elif alias.name in names and node.module.startswith("launcher"):
+                    home = homes.get(alias.name)
+                    if home is None or not node.module.startswith("launcher"):
+                        continue
+                    if node.module != home:
                         found.append(f"{where}:{node.lineno} takes {alias.name} from "
-                                     f"{node.module}, not launcher.paths")
+                                     f"{node.module}, not {home}")
+                    elif alias.asname not in (None, alias.name):
+                        found.append(f"{where}:{node.lineno} renames {alias.name}")
+                    elif alias.name not in used:
+                        found.append(f"{where}:{node.lineno} re-exports {alias.name}")
         if path.is_relative_to(LAUNCHER):
             for node in tree.body:
                 if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)

@@ -6,7 +6,7 @@ import json
 import time
 from pathlib import Path
 
-from launcher.files import read_json_state
+from launcher.files import atomic_write_text, read_json_state
 from launcher.paths import BASELINES_FILE
 from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex
 from launcher.errors import UserError
@@ -15,7 +15,6 @@ from launcher.pod.lock import PodLock, read_holder
 from launcher.pod.manifest import (
     ManifestError,
     apply_rollback,
-    atomic_write_text,
     current_stage,
     event_position,
     read_manifest,

@@ -21,7 +21,7 @@ One interface, two backends chosen by the pod config's `hub:` URL:
     # launch, a checkpoint missing or failing its sha256: fetch it from its pinned revision
     store.pull(["checkpoints/fractus_1b_gpu3.pt"], revision=manifest_rev)
 
-    # what a revision holds: {path: FileEntry(sha256, size)}
+    # what a revision holds: {path: FileEntry(sha256, size)} (launcher.files.FileEntry)
     store.files(rev)
 
     # storage (launcher/hub/retention.py applies the pod's `retention:` after each push)
@@ -36,8 +36,6 @@ not match their recorded sha256: they were not installed.
 The merge of GPU checkpoints lives in `launcher.hub.merge.merge_checkpoints`.
 """
 
-from launcher.files import FileEntry
-
 from .integrity import INDEX_PATH, HubError, IntegrityError, PushConflict
 from .retry import RetryPolicy
 from .by_url import open_store
@@ -45,7 +43,6 @@ from .store import HistoryEntry, Store
 
 __all__ = [
     "INDEX_PATH",
-    "FileEntry",
     "HistoryEntry",
     "HubError",
     "IntegrityError",
