@@ -55,7 +55,7 @@ V1_SHARDS = ("data/shard_gpu{i}.pt", "data/shard_gpu{i}.npy")
 # ---- the hub --------------------------------------------------------------------------
 SYNC_STATE = "logs/sync_state.json"
 HUB_LOG = "logs/hub.log"            # every retry of a hub call (launcher/cli/hub.py)
-HUB_LEDGER = "logs/hub_ledger.json"  # retention's cache of the hub's revisions; rebuilt from the hub
+HUB_LEDGER = "logs/hub_ledger.json"  # retention's cache of the hub's revisions (rebuilt from it)
 # Shards fetched or hashed against the pod config's `data:` revision, by path, size and
 # mtime: a 4 GB shard is not hashed again at every launch (launcher/hub/fetch.py).
 DATA_VERIFIED_FILE = "logs/data_verified.json"
@@ -65,4 +65,5 @@ HUB_SCRATCH_DIR = ".fractus_hub"     # the store's downloads in progress
 HELD_FILE = "logs/hub_lease.json"    # the hub writer lease this pod took
 NODE_LEASE_DIR = "logs/.node_lease"  # on a Ray node: the lease file of a push in flight
 # On the hub: a Ray node's save pushed before its probe (launcher/supervise/ray_recovery.py)
-RECOVERY_HUB_DIR = "recovery"
+RECOVERY_HUB_DIR = "recovery"      # recovery/<its path>
+RECOVERY_STAGING_DIR = "checkpoints/recovery"   # on the node: links of saves waiting to go

@@ -17,7 +17,7 @@ import torch
 
 from launcher.hub import open_store
 from launcher.hub.lease import pod_id
-from launcher.pod.ckpt_index import sha256_file
+from launcher.files import sha256_file
 from launcher.supervise.ray_recovery import (RecoveryPusher, check_save, read_recovery_copy,
                                              recovery_path)
 from tests.support.e2e import wait_for

@@ -40,8 +40,7 @@ import time
 import uuid
 from pathlib import Path
 
-from launcher.paths import RECOVERY_HUB_DIR as RECOVERY_DIR   # recovery/<its path>, on the hub
-STAGING_DIR = "checkpoints/recovery"      # on the node: the links of saves waiting to go
+from launcher.paths import RECOVERY_HUB_DIR, RECOVERY_STAGING_DIR
 RECORD_FORMAT = "fractus-recovery/1"
 TAIL_S = 0.2       # how often the pusher reads the metrics file: part of the recovery point
 FINAL_PUSH_S = 600.0                      # after its worker ended: the final push's time
@@ -50,7 +49,7 @@ RETRY_S = (2.0, 30.0)                     # a failed push is tried again: first,
 
 def recovery_path(checkpoint: str) -> str:
     """The hub path of `checkpoint`'s (pod-relative) recovery copy."""
-    return f"{RECOVERY_DIR}/{checkpoint}"
+    return f"{RECOVERY_HUB_DIR}/{checkpoint}"
 
 
 def record_path(checkpoint: str) -> str:
@@ -58,7 +57,7 @@ def record_path(checkpoint: str) -> str:
 
 
 def is_recovery(path: str) -> bool:
-    return path.startswith(RECOVERY_DIR + "/")
+    return path.startswith(RECOVERY_HUB_DIR + "/")
 
 
 def new_attempt() -> str:
@@ -193,7 +192,7 @@ class RecoveryPusher:
             if event.get("event") != "checkpoint" or "sha256" not in event:
                 continue
             rel = relative_to_pod(event["path"], self.workdir)
-            link = self.workdir / STAGING_DIR / f"gpu{self.gpu}-{event['sha256'][:16]}.pt"
+            link = self.workdir / RECOVERY_STAGING_DIR / f"gpu{self.gpu}-{event['sha256'][:16]}.pt"
             try:
                 link_or_copy(self.workdir / rel, link)
             except OSError:
