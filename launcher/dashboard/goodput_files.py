@@ -14,6 +14,7 @@ from launcher.dashboard.goodput import LINE, Ledger, ledger_of, marks_of
 from launcher.pod.events import read_events
 from launcher.pod.lock import read_holder
 from launcher.paths import metrics_path
+from launcher.worker.process import MetricsTail
 
 # A metrics line as the worker writes it (docs/WORKER.md, json.dumps' separators): the two
 # fields the ledger needs, read without parsing the line (half the CPU time of json.loads,
@@ -31,27 +32,19 @@ class MarksTail:
     def __init__(self, path: Path):
         self.path = path
         self.marks: list[tuple] = []
-        self.offset, self.partial, self.identity = 0, b"", None
+        self.tail, self.identity = MetricsTail(path, from_end=False), None
 
     def read(self) -> list[tuple]:
         try:
             st = self.path.stat()
         except FileNotFoundError:
             return self.marks
-        if (st.st_dev, st.st_ino) != self.identity or st.st_size < self.offset:
-            self.marks, self.offset, self.partial = [], 0, b""     # a new or cut file
-            self.identity = (st.st_dev, st.st_ino)
-        if st.st_size == self.offset:
-            return self.marks
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            data = f.read(st.st_size - self.offset)
-        self.offset += len(data)
-        lines = (self.partial + data).split(b"\n")
-        self.partial = lines.pop()       # an unfinished last line waits for its newline
+        if (st.st_dev, st.st_ino) != self.identity or st.st_size < self.tail.offset:
+            self.marks, self.identity = [], (st.st_dev, st.st_ino)     # a new or cut file
+            self.tail = MetricsTail(self.path, from_end=False)
         others = []
         match = _METRICS_LINE.match
-        for line in lines:
+        for line in self.tail.read_lines():
             found = match(line)
             if found is not None:
                 self.marks.append((float(found[1]), LINE, "m", int(found[2])))

@@ -41,6 +41,7 @@ import uuid
 from pathlib import Path
 
 from launcher.paths import RECOVERY_HUB_DIR, RECOVERY_STAGING_DIR
+from launcher.worker.process import MetricsTail
 RECORD_FORMAT = "fractus-recovery/1"
 TAIL_S = 0.2       # how often the pusher reads the metrics file: part of the recovery point
 FINAL_PUSH_S = 600.0                      # after its worker ended: the final push's time
@@ -139,8 +140,7 @@ class RecoveryPusher:
         self.spec = spec
         self.gpu = int(spec["gpu"])
         self.workdir = Path(spec["workdir"])
-        self.metrics = self.workdir / spec["metrics"]
-        self.offset, self.partial = int(spec["offset"]), b""
+        self.tail = MetricsTail(self.workdir / spec["metrics"], offset=int(spec["offset"]))
         self.waiting: tuple[dict, Path] | None = None     # the newest save not pushed yet
         self.failures = 0
         self.stopped = False              # the run was taken over: nothing more goes up
@@ -174,15 +174,7 @@ class RecoveryPusher:
     def _read(self) -> None:
         from launcher.pod.ckpt_index import link_or_copy
         from launcher.pod.manifest import relative_to_pod
-        if not self.metrics.exists():
-            return
-        with open(self.metrics, "rb") as f:
-            f.seek(self.offset)
-            data = self.partial + f.read()
-        self.offset += len(data) - len(self.partial)
-        cut = data.rfind(b"\n") + 1
-        self.partial = data[cut:]
-        for line in data[:cut].splitlines():
+        for line in self.tail.read_lines():
             if b'"checkpoint"' not in line:
                 continue
             try:
