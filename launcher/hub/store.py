@@ -257,4 +257,3 @@ def remove_empty_dirs(path: Path, upto: Path) -> None:
         except OSError:
             return
         path = path.parent
-
