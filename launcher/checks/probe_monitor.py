@@ -50,6 +50,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from launcher.paths import BASELINES_FILE, PROBE_DIR
 from launcher.files import read_json_state
 from launcher.checks.health import FAILED, INCONCLUSIVE
@@ -190,7 +192,6 @@ class ProbeMonitor:
         are due, bounded by free memory (a CPU probe holds about 2.5x its checkpoint: the
         loaded file and the model built from it), each with an equal share of the cores.
         Returns how many run at once."""
-        import psutil
         by_memory = int(psutil.virtual_memory().available // max(1, int(2.5 * checkpoint_bytes)))
         parallel = max(1, min(probes_due, by_memory))
         threads = max(1, (os.cpu_count() or 1) // parallel)
@@ -293,7 +294,6 @@ class ProbeMonitor:
         """Stop: ignore running probes and end their processes (our own children only)."""
         self.generation += 1
         self.gpus = {}
-        import psutil
         for child in psutil.Process().children(recursive=False):
             try:
                 if PROBE_MODULE in " ".join(child.cmdline()):

@@ -24,6 +24,7 @@ def adopt(ctx, devices, model, init_new_from, manifest) -> None:
     """Take over this run directory unchanged: find its manifests, checkpoints and shards,
     hash them, write fractus-pod.yaml naming them, keep the originals as the adoption
     baseline. Exit 2, one line per problem and nothing written, if a GPU cannot resume."""
+    # imported when run, not at startup: `fractus-pod --help` loads every command module
     from launcher.pod.setup_adopt import adopt_run
     from launcher.pod.setup_adopt import table
     pod_dir = pod_dir_of(ctx)

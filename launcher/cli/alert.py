@@ -25,6 +25,7 @@ def alert() -> None:
 @click.pass_context
 def test_alerts(ctx) -> None:
     """Send a test message to each configured webhook."""
+    # imported when run, not at startup: `fractus-pod --help` loads every command module
     from launcher.alerts.formats import pod_label, render
     from launcher.alerts.rules import Alert
     from launcher.alerts.webhooks import DeliveryError, configured_webhooks, post

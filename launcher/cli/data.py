@@ -12,6 +12,8 @@ import click
 
 from launcher.cli.options import pod_dir_of, pod_dir_option
 from launcher.errors import UserError
+from launcher.paths import CONFIG_NAME
+from launcher.files import atomic_write_text
 
 
 @click.group()
@@ -27,12 +29,11 @@ def data() -> None:
 def push(ctx, url: str) -> None:
     """Upload the shards the store does not hold yet (compared by sha256; rerunning uploads
     nothing) in one revision, and write that revision into fractus-pod.yaml's data:."""
+    # imported when run, not at startup: `fractus-pod --help` loads every command module
     import yaml
     from launcher.config.devices import parse_devices
     from launcher.config.podconfig import load_config
-    from launcher.paths import CONFIG_NAME
     from launcher.config.yamlfile import read_yaml
-    from launcher.files import atomic_write_text
     from launcher.hub import HubError
     from launcher.hub.data_source import push_shards
     from launcher.hub.by_url import absolute_hub_url

@@ -4,6 +4,8 @@ the `fractus-pod` group by launcher/cli/main.py."""
 
 from __future__ import annotations
 
+import functools
+from contextlib import nullcontext
 from pathlib import Path
 
 import click
@@ -23,10 +25,9 @@ def sync() -> None:
 def _hub_errors(fn):
     """Hub failures are one line: a bad URL or path, or a store, revision or file that is not
     there (404) is a user error (exit 2), a network or integrity failure exit 1. The hub's messages never contain the token."""
-    import functools
-
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        # imported when run, not at startup: `fractus-pod --help` loads every command module
         from launcher.hub import HubError
         try:
             return fn(*args, **kwargs)
@@ -40,6 +41,7 @@ def _hub_errors(fn):
 
 
 def _store(pod_dir: Path):
+    # imported when run, not at startup: `fractus-pod --help` loads every command module
     from launcher.config.podconfig import load_config
     config = load_config(pod_dir)
     if not config.hub:
@@ -55,6 +57,7 @@ def _store(pod_dir: Path):
 @_hub_errors
 def sync_history(ctx) -> None:
     """Revisions of the hub store, newest first."""
+    # imported when run, not at startup: `fractus-pod --help` loads every command module
     from launcher.config.podconfig import load_config
     pod_dir = pod_dir_of(ctx)
     store = _store(pod_dir)
@@ -83,6 +86,7 @@ def sync_history(ctx) -> None:
 @_hub_errors
 def sync_push(ctx, message: str) -> None:
     """Push every GPU's newest passed checkpoint and the manifest as one revision."""
+    # imported when run, not at startup: `fractus-pod --help` loads every command module
     from launcher.config.podconfig import load_config
     from launcher.hub.sync_push import push_now
     pod_dir = pod_dir_of(ctx)
@@ -110,6 +114,7 @@ def sync_push(ctx, message: str) -> None:
 @_hub_errors
 def sync_pull(ctx, revision, from_url, force, trust_hub_config, paths) -> None:
     """Pull files (default: all) from the hub store, verified by sha256."""
+    # imported when run, not at startup: `fractus-pod --help` loads every command module
     from launcher.hub.pull import pull_into_pod
     check_trust_flag(trust_hub_config, from_url, "--from",
                      "a pull from the pod's own `hub:` takes its config as it is")
@@ -129,8 +134,7 @@ def merge(ctx, out: str) -> None:
     this machine (a Ray pod's are on its nodes) is read from the hub revision the manifest
     records, one at a time. The launch's trust rules hold: each file inside the pod, the
     GPU's own (GPU, shard, run, token), every tensor finite."""
-    from contextlib import nullcontext
-
+    # imported when run, not at startup: `fractus-pod --help` loads every command module
     from launcher.config.podconfig import load_config
     from launcher.hub import HubError
     from launcher.hub.merge import merge_checkpoints

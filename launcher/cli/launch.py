@@ -17,6 +17,9 @@ from launcher.cli.options import (check_trust_flag, pod_dir_of, pod_dir_option,
 from launcher.errors import UserError
 from launcher.paths import CONFIG_NAME, LAUNCHER_LOG
 from launcher.pod.live_state import take_stop_request
+from launcher.pod.events import EventLog
+from launcher.pod.lock import PodLock
+from launcher.pod.events import Mirrors
 
 
 def _parse_faults(values: tuple[str, ...]) -> dict[int, str]:
@@ -67,8 +70,6 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
     stop = EarlyStop(None)
     stop.install()
     from launcher.pod.ckpt_index import CheckpointIndex
-    from launcher.pod.events import EventLog
-    from launcher.pod.lock import PodLock
     from launcher.supervise.launch_shards import fetch_shards, shards_on_nodes
     from launcher.supervise.plan import load_plan
     from launcher.supervise.prepare import (
@@ -190,7 +191,7 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
 def _mirrors(pod_dir: Path, alerting):
     """What EventLog feeds each event to: the TensorBoard run, and the alerts if any
     (`alerting`: the settings and webhooks of launcher/alerts/webhooks.configured_webhooks)."""
-    from launcher.pod.events import Mirrors
+    # imported when run, not at startup: `fractus-pod --help` loads every command module
     from launcher.pod.events_tensorboard import EventsToTensorBoard
     router = None
     if alerting is not None:
@@ -202,6 +203,7 @@ def _mirrors(pod_dir: Path, alerting):
 def _ray_backend(pod_dir: Path, plan, settings, events):
     """The Ray pod's workers (RayBackend) and its checkpoints on the nodes (RayCustodian)."""
     try:
+        # imported when run, not at startup: `fractus-pod --help` loads every command module
         from launcher.supervise.ray_backend import RayBackend
         from launcher.supervise.ray_custodian import RayCustodian
     except ImportError:
@@ -219,7 +221,7 @@ def _rebuild(pod_dir: Path, url: str, revision: str | None, ray_address: str | N
     """launch --from-hub: fill the empty pod directory from one pinned hub revision (for a
     Ray cluster, `--ray ray_address`, without the weights: each node pulls its GPU's)."""
     on_cluster = ray_address is not None
-    from launcher.pod.events import EventLog
+    # imported when run, not at startup: `fractus-pod --help` loads every command module
     from launcher.hub.from_hub import rebuild_from_hub
     from launcher.hub import HubError
     try:

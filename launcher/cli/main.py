@@ -26,6 +26,9 @@ from launcher.cli.options import POD_DIR_HELP, pod_dir_of, pod_dir_option
 from launcher.cli.view import dashboard, plot
 from launcher.cli.view import report as report_command
 from launcher.errors import Refused, UserError
+from launcher.pod.lock import read_holder
+from launcher.pod.live_state import read_pod_state
+from launcher.pod.live_state import write_stop_request
 
 
 @click.group()
@@ -50,6 +53,7 @@ def cli(ctx: click.Context, pod_dir: str) -> None:
 @click.pass_context
 def init(ctx, preset: str, force: bool, no_data: bool) -> None:
     """Write fractus-pod.yaml (and, for tiny-cpu, synthetic shards under data/)."""
+    # imported when run, not at startup: `fractus-pod --help` loads every command module
     from launcher.config.podconfig import load_config
     from launcher.pod.setup_init import init_pod, missing_shards, missing_shards_fix, write_demo_shards
     pod_dir = pod_dir_of(ctx)
@@ -85,6 +89,7 @@ def init(ctx, preset: str, force: bool, no_data: bool) -> None:
 @click.pass_context
 def status(ctx, as_json: bool, watch: bool, wide: bool) -> None:
     """Per GPU: liveness, stage, progress, losses, speed, memory, checkpoint, verdict."""
+    # imported when run, not at startup: `fractus-pod --help` loads every command module
     from launcher.config.podconfig import load_config
     from launcher.dashboard.goodput_files import LedgerSource, goodput_report
     from launcher.dashboard.status import StatusView, collect
@@ -128,7 +133,7 @@ def status(ctx, as_json: bool, watch: bool, wide: bool) -> None:
 @click.pass_context
 def stop(ctx, timeout) -> None:
     """Graceful stop: every worker checkpoints, then the launcher exits."""
-    from launcher.pod.lock import read_holder
+    # imported when run, not at startup: `fractus-pod --help` loads every command module
     from launcher.config.podconfig import load_config
     from launcher.worker.process import running_workers
     pod_dir = pod_dir_of(ctx)
@@ -138,7 +143,6 @@ def stop(ctx, timeout) -> None:
         # A launcher may be starting and not hold the pod yet: it takes this request when it
         # does. Then look again: one that took the pod meanwhile (after its look at the
         # request) holds it now and gets the signal (launcher/pod/live_state.py).
-        from launcher.pod.live_state import write_stop_request
         write_stop_request(pod_dir)
         holder = read_holder(pod_dir)
     if holder is None or not holder.get("pid"):
@@ -149,7 +153,7 @@ def stop(ctx, timeout) -> None:
                                                 f"{sorted(orphans.values())}" if orphans else ""))
         return
     os.kill(int(holder["pid"]), signal.SIGTERM)
-    from launcher.pod.live_state import read_pod_state
+    # launcher.hub (its package) only once a launcher is signalled, not at CLI startup
     from launcher.hub.sync_state import read_sync_state
     deadline = time.monotonic() + (timeout if timeout is not None else config.stop_grace_s + 30)
     while read_holder(pod_dir) is not None:
@@ -175,6 +179,7 @@ def stop(ctx, timeout) -> None:
 @click.pass_context
 def rollback(ctx, to_stage: int, gpus: tuple[int, ...]) -> None:
     """The automatic rollback, by hand: restore GPU checkpoints and switch stage."""
+    # imported when run, not at startup: `fractus-pod --help` loads every command module
     from launcher.cli.rollback_probe import manual_rollback
     click.echo(manual_rollback(pod_dir_of(ctx), to_stage, list(gpus)))
 
@@ -200,6 +205,7 @@ def rollback(ctx, to_stage: int, gpus: tuple[int, ...]) -> None:
 def probe(ctx, gpu, checkpoint, shard, head, baseline_ar, record_baseline, device, timeout,
           as_json) -> None:
     """The trusted-loss AR probe in a child process: AR, ARacc, cold TF (and a verdict)."""
+    # imported when run, not at startup: `fractus-pod --help` loads every command module
     from launcher.cli.rollback_probe import ProbeFailed, probe_pod
     try:
         report = probe_pod(pod_dir_of(ctx), gpu, checkpoint, shard, baseline_ar, record_baseline,

@@ -24,6 +24,17 @@ from launcher.config.devices import parse_devices
 from launcher.config.podconfig import load_config
 from launcher.config.stages import get_stage, load_stages
 from launcher.pod.live_state import write_rollback_request
+from launcher.hub.sync import note_manifest_changed
+from launcher.pod.failed_resume import set_aside
+from launcher.pod.live_state import read_pod_state
+from launcher.checks.canary import resume_point
+from launcher.checks.probe_check import (
+    Baseline,
+    ProbeUnavailable,
+    probe_verdict,
+    run_probe_process,
+)
+from launcher.checks.trusted_loss import load_trusted_loss
 
 
 def manual_rollback(pod_dir: Path, to_stage: int, gpus: list[int]) -> str:
@@ -82,7 +93,6 @@ def manual_rollback(pod_dir: Path, to_stage: int, gpus: list[int]) -> str:
                     reason="rollback by hand")
         if config.hub:
             # No launcher to push it: the next one does at its first poll, or `sync push`.
-            from launcher.hub.sync import note_manifest_changed
             note_manifest_changed(pod_dir, "rollback by hand")
     lines.append(f"pod set to stage {to_stage}; resume with `fractus-pod launch --stage {to_stage}`")
     if config.hub:
@@ -95,7 +105,6 @@ def _start_over(pod_dir: Path, config, manifest, index, events, gpu: int,
                 to_stage: int) -> str:
     """Roll back a GPU none of whose checkpoints ever passed: to token 0 with no checkpoint,
     its own files set aside (launcher/pod/failed_resume.py), as an automatic failure does."""
-    from launcher.pod.failed_resume import set_aside
     for record in index.for_gpu(gpu):
         if record["verdict"] != FAILED:
             index.mark(gpu, record["sha256"], FAILED, "rolled back by hand")
@@ -111,7 +120,6 @@ def _start_over(pod_dir: Path, config, manifest, index, events, gpu: int,
 def _refuse_during_canary(pod_dir: Path) -> None:
     """The running launcher's stage canary decides a switch up; nothing has switched or
     started yet, so there is nothing to roll back (and a request would wait for ever)."""
-    from launcher.pod.live_state import read_pod_state
     if (read_pod_state(pod_dir) or {}).get("pod_state") == "canary":
         raise UserError("the running launcher is running its stage canary (nothing has "
                         "switched yet): wait for the pod to run, or `fractus-pod stop` it "
@@ -121,7 +129,6 @@ def _refuse_during_canary(pod_dir: Path) -> None:
 def _refuse_going_up(pod_dir: Path, config, to_stage: int, running: bool) -> None:
     """Rollback only goes down: every way up is `launch --stage N`, which runs the canary.
     The pod's stage is the running launcher's, else the lowest the manifest records."""
-    from launcher.pod.live_state import read_pod_state
     state = read_pod_state(pod_dir) if running else None
     current = current_stage(state, read_manifest(pod_dir / config.manifest))
     if current is None:
@@ -158,7 +165,6 @@ def _probe_files(pod_dir: Path, config, gpu: int | None, checkpoint: str | None,
     """(gpu, its stage, checkpoint, shard, head) to probe; UserError for anything missing.
     The head is the manifest's start token for the checkpoint it names (a v1 file or the
     merged brain records another train head, or none); None: the one the file records."""
-    from launcher.checks.canary import resume_point
     if checkpoint is not None:
         if gpu is not None:
             raise UserError("give --gpu or --checkpoint, not both")
@@ -222,13 +228,6 @@ def probe_pod(pod_dir: Path, gpu: int | None = None, checkpoint: str | None = No
     records, else that of the GPU training on `shard`, else the shard's start: said in
     `head_note`). Returns the probe's numbers plus what was probed and the verdict, or a
     hint when there is none."""
-    from launcher.checks.probe_check import (
-        Baseline,
-        ProbeUnavailable,
-        probe_verdict,
-        run_probe_process,
-    )
-    from launcher.checks.trusted_loss import load_trusted_loss
     config = load_config(pod_dir)
     gpu, stage, ckpt_path, shard_path, gpu_head = _probe_files(pod_dir, config, gpu,
                                                                checkpoint, shard)

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import errno
+from pathlib import Path
 
 import click
 
 from launcher.cli.options import pod_dir_of, pod_dir_option
 from launcher.errors import UserError
+from launcher.pod.events import read_events
 
 DEFAULT_PORT = 8765
 
@@ -23,6 +25,7 @@ DEFAULT_PORT = 8765
 @click.pass_context
 def dashboard(ctx, port: int, host: str) -> None:
     """A live page of the pod: per-GPU curves, markers, the status table (read-only)."""
+    # imported when run, not at startup: `fractus-pod --help` loads every command module
     from launcher.dashboard.server import make_server
     from launcher.config.podconfig import load_config
     pod_dir = pod_dir_of(ctx)
@@ -59,8 +62,7 @@ def dashboard(ctx, port: int, host: str) -> None:
 @click.pass_context
 def plot(ctx, out: str, width: int, height: int, x_mode: str) -> None:
     """The dashboard's curves as one PNG (ema_tf, lb, tok/s per GPU, stages, markers)."""
-    from pathlib import Path
-
+    # imported when run, not at startup: `fractus-pod --help` loads every command module
     from launcher.dashboard.plot import plot_pod
     pod_dir = pod_dir_of(ctx)
     target = Path(out) if Path(out).is_absolute() else Path.cwd() / out
@@ -80,10 +82,10 @@ def plot(ctx, out: str, width: int, height: int, x_mode: str) -> None:
 @click.pass_context
 def report(ctx, markdown: bool) -> None:
     """A run's summary: goodput, GPU-hours (and money), time lost by cause, incidents."""
+    # imported when run, not at startup: `fractus-pod --help` loads every command module
     from launcher.config.podconfig import load_config
     from launcher.dashboard.report import render_markdown, render_text
     from launcher.dashboard.goodput_files import goodput_report
-    from launcher.pod.events import read_events
     pod_dir = pod_dir_of(ctx)
     config = load_config(pod_dir)
     render = render_markdown if markdown else render_text

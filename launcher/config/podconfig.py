@@ -12,9 +12,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import re
+import string
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import yaml
 
@@ -23,12 +23,15 @@ from launcher.errors import UserError, refuse_unknown_keys
 from launcher.config.devices import parse_devices
 from launcher.config.phases import Phase, parse_phases
 from launcher.config.yamlfile import read_yaml
-
-if TYPE_CHECKING:
-    from launcher.config.alerts import AlertSettings
-    from launcher.config.data_settings import DataSource
-    from launcher.config.retention_settings import RetentionSettings
-    from launcher.config.tracker import TrackerSettings
+from fractus.train.env import ENV_VARS
+from fractus.config import PRESETS as MODEL_PRESETS, load_config as load_model
+from launcher.child import is_hub_name
+from launcher.config.retention_settings import RetentionSettings
+from launcher.config.tracker import TrackerSettings
+from launcher.config.ray_settings import RaySettings
+from launcher.config.data_settings import DataSource
+from launcher.config.alerts import check_alerts
+from launcher.config.alerts import AlertSettings
 
 # The repository's manifests/ directory: the default stage and criteria files.
 DEFAULT_MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
@@ -127,15 +130,12 @@ class PodConfig:
         return self._parsed("_sync", self.sync, SyncSettings.parse)
 
     def alert_settings(self) -> "AlertSettings | None":
-        from launcher.config.alerts import AlertSettings
         return AlertSettings.parse(self.alerts)
 
     def tracker_settings(self) -> "TrackerSettings | None":
-        from launcher.config.tracker import TrackerSettings
         return TrackerSettings.parse(self.tracker)
 
     def retention_settings(self) -> "RetentionSettings | None":
-        from launcher.config.retention_settings import RetentionSettings
         return RetentionSettings.parse(self.retention)
 
 
@@ -230,7 +230,6 @@ _TEMPLATE_FIELDS = ("i",)
 
 
 def _check_template(key: str, value: str, source: str) -> None:
-    import string
     fix = f"write it like {getattr(PodConfig(), key)!r}, with {{i}} for the GPU index"
     if not isinstance(value, str):
         raise UserError(f"{source}: {key} must be a path string, got {value!r}; {fix}")
@@ -255,7 +254,6 @@ def _check_template(key: str, value: str, source: str) -> None:
 def _check_env(env: dict, source: str) -> None:
     """env: names worker settings only (fractus/train/env.py is the list): a misspelt one
     would reach no worker while the person believes it set."""
-    from fractus.train.env import ENV_VARS
     for name, value in env.items():
         if not isinstance(name, str) or name not in ENV_VARS:
             raise UserError(f"{source}: env: {name!r} is not a worker setting; remove it or "
@@ -312,7 +310,6 @@ def _check_demo_data(demo: dict, source: str) -> None:
 def check_model(pod_dir: Path, config: PodConfig) -> None:
     """`model:` names a preset or a constructor file the worker can build (it reads the
     same name, in the pod directory): refused before any worker starts, not by each."""
-    from fractus.config import PRESETS as MODEL_PRESETS, load_config as load_model
     name = config.model
     if name in MODEL_PRESETS:
         return
@@ -343,7 +340,6 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _check_pass_env(names: list, source: str) -> None:
-    from launcher.child import is_hub_name
     for name in names:
         if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
             raise UserError(f"{source}: pass_env entries must be variable names like "
@@ -366,15 +362,10 @@ def load_config(pod_dir: Path) -> PodConfig:
     config.env = {str(k): str(v) for k, v in config.env.items()}
     _check_pass_env(config.pass_env, str(path))
     SyncSettings.parse(config.sync, f"{path}: sync")    # fail early on a bad sync policy
-    from launcher.config.retention_settings import RetentionSettings
     RetentionSettings.parse(config.retention, f"{path}: retention")
-    from launcher.config.tracker import TrackerSettings
     TrackerSettings.parse(config.tracker, f"{path}: tracker")
-    from launcher.config.ray_settings import RaySettings
     RaySettings.check(config.ray, source=f"{path}: ray")
-    from launcher.config.data_settings import DataSource
     config.data = DataSource.parse(config.data, f"{path}: data")
-    from launcher.config.alerts import check_alerts
     check_alerts(config.alerts, config.pass_env, str(path))
     parse_devices(config.devices)      # fail early on a malformed devices string
     return config

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from fractus.train.env import ENV_VARS
 from launcher.errors import UserError, refuse_unknown_keys
 from launcher.config.yamlfile import read_yaml
 
@@ -18,19 +19,10 @@ class Stage:
     settings: dict          # worker environment variables (strings)
 
 
-def _known_setting_names() -> set[str] | None:
-    """Setting names the worker understands, from its single source of truth."""
-    try:
-        from fractus.train.env import ENV_VARS
-    except ImportError:
-        return None
-    return set(ENV_VARS)
-
-
 def parse_stages(data, source: str = "stages") -> dict[int, Stage]:
     if not isinstance(data, dict) or not isinstance(data.get("stages"), dict):
         raise UserError(f"{source}: expected a mapping 'stages:' of stage number -> stage")
-    known = _known_setting_names()
+    known = set(ENV_VARS)     # the worker's settings, from their single source of truth
     stages: dict[int, Stage] = {}
     for key, spec in data["stages"].items():
         if isinstance(key, bool) or not isinstance(key, int) or key < 1:
@@ -42,11 +34,10 @@ def parse_stages(data, source: str = "stages") -> dict[int, Stage]:
         settings = spec.get("settings") or {}
         if not isinstance(settings, dict):
             raise UserError(f"{where}: settings must be a mapping of VAR: value")
-        if known is not None:
-            bad = sorted(set(settings) - known)
-            if bad:
-                raise UserError(f"{where}: settings {bad} are not worker settings; use the "
-                                f"names in docs/WORKER.md (e.g. BATCH, CE_CHUNK)")
+        bad = sorted(set(settings) - known)
+        if bad:
+            raise UserError(f"{where}: settings {bad} are not worker settings; use the "
+                            f"names in docs/WORKER.md (e.g. BATCH, CE_CHUNK)")
         window = spec.get("window", 0)
         if isinstance(window, bool) or not isinstance(window, int) or window < 0:
             raise UserError(f"{where}: window must be an integer >= 0, got {window!r}")

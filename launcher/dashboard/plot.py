@@ -24,7 +24,7 @@ STAGE_FILLS = ["#4285f4", "#fbbc05", "#34a853", "#ea4335", "#787878"]
 
 def _x_formatter(axis):
     """Tick labels: the clock on a `time` axis, token counts (12.3k, 1.20M) otherwise."""
-    from matplotlib.ticker import EngFormatter, FuncFormatter
+    from matplotlib.ticker import EngFormatter, FuncFormatter   # as plot_pod: matplotlib when drawing
     if axis.mode == "time":
         return FuncFormatter(lambda x, _pos: time.strftime("%H:%M:%S",
                                                            time.localtime(axis.clock(x))))
@@ -35,6 +35,8 @@ def plot_pod(pod_dir: Path, out: Path, width: int, height: int,
              x_mode: str = X_MODES[0]) -> int:
     """Write the PNG (atomically); returns how many metrics lines it drew from (0: none,
     nothing written)."""
+    # matplotlib (~0.3 s) and its backend (Agg: no display) chosen when a plot is drawn, not
+    # as a side effect of importing this module.
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -32,6 +32,8 @@ from launcher.dashboard.series import PodSeries, metrics_files
 from launcher.dashboard.timeline import MARKER_COLORS, read_timeline
 from launcher.dashboard.xaxis import X_MODES, pod_axis
 from launcher.paths import CANARY_FILE, EVENTS_FILE, STATE_FILE, SYNC_STATE
+from launcher.hub.redact import scrub
+from launcher.dashboard.status import collect
 
 STATIC_DIR = Path(__file__).with_name("static")
 STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
@@ -70,7 +72,6 @@ class DashboardData:
         return format(hash(tuple(parts)) & (2**63 - 1), "x")
 
     def payload(self, points: int, x_mode: str = X_MODES[0]) -> dict:
-        from launcher.dashboard.status import collect
         with self._lock:
             version = self.version()
             self.series.refresh()
@@ -105,7 +106,6 @@ def _floats(values) -> list:
 
 
 def _scrubbed_json(obj) -> bytes:
-    from launcher.hub.redact import scrub
     return scrub(json.dumps(obj, default=str, allow_nan=False)).encode()
 
 

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 
 import psutil
+from rich.console import Group
+from rich.text import Text
 
 from launcher.checks.canary import read_canary_state
 from launcher.pod.ckpt_index import CheckpointIndex
@@ -30,12 +32,14 @@ from launcher.dashboard.status_checkpoints import (checkpoint_problem, hub_note,
                                                   last_metrics, node_checkpoint_age)
 from launcher.dashboard.status_table import age as _age, fmt as _fmt, gpu_table, natural_width
 from launcher.paths import metrics_path
+from launcher.pod.shards import shard_length
+from launcher.config.stages import load_stages
+from launcher.errors import UserError
 
 WIDE_EVENT_CHARS = 400    # `status --wide`: an event line in full, up to this
 
 
 def _shard_len(pod_dir: Path, rel: str) -> int | None:
-    from launcher.pod.shards import shard_length
     try:
         return shard_length(pod_dir / rel)
     except (ManifestError, FileNotFoundError, OSError):
@@ -178,8 +182,6 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8,
 def _stage_name(pod_dir: Path, config, stage: int | None) -> str | None:
     """The name stages.yaml gives `stage` (None: no stage, or a file that does not parse:
     status still shows the rest)."""
-    from launcher.config.stages import load_stages
-    from launcher.errors import UserError
     if stage is None:
         return None
     try:
@@ -200,6 +202,7 @@ def _canary_report(pod_dir: Path) -> dict | None:
 
 def _sync_report(pod_dir: Path, config: PodConfig, now: float) -> dict | None:
     """The hub sync as the launcher (or `sync push`) last recorded it; errors re-scrubbed."""
+    # launcher.hub (its package, ~45 ms) only where a pod has a hub: `status` stays fast
     from launcher.hub.redact import scrub
     from launcher.hub.retention import STATE_KEYS as STORAGE_KEYS
     from launcher.hub.sync_state import read_sync_state
@@ -264,9 +267,6 @@ class StatusView:
 def render_status(report: dict, width: int | None = None):
     """A rich renderable: pod header, per-GPU table (fitted to `width`; None: every column
     in full), recent events (one line each, cut with an ellipsis unless the width is None)."""
-    from rich.console import Group
-    from rich.text import Text
-
     head = (f"pod {report['pod_dir']}: {report['pod_state']}"
             f"  stage {_fmt(report['stage'])}"
             + (f" ({report['stage_name']})" if report.get("stage_name") else "")
@@ -305,7 +305,7 @@ def render_status(report: dict, width: int | None = None):
                 + (" ; pushing now" if sync.get("in_flight") else ""))
         parts.append(Text(line))
         if sync.get("storage"):
-            from launcher.hub.retention import storage_line
+            from launcher.hub.retention import storage_line     # as in _sync_report
             parts.append(Text(storage_line(sync["storage"])))
         if sync.get("last_error") and not sync.get("taken_over"):   # (that one is on top)
             parts.append(Text(f"hub last error ({_age(sync['last_error_age_s'])} ago"

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from rich.table import Table
+
 GAP = 2                   # spaces between columns
 REASON_MIN = 16           # narrower than this, a reason says nothing: the column is dropped
 
@@ -104,8 +106,6 @@ def fit_columns(rows: list[dict], width: int | None) -> list[tuple[Column, list[
 
 def gpu_table(rows: list[dict], width: int | None):
     """A rich Table, one line per GPU, no wider than `width` (None: every column in full)."""
-    from rich.table import Table
-
     # No borders: a one-space pad each side of a cell (none at the edges) is the GAP.
     table = Table(box=None, pad_edge=False, padding=(0, GAP // 2), header_style="bold",
                   show_header=True)

@@ -12,6 +12,8 @@ import shutil
 import sys
 from pathlib import Path
 
+import yaml
+
 from launcher.hub.integrity import IntegrityError
 from launcher.hub.by_url import absolute_hub_url
 from launcher.pod.events import EventLog
@@ -20,6 +22,16 @@ from launcher.files import atomic_write_text
 from launcher.config.devices import parse_devices
 from launcher.config.podconfig import PodConfig
 from launcher.paths import CONFIG_NAME
+from launcher.errors import UserError
+from launcher.config.yamlfile import read_yaml
+from launcher.hub import open_store
+from launcher.pod.manifest import read_manifest
+from launcher.config.podconfig import load_config
+from launcher.pod.setup_init import write_demo_shards
+from launcher.config.stages import load_stages
+from launcher.hub.config_trust import refusal, untrusted_config, untrusted_stages
+from launcher.hub.retention import refuse_deleted
+from launcher.hub.lease import take_over
 
 
 MAX_WALK_BACK = 20      # revisions looked at for the newest consistent one
@@ -41,7 +53,6 @@ def rebuild_from_hub(pod_dir: Path, url: str, revision: str | None,
     is refused unless `trust_config` (the user's --trust-hub-config); `ray_address` is the
     cluster the user named (launch --ray), which replaces one the config names.
     Returns (revision, config, the lease taken)."""
-    from launcher.errors import UserError
     if pod_dir.exists() and (not pod_dir.is_dir() or any(pod_dir.iterdir())):
         raise UserError(f"--from-hub rebuilds a pod in an EMPTY directory; {pod_dir} is not "
                         f"empty (use a new --pod-dir, or plain `launch` to resume this pod)")
@@ -50,8 +61,6 @@ def rebuild_from_hub(pod_dir: Path, url: str, revision: str | None,
     pod_dir.mkdir(parents=True, exist_ok=True)
     try:
         rev, config = _rebuild(pod_dir, url, revision, on_cluster, trust_config, ray_address)
-        from launcher.hub import open_store
-        from launcher.hub.lease import take_over
         return rev, config, take_over(open_store(url, pod_dir), pod_dir)
     except BaseException:
         # Leave the directory as empty as it was, so the same command can simply be rerun.
@@ -72,8 +81,6 @@ def empty_dir(pod_dir: Path) -> None:
 def keep_hub(pod_dir: Path, url: str, note: str) -> None:
     """A config pulled from a store keeps pointing at that store: its `hub:` may be relative
     to the pod that pushed it (file://hub), which means nothing here."""
-    import yaml
-    from launcher.config.yamlfile import read_yaml
     path = pod_dir / CONFIG_NAME
     data = read_yaml(path, "the hub's pod config") or {}
     if isinstance(data, dict) and data.get("hub") != url:
@@ -83,7 +90,6 @@ def keep_hub(pod_dir: Path, url: str, note: str) -> None:
 
 def _rebuild(pod_dir: Path, url: str, revision: str | None, on_cluster: bool,
              trust_config: bool, ray_address: str | None) -> tuple[str, PodConfig]:
-    from launcher.hub import open_store
     store = open_store(url, pod_dir)
     if revision is not None:
         rev = store.resolve(revision)
@@ -124,13 +130,6 @@ class MidPush(IntegrityError):
 
 def _rebuild_at(pod_dir: Path, url: str, store, rev: str, on_cluster: bool,
                 trust_config: bool, ray_address: str | None) -> PodConfig:
-    from launcher.errors import UserError
-    from launcher.pod.manifest import read_manifest
-    from launcher.config.podconfig import load_config
-    from launcher.pod.setup_init import write_demo_shards
-    from launcher.config.stages import load_stages
-    from launcher.hub.config_trust import refusal, untrusted_config, untrusted_stages
-    from launcher.hub.retention import refuse_deleted
     tracked = store.files(rev)
     if CONFIG_NAME not in tracked:
         raise UserError(f"revision {rev[:12]} of {url} holds no {CONFIG_NAME}: not a pod "

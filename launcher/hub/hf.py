@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Callable, Mapping, NamedTuple, TypeVar
 
 import httpx2
-from huggingface_hub import CommitOperationAdd, HfApi, constants, hf_hub_url, set_client_factory
+from huggingface_hub import (CommitOperationAdd, HfApi, constants, get_token, hf_hub_url,
+                             set_client_factory)
 from huggingface_hub.errors import HfHubHTTPError
-from huggingface_hub.utils import build_hf_headers
+from huggingface_hub.utils import _http, build_hf_headers
 
 from launcher.files import FileEntry, file_entry
 from launcher.paths import HUB_SCRATCH_DIR
@@ -322,8 +323,6 @@ class LfsObject(NamedTuple):
 
 
 def _client_token() -> str | None:
-    from huggingface_hub import get_token
-
     try:
         return get_token()
     except Exception:
@@ -343,8 +342,6 @@ def _install_client_timeouts() -> None:
     if _timeouts_installed:
         return
     _timeouts_installed = True
-    from huggingface_hub.utils import _http
-
     if getattr(_http, "_GLOBAL_CLIENT_FACTORY", None) is not _http.default_client_factory:
         return  # someone configured the client deliberately: leave it alone
 

@@ -16,11 +16,19 @@ from pathlib import Path
 from launcher.errors import UserError
 from launcher.config.podconfig import PodConfig, load_config
 from launcher.paths import CONFIG_NAME
+from launcher.pod.manifest import ManifestError, read_manifest
+from launcher.hub.integrity import matches, pod_relpath
+from launcher.config.stages import load_stages
+from launcher.hub.config_trust import refusal, untrusted_config, untrusted_stages
+from launcher.hub.from_hub import keep_hub
+from launcher.hub.by_url import absolute_hub_url
+from launcher.hub import open_store
+from launcher.hub.lease import LEASE_PATH
+from launcher.hub.store import remove_empty_dirs
 
 
 def _live_files(pod_dir: Path, config: PodConfig) -> dict[str, str]:
     """Pod-relative path -> why it is live: the manifest and the checkpoints it names."""
-    from launcher.pod.manifest import ManifestError, read_manifest
     live = {config.manifest: "the pod's manifest"}
     try:
         entries = read_manifest(pod_dir / config.manifest).entries
@@ -35,7 +43,6 @@ def _live_files(pod_dir: Path, config: PodConfig) -> dict[str, str]:
 
 def _refuse_overwriting_live(pod_dir: Path, config: PodConfig, wanted: list[str], index,
                              revision: str, url: str) -> None:
-    from launcher.hub.integrity import matches, pod_relpath
     live = {pod_relpath(rel): why for rel, why in _live_files(pod_dir, config).items()}
     for rel in wanted:
         if rel in live and (pod_dir / rel).exists() and not matches(pod_dir / rel, index[rel]):
@@ -49,8 +56,6 @@ def _refuse_overwriting_live(pod_dir: Path, config: PodConfig, wanted: list[str]
 def _refuse_untrusted(pod_dir: Path, store, revision: str, wanted: list[str], url: str) -> None:
     """The hub's config (and its stages file, when pulled too), read in the store's scratch
     folder, never among the pod's files: refused before anything is pulled."""
-    from launcher.config.stages import load_stages
-    from launcher.hub.config_trust import refusal, untrusted_config, untrusted_stages
     with store.fetched(CONFIG_NAME, revision) as path:
         config = load_config(path.parent)
     found = untrusted_config(config, pod_dir)
@@ -66,11 +71,6 @@ def pull_into_pod(pod_dir: Path, url: str | None, revision: str | None, paths: l
     """Pull `paths` (default: every file) of `revision` (default: newest) from `url` (default:
     the pod's `hub:`). Returns (url, revision, {path: local file}). `trust_config`: the
     user's --trust-hub-config (a config from a hub the pod does not name is filtered)."""
-    from launcher.hub.from_hub import keep_hub
-    from launcher.hub.by_url import absolute_hub_url
-    from launcher.hub import open_store
-    from launcher.hub.integrity import pod_relpath
-    from launcher.hub.lease import LEASE_PATH
     config = load_config(pod_dir) if (pod_dir / CONFIG_NAME).is_file() else None
     if url is None:
         if config is None:
@@ -99,7 +99,6 @@ def pull_into_pod(pod_dir: Path, url: str | None, revision: str | None, paths: l
         pulled = store.pull(wanted, revision)
     except BaseException:
         if made:             # a refused pull into a new folder leaves no folder behind
-            from launcher.hub.store import remove_empty_dirs
             remove_empty_dirs(pod_dir, pod_dir.parent)
         raise
     if CONFIG_NAME in pulled:

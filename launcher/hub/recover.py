@@ -29,6 +29,7 @@ from launcher.pod.events import EventLog
 from launcher.pod.manifest import Manifest, relative_to_pod, resolve_in_pod
 from launcher.pod.progress import progress
 from launcher.paths import INDEX_FILE, PASSED_DIR
+from launcher.hub import HubError, open_store
 
 MAX_ROTATED = 8
 
@@ -87,7 +88,6 @@ def recover_entry(pod_dir: Path, gpu: int, manifest: Manifest, index: Checkpoint
             return True
     revision = entry.hub_revision
     if hub and revision:
-        from launcher.hub import HubError, open_store
         try:
             open_store(hub, pod_dir).pull([name], revision=revision)
         except (HubError, ValueError) as exc:

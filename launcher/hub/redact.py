@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+from launcher.hub import HubError
 
 _TOKEN_LIKE = re.compile(r"hf_[A-Za-z0-9_]{6,}")
 # Secrets this process read besides the hub token: the alert webhooks' URLs.
@@ -25,7 +26,7 @@ def scrub(text: str) -> str:
     looks like one: what goes into events, status and logs."""
     secrets = {os.environ.get("HF_TOKEN") or "", *_REGISTERED}
     try:
-        from huggingface_hub import get_token
+        from huggingface_hub import get_token   # its token lookup (~75 ms) kept off status's path
         secrets.add(get_token() or "")
     except Exception:
         pass
@@ -35,6 +36,5 @@ def scrub(text: str) -> str:
 
 
 def describe_error(exc: BaseException) -> str:
-    from launcher.hub import HubError
     text = str(exc) if isinstance(exc, HubError) else f"{type(exc).__name__}: {exc}"
     return scrub(" ".join(text.split()))[:500]

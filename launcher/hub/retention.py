@@ -38,6 +38,11 @@ from .integrity import HubError
 from .retention_ledger import (History, RevisionFacts, after_push, pushed_facts, read_history,
                                record)
 from .sync_state import update_sync_state
+from launcher.pod.ckpt_index import PASSED, PENDING, CheckpointIndex
+from launcher.errors import UserError
+from . import snapshot     # snapshot.send looked up at each push (tests fail it there)
+from .redact import describe_error
+from launcher.pod.manifest import ManifestError, read_manifest
 
 
 class BudgetRefused(HubError):
@@ -106,7 +111,6 @@ def awaiting_push(pod_dir: Path) -> set[str]:
     queued one and one whose push may be in flight). Their bytes went up before as recovery
     copies, and a push finds them there and sends nothing (both stores keep an object once):
     deleted meanwhile, the push would commit a name for bytes the hub no longer holds."""
-    from launcher.pod.ckpt_index import PASSED, PENDING, CheckpointIndex
     index = CheckpointIndex(pod_dir)
     live = set()
     for gpu in {g for g, _sha in index.records}:
@@ -136,7 +140,6 @@ def deleted_revisions(todo: Plan) -> set[str]:
 def refuse_deleted(store, revision: str, tracked: dict, paths: list[str]) -> None:
     """`launch --from-hub --revision R` on a revision whose checkpoints the retention policy
     deleted: one line (UserError), before anything is pulled."""
-    from launcher.errors import UserError
     wanted = {tracked[p].sha256 for p in paths if p in tracked}
     if not wanted:
         return
@@ -161,12 +164,11 @@ def push_with_retention(store, settings: RetentionSettings | None, snap, message
     """`send` the snapshot under the policy: the budget checked first (BudgetRefused, nothing
     sent), then what it no longer keeps deleted. Without a policy: a plain `send`. A failed
     deletion never fails the push: it is done again after the next one."""
-    from .snapshot import send
     if settings is None:
-        return Pushed(send(store, snap, message))
+        return Pushed(snapshot.send(store, snap, message))
     check_budget(store, settings, {sha: snap.files[path].stat().st_size
                                    for path, sha in snap.pushed.values() if path in snap.files})
-    revision = send(store, snap, message)
+    revision = snapshot.send(store, snap, message)
     started = time.monotonic()      # all the step adds to the push, reading facts included
     try:
         history = after_push(store, store.pod_dir, manifest_path, revision,
@@ -176,14 +178,12 @@ def push_with_retention(store, settings: RetentionSettings | None, snap, message
         return Pushed(revision, apply_retention(store, settings, store.pod_dir, history,
                                                 protected, started))
     except (HubError, OSError) as exc:
-        from .redact import describe_error
         return Pushed(revision, retention_error=describe_error(exc))
 
 
 def named_by_pod_manifest(path: Path) -> set[str]:
     """The checkpoints the pod's own manifest names (it may name older bytes than the push,
     after a rollback): their hub copies are what a recovery pulls, never deleted."""
-    from launcher.pod.manifest import ManifestError, read_manifest
     try:
         manifest = read_manifest(path)
     except (ManifestError, OSError):

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.paths import HUB_LEDGER, MERGED_PATH, RECOVERY_HUB_DIR
+from launcher.pod.manifest import ManifestError, read_manifest
 
 CHECKPOINT_SUFFIXES = (".pt", ".safetensors", ".bin")
 
@@ -86,7 +87,6 @@ def _facts(index: dict, stages: tuple[int, ...], phases: tuple[int, ...]) -> Rev
 
 def revision_facts(store, revision: str, manifest_path: str) -> RevisionFacts:
     """Read from the hub: the revision's index and the stages its manifest records."""
-    from launcher.pod.manifest import ManifestError, read_manifest
     index = store.files_at(revision)
     stages: tuple[int, ...] = ()
     phases: tuple[int, ...] = ()

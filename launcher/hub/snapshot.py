@@ -27,6 +27,9 @@ from launcher.files import atomic_write_bytes
 from launcher.pod.manifest import Manifest, ManifestEntry, event_phase
 from launcher.config.podconfig import PodConfig
 from launcher.pod.progress import progress
+from launcher.hub.integrity import pod_relpath
+from launcher.hub.lease import pod_id, push_as_writer
+from launcher.pod.ckpt_trust import check_entry
 
 
 # ---- what one push sends -----------------------------------------------------------------
@@ -79,7 +82,6 @@ def new_snapshot(pod_dir: Path, merge: bool = False) -> Snapshot:
 
 def pod_files(pod_dir: Path, config: PodConfig) -> list[str]:
     """The small files a rebuilt pod needs besides manifest and checkpoints."""
-    from launcher.hub.integrity import pod_relpath
     names = [CONFIG_NAME, config.stages, config.criteria]
     if config.model.endswith((".json", ".yaml", ".yml")):
         names.append(config.model)
@@ -184,8 +186,7 @@ def send(store, snap: Snapshot, message: str) -> str:
     atomic_write_bytes(manifest_file, snap.manifest_bytes())
     snap.files[snap.manifest_path] = manifest_file
     if snap.merge:
-        from launcher.hub.merge import merge_checkpoints
-        from launcher.pod.ckpt_trust import check_entry
+        from launcher.hub.merge import merge_checkpoints    # torch (~2 s): only to merge
 
         sha256_of = dict(snap.pushed.values())
         gpu_of = {path: gpu for gpu, (path, _sha) in snap.pushed.items()}
@@ -210,7 +211,6 @@ def send(store, snap: Snapshot, message: str) -> str:
     # The store checks each checkpoint against its recorded sha256 in the one read it makes
     # of it (IntegrityError, nothing sent or committed, if the bytes changed on disk); the
     # push carries the run's lease (RunTakenOver if another pod writes the run now).
-    from launcher.hub.lease import pod_id, push_as_writer
     size = sum(path.stat().st_size for path in snap.files.values())
     with progress(f"hub push to {store.url}: {len(snap.files)} file(s), "
                   f"{size / 1e9:.2f} GB"):

@@ -48,6 +48,11 @@ from launcher.hub.redact import describe_error
 from launcher.hub.retention import record_budget_refused, retention_events, storage_state
 from launcher.hub.snapshot import (Snapshot, record_revision, take_manifest_snapshot,
                                    take_snapshot)
+from launcher.hub import HubError
+from launcher.hub import open_store
+from launcher.hub import RetryPolicy
+from launcher.hub.lease import RunTakenOver
+from launcher.hub.retention import BudgetRefused, push_with_retention
 
 # ---- the sync state file (read by status) ------------------------------------------------
 def note_manifest_changed(pod_dir: Path, reason: str) -> None:
@@ -62,7 +67,6 @@ def refuse_vanished_store(store, pod_dir: Path, hub: str) -> None:
     """A store this pod pushed revisions to and that is now empty (a deleted file:// DIR,
     a deleted repo) is an error: pushing would recreate it empty, and the revisions the
     manifest records could never be pulled again. HubError, one line."""
-    from launcher.hub import HubError
     state = read_sync_state(pod_dir)
     last = state.get("last_revision")
     if not last or state.get("last_revision_hub") != hub or store.head() is not None:
@@ -74,14 +78,12 @@ def refuse_vanished_store(store, pod_dir: Path, hub: str) -> None:
 
 def store_for(config: PodConfig, pod_dir: Path):
     """The pod's hub store with its sync retry policy. ValueError for a malformed URL."""
-    from launcher.hub import open_store
     return open_store(config.hub, pod_dir, retry=retry_policy(config))
 
 
 def retry_policy(config: PodConfig):
     """How hard one hub call insists (the config's sync: attempts and backoff_s); the
     data store's reads use it too."""
-    from launcher.hub import RetryPolicy
     settings = config.sync_settings()
     return RetryPolicy(attempts=settings.attempts, base_delay_s=settings.backoff_s,
                        max_delay_s=max(settings.backoff_s, 30.0))
@@ -122,7 +124,6 @@ class HubSync:
         update_sync_state(pod_dir, hub=config.hub, interval_s=self.settings.interval_s,
                           in_flight=False)
         if config.hub.startswith("file://"):    # a local check is free: say it at launch
-            from launcher.hub import HubError
             try:
                 refuse_vanished_store(self.store, pod_dir, config.hub)
             except HubError as exc:
@@ -259,8 +260,6 @@ class HubSync:
         return int(snap.manifest_doc[f"gpu_{gpu}"]["start_token"])
 
     def _run(self, snap: Snapshot, message: str) -> None:
-        from launcher.hub.lease import RunTakenOver
-        from launcher.hub.retention import BudgetRefused, push_with_retention
         try:
             refuse_vanished_store(self.store, self.pod_dir, self.config.hub)
             self._outcome = ("ok", push_with_retention(

@@ -22,12 +22,15 @@ from launcher.hub.sync import (
     store_for,
 )
 from launcher.hub.sync_state import update_sync_state
+from launcher.hub.lease import RunTakenOver, hub_lease, pod_id
+from launcher.errors import UserError
+from launcher.pod.lock import PodLock, read_holder
+from launcher.pod.manifest import read_manifest
 
 
 def already_pushed(store, snap: Snapshot) -> str | None:
     """The hub's head revision when it already holds exactly the snapshot's checkpoints and
     manifest (a push of the same content again would only add a revision), else None."""
-    from launcher.hub.lease import hub_lease, pod_id
     head = store.head()
     if head is None:
         return None
@@ -47,9 +50,6 @@ def push_now(pod_dir: Path, config: PodConfig,
     With a launcher running the manifest is its own, so only the push happens here.
     Returns (revision, GPUs whose hub_revision was recorded, whether it was skipped because
     the hub's head already holds these checkpoints and this manifest)."""
-    from launcher.errors import UserError
-    from launcher.pod.lock import PodLock, read_holder
-    from launcher.pod.manifest import read_manifest
     running = read_holder(pod_dir) is not None
     lock = None if running else PodLock(pod_dir)
     if lock is not None:
@@ -68,7 +68,6 @@ def push_now(pod_dir: Path, config: PodConfig,
                 store, config.retention_settings(), snap, message, config.manifest)
             revision = pushed.revision
         except Exception as exc:
-            from launcher.hub.lease import RunTakenOver
             if isinstance(exc, RunTakenOver):
                 record_taken_over(pod_dir, EventLog(pod_dir), str(exc), "by hand")
             elif isinstance(exc, BudgetRefused):    # the user's limit: exit 2, one line

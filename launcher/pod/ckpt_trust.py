@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 
 from launcher.pod.manifest import RUN_ID_KEY, Manifest, ManifestError, phase_shard
+from fractus.config import PRESETS, EngineConfig, load_config
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ def read_identity(path: Path, model: str | None = None,
     not a loadable Fractus checkpoint, or, given the pod's `model` (its preset or file,
     relative to `pod_dir`), when its config or its tensors' names and shapes are not that
     model's (the worker would refuse it after starting)."""
+    # torch (~2 s): paid only when a checkpoint is read, not by every importer of this module
     from fractus.train.checkpoint import is_full, load_checkpoint
     ck = load_checkpoint(path)
     if model is not None:
@@ -55,8 +57,7 @@ def read_identity(path: Path, model: str | None = None,
 def _check_model_fit(ck: dict, model: str, pod_dir: Path | None) -> None:
     """The worker builds `model` and loads the file into it: its config must be that model's
     and its tensors must fit it (compared by shape on the meta device, no weights read)."""
-    from fractus.config import PRESETS, EngineConfig, load_config
-    from fractus.legacy import state_mismatch
+    from fractus.legacy import state_mismatch      # torch (~2 s), as above
     if model in PRESETS or pod_dir is None or Path(model).is_absolute():
         wanted = load_config(model)
     else:

@@ -27,6 +27,7 @@ class EventsToTensorBoard:
         self._file: EventFile | None = None
 
     def __call__(self, record: dict) -> None:
+        # torch (~2 s), paid at the first event: a refused launch records none
         from tensorboard.compat.proto.event_pb2 import Event
         from torch.utils.tensorboard.summary import text as text_summary
         fields = {k: v for k, v in record.items() if k not in ("ts", "event")}

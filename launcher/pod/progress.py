@@ -114,6 +114,7 @@ class _RichTask(Task):
 
 
 def _rich_bar(unit: str):
+    # rich.progress (~90 ms) only where a bar is drawn: a terminal, not a daemon or a test
     from rich.console import Console
     from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress,
                                SpinnerColumn, TextColumn, TimeElapsedColumn,

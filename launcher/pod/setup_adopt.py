@@ -36,6 +36,9 @@ from launcher.config.devices import parse_devices
 from launcher.config.podconfig import DEFAULT_MANIFESTS, PodConfig, load_config
 from launcher.pod.setup_init import write_config
 from launcher.pod.progress import progress
+from launcher.pod.shards import shard_length
+from fractus.config import PRESETS, EngineConfig, load_config as engine_config
+from launcher.pod.setup_init import config_text
 
 # Written when the checkpoints' config is no preset: the constructor keywords, for MODEL.
 V1_MODEL = "1b"       # v1 always built its TARGET config: a bare state_dict gets this
@@ -111,7 +114,6 @@ def _shard_of(pod_dir: Path, gpu: int, named: str | None) -> str:
 
 def _gpu_plan(pod_dir: Path, gpu: int, manifests: list[Manifest], init_new_from: str | None,
               problems: list[str]) -> AdoptedGpu | None:
-    from launcher.pod.shards import shard_length
     known = [(m, m.entries[gpu]) for m in manifests if gpu in m.entries]
     names = [m.path.name for m, _ in known]
     by_token: dict[int, list[str]] = {}
@@ -160,8 +162,7 @@ def _gpu_plan(pod_dir: Path, gpu: int, manifests: list[Manifest], init_new_from:
 def _checkpoint_config(path: Path, model: str | None):
     """The engine config a checkpoint records (v1: no vocab_size, 50257 implied); a bare
     state_dict records none: `model` (default v1's)."""
-    from fractus.config import EngineConfig, load_config as engine_config
-    from fractus.train.checkpoint import load_checkpoint
+    from fractus.train.checkpoint import load_checkpoint   # torch (~2 s): only when adopting
     ck = load_checkpoint(path)
     if ck.get("config") is None:
         return engine_config(model or V1_MODEL)
@@ -170,7 +171,6 @@ def _checkpoint_config(path: Path, model: str | None):
 
 def _configs(pod_dir: Path, gpus: list[AdoptedGpu], model: str | None,
              problems: list[str]) -> None:
-    from fractus.config import load_config as engine_config
     with ThreadPoolExecutor(max_workers=max(1, len(gpus))) as pool:
         futures = [pool.submit(_checkpoint_config, pod_dir / g.checkpoint, model) for g in gpus]
     for g, future in zip(gpus, futures):
@@ -205,7 +205,6 @@ def _differences(a, b) -> str:
 def _model_name(config, model: str | None) -> str | None:
     """MODEL for the workers: --model, else the preset equal to the config, else None (the
     caller writes ADOPTED_MODEL_FILE)."""
-    from fractus.config import PRESETS
     if model:
         return model
     return next((name for name, preset in PRESETS.items() if preset == config), None)
@@ -305,7 +304,6 @@ def adopt_run(pod_dir: Path, devices: str | None = None, model: str | None = Non
     _hash_all(pod_dir, adoption.gpus)
     config = _pod_config(pod_dir, adoption)
     _write_support_files(pod_dir, config, adoption)
-    from launcher.pod.setup_init import config_text
     if not (pod_dir / CONFIG_NAME).is_file() or \
             (pod_dir / CONFIG_NAME).read_text() != config_text(config, "adopted"):
         write_config(pod_dir, config, "adopted")
@@ -318,7 +316,6 @@ def adopt_run(pod_dir: Path, devices: str | None = None, model: str | None = Non
 
 def table(adoption: Adoption) -> list[str]:
     """The per-GPU table adopt prints."""
-    from fractus.config import PRESETS
     rows = [("gpu", "checkpoint", "sha256", "shard", "start_token", "tokens left", "config")]
     for g in adoption.gpus:
         preset = next((n for n, p in PRESETS.items() if p == g.config), None)

@@ -115,7 +115,7 @@ def missing_shards(pod_dir: Path, config: PodConfig) -> list[str]:
 def write_demo_shards(pod_dir: Path, config: PodConfig) -> list[Path]:
     """The preset's synthetic shards (`demo_data`): the same seed always gives the same tokens,
     so a pod rebuilt from the hub regenerates exactly the data it trained on."""
-    from fractus.data import synth
+    from fractus.data import synth      # torch (~2 s): only when demo shards are written
     d = config.demo_data or {}
     n = len(parse_devices(config.devices))
     return synth(pod_dir / Path(config.shard_path(0)).parent, shards=n,

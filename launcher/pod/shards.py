@@ -12,7 +12,7 @@ def shard_length(path: Path) -> int:
     """Tokens in a shard, read the way the worker reads it (fractus.data.TokenShard: .npy
     headers and .pt files memory-mapped, never loaded whole): a shard the worker would
     refuse (2-D, float, empty file) is refused here, before anything starts."""
-    from fractus.data import ShardError, TokenShard
+    from fractus.data import ShardError, TokenShard   # torch (~2 s): paid when a shard is read
     try:
         return len(TokenShard(path))
     except ShardError as exc:

@@ -15,6 +15,10 @@ from launcher.errors import Refused, UserError
 from launcher.pod.manifest import Manifest, phase_shard
 from launcher.pod.setup_init import missing_shards_fix
 from launcher.pod.shards import shard_kind_problem, shard_length
+from launcher.hub.fetch import check_recorded
+from launcher.hub.sync import retry_policy
+from launcher.hub import HubError
+from launcher.hub.fetch import ensure_shards
 
 if TYPE_CHECKING:
     from launcher.supervise.plan import LaunchPlan
@@ -73,8 +77,6 @@ def fetch_shards(plan: LaunchPlan, manifest: Manifest,
     index here (check_recorded): a store they could not use refuses the launch now."""
     ensure_shards_here(plan, head_shards(plan, manifest, on_nodes, canary))
     if plan.config.data is not None and on_nodes:
-        from launcher.hub.fetch import check_recorded
-        from launcher.hub.sync import retry_policy
         check_recorded(shard_paths(plan, manifest), plan.config.data, plan.pod_dir,
                        retry_policy(plan.config))
 
@@ -82,9 +84,6 @@ def fetch_shards(plan: LaunchPlan, manifest: Manifest,
 def ensure_shards_here(plan: LaunchPlan, paths: list[str]) -> None:
     if plan.config.data is None or not paths:
         return
-    from launcher.hub import HubError
-    from launcher.hub.fetch import ensure_shards
-    from launcher.hub.sync import retry_policy
     try:
         ensure_shards(paths, plan.config.data, plan.pod_dir,
                       retry_policy(plan.config))

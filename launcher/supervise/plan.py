@@ -29,6 +29,7 @@ from launcher.config.ray_settings import RaySettings
 from launcher.config.stages import Stage, get_stage, load_stages
 from launcher.errors import UserError
 from launcher.pod.manifest import Manifest, name_default_checkpoints, read_manifest
+from fractus.train.env import SettingsError, WorkerSettings
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,6 @@ def check_worker_settings(stages: dict[int, Stage], number: int, config: PodConf
     """The stage's settings and the config's `env`, parsed by the worker's own
     WorkerSettings now: a bad value (BATCH: x) is refused before anything starts, not by
     every worker after launch."""
-    from fractus.train.env import SettingsError, WorkerSettings
     stage = get_stage(stages, number)
     try:
         WorkerSettings.from_env({**stage.settings, **config.env})

@@ -32,6 +32,10 @@ from launcher.hub.recover import recover_all
 from launcher.paths import metrics_path
 from launcher.supervise.plan import LaunchPlan, check_worker_settings
 from launcher.worker.process import busy_cuda_gpus, read_records, running_workers
+from launcher.pod.decided_rollback import clear_decision, complete_decision
+from launcher.hub.sync import note_manifest_changed
+from launcher.pod.failed_resume import restore_passed
+from launcher.supervise.launch_shards import refuse_missing_shards
 
 
 def refuse_budget_below_one_push(plan: LaunchPlan, manifest: Manifest) -> None:
@@ -106,7 +110,6 @@ def complete_decided_rollback(plan: LaunchPlan, manifest: Manifest, index: Check
     (launcher/pod/decided_rollback.py), before reconcile could adopt the failed GPU's
     unjudged checkpoints; a launch without --stage then runs at its target stage (the
     plan returned: the same plan at that stage)."""
-    from launcher.pod.decided_rollback import clear_decision, complete_decision
     to_stage = complete_decision(plan.pod_dir, manifest, index, events,
                                  plan.config.checkpoint_path)
     if to_stage is None:
@@ -114,7 +117,6 @@ def complete_decided_rollback(plan: LaunchPlan, manifest: Manifest, index: Check
     write_manifest(manifest)
     clear_decision(plan.pod_dir)
     if plan.config.hub:      # the hub still holds the stage rolled back from
-        from launcher.hub.sync import note_manifest_changed
         note_manifest_changed(plan.pod_dir, "rollback")
     if not stage_given:
         plan = dataclasses.replace(
@@ -128,7 +130,6 @@ def never_resume_failed(plan: LaunchPlan, manifest: Manifest, index: CheckpointI
                         events: EventLog) -> None:
     """An entry naming a checkpoint marked failed goes to the newest passed one
     (launcher/pod/failed_resume.py); a GPU with none left intact refuses the launch."""
-    from launcher.pod.failed_resume import restore_passed
     if restore_passed(manifest, index, events, [s.gpu for s in plan.slots], refuse=True,
                       own_file_of=plan.config.checkpoint_path):
         write_manifest(manifest)
@@ -164,7 +165,6 @@ def validate(plan: LaunchPlan, manifest: Manifest, on_hub: set[int] = frozenset(
              on_nodes: set[int] = frozenset()) -> None:
     """`on_hub`: GPUs whose node fetches their checkpoint; `on_nodes`: GPUs whose node
     fetches their shards (shards_on_nodes): neither is looked for on this machine."""
-    from launcher.supervise.launch_shards import refuse_missing_shards
     refuse_missing_shards(plan, manifest, on_nodes)
     validate_for_launch(manifest, plan.pod_dir, [s.gpu for s in plan.slots],
                         plan.config.shard_path, shard_length, on_hub=on_hub,

@@ -45,6 +45,8 @@ from launcher.supervise.ray_node import NodeWorker
 from launcher.config.ray_settings import RaySettings
 from launcher.worker.process import WorkerSpec, build_env, pod_env_names
 from launcher.paths import worker_log_path
+from launcher.hub.redact import describe_error
+from launcher.hub.redact import scrub
 
 POLL_WAIT_S = 5.0          # a node slower than this to answer is asked again next poll
 # At most one round trip to the nodes every 2 s, whatever the pod's poll_interval_s: each
@@ -74,7 +76,7 @@ class RayBackend(NodeAdoption, WorkerBackend):
 
     def __init__(self, pod_dir: Path, config: PodConfig, settings: RaySettings,
                  events: EventLog):
-        import ray
+        import ray      # optional (the ray extra): only a launch --ray imports it
         super().__init__(pod_dir)
         self.ray, self.config, self.settings, self.events = ray, config, settings, events
         if not ray.is_initialized():
@@ -144,7 +146,7 @@ class RayBackend(NodeAdoption, WorkerBackend):
         _, options = self._resource(slot)
         strategy = "SPREAD"
         if node_id is not None:
-            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # optional
             strategy = NodeAffinitySchedulingStrategy(node_id, soft=False)
         return self.actor_class.options(
             # poll, push, an AR probe, a stop and a heartbeat can all be in flight at once
@@ -284,7 +286,6 @@ class RayBackend(NodeAdoption, WorkerBackend):
 
     def _log(self, gpu: int, text: str) -> None:
         """A line for the GPU's log on the head (the worker's own log is on its node)."""
-        from launcher.hub.redact import scrub
         path = self.pod_dir / worker_log_path(gpu)
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a") as log:
@@ -372,7 +373,6 @@ class RayBackend(NodeAdoption, WorkerBackend):
 def remote_error(exc: Exception) -> str:
     """One line for the events: the exception raised on the node (a RayTaskError carries
     it as `cause`), without its traceback, scrubbed of any token."""
-    from launcher.hub.redact import describe_error
     cause = getattr(exc, "cause", None)
     if cause is None:
         return describe_error(exc)

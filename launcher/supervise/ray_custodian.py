@@ -22,6 +22,7 @@ import time
 from launcher.supervise.custodian import NodeCustodian
 from launcher.supervise.ray_backend import ROUND_TRIP_S, RayBackend
 from launcher.supervise.ray_pushes import NodePushes
+from launcher.supervise.ray_probes import NodeProbes
 
 PUSH_WAIT_S = 1800.0       # the last pushes of a run, at its end
 
@@ -55,7 +56,6 @@ class RayCustodian(NodePushes, NodeCustodian):
         super()._push_queued()
 
     def node_probes(self):
-        from launcher.supervise.ray_probes import NodeProbes
         return NodeProbes(self.backend)
 
     def close(self, abandoned=lambda: False) -> None:

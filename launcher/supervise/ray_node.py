@@ -48,12 +48,21 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
+
 from launcher import child
 from launcher.paths import NODE_LEASE_DIR, PROBE_DIR, worker_log_path
 from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex, link_or_copy
 from launcher.files import sha256_file
 from launcher.pod.manifest import event_position, relative_to_pod
 from launcher.worker.process import MetricsTail, kill, terminate, worker_env
+from launcher.hub import open_store
+from launcher.hub.lease import push_as_writer
+from launcher.supervise.ray_recovery import new_attempt, start_pusher
+from launcher.checks.probe_check import ProbeUnavailable, run_probe_process
+from launcher.config.data_settings import DataSource
+from launcher.hub.fetch import ensure_shards
+from launcher.supervise.ray_recovery import check_save, is_recovery
 
 # Settings resolved against the node's directory, else the head's pod directory (the same
 # machine or a shared filesystem): shards (without `data:`) and a model file are the
@@ -68,7 +77,7 @@ class NodeWorker:
     def __init__(self, gpu: int, workdir: str, pod_dir: str, hub_url: str | None,
                  writer: str | None, command: list[str], fence_s: float, grace_s: float,
                  data: dict | None = None):
-        import ray
+        import ray      # optional (the ray extra): only a launch --ray imports it
         self.node_id = ray.get_runtime_context().get_node_id()   # for NodeAffinity
         self.node = self.node_id[:12]
         self.gpu, self.hub_url, self.command = gpu, hub_url, command
@@ -103,7 +112,7 @@ class NodeWorker:
 
     def _start(self, settings: dict[str, str], checkpoint: dict | None, cuda: bool,
                keep: list[str], shards: list[str]) -> dict:
-        import ray
+        import ray      # optional, as above
         self.heard = time.monotonic()
         fetched = self._ensure_shards(shards)
         pulled = self._ensure_checkpoint(checkpoint) if checkpoint else False
@@ -133,9 +142,6 @@ class NodeWorker:
     def _start_recovery_pushes(self, settings: dict[str, str], log_path: Path) -> str | None:
         """The pusher of this worker start's saves (launcher/supervise/ray_recovery.py), in
         a process that outlives this actor; the start's id, which its pushes carry."""
-        import psutil
-
-        from launcher.supervise.ray_recovery import new_attempt, start_pusher
         self.pushers = [p for p in self.pushers if p.poll() is None]     # reap the ended
         if not (self.hub_url and self.writer):
             return None
@@ -262,7 +268,6 @@ class NodeWorker:
     def probe(self, checkpoint: str, shard: str, **options) -> dict:
         """The AR probe of this node's `checkpoint` (`sha256:HEX` or `resume`) on `shard`:
         its result dict, with this node's id; ProbeUnavailable when it cannot run."""
-        from launcher.checks.probe_check import ProbeUnavailable, run_probe_process
         self.placed.wait(options.get("timeout_s") or None)
         path = self._probe_file(checkpoint)
         if path is None or not path.is_file():
@@ -308,15 +313,12 @@ class NodeWorker:
         the worker's start fails with that one line."""
         if not (self.data and shards):
             return []
-        from launcher.config.data_settings import DataSource
-        from launcher.hub.fetch import ensure_shards
         return ensure_shards(list(shards), DataSource(**self.data), self.workdir)
 
     def _check_recovery_copy(self, checkpoint: dict, settings: dict[str, str]) -> None:
         """A recovery copy (pushed before any probe) is checked again before a worker
         resumes from it: it loads weights-only, is this GPU's, of this run, at the entry's
         token, with finite weights (ValueError, one line: the start fails)."""
-        from launcher.supervise.ray_recovery import check_save, is_recovery
         if is_recovery(checkpoint["path"]):
             token = settings.get("START_TOKEN")
             check_save(self.workdir / checkpoint["path"], self.gpu, settings.get("RUN_ID"),
@@ -333,7 +335,6 @@ class NodeWorker:
                 return False      # the launcher's own file, no hub copy to compare
             raise FileNotFoundError(f"{checkpoint['path']} is not on node {self.node} and "
                                     f"no hub revision holds it")
-        from launcher.hub import open_store
         open_store(self.hub_url, self.workdir).pull([checkpoint["path"]],
                                                     revision=checkpoint["revision"])
         return True
@@ -341,7 +342,6 @@ class NodeWorker:
 
 def _alive(pid: int) -> bool:
     """The process runs (a zombie has ended: it only waits to be reaped)."""
-    import psutil
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
@@ -353,8 +353,6 @@ def push_as_pod(hub_url: str, workdir: Path, writer: str, hub_path: str, local: 
     """Push a node's `local` checkpoint to `hub_path` (checked against `sha256`) as the pod
     `writer`, carrying the run's lease (launcher/hub/lease.py), staged on the node's
     `workdir`: RunTakenOver, nothing committed, once another pod holds the run."""
-    from launcher.hub import open_store
-    from launcher.hub.lease import push_as_writer
     return push_as_writer(open_store(hub_url, workdir), {hub_path: local}, message,
                           {hub_path: sha256}, workdir / NODE_LEASE_DIR, writer)
 

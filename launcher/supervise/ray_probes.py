@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from launcher.supervise.ray_backend import CALL_TIMEOUT_S, RayBackend, remote_error
+from launcher.supervise.ray_node import RESUME
+from launcher.checks.probe_check import ProbeLost, ProbeUnavailable
 
 
 class NodeProbes:
@@ -15,14 +17,12 @@ class NodeProbes:
     def hold(self, gpu: int, checkpoint: str, sha256: str | None) -> str | None:
         """The node's name for it: it retains every checkpoint it saw (by sha256) and the
         one its worker resumed from (ProbeMonitor asks for that one as "resume")."""
-        from launcher.supervise.ray_node import RESUME
         if sha256 == RESUME:
             return RESUME
         return f"sha256:{sha256}" if sha256 else None
 
     def run(self, request, *, timeout_s: float, **options) -> dict:
         """Blocking (ProbeMonitor's probe thread): the node's result dict."""
-        from launcher.checks.probe_check import ProbeLost, ProbeUnavailable
         ray = self.backend.ray
         actor = self.backend.actor(request.gpu)
         if actor is None:

@@ -16,6 +16,10 @@ import time
 from dataclasses import dataclass, field
 
 from launcher.hub.lease import RunTakenOver
+from launcher.hub.redact import describe_error
+from launcher.hub import HubError
+from launcher.pod.manifest import event_position
+from launcher.supervise.ray_recovery import read_recovery_copy
 
 
 @dataclass
@@ -66,7 +70,6 @@ class NodePushes:
             try:
                 revision = self.ray.get(push.ref)
             except Exception as exc:         # the node, the hub: retried with the next pass
-                from launcher.hub.redact import describe_error
                 cause = getattr(exc, "cause", None) or exc
                 if isinstance(cause, RunTakenOver):   # recorded in the run's lease
                     self.stop_pushes(str(cause))
@@ -93,9 +96,6 @@ class NodePushes:
         recovery copy its lost worker's node pushed (launcher/supervise/ray_recovery.py;
         only one of that worker's start: `attempt`). A hub that cannot be read: the passed
         copy, said in the events."""
-        from launcher.hub import HubError
-        from launcher.pod.manifest import event_position
-        from launcher.supervise.ray_recovery import read_recovery_copy
         passed = self.hub_copy(gpu)
         attempt = self.backend.attempt(gpu)
         if not self.hub_url or attempt is None:
@@ -104,7 +104,6 @@ class NodePushes:
             recovery = read_recovery_copy(self.hub_url, self.pod_dir,
                                           self.config.checkpoint_path(gpu), gpu, attempt)
         except (HubError, OSError, ValueError) as exc:
-            from launcher.hub.redact import describe_error
             self.events.emit("recovery_copy_unread", gpu=gpu, error=describe_error(exc),
                              reason="the hub's recovery copy could not be read: the newest "
                                     "passed copy serves")

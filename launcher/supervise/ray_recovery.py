@@ -40,8 +40,17 @@ import time
 import uuid
 from pathlib import Path
 
+import psutil
+
 from launcher.paths import RECOVERY_HUB_DIR, RECOVERY_STAGING_DIR
 from launcher.worker.process import MetricsTail
+from launcher.pod.ckpt_trust import read_identity
+from launcher.pod.ckpt_index import link_or_copy
+from launcher.pod.manifest import relative_to_pod
+from launcher.hub import HubError, open_store
+from launcher.hub.integrity import IntegrityError
+from launcher.hub.lease import RunTakenOver, push_as_writer
+from launcher.paths import NODE_LEASE_DIR
 RECORD_FORMAT = "fractus-recovery/1"
 TAIL_S = 0.2       # how often the pusher reads the metrics file: part of the recovery point
 FINAL_PUSH_S = 600.0                      # after its worker ended: the final push's time
@@ -68,9 +77,8 @@ def new_attempt() -> str:
 def check_save(path: Path, gpu: int, run_id: str | None, next_token: int | None) -> None:
     """The cheap checks of a save (no probe): ValueError, one line, when the file does not
     load weights-only, is another GPU's or run's, is at another token, or holds NaN/Inf."""
-    import torch
+    import torch       # ~2 s: only when a save is checked
 
-    from launcher.pod.ckpt_trust import read_identity
     found = read_identity(path)
     if found.gpu is not None and found.gpu != gpu:
         raise ValueError(f"{path.name} was written by GPU {found.gpu}, not GPU {gpu}")
@@ -95,7 +103,6 @@ def read_recovery_copy(hub_url: str, pod_dir: Path, checkpoint: str, gpu: int,
     start `attempt`. Reads the small record only, never the weights (the node that resumes
     pulls them, sha256-verified, and checks them again: `check_save`). HubError/OSError/
     ValueError when the hub cannot be read."""
-    from launcher.hub import open_store
     if not attempt:
         return None
     store = open_store(hub_url, pod_dir)
@@ -163,7 +170,6 @@ class RecoveryPusher:
             time.sleep(TAIL_S)
 
     def _worker_alive(self) -> bool:
-        import psutil
         try:
             proc = psutil.Process(int(self.spec["pid"]))
             return proc.create_time() == self.spec["create_time"] \
@@ -172,8 +178,6 @@ class RecoveryPusher:
             return False
 
     def _read(self) -> None:
-        from launcher.pod.ckpt_index import link_or_copy
-        from launcher.pod.manifest import relative_to_pod
         for line in self.tail.read_lines():
             if b'"checkpoint"' not in line:
                 continue
@@ -200,10 +204,6 @@ class RecoveryPusher:
     def _push_waiting(self) -> bool:
         """Push the waiting save; True when it is done with (pushed, or refused by the
         checks or its bytes); False after a failure (tried again after a wait)."""
-        from launcher.hub import HubError, open_store
-        from launcher.hub.integrity import IntegrityError
-        from launcher.hub.lease import RunTakenOver, push_as_writer
-        from launcher.paths import NODE_LEASE_DIR
         event, link = self.waiting
         token = int(event["next_token"])
         try:

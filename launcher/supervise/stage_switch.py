@@ -51,6 +51,8 @@ def stage_before_launch(plan, manifest) -> int | None:
 def canary_gate(plan, manifest, events, no_canary: bool, stop: EarlyStop) -> None:
     """Before a switch up from stage M to N > M: the canary on the first GPU (docs/CANARY.md).
     Anything but a pass raises, so nothing switches: no worker starts, the manifest keeps M."""
+    # Here, not at the top: `launch` imports this module first to install EarlyStop, and
+    # the canary's imports (~50 ms) would delay catching a stop.
     from launcher.checks.canary import run_canary
     from launcher.checks.canary import write_canary_state
     current, slot = stage_before_launch(plan, manifest), plan.slots[0]
@@ -99,6 +101,7 @@ def ensure_canary_inputs(plan, manifest) -> None:
       on_the_hub): pulled to the name its entry gives, verified against the revision's
       index and the entry's sha256, the entry unchanged (the node pulls it by that name).
     Refused (exit 1, one line) when it cannot be had."""
+    # Here, as in canary_gate: launch imports this module before EarlyStop is installed.
     from launcher.supervise.launch_shards import canary_shard, ensure_shards_here
     from launcher.supervise.prepare import on_the_hub
     if plan.config.data is not None:

@@ -64,6 +64,7 @@ from launcher.supervise.state import (
     PodState,
 )
 from launcher.worker.process import MetricsTail
+from launcher.supervise.local_backend import LocalBackend
 
 
 class Supervisor:
@@ -75,7 +76,6 @@ class Supervisor:
                  events: EventLog, backend: WorkerBackend | None = None,
                  clock=time.monotonic, custodian: CheckpointCustodian | None = None):
         if backend is None:
-            from launcher.supervise.local_backend import LocalBackend
             backend = LocalBackend(plan.pod_dir, plan.config)
         if custodian is None:
             custodian = LocalCustodian(plan.pod_dir, plan.config, events)

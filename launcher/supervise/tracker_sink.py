@@ -118,7 +118,7 @@ class TrackerSink:
 
     def _open_trackio(self, gpu: int):
         self.store_dir.mkdir(parents=True, exist_ok=True)
-        import trackio
+        import trackio          # optional (the tracker extra): only with `tracker:`
         import trackio.utils
         if trackio.utils.TRACKIO_DIR != self.store_dir:     # one store per process
             raise RuntimeError(f"trackio was already imported with its store in "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -17,18 +18,11 @@ from typing import Collection, Mapping
 
 import psutil
 
+from fractus.train.env import ENV_VARS
 from launcher.paths import metrics_path, tensorboard_dir, worker_log_path
 from launcher import child
 from launcher.config.devices import Slot
 from launcher.config.podconfig import PodConfig
-
-
-def _worker_env_names() -> tuple[str, ...]:
-    try:
-        from fractus.train.env import ENV_VARS
-        return ENV_VARS
-    except ImportError:
-        return ()
 
 
 @dataclass
@@ -102,7 +96,7 @@ def worker_env(base: Mapping[str, str], settings: Mapping[str, str],
     (a stray BATCH=... or START_TOKEN=... in a shell or a raylet's environment must not leak
     in) and scrubbed like every child's (launcher.child.child_env: only allowed names, and
     `keep`, the names the pod config gives)."""
-    names = set(_worker_env_names())
+    names = set(ENV_VARS)
     return child.child_env({k: v for k, v in base.items() if k not in names}, keep=keep,
                            **settings)
 
@@ -231,7 +225,6 @@ def running_workers(pod_dir: Path) -> dict[int, int]:
 
 def busy_cuda_gpus(indices: list[int]) -> dict[int, list[int]]:
     """GPU index -> pids of compute processes on it (any owner), from nvidia-smi."""
-    import shutil
     if not indices or shutil.which("nvidia-smi") is None:
         return {}
     try:
