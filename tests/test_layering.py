@@ -4,6 +4,7 @@ package no modules import each other in a circle either. And no test module impo
 (shared test helpers live in tests/support/)."""
 
 import ast
+import re
 from pathlib import Path
 
 LAUNCHER = Path(__file__).resolve().parents[1] / "launcher"
@@ -193,3 +194,48 @@ def test_pod_paths_and_file_helpers_have_one_home():
                         and " " not in node.value.value):     # a message, not a path
                     found.append(f"{where}:{node.lineno} defines a pod path of its own")
     assert not found, "\n".join(found)
+
+
+def test_no_two_modules_share_a_file_name():
+    """A module's name says what it is wherever it is imported or named in a traceback: two
+    `local.py` (a backend and a store) or `adopt.py` (a command and its body) did not."""
+    seen: dict[str, list[str]] = {}
+    for path in LAUNCHER.rglob("*.py"):
+        if path.name not in ("__init__.py", "__main__.py"):
+            seen.setdefault(path.name, []).append(str(path.relative_to(LAUNCHER)))
+    assert not {name: paths for name, paths in seen.items() if len(paths) > 1}
+
+
+def test_the_code_map_names_every_module():
+    """docs/LAUNCHER.md's "Where the code lives" says which file owns what: every module of
+    launcher/ is in it, and nothing that is not there any more."""
+    text = (LAUNCHER.parent / "docs" / "LAUNCHER.md").read_text()
+    assert "## Where the code lives (launcher/)" in text
+    section = text.split("## Where the code lives (launcher/)")[1].split("\n## ")[0]
+    named = set(re.findall(r"`([a-z_]+\.py)`", section))
+    modules = {p.name for p in LAUNCHER.rglob("*.py") if p.name not in ("__init__.py", "__main__.py")}
+    assert named == modules, f"not in the map: {sorted(modules - named)}; " \
+                             f"gone: {sorted(named - modules)}"
+
+
+def test_an_import_inside_a_function_says_why():
+    """Imports sit at the top of a module. One inside a function is there for a reason (an
+    optional extra, torch or another heavy import kept off a fast path, a circle) that a
+    comment says, on the function's first such import or the line above it; else a reader
+    cannot tell a needed one from a leftover."""
+    unexplained = []
+    for path in LAUNCHER.rglob("*.py"):
+        lines = path.read_text().split("\n")
+        for fn in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            nested = {id(n) for inner in ast.walk(fn) if inner is not fn
+                      and isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef))
+                      for n in ast.walk(inner)}
+            own = [n for n in ast.walk(fn)
+                   if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in nested]
+            if own:
+                line = min(n.lineno for n in own)
+                if "#" not in lines[line - 1] and not lines[line - 2].strip().startswith("#"):
+                    unexplained.append(f"{path.relative_to(LAUNCHER)}:{line}")
+    assert not unexplained, "\n".join(sorted(unexplained))

@@ -21,8 +21,8 @@ import time
 
 from launcher.supervise.custodian import NodeCustodian
 from launcher.supervise.ray_backend import ROUND_TRIP_S, RayBackend
-from launcher.supervise.ray_pushes import NodePushes
 from launcher.supervise.ray_probes import NodeProbes
+from launcher.supervise.ray_pushes import NodePushes
 
 PUSH_WAIT_S = 1800.0       # the last pushes of a run, at its end
 
