@@ -152,7 +152,7 @@ class NodeWorker:
             return None             # ended at once: nothing it saved to push
         self.pushers.append(start_pusher(
             {"gpu": self.gpu, "workdir": str(self.workdir), "metrics": settings["METRICS"],
-             "offset": self.offset, "pid": self.proc.pid, "create_time": create_time,
+             "offset": self.tail.position, "pid": self.proc.pid, "create_time": create_time,
              "hub_url": self.hub_url, "writer": self.writer, "attempt": attempt,
              "run_id": settings.get("RUN_ID"), "node": self.node},
             self.workdir, log_path))
