@@ -109,7 +109,10 @@ def test_each_node_fetches_only_its_own_gpus_shards_from_the_data_store(tmp_path
 
 def test_a_pod_across_two_nodes_survives_losing_them(tmp_path, cluster, launchers):
     shared = tmp_path / "shared_data"          # shards outside the pod, as on a cluster
-    synth(shared, shards=2, tokens=SHARD_TOKENS, vocab=512, seed=0)
+    # Ten times the usual shard: on a quiet machine a GPU reached the end of a 60k-token
+    # shard (done, exit 0) before the last node's graceful removal, which then found one
+    # GPU to move instead of two.
+    synth(shared, shards=2, tokens=10 * SHARD_TOKENS, vocab=512, seed=0)
     # AR probes on the nodes. The toy model's AR sits in the hundreds, far off-manifold, and
     # jumps by several of its 4-window sigmas between close checkpoints: the tiny-cpu preset's
     # floor (relativeBand 1.0) keeps the placement under test from failing on that noise
