@@ -71,8 +71,9 @@ def test_on_a_remote_backend_the_manifest_follows_each_node_push_to_the_hub(make
                    f"manifest push {count}")
         return events(sup, "sync_pushed", reason="manifest")
 
-    for _ in range(5):
+    for _ in range(5):          # a push started would show as busy before its event
         sup.step()
+        assert not sup.sync.busy
     assert not events(sup, "sync_pushed")          # nothing on the hub yet: nothing pushed
     assert not events(sup, "sync_skipped")         # ...and no event about it on every poll
     first = passed_checkpoint(sup, backend, 0)
@@ -81,6 +82,7 @@ def test_on_a_remote_backend_the_manifest_follows_each_node_push_to_the_hub(make
     assert pushed["tokens"] == {"0": first["next_token"]} and pushed["hub_revision_for"] == [0]
     for _ in range(5):
         sup.step()                                  # no new node push: no new manifest push
+        assert not sup.sync.busy                    # (none started, not just none finished)
     assert len(events(sup, "sync_pushed", reason="manifest")) == 1
     head = store.head()
     assert head == pushed["revision"]
