@@ -117,3 +117,31 @@ def test_a_large_checkpoint_read_late_is_not_retained_from_a_newer_save_of_the_s
              "mtime_ns": old.mtime_ns}
     record = CheckpointIndex(pod).add(0, event, stage=1, path="checkpoints/fractus_1b_gpu0.pt")
     assert (pod / record["retained"]).read_bytes() == old_bytes
+
+
+def test_an_event_read_late_costs_one_hash_not_one_per_newer_save(tmp_path, monkeypatch):
+    """The Ray test's two-node pod (SAVE_KEEP 1000, a save every 5 steps of a tiny model):
+    a poll that fell behind hashed every newer save's file to find an event's bytes, each
+    late event cost more than the last, the node's poll never caught up, the launcher
+    killed its worker as hung and waited on that poll for ever (CI, stop 23). The size and
+    mtime the worker reported pick the one candidate; only it is hashed."""
+    import torch
+
+    import launcher.pod.ckpt_index as ckpt_index
+    from fractus.train.checkpoint import save_checkpoint
+    pod = tmp_path / "pod"
+    ckpt = pod / "checkpoints" / "fractus_1b_gpu0.pt"
+    saved = [save_checkpoint({"model_state": {"w": torch.full((64,), float(n))}}, ckpt,
+                             keep=100) for n in range(60)]
+    hashed = []
+    real_sha256 = ckpt_index.sha256_file
+    monkeypatch.setattr(ckpt_index, "sha256_file",
+                        lambda path: hashed.append(path) or real_sha256(path))
+    index = CheckpointIndex(pod)
+    for n in (0, 30, 59):                          # read 59, 29 and 0 saves late
+        event = {"sha256": saved[n].sha256, "next_token": n, "step": n,
+                 "bytes": saved[n].bytes, "mtime_ns": saved[n].mtime_ns}
+        record = index.add(0, event, stage=1, path="checkpoints/fractus_1b_gpu0.pt")
+        data = (pod / record["retained"]).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == saved[n].sha256
+    assert len(hashed) == 3, len(hashed)

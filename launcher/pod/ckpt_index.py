@@ -186,11 +186,18 @@ class CheckpointIndex:
                 except FileNotFoundError:
                     continue
                 st = pin.stat()
+                # Cheap first: the size and the mtime the worker reported (a hard link keeps
+                # the mtime; a copy, where links are refused, has its own). A late event's
+                # bytes sit far down the names: hashing each newer save's file to find them
+                # made every late event costlier than the last, and a node's poll never
+                # caught up again (CI: a worker killed as hung, its poll waited on for ever).
+                if (size is not None and st.st_size != size) or (
+                        mtime_ns is not None and st.st_nlink >= 2
+                        and st.st_mtime_ns != mtime_ns):
+                    pin.unlink(missing_ok=True)
+                    continue
                 by_size = size is not None and st.st_size > VERIFY_BELOW_BYTES
-                if (size is None or st.st_size == size) and (
-                        (by_size and (mtime_ns is None or st.st_nlink < 2
-                                      or st.st_mtime_ns == mtime_ns))
-                        or (not by_size and sha256_file(pin) == record["sha256"])):
+                if by_size or sha256_file(pin) == record["sha256"]:
                     os.replace(pin, target)
                     return str(target.relative_to(self.pod_dir))
                 pin.unlink(missing_ok=True)
