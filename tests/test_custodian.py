@@ -19,8 +19,8 @@ from tests.support.fake_supervisor import (  # noqa: F401 (fixtures)
 )
 from tests.support.ray_stub import StubActor, StubRayBackend
 
-PROCESS_METHODS = {"start", "poll", "signal", "kill", "stop", "close", "pump", "can_place",
-                   "metrics_file", "log_file"}
+PROCESS_METHODS = {"start", "poll", "settling", "signal", "kill", "stop", "close", "pump",
+                   "can_place", "metrics_file", "log_file"}
 
 
 def test_a_worker_backend_runs_processes_and_knows_nothing_of_checkpoints():

@@ -18,8 +18,8 @@ import torch
 from launcher.hub import open_store
 from launcher.hub.lease import pod_id
 from launcher.files import sha256_file
-from launcher.supervise.ray_recovery import (RecoveryPusher, check_save, read_recovery_copy,
-                                             recovery_path)
+from launcher.supervise.ray_recovery import (RecoveryPusher, check_save, check_save_apart,
+                                             read_recovery_copy, recovery_path)
 from tests.support.e2e import wait_for
 
 CKPT = "checkpoints/fractus_1b_gpu0.pt"
@@ -97,17 +97,30 @@ def test_each_save_and_the_final_one_reach_the_hub_before_any_probe(tmp_path, no
     assert read_recovery_copy(hub, pod, CKPT, 1, "attempt-1") is None
 
 
-def test_check_save_refuses_another_gpus_run_or_token_and_non_finite_weights(tmp_path):
+@pytest.mark.parametrize("check", [check_save, check_save_apart])
+def test_check_save_refuses_another_gpus_run_or_token_and_non_finite_weights(tmp_path, check):
+    """In the process that asks (the pusher) and apart, in a child (a node actor, which must
+    not load torch's libraries itself: its heartbeats would go unheard meanwhile)."""
     event = save(tmp_path, 160)
     path = Path(event["path"])
-    check_save(path, 0, "run-a", 160)
+    check(path, 0, "run-a", 160)
     for gpu, run, token, words in ((1, "run-a", 160, "not GPU 1"), (0, "run-b", 160, "run"),
                                    (0, "run-a", 320, "token")):
         with pytest.raises(ValueError, match=words):
-            check_save(path, gpu, run, token)
+            check(path, gpu, run, token)
     save(tmp_path, 160, float("inf"))
     with pytest.raises(ValueError, match="NaN/Inf"):
-        check_save(path, 0, "run-a", 160)
+        check(path, 0, "run-a", 160)
+
+
+def test_a_save_that_does_not_load_is_refused_apart_in_one_line(tmp_path):
+    path = tmp_path / "recovery" / CKPT
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError) as refused:
+        check_save_apart(path, 0, "run-a", 160)
+    (line,) = str(refused.value).splitlines()
+    assert "fractus_1b_gpu0.pt" in line and "load" in line and "Traceback" not in line
 
 
 def test_a_lost_gpu_resumes_from_the_newer_of_its_passed_and_its_recovery_copy(tmp_path):
@@ -140,3 +153,37 @@ def test_a_lost_gpu_resumes_from_the_newer_of_its_passed_and_its_recovery_copy(t
     assert [e["passed_token"] for e in used] == [320, None]
     backend.attempts[0] = "attempt-2"          # a later start of the GPU lost it
     assert custodian.resume_copy(0) is None
+
+
+def test_a_start_lost_before_it_answers_keeps_the_lineage_it_resumed(tmp_path):
+    """A GPU resuming from its recovery copy whose new node goes away before the start
+    answers (seen under load: a removed node still took the actor) resumes from that copy
+    again, not from its older passed one; a rollback's start carries no lineage."""
+    from launcher.config.devices import Slot
+    from launcher.config.podconfig import load_config
+    from launcher.pod.setup_init import init_pod
+    from launcher.supervise.ray_backend import RayBackend, RayHandle
+    from launcher.worker.process import WorkerSpec
+
+    class Actor:                         # start() only submits: the answer never comes
+        def __init__(self):
+            self.start = self
+
+        def remote(self, *args):
+            return object()
+
+    pod = tmp_path / "pod"
+    init_pod(pod, "tiny-cpu")
+    backend = object.__new__(RayBackend)             # RayBackend.start's bookkeeping only
+    backend.config, backend.data, backend.slots = load_config(pod), None, {}
+    backend.actors = {0: Actor()}
+    backend.handles = {0: RayHandle(0, None, None, attempt="attempt-1")}   # the lost worker
+    recovery = WorkerSpec(Slot(0, "cpu"), {}, start_token=72192,
+                          ckpt_in="recovery/checkpoints/fractus_1b_gpu0.pt")
+    backend.start(recovery)
+    assert backend.attempt(0) == "attempt-1"           # not answered: still that lineage
+    backend.start(recovery)                            # and again, lost once more
+    assert backend.attempt(0) == "attempt-1"
+    backend.start(WorkerSpec(Slot(0, "cpu"), {}, start_token=31680,   # a rollback's start
+                             ckpt_in="checkpoints/fractus_1b_gpu0.pt"))
+    assert backend.attempt(0) is None

@@ -18,6 +18,7 @@ from launcher.cli import main as cli_main
 from launcher.dashboard.status import collect
 from launcher.pod.lock import PodLock
 from launcher.pod.manifest import ManifestEntry, read_manifest
+from launcher.supervise.backend import WorkerExit
 from launcher.supervise.state import GpuState, PodState
 from tests.support.fake_backend import TOKENS_PER_STEP
 from tests.support.fake_supervisor import (  # noqa: F401 (fixtures)
@@ -105,6 +106,28 @@ def test_a_worker_hung_on_a_node_that_stopped_answering_resumes_on_another(make)
     assert not events(sup, "worker_crash") and not run.restarts    # not counted as a crash
     assert run.state is GpuState.RUNNING and run.node == "node-b"
 
+
+
+def test_a_gpu_whose_actor_the_backend_is_replacing_is_not_killed_as_hung(make):
+    """Its node's actor died and a new one adopts the GPU once the old worker's final save
+    ended (RayBackend: by a deadline of its own): the GPU is silent meanwhile, and that is
+    no hang. Under load an adoption outlasted the hang limit, and the GPU restarted as hung
+    instead of as the actor's death (the Ray test, CI load)."""
+    sup, backend, clock = make()
+    sup.starter.start_all()
+    backend.train(0, 5)
+    backend.train(1, 5)
+    sup.step()
+    backend.adopting.add(0)
+    clock.now += 700                       # past the 600 s limit
+    backend.train(1, 1)
+    sup.step()
+    assert not events(sup, "hang") and sup.pod.runs[0].state is GpuState.RUNNING
+    error = "its actor's process died on node node-a, which is alive; the final save ended"
+    backend._end(backend.started[0], WorkerExit(-15, error=error))     # adopted
+    sup.step()
+    (crash,) = events(sup, "worker_crash", gpu=0)
+    assert crash["reason"] == error and not events(sup, "hang")
 
 
 @pytest.mark.parametrize("ray, words", [

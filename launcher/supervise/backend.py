@@ -77,6 +77,12 @@ class WorkerBackend(ABC):
         """Called once per poll before the metrics are read (a remote backend copies new
         metrics lines to the launcher's machine here, at its own cadence unless `force`)."""
 
+    def settling(self, handle: WorkerHandle) -> bool:
+        """The backend is taking over the worker itself (a remote one: its node's actor
+        died, and a new actor adopts the GPU or its node is fenced), by a deadline of its
+        own: its silence is no hang meanwhile."""
+        return False
+
     def can_place(self, slot: Slot) -> bool:
         """Whether a device is free for a GPU that lost its node."""
         return True

@@ -48,7 +48,9 @@ class ExitHandlers:
 
     def on_silence(self, run: GpuRun, now: float) -> None:
         """A running worker: killed as hung once silent past its limit, then a crash."""
-        silence = self.restarts.silence(run, now) if run.proc is not None else None
+        if run.proc is None or self.pod.backend.settling(run.proc):
+            return
+        silence = self.restarts.silence(run, now)
         if silence is None:
             return
         silent_s, limit_s = silence

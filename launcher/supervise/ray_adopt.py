@@ -12,9 +12,12 @@ GPU then ends as a crashed worker and restarts on that node from that final save
 restart counted. A replacement that cannot be placed, fails, or whose node goes meanwhile:
 the GPU is treated as lost after all (the fence wait counted from then).
 
+An actor Ray holds alive that does not answer a call the launcher cannot go on without (a
+kill, a stop) is killed and taken over the same way (`_answer`).
+
 A mixin of RayBackend (launcher/supervise/ray_backend.py), whose state it uses: `ray`,
-`actors`, `slots`, `heartbeat`, `events`, `config`, `_new_actor`, `_append_lines`, `_log`
-and `_lost`.
+`actors`, `slots`, `heartbeat`, `events`, `config`, `_new_actor`, `_append_lines`, `_log`,
+`_take` and `_lost`.
 """
 
 from __future__ import annotations
@@ -30,9 +33,36 @@ if TYPE_CHECKING:
 
 # The replacement's answer is due within the old worker's grace plus this (a call).
 ADOPT_CALL_S = 120.0
+ANSWER_CHECK_S = 1.0       # how often a wait for a kill's answer looks at the heartbeats
 
 
 class NodeAdoption:
+    def _answer(self, handle: RayHandle, ref, timeout_s: float) -> WorkerExit | None:
+        """`_take` of a call the launcher cannot go on without (the poll in flight before a
+        kill or stop, the kill or stop itself). An actor alive for Ray that does not answer
+        within `timeout_s` (stuck, or a poll far behind its worker, as once in CI) would
+        block the launcher, and with it every GPU, for ever: it is killed, and treated as
+        an actor that died. Its worker gets SIGTERM from its dead parent and saves; a new
+        actor on its node adopts the GPU once that worker ended, else the GPU is lost after
+        the fence (`_lost`). An actor silent to the heartbeats too is frozen: killed
+        sooner."""
+        start = time.monotonic()
+        while True:
+            ready, _ = self.ray.wait([ref], timeout=ANSWER_CHECK_S)
+            if ready:
+                return self._take(handle, ref)
+            waited = time.monotonic() - start
+            if waited >= timeout_s or self.heartbeat.unresponsive(handle.actor):
+                break
+        self.events.emit("node_unresponsive", gpu=handle.gpu, node=handle.node,
+                         waited_s=round(waited, 1),
+                         action="its actor killed; the GPU is taken over as after an "
+                                "actor's death")
+        self._log(handle.gpu, f"the actor on node {handle.node} did not answer in "
+                              f"{waited:.0f}s; killed")
+        self.ray.kill(handle.actor)
+        return self._lost(handle, wait=True)
+
     def _replace(self, handle: RayHandle) -> bool:
         """The GPU's actor died: if its node is alive (only the actor's process died), a new
         actor on that node adopts the GPU (`NodeWorker.adopt`). False: treat it as lost."""

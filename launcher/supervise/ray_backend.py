@@ -42,6 +42,7 @@ from launcher.supervise.backend import WorkerBackend, WorkerExit, WorkerHandle
 from launcher.supervise.ray_adopt import NodeAdoption
 from launcher.supervise.ray_fence import NAMESPACE, Heartbeat, actor_prefix, end_orphans
 from launcher.supervise.ray_node import NodeWorker
+from launcher.supervise.ray_recovery import is_recovery
 from launcher.config.ray_settings import RaySettings
 from launcher.worker.process import WorkerSpec, build_env, pod_env_names
 from launcher.paths import worker_log_path
@@ -167,7 +168,8 @@ class RayBackend(NodeAdoption, WorkerBackend):
             actor = self.actors[gpu] = self._new_actor(spec.slot)
         checkpoint = ({"path": spec.ckpt_in, "sha256": spec.ckpt_sha256,
                        "revision": spec.ckpt_revision} if spec.ckpt_in else None)
-        handle = RayHandle(gpu, None, None, actor=actor)
+        handle = RayHandle(gpu, None, None, actor=actor,
+                           attempt=self._continued_attempt(gpu, spec.ckpt_in))
         settings = build_env(self.config, spec, base={})
         handle.metrics = settings["METRICS"]
         # The shards of its data phase and every later one (a phase switch starts the next
@@ -177,6 +179,18 @@ class RayBackend(NodeAdoption, WorkerBackend):
                                               sorted(pod_env_names(self.config)), shards)
         self.handles[gpu] = handle
         return handle
+
+    def _continued_attempt(self, gpu: int, ckpt_in: str | None) -> str | None:
+        """The attempt a new start of `gpu` goes on from until it answers with its own: the
+        previous start's, when this one resumes from that start's recovery copy. Its node
+        can be lost before the start answers (a node going away as it is placed); the GPU
+        then resumes from that same copy again, not from its older passed one (issue 16
+        item 30). Any other start (a rollback, a restart from a passed copy) carries none:
+        an older lineage's copies must never serve."""
+        previous = self.handles.get(gpu)
+        if previous is None or not ckpt_in or not is_recovery(ckpt_in):
+            return None
+        return previous.attempt
 
     # ---- monitoring ----------------------------------------------------------------------
     def pump(self, force: bool = False) -> None:
@@ -320,13 +334,19 @@ class RayBackend(NodeAdoption, WorkerBackend):
     def poll(self, handle: RayHandle) -> WorkerExit | None:
         return handle.ended
 
+    def settling(self, handle: RayHandle) -> bool:
+        # An adoption answers by adopt_by, a fenced node's GPU is lost at lost_after.
+        return handle.ended is None and (handle.adopt_ref is not None
+                                         or handle.lost_after is not None)
+
     def signal(self, handle: RayHandle, signum: int) -> None:
         if handle.ended is None:
             handle.actor.signal.remote(signum)
 
-    def _finish(self, handles: list[RayHandle], call) -> dict[int, WorkerExit]:
+    def _finish(self, handles: list[RayHandle], call,
+                answer_s: float = CALL_TIMEOUT_S) -> dict[int, WorkerExit]:
         """Collect the polls in flight (their lines), then `call(actor)` on each, which
-        returns (exit code, its last lines)."""
+        returns (exit code, its last lines) within `answer_s`."""
         for handle in handles:
             if handle.adopt_ref is not None:
                 self._adopted(handle, timeout=None)
@@ -334,7 +354,7 @@ class RayBackend(NodeAdoption, WorkerBackend):
                 self._lost(handle, wait=True)
             if handle.poll_ref is not None:
                 ref, handle.poll_ref = handle.poll_ref, None
-                self._take(handle, ref)
+                self._answer(handle, ref, CALL_TIMEOUT_S)
         refs = {h.gpu: call(h.actor) for h in handles
                 if h.ended is None and h.start_ref is None}
         for handle in handles:
@@ -347,8 +367,8 @@ class RayBackend(NodeAdoption, WorkerBackend):
                 if handle.ended is None:
                     refs[handle.gpu] = call(handle.actor)
         for handle in handles:
-            if handle.gpu in refs:
-                self._take(handle, refs[handle.gpu])
+            if handle.gpu in refs and handle.ended is None:
+                self._answer(handle, refs[handle.gpu], answer_s)
                 if handle.lost_after is not None:
                     self._lost(handle, wait=True)
             if handle.ended is None:
@@ -359,7 +379,8 @@ class RayBackend(NodeAdoption, WorkerBackend):
         return self._finish([handle], lambda actor: actor.kill.remote())[handle.gpu]
 
     def stop(self, handles: list[RayHandle], grace_s: float) -> dict[int, WorkerExit]:
-        return self._finish(handles, lambda actor: actor.terminate.remote(grace_s))
+        return self._finish(handles, lambda actor: actor.terminate.remote(grace_s),
+                            answer_s=grace_s + CALL_TIMEOUT_S)
 
     def close(self) -> None:
         """The actors go (after the custodian's last pushes) and the driver disconnects."""

@@ -1,8 +1,9 @@
 """The launcher's side of fencing the Ray nodes (the node's side: ray_node.NodeWorker._fence).
 
-`Heartbeat`: a thread that calls every actor's heartbeat() every HEARTBEAT_S and notes when
-each one last answered. A node that hears nothing for `fence_s` stops its worker (SIGTERM,
-SIGKILL after `grace_s`) and exits; the node heard the launcher at the latest when the
+`Heartbeat`: a thread that calls every actor's heartbeat() every HEARTBEAT_S (one call in
+flight per actor, never waiting for an answer) and notes when each one last answered. A
+node that hears nothing for `fence_s` stops its worker (SIGTERM, SIGKILL after `grace_s`)
+and exits; the node heard the launcher at the latest when the
 launcher got that answer, so once `fence_s + grace_s + FENCE_MARGIN_S` have passed since
 then, its worker has stopped for certain, whatever Ray reports: only then is the GPU's node
 declared lost and the GPU placed elsewhere (`lost_after`). A thread of its own, not the
@@ -33,10 +34,13 @@ def actor_prefix(pod_dir: Path) -> str:
 
 
 class Heartbeat:
-    def __init__(self, ray, actors: dict[int, object], fence_s: float, grace_s: float):
+    def __init__(self, ray, actors: dict[int, object], fence_s: float, grace_s: float,
+                 period_s: float = HEARTBEAT_S):
         self.ray, self.actors = ray, actors         # the backend's live actors, read only
         self.wait_s = fence_s + grace_s + FENCE_MARGIN_S
+        self.period_s = period_s
         self.answered: dict[object, float] = {}     # actor -> monotonic time of its answer
+        self.in_flight: dict[object, object] = {}   # actor -> its heartbeat not answered yet
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name="ray-heartbeat", daemon=True)
         self.thread.start()
@@ -45,32 +49,54 @@ class Heartbeat:
         """An answer of `actor` (its start), outside the heartbeat thread."""
         self.answered[actor] = time.monotonic()
 
+    def unresponsive(self, actor) -> bool:
+        """Ray holds `actor` alive but it has not answered a heartbeat for `wait_s`: its
+        process is frozen (stopped, or a thread holding the interpreter), since a process
+        that runs would have fenced itself and ended by then."""
+        answered = self.answered.get(actor)
+        return answered is not None and time.monotonic() - answered > self.wait_s
+
     def lost_after(self, actor) -> float:
         """When a GPU whose actor Ray reported dead may be placed elsewhere (monotonic):
         an actor that never answered is counted from now."""
         return self.answered.pop(actor, time.monotonic()) + self.wait_s
 
     def _run(self) -> None:
-        while not self.stopping.wait(HEARTBEAT_S):
-            beats = [(actor, actor.heartbeat.remote()) for actor in list(self.actors.values())]
-            if not beats:
-                continue
-            ready, _ = self.ray.wait([ref for _, ref in beats], num_returns=len(beats),
-                                     timeout=HEARTBEAT_S)
-            answered_at, ready = time.monotonic(), set(ready)
-            for actor, ref in beats:
+        while not self.stopping.wait(self.period_s):
+            self.tick()
+
+    def tick(self) -> None:
+        """Note the heartbeats answered since the last tick, then send one to each actor
+        without one in flight. Never waits for an answer: a round that waited for every
+        actor let one that does not answer (a lost node's, one still starting) slow every
+        other actor's heartbeats to one per two periods, and a node whose fence_s is
+        close to that fenced a healthy worker (the Ray test, under load). An answer is
+        noted when seen, up to a period after the node heard it: later, never earlier, so
+        the deadline counted from it (`lost_after`) stays on the safe side."""
+        live = list(self.actors.values())
+        if self.in_flight:
+            ready, _ = self.ray.wait(list(self.in_flight.values()),
+                                     num_returns=len(self.in_flight), timeout=0)
+            seen_at, ready = time.monotonic(), set(ready)
+            for actor, ref in list(self.in_flight.items()):
+                if ref not in ready and actor in live:
+                    continue
+                del self.in_flight[actor]       # answered, failed, or no longer ours
                 if ref not in ready:
                     continue
                 try:
                     self.ray.get(ref, timeout=0)
                 except self.ray.exceptions.RayError:
                     continue            # a dead actor: the poll reports it
-                if actor in self.actors.values():
-                    self.answered[actor] = answered_at
+                if actor in live:
+                    self.answered[actor] = seen_at
+        for actor in live:
+            if actor not in self.in_flight:
+                self.in_flight[actor] = actor.heartbeat.remote()
 
     def close(self) -> None:
         self.stopping.set()
-        self.thread.join(timeout=HEARTBEAT_S * 3)
+        self.thread.join(timeout=self.period_s * 3)
 
 
 def end_orphans(ray, prefix: str, grace_s: float, timeout_s: float) -> list[dict]:

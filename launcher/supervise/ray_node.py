@@ -62,7 +62,7 @@ from launcher.supervise.ray_recovery import new_attempt, start_pusher
 from launcher.checks.probe_check import ProbeUnavailable, run_probe_process
 from launcher.config.data_settings import DataSource
 from launcher.hub.fetch import ensure_shards
-from launcher.supervise.ray_recovery import check_save, is_recovery
+from launcher.supervise.ray_recovery import check_save_apart, is_recovery
 
 # Settings resolved against the node's directory, else the head's pod directory (the same
 # machine or a shared filesystem): shards (without `data:`) and a model file are the
@@ -321,8 +321,8 @@ class NodeWorker:
         token, with finite weights (ValueError, one line: the start fails)."""
         if is_recovery(checkpoint["path"]):
             token = settings.get("START_TOKEN")
-            check_save(self.workdir / checkpoint["path"], self.gpu, settings.get("RUN_ID"),
-                       int(token) if token else None)
+            check_save_apart(self.workdir / checkpoint["path"], self.gpu,
+                             settings.get("RUN_ID"), int(token) if token else None)
 
     def _ensure_checkpoint(self, checkpoint: dict) -> bool:
         """The checkpoint's bytes at its path on this disk: kept if already there, else

@@ -55,6 +55,8 @@ RECORD_FORMAT = "fractus-recovery/1"
 TAIL_S = 0.2       # how often the pusher reads the metrics file: part of the recovery point
 FINAL_PUSH_S = 600.0                      # after its worker ended: the final push's time
 RETRY_S = (2.0, 30.0)                     # a failed push is tried again: first, longest wait
+CHECK_FLAG = "--check"                    # `python -m ...ray_recovery --check SPEC`: check_save
+CHECK_TIMEOUT_S = 600.0                   # a 1B save loaded weights-only from a slow disk
 
 
 def recovery_path(checkpoint: str) -> str:
@@ -95,6 +97,26 @@ def check_save(path: Path, gpu: int, run_id: str | None, next_token: int | None)
             raise ValueError(f"{path.name} holds NaN/Inf in {key}")
 
 
+def check_save_apart(path: Path, gpu: int, run_id: str | None, next_token: int | None,
+                     timeout_s: float = CHECK_TIMEOUT_S) -> None:
+    """`check_save` in a process of its own, as a node actor must: loading torch's libraries
+    holds the interpreter for seconds (over 5 s on a loaded machine), when the actor can hear
+    no heartbeat and its fence, once it runs again, sees only silence (new actors fenced
+    themselves before their workers started, again and again: the Ray test under load).
+    ValueError, one line, as check_save."""
+    spec = {"path": str(path), "gpu": gpu, "run_id": run_id, "next_token": next_token}
+    try:
+        done = subprocess.run([sys.executable, "-m", "launcher.supervise.ray_recovery",
+                               CHECK_FLAG, json.dumps(spec)], env=_launcher_env(),
+                              capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise ValueError(f"{path.name} could not be checked within {timeout_s:g}s") from None
+    if done.returncode != 0:
+        said = [line for line in done.stderr.splitlines() if line.strip()]
+        raise ValueError(said[-1] if said else f"{path.name}: the check exited "
+                                               f"{done.returncode}")
+
+
 # ---- the launcher's side -------------------------------------------------------------------
 def read_recovery_copy(hub_url: str, pod_dir: Path, checkpoint: str, gpu: int,
                        attempt: str | None) -> dict | None:
@@ -128,14 +150,19 @@ def read_recovery_copy(hub_url: str, pod_dir: Path, checkpoint: str, gpu: int,
 def start_pusher(spec: dict, workdir: Path, log_path: Path) -> subprocess.Popen:
     """The pusher of one worker start (`spec`: see RecoveryPusher), in a session of its own:
     neither a signal to the actor's group nor the actor's death ends it."""
-    root = str(Path(__file__).resolve().parents[2])        # the launcher package's home
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     with open(log_path, "ab") as log:
         return subprocess.Popen([sys.executable, "-m", "launcher.supervise.ray_recovery",
-                                 json.dumps(spec)], cwd=workdir, env=env,
+                                 json.dumps(spec)], cwd=workdir, env=_launcher_env(),
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
+
+
+def _launcher_env() -> dict[str, str]:
+    """This node's environment, with the launcher package's home on PYTHONPATH."""
+    root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    return env
 
 
 class RecoveryPusher:
@@ -252,5 +279,22 @@ class RecoveryPusher:
         print(f"[fractus-pod {time.strftime('%Y-%m-%d %H:%M:%S')}] {text}", flush=True)
 
 
+def _check_main(spec: dict) -> int:
+    try:
+        check_save(Path(spec["path"]), int(spec["gpu"]), spec.get("run_id"),
+                   spec.get("next_token"))
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    except Exception as exc:     # a file that does not load: one line, not a traceback
+        first = (str(exc).splitlines() or [""])[0][:300]
+        print(f"{Path(spec['path']).name} does not load: {type(exc).__name__}: {first}",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == CHECK_FLAG:
+        sys.exit(_check_main(json.loads(sys.argv[2])))
     RecoveryPusher(json.loads(sys.argv[1])).run()

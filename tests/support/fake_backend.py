@@ -43,6 +43,7 @@ class FakeBackend(WorkerBackend):
         self.started: list[FakeWorker] = []
         self.free = dict(nodes or {"node-a": 8})       # node -> free devices
         self.unreachable: set[str] = set()     # gone, but no exit reported yet (a silent node)
+        self.adopting: set[int] = set()        # GPUs whose actor died: a new one takes over
         self.closed = False
 
     # ---- the backend interface -------------------------------------------------------
@@ -60,6 +61,9 @@ class FakeBackend(WorkerBackend):
 
     def poll(self, handle: FakeWorker) -> WorkerExit | None:
         return handle.ended
+
+    def settling(self, handle: FakeWorker) -> bool:
+        return handle.ended is None and handle.gpu in self.adopting
 
     def signal(self, handle: FakeWorker, signum: int) -> None:
         handle.signals.append(signum)
