@@ -42,6 +42,7 @@ from pathlib import Path
 
 import psutil
 
+from launcher import child
 from launcher.paths import RECOVERY_HUB_DIR, RECOVERY_STAGING_DIR
 from launcher.worker.process import MetricsTail
 from launcher.pod.ckpt_trust import read_identity
@@ -103,12 +104,13 @@ def check_save_apart(path: Path, gpu: int, run_id: str | None, next_token: int |
     holds the interpreter for seconds (over 5 s on a loaded machine), when the actor can hear
     no heartbeat and its fence, once it runs again, sees only silence (new actors fenced
     themselves before their workers started, again and again: the Ray test under load).
-    ValueError, one line, as check_save."""
+    ValueError, one line, as check_save. Started as every child is (launcher/child.py:
+    scrubbed of the hub's token and other secrets, which a check needs none of)."""
     spec = {"path": str(path), "gpu": gpu, "run_id": run_id, "next_token": next_token}
     try:
-        done = subprocess.run([sys.executable, "-m", "launcher.supervise.ray_recovery",
-                               CHECK_FLAG, json.dumps(spec)], env=_launcher_env(),
-                              capture_output=True, text=True, timeout=timeout_s)
+        done = child.run(child.python_command("-m", "launcher.supervise.ray_recovery",
+                                              CHECK_FLAG, json.dumps(spec)),
+                         cwd=path.parent, env=_launcher_env(), timeout_s=timeout_s)
     except subprocess.TimeoutExpired:
         raise ValueError(f"{path.name} could not be checked within {timeout_s:g}s") from None
     if done.returncode != 0:
