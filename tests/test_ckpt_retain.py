@@ -145,3 +145,22 @@ def test_an_event_read_late_costs_one_hash_not_one_per_newer_save(tmp_path, monk
         data = (pod / record["retained"]).read_bytes()
         assert hashlib.sha256(data).hexdigest() == saved[n].sha256
     assert len(hashed) == 3, len(hashed)
+
+
+def test_an_index_that_found_logs_never_makes_it_anew(tmp_path):
+    """logs/ moved under a running launcher before its first checkpoint record: the record's
+    write fails (the launcher reports logs/ moved, a pod error in one line) and no new,
+    nearly empty logs/ hides the moved one (CI once: test_launcher_faults' moved logs/)."""
+    import pytest
+
+    pod = tmp_path / "pod"
+    (pod / "logs").mkdir(parents=True)
+    index = CheckpointIndex(pod)
+    (pod / "logs").rename(pod / "logs.moved")
+    event = {"sha256": "0" * 64, "next_token": 0, "step": 0}
+    with pytest.raises(FileNotFoundError):
+        index.add(0, event, stage=1, path="checkpoints/fractus_1b_gpu0.pt")
+    assert not (pod / "logs").exists()
+    fresh = CheckpointIndex(tmp_path / "fresh")          # a directory without logs/ yet
+    fresh.add(0, event, stage=1, path="checkpoints/fractus_1b_gpu0.pt")
+    assert (tmp_path / "fresh" / "logs" / "checkpoints.jsonl").is_file()

@@ -60,6 +60,11 @@ class CheckpointIndex:
         self.path = pod_dir / INDEX_FILE
         self.records: dict[tuple[int, str], dict] = {}
         self.size = 0           # lines appended by this process: a cheap change counter
+        # logs/ is made only for an index that found none (a fresh directory): one that was
+        # there goes away only under a running launcher, which reports it (a pod error) and
+        # must not find it made anew. Deciding at the first append instead made it anew
+        # when logs/ was moved before the launcher's first checkpoint record (CI, once).
+        self._make_logs = not self.path.parent.is_dir()
         if self.path.is_file():
             for line in self.path.read_text().splitlines():
                 try:
@@ -69,10 +74,9 @@ class CheckpointIndex:
                     continue
 
     def _append(self, record: dict) -> dict:
-        if self.size == 0:
-            # Once: a logs/ that goes away later is reported by the launcher (a pod error),
-            # never silently made anew with part of the index in it.
+        if self._make_logs:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._make_logs = False
         record = {**record, "ts": time.time()}
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
