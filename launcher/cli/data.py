@@ -28,12 +28,12 @@ def data() -> None:
 @click.pass_context
 def push(ctx, url: str) -> None:
     """Upload the shards the store does not hold yet (compared by sha256; rerunning uploads
-    nothing) in one revision, and write that revision into fractus-pod.yaml's data:."""
+    nothing) in one revision, and write that revision into fractus-pod.yaml's data: (that
+    key alone; the rest of the file stays as written)."""
     # imported when run, not at startup: `fractus-pod --help` loads every command module
-    import yaml
     from launcher.config.devices import parse_devices
     from launcher.config.podconfig import load_config
-    from launcher.config.yamlfile import read_yaml
+    from launcher.config.yamlfile import read_yaml, set_top_level_key
     from launcher.hub import HubError
     from launcher.hub.data_source import push_shards
     from launcher.hub.by_url import absolute_hub_url
@@ -51,9 +51,9 @@ def push(ctx, url: str) -> None:
     path = pod_dir / CONFIG_NAME
     settings = read_yaml(path, "pod config")
     if settings.get("data") != source.to_dict():
-        settings["data"] = source.to_dict()
-        atomic_write_text(path, f"# data: written by `fractus-pod data push`\n"
-                                + yaml.safe_dump(settings, sort_keys=False))
+        # the one key edited in the text: the user's comments and layout stay as written
+        atomic_write_text(path, set_top_level_key(path.read_text(encoding="utf-8"), "data",
+                                                  source.to_dict(), str(path)))
     kept = len(paths) - len(uploaded)
     click.echo(f"data: {len(uploaded)} shard(s) uploaded, {kept} already there; "
                f"{source.url} at revision {source.revision[:12]} records them all; "

@@ -1,5 +1,6 @@
 """Reading the YAML files a person writes (fractus-pod.yaml, stages, criteria), with a user
-mistake reported as one line.
+mistake reported as one line; and setting one key of such a file with the rest kept as the
+person wrote it.
 
 One bounded reader for all of them: a pod's files are a few kilobytes, so anything far past
 that is a mistake or an attack. The file's size is capped before it is read, and the parsed
@@ -11,6 +12,7 @@ walk of it could overflow the stack.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
@@ -123,3 +125,43 @@ def _check_size(root: yaml.Node, source: str) -> None:
         return total, deepest
 
     measure(root, 0)
+
+
+def set_top_level_key(text: str, key: str, value, source: str) -> str:
+    """`text` with top-level `key` set to `value` and every other line kept as written (the
+    user's comments, the order of the keys, a provenance header): the key's own block is
+    replaced in place, or appended when the file has none. The result is parsed again and
+    must equal the old document with that one key set; a layout this line-wise edit cannot
+    place (a quoted key, a scalar continued at column 0) is rewritten whole instead, with
+    the leading comment lines kept."""
+    lines = text.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines)
+                  if re.match(rf"{re.escape(key)}\s*:(\s|$)", line)), None)
+    block = yaml.safe_dump({key: value}, sort_keys=False, default_flow_style=False)
+    if start is None:
+        head = text if not text or text.endswith("\n") else text + "\n"
+        edited = head + block
+    else:
+        end = start + 1
+        # The block runs on while lines are indented or are items of an indentless list;
+        # blank and column-0 comment lines after it belong to what follows.
+        while end < len(lines) and (lines[end][:1] in (" ", "\t", "-")
+                                    or not lines[end].strip()):
+            end += 1
+        while end > start + 1 and (not lines[end - 1].strip()
+                                   or lines[end - 1].lstrip().startswith("#")):
+            end -= 1
+        edited = "".join(lines[:start]) + block + "".join(lines[end:])
+    wanted = dict(parse_yaml(text, source) or {})
+    wanted[key] = value
+    if parse_yaml(edited, source) == wanted:
+        return edited
+    header = "".join(line for line in _leading_comments(lines))
+    return header + yaml.safe_dump(wanted, sort_keys=False)
+
+
+def _leading_comments(lines: list[str]):
+    for line in lines:
+        if not line.lstrip().startswith("#"):
+            return
+        yield line
