@@ -37,8 +37,11 @@ class TokenShard:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        if not self.path.is_file():
+        if not self.path.exists():
             raise ShardError(f"shard not found: {self.path}")
+        if not self.path.is_file():    # never opened: a FIFO would block the reader
+            kind = "a directory" if self.path.is_dir() else "a FIFO, socket or device"
+            raise ShardError(f"shard {self.path} is {kind}, not a regular file")
         if self.path.suffix == ".npy":
             self._tokens = self._open_npy(self.path)
         elif self.path.suffix == ".pt":

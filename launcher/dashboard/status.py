@@ -32,7 +32,7 @@ from launcher.dashboard.status_checkpoints import (checkpoint_problem, hub_note,
                                                   last_metrics, node_checkpoint_age)
 from launcher.dashboard.status_table import age as _age, fmt as _fmt, gpu_table, natural_width
 from launcher.paths import metrics_path
-from launcher.pod.shards import shard_length
+from launcher.pod.shards import header_length
 from launcher.config.stages import load_stages
 from launcher.errors import UserError
 
@@ -40,10 +40,17 @@ WIDE_EVENT_CHARS = 400    # `status --wide`: an event line in full, up to this
 
 
 def _shard_len(pod_dir: Path, rel: str) -> int | None:
+    """From the shard's header: status never imports torch (None: no well-formed shard)."""
+    return header_length(pod_dir / rel)
+
+
+def _file_age(path: Path) -> float | None:
+    """Seconds since `path` was written, the clock read after its stat (None: no file)."""
     try:
-        return shard_length(pod_dir / rel)
-    except (ManifestError, FileNotFoundError, OSError):
+        written = path.stat().st_mtime
+    except OSError:
         return None
+    return time.time() - written
 
 
 def _alive(pid) -> bool:
@@ -60,7 +67,6 @@ NOT_LISTED = ManifestEntry(start_token=None)
 def collect(pod_dir: Path, config: PodConfig, n_events: int = 8,
             goodput: dict | None = None) -> dict:
     """`goodput`: the ledger when the caller has it (else read from the files here)."""
-    now = time.time()
     holder = read_holder(pod_dir)
     state = read_pod_state(pod_dir) if holder is not None else None
     last_state = state or read_pod_state(pod_dir) or {}
@@ -103,12 +109,12 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8,
         if next_token is None:
             next_token = entry.start_token if entry else metrics.get("next_token")
         entry = entry or NOT_LISTED
+        # Each age against the clock read after its file: a save during this (slow on a
+        # loaded pod) collection is age 0, never negative.
         if on_nodes:
-            ckpt_age = node_checkpoint_age(pod_dir, gpu, entry, live, now)
+            ckpt_age = node_checkpoint_age(pod_dir, gpu, entry, live)
         else:
-            ckpt = pod_dir / entry.checkpoint if entry.checkpoint else None
-            ckpt_age = now - ckpt.stat().st_mtime if ckpt is not None and ckpt.exists() \
-                else None
+            ckpt_age = _file_age(pod_dir / entry.checkpoint) if entry.checkpoint else None
         pid, node = live.get("pid"), live.get("node")
         verdict, reason = last.get("verdict"), last.get("reason")
         if state is None and verdict is not None and entry.stage is not None \
@@ -142,7 +148,7 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8,
             "lb": metrics.get("lb", entry.lb),
             "tok_s": metrics.get("tok_s"),
             "mem_gb": metrics.get("mem_gb"),
-            "metrics_age_s": now - metrics["ts"] if metrics.get("ts") else None,
+            "metrics_age_s": time.time() - metrics["ts"] if metrics.get("ts") else None,
             "checkpoint": entry.checkpoint,
             "checkpoint_age_s": ckpt_age,
             "checkpoint_problem": None if on_nodes
@@ -167,13 +173,13 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8,
         "stage_name": (last_state.get("stage_name") if state else None)
         or _stage_name(pod_dir, config, current_stage(state, manifest)),
         "reason": last_state.get("reason"),
-        "uptime_s": now - state["started_at"] if state and state.get("started_at") else None,
+        "uptime_s": time.time() - state["started_at"] if state and state.get("started_at") else None,
         "manifest_error": manifest_error,
         "manifest_unrun_gpus": unrun,
         "devices": config.devices,
         "gpus": rows,
         "events": read_events(pod_dir, last=n_events),
-        "sync": _sync_report(pod_dir, config, now),
+        "sync": _sync_report(pod_dir, config),
         "canary": _canary_report(pod_dir),
         "goodput": goodput if goodput is not None else goodput_report(pod_dir, config),
     }
@@ -200,7 +206,7 @@ def _canary_report(pod_dir: Path) -> dict | None:
                                        "gpu", "device", "exact", "reason", "seconds")}
 
 
-def _sync_report(pod_dir: Path, config: PodConfig, now: float) -> dict | None:
+def _sync_report(pod_dir: Path, config: PodConfig) -> dict | None:
     """The hub sync as the launcher (or `sync push`) last recorded it; errors re-scrubbed."""
     # launcher.hub (its package, ~45 ms) only where a pod has a hub: `status` stays fast
     from launcher.hub.redact import scrub
@@ -209,6 +215,7 @@ def _sync_report(pod_dir: Path, config: PodConfig, now: float) -> dict | None:
     if not config.hub:
         return None
     state = read_sync_state(pod_dir)
+    now = time.time()          # after the read: an age is never negative
     error = state.get("last_error")
 
     def age(key):

@@ -5,6 +5,7 @@ names still holds the recorded bytes, and whether the hub holds it."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from launcher.pod.ckpt_index import CheckpointIndex
@@ -40,7 +41,7 @@ def last_record(path: Path, wanted) -> dict | None:
 
 
 def node_checkpoint_age(pod_dir: Path, gpu: int, entry: ManifestEntry, live: dict,
-                         now: float) -> float | None:
+                         now: float | None = None) -> float | None:
     """A Ray pod's checkpoint age, from the checkpoint events its nodes sent to the head:
     the newest save, or for a GPU waiting for a node the checkpoint it resumes from."""
     def wanted(record: dict) -> bool:
@@ -50,7 +51,9 @@ def node_checkpoint_age(pod_dir: Path, gpu: int, entry: ManifestEntry, live: dic
     if record is None:
         return None
     saved = record["mtime_ns"] / 1e9 if record.get("mtime_ns") else record.get("ts")
-    return now - saved if isinstance(saved, (int, float)) else None
+    if not isinstance(saved, (int, float)):
+        return None
+    return (time.time() if now is None else now) - saved     # the clock after the read
 
 
 def hub_tokens(pod_dir: Path) -> dict:

@@ -1,23 +1,107 @@
 """A token shard as the worker reads it: its length, or why what is there is no shard file.
-Used before anything starts (launch's checks, adopt, status)."""
+Used before anything starts (launch's checks, adopt) and by `status`, which never imports
+torch: a shard's length comes from its header (a .npy header, a .pt file's tensor record)."""
 
 from __future__ import annotations
 
+import io
+import pickle
+import stat
+import zipfile
+from collections import OrderedDict
 from pathlib import Path
 
 from launcher.pod.manifest import ManifestError
+
+# The storages of a .pt shard's integer tensor (a float one is refused by the worker).
+_INT_STORAGES = {"ByteStorage", "CharStorage", "ShortStorage", "IntStorage", "LongStorage"}
 
 
 def shard_length(path: Path) -> int:
     """Tokens in a shard, read the way the worker reads it (fractus.data.TokenShard: .npy
     headers and .pt files memory-mapped, never loaded whole): a shard the worker would
-    refuse (2-D, float, empty file) is refused here, before anything starts."""
-    from fractus.data import ShardError, TokenShard   # torch (~2 s): paid when a shard is read
+    refuse (2-D, float, empty file) is refused here, before anything starts. A well-formed
+    shard is read from its header alone; anything else goes to the worker's own reader."""
+    problem = shard_kind_problem(Path(path))
+    if problem is not None:
+        raise ManifestError(problem)
+    length = header_length(Path(path))
+    if length is not None:
+        return length
+    from fractus.data import ShardError, TokenShard   # torch (~2 s): only for a shard in doubt
     try:
         return len(TokenShard(path))
     except ShardError as exc:
         raise ManifestError(f"{exc}; write the GPU's tokens there as a 1-D integer array "
                             f"(e.g. np.save(path, tokens.astype(np.uint16)))") from None
+
+
+def header_length(path: Path) -> int | None:
+    """The length of a well-formed shard from its header, without torch (`status` reads it
+    on every refresh); None when the file is missing, no regular file, or anything but a
+    1-D integer .npy whose data is all there or a .pt file holding one 1-D integer tensor
+    (shard_length then asks the worker's reader, which says what is wrong)."""
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            return None         # a FIFO is never opened: reading it would block
+        if path.suffix == ".npy":
+            return _npy_length(path)
+        if path.suffix == ".pt":
+            return _pt_length(path)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, pickle.UnpicklingError):
+        return None
+    return None
+
+
+def _npy_length(path: Path) -> int | None:
+    import numpy as np        # (~60 ms) only where a shard is read
+    fmt = np.lib.format
+    with open(path, "rb") as f:
+        read = {(1, 0): fmt.read_array_header_1_0,
+                (2, 0): fmt.read_array_header_2_0}.get(fmt.read_magic(f))
+        if read is None:
+            return None
+        shape, _fortran, dtype = read(f)
+        data_at = f.tell()
+    if len(shape) != 1 or not np.issubdtype(dtype, np.integer):
+        return None
+    if path.stat().st_size < data_at + shape[0] * dtype.itemsize:
+        return None             # cut short: np.load's memory map refuses it
+    return int(shape[0])
+
+
+class _TensorRecord(pickle.Unpickler):
+    """A .pt file's data.pkl read as names only: the tensor's storage kind and size; any
+    other global refuses the file (nothing from it is ever called)."""
+
+    def find_class(self, module, name):
+        if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
+            return lambda storage, offset, size, *rest: (storage, offset, size)
+        if module == "torch" and name in _INT_STORAGES:
+            return name
+        if (module, name) == ("collections", "OrderedDict"):
+            return OrderedDict
+        raise pickle.UnpicklingError(f"{module}.{name}")
+
+    def persistent_load(self, pid):
+        return pid               # ('storage', kind, key, location, numel)
+
+
+def _pt_length(path: Path) -> int | None:
+    with zipfile.ZipFile(path) as archive:
+        names = [n for n in archive.namelist() if n.endswith("/data.pkl") or n == "data.pkl"]
+        if len(names) != 1:
+            return None
+        record = _TensorRecord(io.BytesIO(archive.read(names[0]))).load()
+    if not (isinstance(record, tuple) and len(record) == 3):
+        return None
+    storage, offset, size = record
+    if not (isinstance(storage, tuple) and len(storage) == 5 and storage[1] in _INT_STORAGES
+            and isinstance(size, tuple) and len(size) == 1 and isinstance(size[0], int)
+            and isinstance(offset, int) and isinstance(storage[4], int)
+            and 0 <= offset and offset + size[0] <= storage[4]):
+        return None
+    return size[0]
 
 
 def shard_kind_problem(path: Path) -> str | None:
