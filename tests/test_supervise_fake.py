@@ -318,14 +318,19 @@ def test_a_rollback_asked_by_hand_goes_down_only(make):
     assert not sup.pod.rolled_back          # a rollback by hand leaves the automatic one
 
 
-def test_a_failed_gpu_with_no_passed_checkpoint_fails_the_pod(make):
+def test_a_failed_gpu_whose_passed_checkpoints_are_all_gone_fails_the_pod(make):
+    """(A GPU none of whose checkpoints ever passed starts over instead:
+    tests/test_rollback_never_passed.py.)"""
     sup, backend, clock = make(stage=3)
     sup.starter.start_all()
-    backend.train(0, 5)
-    backend.event(0, "nan", step=5)
+    event = passed_checkpoint(sup, backend, 0)
+    record = sup.pod.index.records[(0, event["sha256"])]
+    for rel in (record["retained"], record["path"]):
+        (sup.pod.pod_dir / rel).unlink()
+    backend.event(0, "nan", step=105)
     sup.step()
     assert sup.pod.state is PodState.FAILED and sup.pod.exit_code == 1
-    assert "GPU 0 failed and has no passed checkpoint to restore" in \
+    assert "GPU 0 failed and none of its passed checkpoints is left intact" in \
         events(sup, "pod_failed")[0]["reason"]
 
 

@@ -22,7 +22,7 @@ from launcher.files import atomic_write_text, read_json_state
 from launcher.paths import DECIDED_ROLLBACK_FILE
 from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex
 from launcher.pod.events import EventLog
-from launcher.pod.failed_resume import set_aside
+from launcher.pod.failed_resume import start_over
 from launcher.pod.manifest import Manifest, apply_rollback
 
 
@@ -63,6 +63,7 @@ def complete_decision(pod_dir: Path, manifest: Manifest, index: CheckpointIndex,
         return None
     to_stage, why = decision["to_stage"], decision.get("reason") or "a failed check"
     for gpu in decision["gpus"]:
+        moved = None
         for record in index.pending(gpu):
             index.mark(gpu, record["sha256"], FAILED, f"GPU failed at stage "
                        f"{decision.get('from_stage')} before this was verified ({why})")
@@ -72,9 +73,7 @@ def complete_decision(pod_dir: Path, manifest: Manifest, index: CheckpointIndex,
         if target is not None:
             apply_rollback(manifest, gpu, target, to_stage)
         elif entry is not None and not any(r["verdict"] == PASSED for r in index.for_gpu(gpu)):
-            set_aside(pod_dir, own_file_of(gpu))
-            entry.start_over()
-            entry.set_stage(to_stage)
+            moved = start_over(pod_dir, manifest, gpu, own_file_of(gpu), to_stage)
         elif entry is not None:
             raise UserError(f"gpu_{gpu}: a rollback decided by the last launcher ({why}) needs "
                             f"its newest passed checkpoint, and none is left intact on disk "
@@ -83,7 +82,8 @@ def complete_decision(pod_dir: Path, manifest: Manifest, index: CheckpointIndex,
                     to_stage=to_stage, from_token=from_token,
                     to_token=target["next_token"] if target else 0,
                     checkpoint=target["path"] if target else None, reason=why,
-                    automatic=decision.get("automatic", True), completed_at_launch=True)
+                    automatic=decision.get("automatic", True), completed_at_launch=True,
+                    **({"set_aside": moved} if moved is not None else {}))
     if not decision["gpus"]:
         manifest.set_stage(to_stage)
     events.emit("stage_change", from_stage=decision.get("from_stage"), to_stage=to_stage,

@@ -58,6 +58,19 @@ def set_aside(pod_dir: Path, own_file: str) -> list[str]:
     return moved
 
 
+def start_over(pod_dir: Path, manifest: Manifest, gpu: int, own_file: str,
+               stage: int | None = None) -> list[str]:
+    """Send `gpu`, none of whose checkpoints passed, back to where it began: token 0 with no
+    checkpoint (at `stage` when given), its own files set aside. Returns the names moved."""
+    moved = set_aside(pod_dir, own_file)
+    entry = manifest.entries.get(gpu)
+    if entry is not None:
+        entry.start_over()
+        if stage is not None:
+            entry.set_stage(stage)
+    return moved
+
+
 def restore_passed(manifest: Manifest, index: CheckpointIndex, events: EventLog,
                    gpus, refuse: bool, own_file_of) -> bool:
     """Move every entry of `gpus` that names a failed checkpoint to where it may resume.

@@ -1,18 +1,25 @@
-"""Stage verdicts and rollback (issue 4).
+"""Stage verdicts and rollback: a GPU failing its checks at stage N costs only that GPU's
+unverified progress; the pod keeps its healthy GPUs and runs on at stage N-1.
 
-When a GPU fails its checks at stage N, its worker is killed (its progress since the last
+When a GPU fails its checks at stage N, the rollback is decided first and recorded (a
+`rollback_decided` event naming what each failed GPU goes back to, and
+logs/rollback_decided.json, which a launcher killed from then on leaves for the next launch
+to complete by the same rule). Then its worker is killed (its progress since the last
 passed checkpoint is discarded; a graceful save would only rotate a good file out), the
 others stop gracefully and keep their progress, the failed GPU's manifest entry goes back
-to its newest passed checkpoint, and the pod restarts at stage N-1. A failure at stage 1,
-or a second failure after a rollback, stops the pod: FAILED, exit 1. It never loops.
+to its newest passed checkpoint, or, when nothing it wrote ever passed, to token 0 with its
+own files set aside (launcher/pod/failed_resume.py), and the pod restarts at stage N-1. A
+failure at stage 1, a second failure after a rollback, or a GPU whose passed checkpoints
+are all gone stops the pod: FAILED, exit 1. It never loops.
 `fractus-pod rollback --to-stage N` while the launcher runs asks for the same by hand.
 """
 
 from __future__ import annotations
 
 from launcher.checks.health import INCONCLUSIVE, SUCCESSFUL
-from launcher.pod.ckpt_index import FAILED as CK_FAILED
+from launcher.pod.ckpt_index import FAILED as CK_FAILED, PASSED as CK_PASSED
 from launcher.pod.decided_rollback import clear_decision, record_decision
+from launcher.pod.failed_resume import start_over
 from launcher.pod.live_state import take_rollback_request
 from launcher.pod.manifest import apply_rollback, write_manifest
 from launcher.supervise.ending import PodEnding
@@ -55,15 +62,23 @@ class StageRollback:
                              f"{failed[0].health.verdict().reason})", exit_code=1)
             return
         # Durable before anything is stopped: a launcher killed from here on leaves the
-        # decision for the next launch to complete (launcher/pod/decided_rollback.py).
-        record_decision(pod.pod_dir, [r.slot.gpu for r in failed], from_stage, target_stage,
-                        "; ".join(f"GPU {r.slot.gpu}: {r.health.verdict().reason}"
-                                  for r in failed) or "rollback requested by hand", auto)
+        # decision for the next launch to complete by the same rule
+        # (launcher/pod/decided_rollback.py), and the event log says what it is.
+        targets = {r.slot.gpu: self.target(r.slot.gpu) for r in failed}
+        why = "; ".join(f"GPU {r.slot.gpu}: {r.health.verdict().reason}"
+                        for r in failed) or "rollback requested by hand"
+        record_decision(pod.pod_dir, list(targets), from_stage, target_stage, why, auto)
+        pod.events.emit("rollback_decided", gpus=list(targets), from_stage=from_stage,
+                        to_stage=target_stage, reason=why, automatic=auto,
+                        to_tokens={str(g): t["next_token"] if t else 0
+                                   for g, t in targets.items()},
+                        start_over=[g for g, t in targets.items()
+                                    if t is None and self.never_passed(g)])
         pod.move(PodEvent.ROLLBACK)
         self.view.write(force=True)
-        self.ending.stop_workers(kill_gpus={r.slot.gpu for r in failed})
+        self.ending.stop_workers(kill_gpus=set(targets))
         for run in failed:
-            if not self.restore(run, from_stage, target_stage, auto):
+            if not self.restore(run, from_stage, target_stage, auto, targets[run.slot.gpu]):
                 clear_decision(pod.pod_dir)      # the pod failed: ending.fail settled it
                 return
         write_manifest(pod.manifest)
@@ -76,19 +91,38 @@ class StageRollback:
         self.starter.start_all()
         pod.events.emit("pod_running", stage=pod.stage, after="rollback")
 
-    def restore(self, run: GpuRun, from_stage: int, target_stage: int, auto: bool) -> bool:
-        """Set a failed GPU's entry back to its newest passed checkpoint; False (the pod
-        failed) when it has none."""
+    def target(self, gpu: int) -> dict | None:
+        """The passed checkpoint a failed `gpu` goes back to (None: none is left)."""
+        pod = self.pod
+        return (pod.index.newest_passed(gpu)
+                or pod.custodian.restore_point(gpu, pod.launch_entries.get(gpu)))
+
+    def never_passed(self, gpu: int) -> bool:
+        return not any(r["verdict"] == CK_PASSED for r in self.pod.index.for_gpu(gpu))
+
+    def restore(self, run: GpuRun, from_stage: int, target_stage: int, auto: bool,
+                target: dict | None) -> bool:
+        """Set a failed GPU's entry back to `target`, its newest passed checkpoint, or to
+        token 0 when nothing it wrote ever passed; False (the pod failed) when it had passed
+        checkpoints and none is left."""
         pod, gpu = self.pod, run.slot.gpu
         for record in pod.index.pending(gpu):
             pod.index.mark(gpu, record["sha256"], CK_FAILED,
                            f"GPU failed at stage {from_stage} before this was verified")
-        target = (pod.index.newest_passed(gpu)
-                  or pod.custodian.restore_point(gpu, pod.launch_entries.get(gpu)))
-        if target is None:
-            self.ending.fail(f"GPU {gpu} failed and has no passed checkpoint to restore",
-                             exit_code=1)
+        if target is None and not self.never_passed(gpu):
+            self.ending.fail(f"GPU {gpu} failed and none of its passed checkpoints is left "
+                             f"intact to restore (see logs/checkpoints.jsonl)", exit_code=1)
             return False
+        if target is None:           # nothing it wrote ever passed: back to where it began
+            from_token = pod.manifest.start_token(gpu)
+            moved = start_over(pod.pod_dir, pod.manifest, gpu,
+                               pod.plan.config.checkpoint_path(gpu), target_stage)
+            pod.events.emit("rollback", gpu=gpu, from_stage=from_stage, to_stage=target_stage,
+                            from_token=from_token, to_token=0, checkpoint=None,
+                            set_aside=moved, automatic=auto,
+                            reason=f"{run.health.verdict().reason}; nothing it wrote passed: "
+                                   f"it starts over")
+            return True
         pod.events.emit("rollback", gpu=gpu, from_stage=from_stage, to_stage=target_stage,
                         from_token=pod.manifest.start_token(gpu),
                         to_token=target["next_token"], checkpoint=target["path"],
