@@ -55,6 +55,9 @@ V1_SHARDS = ("data/shard_gpu{i}.pt", "data/shard_gpu{i}.npy")
 # ---- the hub --------------------------------------------------------------------------
 SYNC_STATE = "logs/sync_state.json"
 HUB_LOG = "logs/hub.log"            # every retry of a hub call (launcher/cli/hub.py)
+# The hub's rate limiting (the incident, waits, pushes delayed) and the commits of the last
+# hour, written by the hf:// store (launcher/hub/hub_rate.py); `status` reads it.
+HUB_RATE_STATE = "logs/hub_rate.json"
 HUB_LEDGER = "logs/hub_ledger.json"  # retention's cache of the hub's revisions (rebuilt from it)
 # Shards fetched or hashed against the pod config's `data:` revision, by path, size and
 # mtime: a 4 GB shard is not hashed again at every launch (launcher/hub/fetch.py).

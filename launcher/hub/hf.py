@@ -7,6 +7,12 @@ re-reads the head and either re-applies itself on top (the other writer touched 
 or stops with PushConflict (it touched ours). `upload_large_folder` is not used: it splits
 an upload into several commits.
 
+A commit whose answer is lost (a timeout, a dropped connection, a 5xx) may have landed
+anyway: before committing again the push reads the head, and a head that moved is read for
+the push's id, so a landed commit is never sent twice (each commit counts against the Hub's
+hourly budget). The hub rate-limiting a call is waited out (launcher/hub/retry.py) and
+recorded with every landed commit in logs/hub_rate.json (launcher/hub/hub_rate.py).
+
 Downloads pin the commit id (`hf_hub_download(..., revision=sha)`) into a staging directory
 inside the pod, are checked against the index, and only then moved into place.
 
@@ -45,7 +51,8 @@ from .integrity import (
     encode_index,
     install_staged,
 )
-from .retry import RetryPolicy, describe, http_status, with_retries
+from .hub_rate import note_answered, note_commit, note_wait
+from .retry import RATE_LIMITED_STATUS, RetryPolicy, describe, http_status, with_retries
 from .store import HistoryEntry, PushFiles, Store
 
 log = logging.getLogger(__name__)
@@ -91,13 +98,16 @@ class HfStore(Store):
         self._repo_ready = False
         # A commit's index never changes: read (or pushed) once per revision, kept here.
         self._indexes: dict[str, tuple[dict[str, FileEntry], str | None]] = {}
+        self._limited = False             # a rate-limit wait not yet followed by an answer
+        self._push_id: str | None = None  # of the push in progress: its delay is counted
         _install_client_timeouts()
 
     # -- plumbing ------------------------------------------------------------------------
     def _call(self, fn: Callable[[], T], what: str) -> T:
         """Run one client call with bounded retries; translate failures to one-line HubErrors."""
         try:
-            return with_retries(fn, f"{what} ({self.url})", self.retry)
+            result = with_retries(fn, f"{what} ({self.url})", self.retry,
+                                  on_wait=self._rate_limited)
         except HubError:
             raise
         except Exception as exc:
@@ -105,6 +115,14 @@ class HfStore(Store):
                 raise  # the push loop handles conflicts
             message = self._scrub(f"{what} on {self.url} failed: {describe(exc)}")
             raise HubError(message, status=http_status(exc)) from None
+        if self._limited:
+            self._limited = False
+            note_answered(self.pod_dir)
+        return result
+
+    def _rate_limited(self, what: str, seconds: float, told: float | None) -> None:
+        self._limited = True
+        note_wait(self.pod_dir, what, seconds, told, self._push_id)
 
     def _scrub(self, text: str) -> str:
         secret = self._api.token or _client_token()
@@ -268,6 +286,15 @@ class HfStore(Store):
         entries = {rel: file_entry(path) for rel, path in local.items()}
         self._check_expected(entries, expected)
         self._ensure_repo()
+        push_id = uuid.uuid4().hex
+        self._push_id = push_id
+        try:
+            return self._push(local, entries, message, base, push_id)
+        finally:
+            self._push_id = None
+
+    def _push(self, local: dict[str, Path], entries: dict[str, FileEntry], message: str,
+              base: str | None, push_id: str) -> str:
         base = self.resolve(base)
         base_index = self._index(base)
         ops = []
@@ -281,29 +308,24 @@ class HfStore(Store):
             ),
             "uploading large files",
         )
-        push_id = uuid.uuid4().hex
         parent, parent_index = base, base_index
         for _ in range(MAX_REBASES + 1):
             index = {**parent_index, **entries}
             index_op = CommitOperationAdd(INDEX_PATH, encode_index(index, push_id))
-            try:
-                info = self._call(
-                    lambda: self._api.create_commit(
-                        self.repo_id, [*ops, index_op], commit_message=message,
-                        repo_type=self.repo_type, revision=BRANCH, parent_commit=parent,
-                    ),
-                    "committing",
-                )
-                log.info("hub: pushed %d file(s) to %s as %s", len(entries), self.url, info.oid[:12])
-                self._indexes[info.oid] = (index, push_id)
-                self.parents[info.oid] = parent
-                return info.oid
-            except HfHubHTTPError as exc:
-                if http_status(exc) not in CONFLICT_STATUS:
-                    raise
+            oid = self._commit([*ops, index_op], message, parent)
+            if oid is not None:
+                log.info("hub: pushed %d file(s) to %s as %s", len(entries), self.url, oid[:12])
+                note_commit(self.pod_dir, oid)
+                self._indexes[oid] = (index, push_id)
+                self.parents[oid] = parent
+                return oid
             head = self.resolve(None)
             head_index, head_push_id = self._read_index(head)
             if head_push_id == push_id:
+                log.info("hub: the commit to %s landed as %s; its answer was lost",
+                         self.url, head[:12])
+                note_commit(self.pod_dir, head)
+                self.parents[head] = parent
                 return head  # an earlier attempt landed but its answer was lost
             clash = conflicting_paths(base_index, head_index, entries)
             if clash:
@@ -314,6 +336,33 @@ class HfStore(Store):
             log.info("hub: %s moved to %s (other paths); re-applying push", self.url, head[:12])
             parent, parent_index = head, head_index
         raise PushConflict(f"{self.url} kept moving during the push; gave up after {MAX_REBASES} re-applications")
+
+
+    def _commit(self, operations: list, message: str, parent: str) -> str | None:
+        """One commit on `parent`: its id, or None when the branch is no longer at `parent`
+        (the hub refused it, 409/412, or a try whose answer was lost moved the head: the
+        caller reads which). A try that failed other than by rate limiting (a 429 is a
+        refusal: nothing landed) is followed by a read of the head, never by the same
+        commit sent blind."""
+        unsure = False
+
+        def attempt() -> str | None:
+            nonlocal unsure
+            if unsure and self.resolve(None) != parent:
+                return None
+            unsure = True
+            try:
+                return self._api.create_commit(
+                    self.repo_id, operations, commit_message=message,
+                    repo_type=self.repo_type, revision=BRANCH, parent_commit=parent,
+                ).oid
+            except HfHubHTTPError as exc:
+                if http_status(exc) in CONFLICT_STATUS:
+                    return None
+                unsure = http_status(exc) != RATE_LIMITED_STATUS
+                raise
+
+        return self._call(attempt, "committing")
 
 
 class LfsObject(NamedTuple):

@@ -1,9 +1,17 @@
-"""Bounded retries with exponential backoff for calls to a remote hub.
+"""Bounded retries for calls to a remote hub: never earlier than the hub asked, never for ever.
 
 Only transient failures are retried: HTTP 5xx, 408 and 429 answers, timeouts and broken
 connections. Anything else (404, 401, a refused commit, a bad argument) is a real answer and
 is raised at once. Log lines name the operation and the kind of failure, never request
 headers, so a token cannot leak through them.
+
+A rate-limited answer (429, or any retried answer carrying `Retry-After`) is waited out: the
+next try comes no earlier than its `Retry-After` (seconds or an HTTP date) or, when the
+`RateLimit` header says nothing remains, its reset (`"api";r=0;t=55`); without either,
+exponential backoff from RATE_LIMIT_FLOOR_S. These waits do not spend `attempts`: they are
+bounded by `RetryPolicy.rate_limit_wait_s` in all, after which `RateLimited` (a HubError
+carrying `retry_at`) tells the caller when the hub will take the call again. `on_wait` hears
+of each wait (launcher/hub/hub_rate.py records them for logs/hub.log, events and status).
 """
 
 from __future__ import annotations
@@ -11,12 +19,16 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
 from typing import Callable, TypeVar
 
 import httpx2
 from huggingface_hub.errors import HfHubHTTPError
+from huggingface_hub.utils import parse_ratelimit_headers
 
 from launcher.paths import HUB_LOG
+
+from .integrity import HubError
 
 log = logging.getLogger(__name__)
 
@@ -24,19 +36,75 @@ T = TypeVar("T")
 
 # Status codes a later attempt can cure: server errors, request timeout, rate limiting.
 TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+RATE_LIMITED_STATUS = 429
+RATE_LIMIT_FLOOR_S = 5.0      # a 429 that names no wait: the first wait, doubling from here
+RATE_LIMIT_WAIT_S = 600.0     # rate-limit waits of one operation, in all, before RateLimited
+MAX_TOLD_WAIT_S = 86400.0     # a Retry-After beyond a day is read as a day
+
+
+class RateLimited(HubError):
+    """The hub kept rate-limiting one operation past its bounded wait: try again no earlier
+    than `retry_at` (time.time())."""
+
+    def __init__(self, message: str, retry_at: float):
+        super().__init__(message, status=RATE_LIMITED_STATUS)
+        self.retry_at = retry_at
 
 
 @dataclass(frozen=True)
 class RetryPolicy:
     """How hard to insist before giving up on one remote operation."""
 
-    attempts: int = 5  # total tries, first one included
+    attempts: int = 5  # total tries of failures other than rate limiting, first one included
     base_delay_s: float = 1.0  # wait before the second try; doubles after each failure
     max_delay_s: float = 30.0
+    rate_limit_wait_s: float = RATE_LIMIT_WAIT_S   # waits on rate-limited answers, in all
 
     def delay(self, failures: int) -> float:
         """Seconds to wait after `failures` consecutive failures (1-based)."""
         return min(self.max_delay_s, self.base_delay_s * (2 ** (failures - 1)))
+
+    def rate_limit_delay(self, told: float | None, waits: int) -> float:
+        """Seconds before the next try after the `waits`-th rate-limited answer (1-based):
+        never less than the hub's `told` wait, nor than backoff from RATE_LIMIT_FLOOR_S
+        (a hub answering `Retry-After: 0` again and again is not hammered)."""
+        backoff = min(max(self.max_delay_s, RATE_LIMIT_FLOOR_S),
+                      RATE_LIMIT_FLOOR_S * (2 ** (waits - 1)))
+        return backoff if told is None else max(told, backoff)
+
+
+def told_wait(exc: BaseException, now: float | None = None) -> float | None:
+    """Seconds the hub asked to wait before the next call, from the answer `exc` carries:
+    `Retry-After` (delay-seconds or an HTTP date), else a `RateLimit` header whose remaining
+    quota is 0 (its reset, `t=`). None when the answer names no wait."""
+    response = exc.response if isinstance(exc, HfHubHTTPError) else None
+    if response is None:
+        return None
+    headers = response.headers
+    value = (headers.get("Retry-After") or "").strip()
+    if value:
+        if value.isdigit():
+            return min(float(value), MAX_TOLD_WAIT_S)
+        try:
+            when = parsedate_to_datetime(value).timestamp()
+        except (TypeError, ValueError, IndexError, OverflowError):
+            when = None
+        if when is not None:
+            return min(max(0.0, when - (time.time() if now is None else now)), MAX_TOLD_WAIT_S)
+    info = parse_ratelimit_headers(headers)
+    if info is not None and info.remaining == 0:
+        return min(float(info.reset_in_seconds), MAX_TOLD_WAIT_S)
+    return None
+
+
+def rate_limited_wait(exc: BaseException) -> tuple[bool, float | None]:
+    """(whether `exc` is the hub rate-limiting us, the wait it named): a 429 (named wait or
+    not), or any other transient answer that names a wait (a 503 with Retry-After)."""
+    status = http_status(exc)
+    if status is None:
+        return False, None
+    told = told_wait(exc)
+    return status == RATE_LIMITED_STATUS or told is not None, told
 
 
 def http_status(exc: BaseException) -> int | None:
@@ -83,20 +151,47 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first_line[:200]}" if first_line else type(exc).__name__
 
 
+def _sleep(seconds: float) -> None:
+    time.sleep(seconds)
+
+
 def with_retries(
     fn: Callable[[], T],
     what: str,
     policy: RetryPolicy,
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], None] | None = None,
+    on_wait: Callable[[str, float, float | None], None] | None = None,
 ) -> T:
-    """Call `fn` until it succeeds, fails for good, or `policy.attempts` are spent."""
-    failures = 0
+    """Call `fn` until it succeeds, fails for good, `policy.attempts` are spent, or its
+    rate-limit waits would pass `policy.rate_limit_wait_s` (then RateLimited).
+    `on_wait(what, seconds, told)` hears of each rate-limit wait before it is slept."""
+    sleep = sleep or _sleep
+    failures = waits = 0
+    waited = 0.0
     while True:
         try:
             return fn()
         except Exception as exc:
             if not is_transient(exc):
                 raise
+            limited, told = rate_limited_wait(exc)
+            if limited:
+                waits += 1
+                wait = policy.rate_limit_delay(told, waits)
+                said = "" if told is None else f", the hub asked for {told:g}s"
+                if waited + wait > policy.rate_limit_wait_s:
+                    log.warning("hub: %s rate-limited (%s%s); gave up waiting after %.0fs "
+                                "(each wait in %s)", what, describe(exc), said, waited, HUB_LOG)
+                    raise RateLimited(f"{what}: the hub is rate-limiting (HTTP "
+                                      f"{http_status(exc)}{said}); waited {waited:.0f}s, "
+                                      f"next try in {wait:.0f}s", time.time() + wait) from None
+                log.info("hub: %s rate-limited (%s%s); retry in %.1fs (waited %.0fs of %.0fs)",
+                         what, describe(exc), said, wait, waited, policy.rate_limit_wait_s)
+                if on_wait is not None:
+                    on_wait(what, wait, told)
+                sleep(wait)
+                waited += wait
+                continue
             failures += 1
             if failures >= policy.attempts:
                 # The one line a person sees per failed operation (stderr); each retry

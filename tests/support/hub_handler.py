@@ -98,7 +98,7 @@ class HubHandler(LfsFilesRoutes, BaseHTTPRequestHandler):
             if fault.kind == "drop":
                 self.close_connection = True
                 return
-            return self._json(fault.status, {"error": f"injected {fault.status}"})
+            return self._json(fault.status, {"error": f"injected {fault.status}"}, fault.headers)
         if fault is not None and fault.kind == "slow":
             time.sleep(fault.delay)
         if fault is not None and fault.kind == "call":
@@ -140,6 +140,8 @@ class HubHandler(LfsFilesRoutes, BaseHTTPRequestHandler):
         if fault is not None and fault.kind == "drop_after":
             self.close_connection = True  # the work is done, the answer is lost
             return
+        if fault is not None and fault.kind == "status_after":  # done, answered as failed
+            status, obj, headers = fault.status, {"error": f"injected {fault.status}"}, fault.headers
         data = json.dumps(obj).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")

@@ -183,17 +183,20 @@ class HubState:
 
 
 # -- fault injection ---------------------------------------------------------------------
-FAULT_KINDS = ("status", "drop", "drop_after", "slow", "truncate", "corrupt", "call")
+FAULT_KINDS = ("status", "drop", "drop_after", "status_after", "slow", "truncate", "corrupt",
+               "call")
 
 
 @dataclass
 class Fault:
     """Applied to the next `count` requests of `route` (optionally only for `method`).
 
-    kinds: status (answer `status` with an error body), drop (close the connection without
-    answering), drop_after (do the work, then close without answering: the answer is lost),
-    slow (sleep `delay` seconds first), truncate (send the announced length's first half, then
-    close), corrupt (flip bytes of a download, same length), call (run `fn()` first).
+    kinds: status (answer `status` with an error body and `headers`), drop (close the
+    connection without answering), drop_after (do the work, then close without answering:
+    the answer is lost), status_after (do the work, then answer `status`: a gateway timing
+    out a commit that landed), slow (sleep `delay` seconds first), truncate (send the
+    announced length's first half, then close), corrupt (flip bytes of a download, same
+    length), call (run `fn()` first).
     `path_contains` narrows the fault to request paths containing that text.
     """
 
@@ -205,6 +208,7 @@ class Fault:
     status: int = 500
     delay: float = 0.0
     fn: Callable[[], None] | None = None
+    headers: dict | None = None     # of a `status` answer (Retry-After, RateLimit)
     hits: int = 0
 
 

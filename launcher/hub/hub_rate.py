@@ -1,0 +1,131 @@
+"""logs/hub_rate.json: whether the hub is rate-limiting this pod, since when, the pushes it
+delayed, and the commits of the last hour. Written only by the hf:// store
+(launcher/hub/hf.py), read by `status` (`hub_rate_line`) and the commit budget.
+
+One incident at a time: the first rate-limited answer opens it (event `hub_rate_limited`),
+each wait adds to it, and the next call the hub answers closes it (event
+`hub_rate_limit_ended`, with what it cost); it stays in the file as `last_incident`. Each
+line of logs/hub.log is written by launcher/hub/retry.py. Updates of one process are
+serialized; the file is replaced atomically.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from launcher.files import read_json_state, write_json_state
+from launcher.paths import HUB_RATE_STATE
+from launcher.pod.events import EventLog
+
+HOUR_S = 3600.0
+_lock = threading.Lock()
+
+
+def read_hub_rate(pod_dir: Path) -> dict:
+    return read_json_state(pod_dir / HUB_RATE_STATE)
+
+
+def _update(pod_dir: Path, change) -> dict:
+    with _lock:
+        state = read_hub_rate(pod_dir)
+        change(state)
+        write_json_state(pod_dir / HUB_RATE_STATE, state)
+        return state
+
+
+def note_wait(pod_dir: Path, what: str, seconds: float, told: float | None,
+              push: str | None = None) -> None:
+    """The hub rate-limited `what`; the next try waits `seconds` (`told`: the wait it named).
+    `push`: the id of the push this call belongs to (each push delayed is counted once)."""
+    now = time.time()
+    opened: list[dict] = []
+
+    def change(state: dict) -> None:
+        incident = state.get("limited")
+        if not isinstance(incident, dict):
+            incident = {"since": now, "waits": 0, "waited_s": 0.0, "pushes_delayed": 0,
+                        "last_push": None}
+            opened.append(incident)
+        incident.update(last_at=now, retry_at=now + seconds, what=what, told_s=told,
+                        waits=int(incident.get("waits", 0)) + 1,
+                        waited_s=round(float(incident.get("waited_s", 0.0)) + seconds, 3))
+        if push is not None and push != incident.get("last_push"):
+            incident["pushes_delayed"] = int(incident.get("pushes_delayed", 0)) + 1
+            incident["last_push"] = push
+        state["limited"] = incident
+
+    _update(pod_dir, change)
+    if opened:
+        EventLog(pod_dir).emit("hub_rate_limited", what=what, wait_s=round(seconds, 3),
+                               told_s=told)
+
+
+def note_answered(pod_dir: Path) -> None:
+    """The hub answered a call again: an open incident ends (recorded, with its cost)."""
+    now = time.time()
+    ended: list[dict] = []
+
+    def change(state: dict) -> None:
+        incident = state.get("limited")
+        if isinstance(incident, dict):
+            incident = {**incident, "ended_at": now}
+            incident.pop("last_push", None)
+            state["last_incident"], state["limited"] = incident, None
+            ended.append(incident)
+
+    if isinstance(read_hub_rate(pod_dir).get("limited"), dict):
+        _update(pod_dir, change)
+    if ended:
+        incident = ended[0]
+        EventLog(pod_dir).emit("hub_rate_limit_ended",
+                               seconds=round(now - float(incident["since"]), 2),
+                               waits=incident.get("waits"), waited_s=incident.get("waited_s"),
+                               pushes_delayed=incident.get("pushes_delayed"))
+
+
+def note_commit(pod_dir: Path, revision: str) -> None:
+    """A commit landed on the hub: counted for `commits_last_hour`."""
+    now = time.time()
+
+    def change(state: dict) -> None:
+        state["commits"] = [*_recent(state.get("commits"), now), now]
+        state["last_commit"] = revision
+
+    _update(pod_dir, change)
+
+
+def _recent(stamps, now: float) -> list[float]:
+    if not isinstance(stamps, list):
+        return []
+    return [t for t in stamps if isinstance(t, (int, float)) and now - HOUR_S < t <= now + 60]
+
+
+def commits_last_hour(state: dict, now: float | None = None) -> int:
+    return len(_recent(state.get("commits"), time.time() if now is None else now))
+
+
+def hub_rate_line(pod_dir: Path, now: float | None = None) -> str | None:
+    """`status`'s line on the hub's rate: None when this pod never committed to an hf://
+    hub nor was rate-limited. Times are the clock's (local) HH:MM:SS."""
+    state = read_hub_rate(pod_dir)
+    if not state:
+        return None
+    now = time.time() if now is None else now
+    commits = f"{commits_last_hour(state, now)} commits in the last hour"
+    incident = state.get("limited")
+    if isinstance(incident, dict):
+        delayed = int(incident.get("pushes_delayed", 0))
+        return (f"hub: RATE-LIMITED since {_clock(incident.get('since'))} "
+                f"({incident.get('waits', 0)} waits, {delayed} "
+                f"push{'' if delayed == 1 else 'es'} delayed; next try "
+                f"{_clock(incident.get('retry_at'))}); {commits}")
+    return f"hub: {commits}"
+
+
+def _clock(stamp) -> str:
+    try:
+        return time.strftime("%H:%M:%S", time.localtime(float(stamp)))
+    except (TypeError, ValueError, OverflowError):
+        return "?"

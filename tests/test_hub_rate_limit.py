@@ -1,0 +1,138 @@
+"""The hub rate-limiting the pod: waits never shorter than the hub asked, bounded in all,
+recorded (logs/hub.log, events, logs/hub_rate.json for `status`); a commit whose answer was
+lost is looked for on the hub before it is sent again. Real HfApi against the test hub; the
+waits are recorded, not slept (launcher.hub.retry._sleep)."""
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import httpx2
+import pytest
+from huggingface_hub.errors import HfHubHTTPError
+
+from launcher.hub import RetryPolicy, open_store
+from launcher.hub import retry
+from launcher.hub.hub_rate import commits_last_hour, hub_rate_line, read_hub_rate
+from launcher.hub.retry import RateLimited, told_wait, with_retries
+from tests.support.pod_files import write_file
+from tests.support.hub_server import test_hub  # noqa: F401  (pytest fixture)
+
+pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")
+
+REPO = "fractus/run-rl"
+CKPT = "checkpoints/fractus_1b_gpu0.pt"
+POLICY = RetryPolicy(attempts=3, base_delay_s=1.0, max_delay_s=30.0, rate_limit_wait_s=600.0)
+
+
+def _answer(status: int, headers: dict) -> HfHubHTTPError:
+    request = httpx2.Request("POST", "http://127.0.0.1:1/api/models/a/b/commit/main")
+    return HfHubHTTPError(f"{status}", response=httpx2.Response(status, headers=headers,
+                                                                request=request))
+
+
+@pytest.fixture
+def slept(monkeypatch):
+    waits: list[float] = []
+    monkeypatch.setattr(retry, "_sleep", waits.append)
+    return waits
+
+
+def _events(pod: Path) -> list[dict]:
+    path = pod / "logs" / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_the_wait_the_hub_names_is_read_from_each_header():
+    assert told_wait(_answer(429, {"Retry-After": "30"})) == 30
+    assert told_wait(_answer(429, {"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"}),
+                     now=1445412470.0) == 10       # an HTTP date: the seconds until then
+    limited = {"RateLimit": '"api";r=0;t=55', "RateLimit-Policy": '"fixed window";"api";q=500;w=300'}
+    assert told_wait(_answer(429, limited)) == 55
+    assert told_wait(_answer(429, {"RateLimit": '"api";r=12;t=55'})) is None   # quota left
+    assert told_wait(_answer(429, {})) is None
+
+
+def test_a_429_is_retried_no_earlier_than_retry_after_and_the_wait_is_bounded(slept):
+    calls = []
+
+    def limited():
+        calls.append(1)
+        raise _answer(429, {"Retry-After": "30"})
+
+    with pytest.raises(RateLimited) as refused:
+        with_retries(limited, "committing", POLICY)
+    # 20 waits of 30 s fill the 600 s bound; the 21st answer ends it: never earlier, never
+    # for ever, and the rate-limited tries did not spend the 3 attempts of other failures.
+    assert slept == [30.0] * 20 and len(calls) == 21
+    assert refused.value.retry_at > 0 and "rate-limiting" in str(refused.value)
+
+    slept.clear()
+    outcomes = [_answer(429, {}), _answer(429, {"Retry-After": "0"}), "ok"]
+
+    def named_nothing():
+        out = outcomes.pop(0)
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    assert with_retries(named_nothing, "x", POLICY) == "ok"
+    assert slept == [5.0, 10.0]        # no wait named (or 0): backoff from 5 s, no hammering
+
+
+def test_a_rate_limited_commit_waits_is_recorded_and_lands(test_hub, tmp_path, slept, caplog):
+    pod = tmp_path / "pod"
+    write_file(pod, CKPT, os.urandom(4096))
+    store = open_store(f"hf://{REPO}", pod, retry=POLICY)
+    test_hub.faults.add("commit", "status", count=3, status=429,
+                        headers={"Retry-After": "30"})
+    with caplog.at_level(logging.INFO, logger="launcher.hub"):
+        revision = store.push([CKPT], "rate-limited")
+
+    assert slept == [30.0, 30.0, 30.0]
+    titles = [c.title for c in test_hub.commits(REPO)]      # the repo's own first commit too
+    assert len(test_hub.routed("commit", "POST")) == 4 and titles.count("rate-limited") == 1
+    assert "rate-limited" in caplog.text and "retry in 30.0s" in caplog.text
+    kinds = [e["event"] for e in _events(pod)]
+    assert kinds.count("hub_rate_limited") == 1 and kinds.count("hub_rate_limit_ended") == 1
+    ended = [e for e in _events(pod) if e["event"] == "hub_rate_limit_ended"][0]
+    assert ended["waits"] == 3 and ended["pushes_delayed"] == 1
+    state = read_hub_rate(pod)
+    assert state["limited"] is None and state["last_incident"]["waited_s"] == 90
+    assert state["last_commit"] == revision and commits_last_hour(state) == 1
+
+
+def test_status_line_says_since_when_and_the_pushes_delayed(test_hub, tmp_path, slept):
+    pod = tmp_path / "pod"
+    write_file(pod, CKPT, os.urandom(4096))
+    store = open_store(f"hf://{REPO}", pod,
+                       retry=RetryPolicy(attempts=3, base_delay_s=1, rate_limit_wait_s=60))
+    test_hub.faults.add("commit", "status", count=10, status=429, headers={"Retry-After": "30"})
+    with pytest.raises(RateLimited):
+        store.push([CKPT], "given up for now")
+    assert slept == [30.0, 30.0]
+    assert "given up for now" not in [c.title for c in test_hub.commits(REPO)]
+    line = hub_rate_line(pod)
+    assert line.startswith("hub: RATE-LIMITED since ") and "2 waits, 1 push delayed" in line
+    assert "0 commits in the last hour" in line
+
+
+@pytest.mark.parametrize("lost", ["drop_after", "status_after"])
+def test_a_commit_whose_answer_was_lost_is_found_on_the_hub_not_sent_again(
+        test_hub, tmp_path, lost):
+    pod = tmp_path / "pod"
+    write_file(pod, CKPT, os.urandom(4096))
+    store = open_store(f"hf://{REPO}", pod,
+                       retry=RetryPolicy(attempts=4, base_delay_s=0.01, max_delay_s=0.05))
+    store.push([CKPT], "first")
+    write_file(pod, CKPT, os.urandom(4096))
+    # The hub applies the commit, then the connection drops, or a gateway answers 504.
+    test_hub.faults.add("commit", lost, status=504)
+    before = len(test_hub.routed("commit", "POST"))
+    revision = store.push([CKPT], "second")
+
+    titles = [c.title for c in test_hub.commits(REPO)]
+    assert test_hub.commits(REPO)[0].oid == revision and titles.count("second") == 1
+    assert len(test_hub.routed("commit", "POST")) - before == 1   # sent once, found after
+    assert read_hub_rate(pod)["last_commit"] == revision and commits_last_hour(read_hub_rate(pod)) == 2
