@@ -6,6 +6,7 @@ waits are recorded, not slept (launcher.hub.retry._sleep)."""
 import json
 import logging
 import os
+import time
 from pathlib import Path
 
 import httpx2
@@ -16,6 +17,13 @@ from launcher.hub import RetryPolicy, open_store
 from launcher.hub import retry
 from launcher.hub.hub_rate import commits_last_hour, hub_rate_line, read_hub_rate
 from launcher.hub.retry import RateLimited, told_wait, with_retries
+from launcher.hub.sync import HubSync
+from launcher.hub.sync_state import read_sync_state
+from launcher.config.podconfig import load_config
+from launcher.pod.ckpt_index import CheckpointIndex
+from launcher.pod.events import EventLog
+from launcher.pod.manifest import read_manifest
+from tests.support.hub_pod import add_passed, pod  # noqa: F401  (pytest fixture)
 from tests.support.pod_files import write_file
 from tests.support.hub_server import test_hub  # noqa: F401  (pytest fixture)
 
@@ -42,6 +50,10 @@ def slept(monkeypatch):
 def _events(pod: Path) -> list[dict]:
     path = pod / "logs" / "events.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def events_of(pod: Path, kind: str) -> list[dict]:
+    return [e for e in _events(pod) if e["event"] == kind]
 
 
 def test_the_wait_the_hub_names_is_read_from_each_header():
@@ -136,3 +148,39 @@ def test_a_commit_whose_answer_was_lost_is_found_on_the_hub_not_sent_again(
     assert test_hub.commits(REPO)[0].oid == revision and titles.count("second") == 1
     assert len(test_hub.routed("commit", "POST")) - before == 1   # sent once, found after
     assert read_hub_rate(pod)["last_commit"] == revision and commits_last_hour(read_hub_rate(pod)) == 2
+
+
+def test_a_sync_push_the_hub_keeps_limiting_is_delayed_to_its_retry_time_then_lands(
+        test_hub, pod, slept):
+    config_file = pod / "fractus-pod.yaml"
+    config_file.write_text(config_file.read_text().replace("hub: file://hub", f"hub: hf://{REPO}"))
+    add_passed(pod, 0, 100)
+    config = load_config(pod)
+    sync = HubSync(pod, config, read_manifest(pod / config.manifest), CheckpointIndex(pod),
+                   EventLog(pod))                 # sync interval: 600 s (tiny-cpu)
+    test_hub.faults.add("commit", "status", count=10**6, status=429,
+                        headers={"Retry-After": "30"})
+    sync.next_due = time.monotonic()              # the interval push is due now
+    sync.tick()
+    sync._thread.join()
+    sync.tick()                                   # harvests: delayed, not failed
+
+    assert sum(slept) == 600 and not events_of(pod, "sync_failed")
+    delayed = events_of(pod, "sync_delayed")
+    assert len(delayed) == 1 and "rate-limiting" in delayed[0]["error"]
+    state = read_sync_state(pod)
+    assert state["last_result"] == "delayed" and round(state["delayed_until"], 3) == delayed[0]["retry_at"]
+    # Tried again when the hub said (30 s), not at the next interval (600 s); nothing before.
+    assert sync.hold_until == sync.next_due and sync.next_due - time.monotonic() <= 30
+    sync.manifest_changed("rollback")             # not even a manifest change jumps the wait
+    sync.tick()
+    assert not sync.busy
+
+    test_hub.faults.clear()
+    sync.hold_until = sync.next_due = time.monotonic()    # the hub's 30 s have passed
+    sync.tick()
+    sync.finish()
+    pushed = events_of(pod, "sync_pushed")
+    assert pushed and read_sync_state(pod)["last_result"] == "ok"
+    ended = events_of(pod, "hub_rate_limit_ended")
+    assert len(ended) == 1 and ended[0]["pushes_delayed"] == 1 and read_hub_rate(pod)["limited"] is None

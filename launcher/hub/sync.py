@@ -21,7 +21,10 @@ no copy, no hashing); a background thread verifies, pushes and retries (the retr
 the store). The loop picks the result up on a later poll: the revision is written into the
 manifest (`hub_revision`, only for GPUs whose manifest entry names the pushed bytes) and
 into logs/sync_state.json, which `status` shows. A failed sync is recorded (error text
-scrubbed of any token) and retried at the next interval; training never waits for it.
+scrubbed of any token) and retried at the next interval; training never waits for it. A
+push the hub kept rate-limiting past the store's bounded wait (RateLimited) is delayed, not
+given up: recorded as `sync_delayed` and tried again at the moment the hub named, and no
+push starts before it (a manifest change waits for it too).
 
 On a remote backend (Ray: `nodes_push`) each node pushes its own passed checkpoints; this
 sync then pushes, after every node push it has not yet followed, ONE commit of the manifest
@@ -53,6 +56,7 @@ from launcher.hub import open_store
 from launcher.hub import RetryPolicy
 from launcher.hub.lease import RunTakenOver
 from launcher.hub.retention import BudgetRefused, push_with_retention
+from launcher.hub.retry import RateLimited
 
 # ---- the sync state file (read by status) ------------------------------------------------
 def note_manifest_changed(pod_dir: Path, reason: str) -> None:
@@ -101,6 +105,7 @@ class HubSync:
         self.settings = config.sync_settings()
         self.store = store_for(config, pod_dir)
         self.next_due = time.monotonic() + self.settings.interval_s
+        self.hold_until = 0.0        # monotonic: the hub rate-limits pushes until then
         self._thread: threading.Thread | None = None
         self._job: tuple | None = None            # (snapshot, reason, started, changes)
         # ("ok", Pushed), ("error" | "budget" | "taken_over", message)
@@ -155,7 +160,7 @@ class HubSync:
 
     def tick(self) -> None:
         self._harvest()
-        if self.busy or self.taken_over:
+        if self.busy or self.taken_over or time.monotonic() < self.hold_until:
             return
         if self.unpushed_change is not None and (
                 self._changes != self._changes_started or time.monotonic() >= self.next_due):
@@ -268,6 +273,8 @@ class HubSync:
             self._outcome = ("taken_over", str(exc))
         except BudgetRefused as exc:  # over retention.budget: nothing sent, training goes on
             self._outcome = ("budget", str(exc))
+        except RateLimited as exc:    # delayed, not given up: again when the hub said
+            self._outcome = ("rate_limited", (str(exc), exc.retry_at))
         except Exception as exc:      # any failure: recorded, retried next interval
             self._outcome = ("error", describe_error(exc))
 
@@ -292,7 +299,8 @@ class HubSync:
             update_sync_state(self.pod_dir, in_flight=False, last_revision=value,
                               last_revision_hub=self.config.hub,
                               last_success_at=time.time(), last_pushed_tokens=tokens,
-                              last_result="ok", taken_over=None, **storage_state(pushed))
+                              last_result="ok", taken_over=None, delayed_until=None,
+                              **storage_state(pushed))
             self.events.emit_all([("sync_pushed", dict(
                 reason=reason, revision=value, tokens=tokens, files=len(snap.files),
                 seconds=seconds, hub_revision_for=noted)), *retention_events(pushed)])
@@ -302,7 +310,18 @@ class HubSync:
                                   else "none")
         elif kind == "taken_over":
             self.lease.refused(value, reason)
+        elif kind == "rate_limited" and reason != "stop":
+            message, retry_at = value
+            self.hold_until = time.monotonic() + max(0.0, retry_at - time.time())
+            self.next_due = self.hold_until
+            self._tried_key = None          # a node push's manifest is tried again too
+            update_sync_state(self.pod_dir, in_flight=False, last_error=message,
+                              last_error_at=time.time(), last_result="delayed",
+                              delayed_until=retry_at)
+            self.events.emit("sync_delayed", reason=reason, error=message, seconds=seconds,
+                             retry_at=round(retry_at, 3))
         else:
+            value = value[0] if kind == "rate_limited" else value   # the stop push: given up
             update_sync_state(self.pod_dir, in_flight=False, last_error=value,
                               last_error_at=time.time(), last_result="error")
             self.events.emit("sync_failed", reason=reason, error=value, seconds=seconds,
