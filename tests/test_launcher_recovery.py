@@ -93,14 +93,14 @@ def test_checkpoint_damaged_mid_run_is_recovered_at_the_restart(tmp_path, launch
     assert not events_of(pod, "pod_failed")
 
 
-def test_newest_checkpoint_damaged_in_place_status_says_the_hub_lacks_it_and_the_fix_works(
+def test_newest_checkpoint_damaged_in_place_status_says_the_hub_lacks_it_and_launch_restores(
         tmp_path, capsys):
     """Issue 16 item 27. Seen: the newest checkpoint is never on the hub (only passed ones
     are pushed), so the hub cannot rescue damage to it; its retained link shares its inode,
     so damage in place reaches that too. Status says the hub does not hold it and which
-    token the hub holds, and the fix the launch suggests works as printed."""
+    token the hub holds. Issue 25 item 22: the launch no longer refuses with the
+    `rollback --gpu` command to type; it restores the newest passed checkpoint by itself."""
     import re
-    import shlex
 
     from launcher.cli import main as cli_main
     from launcher.config.podconfig import load_config
@@ -128,13 +128,10 @@ def test_newest_checkpoint_damaged_in_place_status_says_the_hub_lacks_it_and_the
     held = row["hub_note"]
     assert "newest checkpoint" in held and "not on the hub" in held, row
     assert re.search(r"hub holds token [\d,]+", held), held
-    capsys.readouterr()
-    assert cli_main([*args, "--max-steps", "1"]) == 2
-    (line,) = capsys.readouterr().err.strip().splitlines()
-    suggested = re.search(r"`(fractus-pod rollback [^`]+)`", line)
-    assert suggested, line
-    command = shlex.split(suggested.group(1))[1:]
-    assert cli_main(["--pod-dir", str(pod), *command]) == 0, capsys.readouterr()
     assert cli_main([*args, "--max-steps", "1"]) == 0, capsys.readouterr()
+    (rolled,) = events_of(pod, "rollback", gpu=0)
+    assert (rolled["from_token"], rolled["to_token"]) == (entry["start_token"],
+                                                          pushed["start_token"])
+    assert rolled["lost"] == entry["checkpoint"]
     start = events_of(pod, "worker_start", gpu=0)[-1]
     assert start["start_token"] == pushed["start_token"]

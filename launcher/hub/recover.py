@@ -12,7 +12,9 @@ bytes are found, verified by sha256, in this order:
    rotated copy next to the named file (`.pt.1`, `.pt.2`, ...); the manifest then names
    the retained copy (`checkpoint_recovered` event);
 3. the hub revision the entry records (`checkpoint_pulled` event);
-4. else a clear refusal (RecoveryError, one line): nothing starts from unverified bytes.
+4. else the GPU's newest passed checkpoint left intact (its retained copy: the bytes the
+   GPU trained since are lost, and are trained again), as a `rollback` event (an alert);
+5. else a clear refusal (RecoveryError, one line): nothing starts from unverified bytes.
 
 An entry without a sha256 (a manifest the launcher never wrote) has nothing to verify.
 """
@@ -22,11 +24,11 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from launcher.pod.ckpt_index import CheckpointIndex
+from launcher.pod.ckpt_index import FAILED, CheckpointIndex
 from launcher.files import sha256_file
 from launcher.errors import UserError
 from launcher.pod.events import EventLog
-from launcher.pod.manifest import Manifest, relative_to_pod, resolve_in_pod
+from launcher.pod.manifest import Manifest, apply_rollback, relative_to_pod, resolve_in_pod
 from launcher.pod.progress import progress
 from launcher.paths import INDEX_FILE, PASSED_DIR
 from launcher.hub import HubError, open_store
@@ -95,24 +97,37 @@ def recover_entry(pod_dir: Path, gpu: int, manifest: Manifest, index: Checkpoint
                                 f"restore it: {exc}") from None
         events.emit("checkpoint_pulled", gpu=gpu, checkpoint=name, revision=revision)
         return False
+    gone = (f"gpu_{gpu} checkpoint {name} {state} (the manifest records sha256 "
+            f"{sha256[:12]}) and no local copy or hub revision holds those bytes")
+    if _back_to_newest_passed(manifest, index, events, gpu, gone):
+        return True
     raise RecoveryError(
-        f"gpu_{gpu} checkpoint {name} {state} (the manifest records sha256 {sha256[:12]}) "
-        f"and no local copy or hub revision holds those bytes" + (
-            " (the hub cannot restore them: a checkpoint is pushed only once it passed, "
-            "at the next push)" if hub else "") + "; " + _way_back(manifest, index, gpu))
+        gone + (" (the hub cannot restore them: a checkpoint is pushed only once it passed, "
+                "at the next push)" if hub else "")
+        + f"; no passed checkpoint of it is left intact either (see {INDEX_FILE}): "
+          f"restore the file")
 
 
-def _way_back(manifest: Manifest, index: CheckpointIndex, gpu: int) -> str:
-    """The fix for a GPU whose named bytes are gone, as a command that works when typed:
-    its newest passed checkpoint left intact (a retained copy), at the pod's stage."""
+def _back_to_newest_passed(manifest: Manifest, index: CheckpointIndex, events: EventLog,
+                           gpu: int, gone: str) -> bool:
+    """The named bytes are nowhere: the GPU goes back to its newest passed checkpoint left
+    intact (a retained copy), at its stage, as `fractus-pod rollback --gpu` would by hand:
+    the lost checkpoint's record marked failed (nothing restores it), a `rollback` event (an
+    alert). What it trained since is trained again, exactly. False: none is left."""
     target = index.newest_passed(gpu)
     if target is None:
-        return (f"no passed checkpoint of it is left intact either (see "
-                f"{INDEX_FILE}): restore the file")
-    stage = manifest.recorded_stage() or manifest.entries[gpu].stage or 1
-    return (f"restore the file, or roll the GPU back to its newest passed checkpoint "
-            f"(token {int(target['next_token']):,}, {target['path']}): "
-            f"`fractus-pod rollback --to-stage {stage} --gpu {gpu}`")
+        return False
+    entry = manifest.entries[gpu]
+    stage = entry.stage or manifest.recorded_stage() or 1
+    lost = index.records.get((gpu, entry.checkpoint_sha256))
+    if lost is not None and lost["verdict"] != FAILED:
+        index.mark(gpu, lost["sha256"], FAILED, f"its bytes are gone: {gone}")
+    events.emit("rollback", gpu=gpu, from_stage=stage, to_stage=stage,
+                from_token=entry.start_token, to_token=target["next_token"],
+                checkpoint=target["path"], automatic=True, lost=entry.checkpoint,
+                reason=f"{gone}: back to its newest passed checkpoint")
+    apply_rollback(manifest, gpu, target, stage)
+    return True
 
 
 def recover_all(pod_dir: Path, gpus: list[int], manifest: Manifest, index: CheckpointIndex,
