@@ -1,11 +1,12 @@
 """Part 2 of benchmarks/gpu_suite.sh: the user's stage ladder through the real worker.
 
-For each stage of manifests/stages.yaml, its own settings (BATCH, CE_CHUNK,
-FRACTUS_ATTN_IMPL, COMPILE, ACCUM) on a synthetic shard of the preset's vocabulary, a fresh
-model (same SEED for every stage), `--steps` steps (benchmarks/gpu_worker_run.py says what
-each run reports). MFU = tok/s x FLOPs per token / `--peak-tflops`; FLOPs per token =
-6 x the parameters one token uses (the dense ones plus top_k of n_experts experts; the
-linear-attention and ODE terms are not counted): 1.14 GFLOP at the 1B preset.
+For each stage of the shipped stages.yaml (launcher/config/defaults/), its own settings
+(BATCH, CE_CHUNK, FRACTUS_ATTN_IMPL, COMPILE, ACCUM) on a synthetic shard of the preset's
+vocabulary, a fresh model (same SEED for every stage), `--steps` steps
+(benchmarks/gpu_worker_run.py says what each run reports). MFU = tok/s x FLOPs per token /
+`--peak-tflops`; FLOPs per token = 6 x the parameters one token uses (the dense ones plus
+top_k of n_experts experts; the linear-attention and ODE terms are not counted): 1.14 GFLOP
+at the 1B preset.
 
 Then:
 - stage 1 against the reference (v1) loop (tests/support/v1_step.py) on the same device,
@@ -244,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fit-seconds", type=float, default=150, help="time for the fit search")
     ap.add_argument("--run-timeout", type=float, default=150, help="per worker run")
     ap.add_argument("--work", type=Path, help="scratch folder (kept: shard, stage-1 checkpoint)")
-    ap.add_argument("--stages", type=Path, default=REPO / "manifests" / "stages.yaml")
+    ap.add_argument("--stages", type=Path, default=REPO / "launcher" / "config" / "defaults" / "stages.yaml")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     from fractus.config import load_config

@@ -7,7 +7,7 @@
 # Parts (each with its own time limit; a part that fails or is cut never stops the next):
 #   1 equivalence  the CUDA cases of the kernel, chunked-CE, sampler, engine and async-save
 #                  tests (fp32 and bf16 autocast bands)                  -> equivalence.txt
-#   2 ladder       stages 1-5 of manifests/stages.yaml through scripts/fast4gpu_boost_v2.py:
+#   2 ladder       stages 1-5 of the shipped stages.yaml through scripts/fast4gpu_boost_v2.py:
 #                  tok/s, peak memory, compile time, time to first step, MFU; stage 1 vs the
 #                  reference loop; the largest BATCH that fits (benchmarks/gpu_ladder.py)
 #                                                                         -> ladder.json

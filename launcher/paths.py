@@ -8,6 +8,9 @@ no two modules can disagree about where a file lives.
 from __future__ import annotations
 
 CONFIG_NAME = "fractus-pod.yaml"
+# `init` builds a new pod in a folder of this prefix (in the pod, or beside a new one), then
+# moves it into place (launcher/pod/setup_init.py).
+INIT_STAGING_PREFIX = ".fractus-pod-init-"
 
 # ---- written by the workers ----------------------------------------------------------
 def metrics_path(gpu: int) -> str:

@@ -20,7 +20,7 @@ from launcher.checks.canary_compare import Tolerance, compare_approximate, compa
 from launcher.checks.trusted_loss import load_trusted_loss, shipped_trusted_loss
 from launcher.errors import UserError
 from launcher.pod.manifest import read_manifest
-from launcher.config.podconfig import load_config
+from launcher.config.podconfig import DEFAULT_MANIFESTS, load_config
 from launcher.worker.process import read_records
 
 from tests.support.pods import copy_pod, launch_plan
@@ -237,7 +237,7 @@ def test_compare_approximate():
 
 
 def test_canary_settings_from_the_criteria_file(tmp_path):
-    repo_file = Path(__file__).resolve().parents[1] / "manifests" / "trusted_loss.yaml"
+    repo_file = DEFAULT_MANIFESTS / "trusted_loss.yaml"
     settings = load_trusted_loss(repo_file).canary          # with or without a canary: section
     assert settings.steps >= 2 and settings.exact["cpu"].rtol > 0
     data = yaml.safe_load(repo_file.read_text())

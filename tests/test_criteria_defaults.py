@@ -1,4 +1,4 @@
-"""The criteria file's defaults live in one place: the shipped manifests/trusted_loss.yaml.
+"""The criteria file's defaults live in one place: the shipped trusted_loss.yaml.
 
 Issue 17: the code's defaults disagreed with the shipped file (trend interval 0 in code, 100
 in the YAML; 8 fields and the probe's `every` differed), so deleting a key from a pod's copy
@@ -65,4 +65,4 @@ def test_the_parsing_code_has_no_default_of_its_own(cls):
                  if f.default is not dataclasses.MISSING
                  or f.default_factory is not dataclasses.MISSING]
     assert not defaulted, f"{cls.__name__} defaults {defaulted} in code; put them in " \
-                          f"manifests/trusted_loss.yaml"
+                          f"launcher/config/defaults/trusted_loss.yaml"

@@ -8,11 +8,9 @@ import pytest
 from launcher.checks.criteria import Criteria, parse_criteria
 from launcher.checks.trusted_loss import load_trusted_loss
 from launcher.checks.trusted_loss import shipped_trusted_loss
+from launcher.config.podconfig import DEFAULT_MANIFESTS
 from launcher.errors import UserError
 from launcher.checks.health import (FAILED, INCONCLUSIVE, RUNNING, SUCCESSFUL, GpuHealth, analyze)
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def criteria(**checks) -> Criteria:
@@ -166,7 +164,7 @@ def test_close_out_judges_the_steps_since_the_last_periodic_tick():
 
 
 def test_repository_criteria_file_loads_and_thresholds_come_from_it(tmp_path):
-    loaded = load_trusted_loss(REPO / "manifests" / "trusted_loss.yaml").criteria
+    loaded = load_trusted_loss(DEFAULT_MANIFESTS / "trusted_loss.yaml").criteria
     assert loaded.restarts.max_restarts >= 1 and loaded.hang.timeout_s > 0
     changed = tmp_path / "c.yaml"
     changed.write_text("checks:\n  ss_ratio: {maxRatio: 9.5}\n")

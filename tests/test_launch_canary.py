@@ -23,7 +23,7 @@ import yaml
 from launcher.checks.trusted_loss import load_trusted_loss
 from launcher.errors import UserError
 from launcher.config.devices import Slot
-from launcher.config.podconfig import load_config
+from launcher.config.podconfig import DEFAULT_MANIFESTS, load_config
 from launcher.worker.process import WorkerSpec, build_env
 from tests.support.canary_pod import CANARY_STEPS, CRITERIA, fractus_pod, pod  # noqa: F401
 from tests.support.e2e import (REPO, TEST_CRITERIA, TOKENS_PER_STEP, events_of, manifest_json,
@@ -195,7 +195,7 @@ def test_criteria_accept_canary_and_probe_sections_but_not_typos(tmp_path):
     path.write_text(yaml.safe_dump({**CRITERIA, "canery": {"steps": 3}}))
     with pytest.raises(UserError, match="canery"):
         load_trusted_loss(path)
-    shipped = load_trusted_loss(REPO / "manifests" / "trusted_loss.yaml")
+    shipped = load_trusted_loss(DEFAULT_MANIFESTS / "trusted_loss.yaml")
     settings = shipped.canary
     assert (settings.steps, settings.exact["cpu"].rtol, settings.exact["cuda"].rtol) == \
         (5, 1e-4, 1e-2)

@@ -5,13 +5,10 @@ import yaml
 
 from launcher.errors import UserError
 from launcher.config.devices import Slot, parse_devices
-from launcher.config.podconfig import PRESETS, load_config
+from launcher.config.podconfig import DEFAULT_MANIFESTS, PRESETS, load_config
 from launcher.pod.setup_init import init_pod
 from launcher.config.stages import get_stage, load_stages, parse_stages
 from launcher.worker.process import WorkerSpec, build_env
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_init_tiny_cpu_writes_a_loadable_self_contained_pod(tmp_path):
@@ -90,7 +87,7 @@ def test_device_strings():
 
 
 def test_repository_stages_follow_the_users_ramp():
-    stages = load_stages(REPO / "manifests" / "stages.yaml")
+    stages = load_stages(DEFAULT_MANIFESTS / "stages.yaml")
     assert sorted(stages) == [1, 2, 3, 4, 5]
     assert stages[1].settings == {"BATCH": "4", "CE_CHUNK": "0", "FRACTUS_ATTN_IMPL": "cumsum",
                                   "COMPILE": "0", "ACCUM": "1"}

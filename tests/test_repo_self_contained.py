@@ -30,7 +30,8 @@ def test_every_cited_repository_file_exists_or_is_named_as_the_users():
     cited = re.compile(r"\b((?:scripts|docs)/[A-Za-z0-9_./-]+\.(?:py|md))")
     missing = []
     for path in [*REPO_ROOT.glob("*.md"), *REPO_ROOT.glob("docs/*.md"),
-                 *REPO_ROOT.glob("manifests/*.yaml"), *REPO_ROOT.glob("fractus/**/*.py"),
+                 *REPO_ROOT.glob("launcher/config/defaults/*.yaml"),
+                 *REPO_ROOT.glob("fractus/**/*.py"),
                  *REPO_ROOT.glob("launcher/**/*.py")]:
         text = path.read_text()
         for match in cited.finditer(text):

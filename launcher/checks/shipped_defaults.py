@@ -1,9 +1,9 @@
-"""The defaults of the criteria file are the shipped manifests/trusted_loss.yaml, and only it.
+"""The defaults of the criteria file are the shipped trusted_loss.yaml (package data,
+launcher/config/defaults/, the file `init` copies into a pod's manifests/), and only it.
 
 A key a pod's criteria file leaves out takes the shipped file's value: the code that parses
 each section (criteria.py, canary.py, probe_check.py) has no defaults of its own, so deleting
-a key can never silently change a check to a value nobody documented (issue 17: the code said
-0 where the YAML said 100/200/1).
+a key can never silently change a check to a value nobody documented.
 """
 
 from __future__ import annotations

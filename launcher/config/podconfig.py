@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib.resources
 import re
 import string
 from dataclasses import dataclass, field
@@ -33,8 +34,10 @@ from launcher.config.data_settings import DataSource
 from launcher.config.alerts import check_alerts
 from launcher.config.alerts import AlertSettings
 
-# The repository's manifests/ directory: the default stage and criteria files.
-DEFAULT_MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
+# The shipped stage and criteria files (stages.yaml, trusted_loss.yaml): package data of
+# launcher.config, found through importlib.resources, so an installed wheel has them as a
+# checkout does; `init` copies them into a pod's manifests/.
+DEFAULT_MANIFESTS = importlib.resources.files("launcher.config") / "defaults"
 
 
 @dataclass

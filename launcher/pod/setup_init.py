@@ -1,20 +1,25 @@
-"""A new pod on disk: `init`'s files (fractus-pod.yaml from a preset, the stage and criteria
-files copied from manifests/), the preset's synthetic demo shards, and what is missing before
-a launch. The config's schema and parsing live in launcher/config/podconfig.py."""
+"""A new pod on disk, all or nothing: `init`'s files (fractus-pod.yaml from a preset, the
+shipped stage and criteria files copied into the pod's manifests/), the preset's synthetic
+demo shards, and what is missing before a launch. The config's schema and parsing live in
+launcher/config/podconfig.py."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import secrets
+import shutil
 from pathlib import Path
 
 import yaml
 
 from launcher.config.devices import parse_devices
-from launcher.config.podconfig import DEFAULT_MANIFESTS, PRESETS, PodConfig
+from launcher.config.podconfig import DEFAULT_MANIFESTS, PRESETS, PodConfig, load_config
+from launcher.config.stages import load_stages
 from launcher.errors import UserError
 from launcher.files import atomic_write_text
-from launcher.paths import CONFIG_NAME
+from launcher.paths import CONFIG_NAME, INIT_STAGING_PREFIX
 
 # Values `init` sets in its copy of the criteria file, per preset: (section, key) -> value.
 # The tiny demo model's free-run CE (the probe's AR) sits in the hundreds of nats and moves
@@ -60,34 +65,111 @@ def write_config(pod_dir: Path, config: PodConfig, preset: str) -> Path:
     return path
 
 
+@dataclasses.dataclass
+class NewPod:
+    """What `create_pod` put on disk (paths under the pod) and what it found there."""
+    config: PodConfig
+    written: list[Path]          # fractus-pod.yaml, the stage and criteria files it copied
+    kept: list[Path]             # the user's stage/criteria files, left as they were
+    shards: list[Path]           # the preset's synthetic shards
+    stages: list[int]            # the stage numbers of the pod's stage file
+
+
 def init_pod(pod_dir: Path, preset: str, force: bool = False) -> tuple[list[Path], list[Path]]:
-    """Write fractus-pod.yaml and copy the default stage/criteria files. Returns (written,
-    kept): a stage or criteria file already in the pod is the user's (the docs tell them to
-    edit it), so it is kept, even with `force`, which only overwrites the pod config."""
+    """`create_pod` without demo shards: (written, kept)."""
+    pod = create_pod(pod_dir, preset, force=force)
+    return pod.written, pod.kept
+
+
+def create_pod(pod_dir: Path, preset: str, force: bool = False,
+               demo_shards: bool = False) -> NewPod:
+    """Write fractus-pod.yaml, copy the shipped stage/criteria files and, with `demo_shards`,
+    write the preset's synthetic shards. A stage or criteria file already in the pod is the
+    user's (the docs tell them to edit it), so it is kept, even with `force`, which only
+    overwrites the pod config.
+
+    All or nothing: everything is written into a staging folder on the pod's own file system
+    and checked there (the config loads, the stage file parses) before it is moved into
+    place, so a refusal or a failure (a shipped file missing, a name the file system refuses,
+    a full disk) leaves the disk as it was."""
     if preset not in PRESETS:
         raise UserError(f"unknown preset {preset!r}: expected one of {sorted(PRESETS)}")
-    pod_dir.mkdir(parents=True, exist_ok=True)
+    if pod_dir.exists() and not pod_dir.is_dir():
+        raise UserError(f"--pod-dir {pod_dir} is a file, not a folder; name a new or existing "
+                        f"folder")
     if (pod_dir / CONFIG_NAME).exists() and not force:
         raise UserError(f"{pod_dir / CONFIG_NAME} already exists (use --force to overwrite)")
     config = dataclasses.replace(PRESETS[preset])
-    written, kept = [write_config(pod_dir, config, preset)], []
+    texts, kept = {CONFIG_NAME: config_text(config, preset)}, []
     for name, rel in (("stages.yaml", config.stages), ("trusted_loss.yaml", config.criteria)):
-        target = pod_dir / rel
-        source = DEFAULT_MANIFESTS / name
-        if target.resolve() == source.resolve():
-            continue    # the pod is the repository itself
-        if target.exists():
-            kept.append(target)
+        if (pod_dir / rel).exists():
+            kept.append(pod_dir / rel)
             continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        text = source.read_text()
+        text = (DEFAULT_MANIFESTS / name).read_text()
         if name == "trusted_loss.yaml" and preset in CRITERIA_EDITS:
             text = edit_yaml_values(text, CRITERIA_EDITS[preset])
-        atomic_write_text(target, text)
-        written.append(target)
-    for sub in ("checkpoints", "data", "logs"):
-        (pod_dir / sub).mkdir(exist_ok=True)
-    return written, kept
+        texts[rel] = text
+    target = anchor = pod_dir.resolve()
+    while not anchor.exists():      # the nearest folder that exists: the staging goes there
+        anchor = anchor.parent
+    staging = anchor / f"{INIT_STAGING_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+    missing = target.relative_to(anchor).parts
+    root = staging.joinpath(*missing[1:])   # the pod inside the staging folder
+    try:
+        staging.mkdir()
+        root.mkdir(parents=True, exist_ok=True)
+        for rel, text in texts.items():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(root / rel, text)
+        for sub in ("checkpoints", "data", "logs"):
+            (root / sub).mkdir(exist_ok=True)
+        loaded = load_config(root)
+        stage_file = root / loaded.stages
+        if not stage_file.exists():
+            stage_file = pod_dir / loaded.stages      # the user's, kept
+        stages = sorted(load_stages(stage_file))
+        shards = write_demo_shards(root, loaded) if demo_shards and loaded.demo_data else []
+        shards = [pod_dir / Path(p).relative_to(root) for p in shards]
+        if missing:
+            staging.rename(anchor / missing[0])       # a new pod appears whole, at once
+        else:
+            _refuse_clashes(staging, target)
+            _move_into(staging, target)
+            staging.rmdir()
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise UserError(f"cannot write the pod {pod_dir}: {exc.strerror or exc}; init wrote "
+                        f"nothing: choose a shorter --pod-dir, free space or fix permissions, "
+                        f"then run init again") from None
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return NewPod(loaded, [pod_dir / rel for rel in texts], kept, shards, stages)
+
+
+def _refuse_clashes(staged: Path, target: Path) -> None:
+    """UserError if a staged folder would land on a file of the pod, or a file on a folder:
+    checked for the whole tree before anything moves."""
+    for entry in staged.iterdir():
+        dest = target / entry.name
+        if entry.is_dir() and dest.is_dir():
+            _refuse_clashes(entry, dest)
+        elif dest.exists() and entry.is_dir() != dest.is_dir():
+            raise UserError(f"{dest} is a {'folder' if dest.is_dir() else 'file'} where init "
+                            f"puts a {'folder' if entry.is_dir() else 'file'}; move it away "
+                            f"and run init again (init wrote nothing)")
+
+
+def _move_into(staged: Path, target: Path) -> None:
+    """Every entry of `staged` renamed into `target`: a folder both have is merged into, a
+    file replaces the pod's (fractus-pod.yaml under --force, a demo shard)."""
+    for entry in staged.iterdir():
+        dest = target / entry.name
+        if entry.is_dir() and dest.is_dir():
+            _move_into(entry, dest)
+            entry.rmdir()
+        else:
+            os.replace(entry, dest)
 
 
 def missing_shards_fix(pod_dir: Path, missing: list[str]) -> str:
