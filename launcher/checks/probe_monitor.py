@@ -8,7 +8,7 @@ poll loop ever wait for a probe. Each poll collects the probes that finished.
 The stage's baseline on a GPU (its AR and the ARs of the windows it was measured on, whose
 spread is the noise the verdict is calibrated on), first found wins:
   1. the baseline recorded for the stage and GPU in logs/probe_baselines.json
-     (`fractus-pod probe --gpu i --record-baseline`),
+     (`fractus-pod probe --gpu i --record-baseline`; launcher/checks/probe_outcome.py),
   2. a probe of the checkpoint the GPU resumed from when the stage started (at the
      manifest's start token: a v1 file or the merged brain may record another head, or none),
   3. on a fresh GPU (nothing to resume from), its first probed checkpoint.
@@ -52,10 +52,10 @@ from pathlib import Path
 
 import psutil
 
-from launcher.paths import BASELINES_FILE, PROBE_DIR
-from launcher.files import read_json_state
+from launcher.paths import PROBE_DIR
 from launcher.checks.health import FAILED, INCONCLUSIVE
-from launcher.checks.probe_outcome import BASELINE, ProbeOutcome, ProbeRequest
+from launcher.checks.probe_outcome import (BASELINE, ProbeOutcome, ProbeRequest,
+                                           recorded_baseline)
 from launcher.checks.probe_check import (
     Baseline,
     ProbeSchedule,
@@ -117,14 +117,13 @@ class ProbeMonitor:
         the previous stage still running are ignored."""
         self.generation += 1
         self._lost = []
-        recorded = read_json_state(self.pod_dir / BASELINES_FILE).get(str(stage), {})
         for probes in self.gpus.values():
             for request in probes.waiting:
                 self._unlink(request)
         self.gpus = {}
         for gpu, (checkpoint, shard) in resume.items():
             probes = _GpuProbes()
-            baseline = Baseline.of(recorded.get(str(gpu)))
+            baseline = recorded_baseline(self.pod_dir, stage, gpu)
             if baseline is not None:      # recorded for the shard the GPU resumes on
                 probes.baselines[shard] = (baseline, f"recorded for stage {stage}")
             elif checkpoint is not None:

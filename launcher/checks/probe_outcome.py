@@ -1,15 +1,23 @@
 """One AR probe: what was asked (ProbeRequest), what it found (ProbeOutcome), and what its
 verdict does to its GPU (apply_outcome): a Failed probe fails the GPU's stage and marks the
-probed checkpoint and every newer one failed, so rollback never restores them."""
+probed checkpoint and every newer one failed, so rollback never restores them. And the one
+lookup of a GPU's baseline at a stage on a shard that the launcher's probes and
+`fractus-pod probe --gpu` both use (stage_baseline): the one recorded in
+logs/probe_baselines.json, else the one the launcher's probes set (its `probe` event)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from launcher.checks.criteria import AT_ONCE
 from launcher.checks.health import FAILED, SUCCESSFUL, CheckState, GpuHealth, Measurement
 from launcher.checks.probe_check import Baseline
+from launcher.files import read_json_state
+from launcher.paths import BASELINES_FILE
 from launcher.pod.ckpt_index import FAILED as CK_FAILED
+from launcher.pod.events import read_events
 from launcher.pod.manifest import event_position
 
 BASELINE = "baseline"          # an outcome that set the baseline (no verdict)
@@ -42,11 +50,11 @@ class ProbeOutcome:
 
     def event_fields(self) -> dict:
         r = self.request
-        numbers = {k: self.result.get(k) for k in ("ar", "ar_acc", "cold_tf", "ar_rows")} \
-            if self.result else {}
+        numbers = {k: self.result.get(k) for k in ("ar", "ar_acc", "cold_tf", "ar_rows",
+                                                   "vocab_size")} if self.result else {}
         where = {"node": self.result["node"]} if self.result and "node" in self.result else {}
         return {"gpu": r.gpu, **where, "role": r.role, "status": self.status,
-                "reason": self.reason,
+                "reason": self.reason, "shard": r.shard,
                 "checkpoint": r.checkpoint, "sha256": r.sha256, "step": r.step,
                 "baseline_ar": self.baseline_ar,
                 "baseline_spread": self.baseline.spread() if self.baseline else None,
@@ -78,3 +86,32 @@ def _fail_from(request: ProbeRequest, index, reason: str) -> None:
         if event_position(record) >= event_position(probed) and \
                 record["verdict"] != CK_FAILED:
             index.mark(request.gpu, record["sha256"], CK_FAILED, f"AR probe failed: {reason}")
+
+
+def recorded_baseline(pod_dir: Path, stage: int, gpu: int) -> Baseline | None:
+    """The baseline recorded for `gpu` at `stage` (`fractus-pod probe --record-baseline`)."""
+    return Baseline.of(read_json_state(pod_dir / BASELINES_FILE).get(str(stage), {})
+                       .get(str(gpu)))
+
+
+def stage_baseline(pod_dir: Path, stage: int, gpu: int, shard: str | Path
+                   ) -> tuple[Baseline, str] | None:
+    """(baseline, where it came from) for a probe of `gpu` at `stage` on `shard` (relative
+    to the pod, or absolute), first found wins: the one recorded for the stage and GPU, else
+    the newest one the launcher's probes set for that stage, GPU and shard (a `probe` event
+    with status baseline: the resume checkpoint's probe, or the first probe on the shard).
+    None when neither exists."""
+    recorded = recorded_baseline(pod_dir, stage, gpu)
+    if recorded is not None:
+        return recorded, f"recorded for stage {stage}"
+    where = (pod_dir / shard).resolve()
+    for event in reversed(read_events(pod_dir)):
+        if event.get("event") != CHECK_NAME or event.get("status") != BASELINE or \
+                event.get("stage") != stage or event.get("gpu") != gpu or \
+                not isinstance(event.get("shard"), str) or \
+                (pod_dir / event["shard"]).resolve() != where:
+            continue
+        baseline = Baseline.of(event)
+        if baseline is not None and math.isfinite(baseline.ar):
+            return baseline, f"set by the launcher's probes at stage {stage}"
+    return None

@@ -34,6 +34,7 @@ from launcher.checks.probe_check import (
     probe_verdict,
     run_probe_process,
 )
+from launcher.checks.probe_outcome import stage_baseline
 from launcher.checks.trusted_loss import load_trusted_loss
 
 
@@ -223,7 +224,8 @@ def probe_pod(pod_dir: Path, gpu: int | None = None, checkpoint: str | None = No
               timeout_s: float = 900, head: int | None = None) -> dict:
     """Probe GPU `gpu`'s newest checkpoint on its shard (or `checkpoint` on `shard`) in a
     child process, and judge it against `baseline_ar` (a bare number: its noise unknown),
-    else the baseline recorded for the GPU's stage (with its windows' spread). `head`: where
+    else the GPU's baseline at its stage on that shard as the launcher finds it (recorded,
+    else set by the launcher's probes: stage_baseline; with its windows' spread). `head`: where
     the windows start (default: the GPU's manifest head; for `checkpoint`, the head it
     records, else that of the GPU training on `shard`, else the shard's start: said in
     `head_note`). Returns the probe's numbers plus what was probed and the verdict, or a
@@ -249,8 +251,8 @@ def probe_pod(pod_dir: Path, gpu: int | None = None, checkpoint: str | None = No
     baselines = read_baselines(pod_dir)
     baseline, source = Baseline.of(baseline_ar), "--baseline-ar"
     if baseline is None and stage is not None:
-        baseline = Baseline.of(baselines.get(str(stage), {}).get(str(gpu)))
-        source = f"recorded for stage {stage}"
+        # the launcher's own lookup: the recorded baseline, else the one its probes set
+        baseline, source = stage_baseline(pod_dir, stage, gpu, shard_path) or (None, None)
     report = {"gpu": gpu, "stage": stage, "checkpoint": str(ckpt_path), "shard": str(shard_path),
               **result, "baseline_ar": baseline.ar if baseline else None,
               "baseline_source": source if baseline else None}
