@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 import psutil
 
-from launcher.cli.options import (check_trust_flag, pod_dir_of, pod_dir_option,
+from launcher.cli.options import (check_trust_flag, pod_command, pod_dir_of, pod_dir_option,
                                   trust_hub_config_option)
 from launcher.errors import UserError
 from launcher.paths import CONFIG_NAME, LAUNCHER_LOG
@@ -84,6 +84,7 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
         refuse_if_busy,
         validate,
     )
+    from launcher.supervise.pod_view import ProgressLine
     from launcher.supervise.supervisor import Supervisor
     pod_dir = pod_dir_of(ctx)
     if revision and not from_hub:
@@ -145,6 +146,7 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
             raise
         supervisor = Supervisor(plan, manifest, index, events)
         supervisor.pod.launcher_id = lock.launcher_id
+        supervisor.started_at = psutil.Process().create_time()  # the ledger's start-up checks
         if budget:
             click.echo(budget)
         try:
@@ -171,8 +173,11 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
         click.echo(f"pod {pod_dir}: stage {plan.stage} ({stage.name}), "
                    f"{len(plan.slots)} worker(s) on {plan.slots[0].device}"
                    + (f", for {plan.max_time:g}s" if plan.max_time else "")
-                   + "; `fractus-pod status` to watch, `fractus-pod stop` to stop")
+                   + f"; `{pod_command(pod_dir, 'status')}` to watch, "
+                     f"`{pod_command(pod_dir, 'stop')}` to stop")
         supervisor.stop_reason = stop.signal       # a stop that came before supervision
+        if not detach:       # in the foreground, a line of each GPU's numbers now and then
+            supervisor.progress = ProgressLine(supervisor.pod)
         code = supervisor.run()
         ended = supervisor.pod
         click.echo(f"pod {ended.state.upper()} at stage {ended.stage}"
@@ -249,7 +254,8 @@ def _daemonize(pod_dir: Path) -> None:
         os.close(write_fd)
         pid = os.read(read_fd, 32).decode().strip()
         click.echo(f"launcher running in the background (pid {pid}); "
-                   f"`fractus-pod status`, `fractus-pod stop`; log: logs/launcher.log")
+                   f"`{pod_command(pod_dir, 'status')}`, `{pod_command(pod_dir, 'stop')}`; "
+                   f"log: {pod_dir / LAUNCHER_LOG}")
         os._exit(0)
     os.close(read_fd)
     os.setsid()

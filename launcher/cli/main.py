@@ -17,7 +17,6 @@ from pathlib import Path
 
 import click
 
-from fractus import __version__
 from launcher.cli.adopt import adopt
 from launcher.cli.data import data
 from launcher.cli.alert import alert
@@ -27,13 +26,13 @@ from launcher.cli.options import POD_DIR_HELP, pod_dir_of, pod_dir_option
 from launcher.cli.view import dashboard, plot
 from launcher.cli.view import report as report_command
 from launcher.errors import Refused, UserError
+from launcher.pod.events import read_events
 from launcher.pod.lock import read_holder
 from launcher.pod.live_state import read_pod_state
 from launcher.pod.live_state import write_stop_request
 
 
 @click.group()
-@click.version_option(__version__, prog_name="fractus-pod", message="%(prog)s %(version)s")
 @click.option("--pod-dir", envvar="FRACTUS_POD_DIR", default=".", show_default=False,
               help=POD_DIR_HELP)
 @click.pass_context
@@ -56,18 +55,22 @@ def cli(ctx: click.Context, pod_dir: str) -> None:
 def init(ctx, preset: str, force: bool, no_data: bool) -> None:
     """Write fractus-pod.yaml (and, for tiny-cpu, synthetic shards under data/)."""
     # imported when run, not at startup: `fractus-pod --help` loads every command module
-    from launcher.pod.setup_init import create_pod, missing_shards, missing_shards_fix
+    from launcher.config.podconfig import load_config
+    from launcher.pod.setup_init import init_pod, missing_shards, missing_shards_fix, write_demo_shards
     pod_dir = pod_dir_of(ctx)
-    pod = create_pod(pod_dir, preset, force=force, demo_shards=not no_data)  # all or nothing
-    config, numbers = pod.config, pod.stages
-    for path in pod.written:
+    written, kept = init_pod(pod_dir, preset, force=force)
+    for path in written:
         click.echo(f"wrote {path.relative_to(pod_dir)}")
-    for path in pod.kept:
+    for path in kept:
         click.echo(f"kept {path.relative_to(pod_dir)} (yours, unchanged; delete it and rerun "
                    f"init --force for the default)")
-    for path in pod.shards:
-        click.echo(f"wrote {path.relative_to(pod_dir)} "
-                   f"(synthetic, {config.demo_data['tokens']:,} tokens)")
+    config = load_config(pod_dir)
+    if config.demo_data and not no_data:
+        for p in write_demo_shards(pod_dir, config):
+            click.echo(f"wrote {Path(p).relative_to(pod_dir)} "
+                       f"(synthetic, {config.demo_data['tokens']:,} tokens)")
+    from launcher.config.stages import load_stages
+    numbers = sorted(load_stages(pod_dir / config.stages))
     launch_cmd = (f"fractus-pod --pod-dir {pod_dir} launch --stage N (N: a stage of "
                   f"{config.stages}, {numbers[0]} to {numbers[-1]}; a new pod starts at any, "
                   f"a later switch up runs the canary)")
@@ -163,7 +166,17 @@ def stop(ctx, timeout) -> None:
             raise click.ClickException(f"launcher pid {holder['pid']} still running after "
                                        f"the timeout; check logs/launcher.log")
         time.sleep(0.2)
-    click.echo(f"pod stopped (launcher pid {holder['pid']}); every worker checkpointed")
+    click.echo(f"pod stopped (launcher pid {holder['pid']}); "
+               + ("every worker checkpointed" if _workers_started(pod_dir, holder)
+                  else "no worker had started: nothing to checkpoint"))
+
+
+def _workers_started(pod_dir: Path, holder: dict) -> bool:
+    """Whether the launcher that held the pod (since `holder['since']`) started a worker."""
+    since = holder.get("since") or 0
+    return any(e.get("event") in ("worker_start", "worker_placed")
+               and isinstance(e.get("ts"), (int, float)) and e["ts"] >= since
+               for e in read_events(pod_dir))
 
 
 @cli.command()

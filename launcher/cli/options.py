@@ -4,6 +4,7 @@ subcommand), the pod directory it resolves to, and the pod's logs/hub.log for hu
 from __future__ import annotations
 
 import logging
+import shlex
 from pathlib import Path
 
 import click
@@ -21,6 +22,11 @@ def pod_dir_of(ctx: click.Context) -> Path:
     pod_dir = Path(ctx.obj["pod_dir"]).resolve()
     log_hub_retries(pod_dir)
     return pod_dir
+
+
+def pod_command(pod_dir: Path, command: str) -> str:
+    """`fractus-pod --pod-dir POD COMMAND` as a hint prints it: runnable from any folder."""
+    return f"fractus-pod --pod-dir {shlex.quote(str(pod_dir))} {command}"
 
 
 def log_hub_retries(pod_dir: Path) -> None:

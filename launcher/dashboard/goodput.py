@@ -2,8 +2,8 @@
 
 A pure function over the records the pod already writes (logs/events.jsonl and each
 worker's METRICS lines): one sweep over time per GPU. Every second of a launcher session
-(`launch` to its end) goes to exactly one bucket, so trained + lost = wall time per GPU by
-construction; the buckets are:
+(the launcher's start to its exit: every second the GPUs are held) goes to exactly one
+bucket, so trained + lost = wall time per GPU by construction; the buckets are:
 
   trained           between two metrics lines of a run, on tokens never trained before
   load              restart and model load: launch or worker start (or a crash's backoff,
@@ -12,11 +12,15 @@ construction; the buckets are:
   retrain_crash     training again tokens a crashed (or hung) run had already trained
   crash             from the last metrics line to a worker's crash (work since it is lost)
   hang              from the last metrics line until the hang was detected
+  startup           the launcher's start-up checks until supervision (`launch` event's
+                    `startup_s`: the launcher's start to its `launch`, less its canary)
   canary            the stage canary before a launch (the whole pod waits on it)
   node_wait         waiting for a node (Ray) after a node was lost
   checkpoint_stall  the training thread stalled by a checkpoint save (`stall_s`)
   stopped           the GPU not running while the session lasts (finished early, given up,
                     the ending of a stop)
+  final_probes      after the end event: the final verdicts' probes (`launch_end` event)
+  final_push        after them until the launcher exits: the final hub push and closing
 
 Computed on demand (status, the dashboard, `report`), not written by the launcher: the
 events and metrics files are the one source of truth, a ledger file could only lag them,
@@ -32,13 +36,15 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
 
-CAUSES = ("load", "retrain_rollback", "retrain_crash", "crash", "hang", "canary",
-          "node_wait", "checkpoint_stall", "stopped")
-CAUSE_TEXT = {"load": "restart and model load", "retrain_rollback": "re-training after a rollback",
+CAUSES = ("startup", "load", "retrain_rollback", "retrain_crash", "crash", "hang", "canary",
+          "node_wait", "checkpoint_stall", "stopped", "final_probes", "final_push")
+CAUSE_TEXT = {"startup": "start-up checks", "load": "restart and model load",
+              "retrain_rollback": "re-training after a rollback",
               "retrain_crash": "re-training after a crash", "crash": "lost in a crash",
               "hang": "hang until detected", "canary": "stage canary",
               "node_wait": "waiting for a node", "checkpoint_stall": "checkpoint stall",
-              "stopped": "stopped"}
+              "stopped": "stopped", "final_probes": "final probes",
+              "final_push": "final push and exit"}
 # Events that end a launcher session (the pod's workers are no longer supervised).
 SESSION_ENDS = ("pod_done", "pod_stopped", "pod_failed", "launch_stopped")
 
@@ -149,6 +155,9 @@ class _Session:
     canary_s: float                  # the canaries just before it (the pod waited on them)
     end: float | None = None         # None: still open (a live launcher, or one that died)
     last_event: float = 0.0
+    startup_s: float = 0.0           # the launcher's checks before its `launch` event
+    final_probes_s: float = 0.0      # after its end event, until `launch_end`: the probes
+    final_push_s: float = 0.0        # ... and the rest (the final push, closing)
 
 
 def _sessions(events: list[dict]) -> list[_Session]:
@@ -160,8 +169,16 @@ def _sessions(events: list[dict]) -> list[_Session]:
         current = sessions[-1] if sessions and sessions[-1].end is None else None
         if name == "launch":
             gpus = [g for g in e.get("gpus") or [] if isinstance(g, int)]
-            sessions.append(_Session(ts, gpus, canary_s, last_event=ts))
+            startup = e.get("startup_s")
+            sessions.append(_Session(ts, gpus, canary_s, last_event=ts,
+                                     startup_s=_seconds(startup)))
             canary_s = 0.0
+        elif name == "launch_end" and current is None and sessions \
+                and sessions[-1].end is not None and not sessions[-1].final_push_s \
+                and ts >= sessions[-1].end:
+            ending = ts - sessions[-1].end
+            probes = min(_seconds(e.get("final_probes_s")), ending)
+            sessions[-1].final_probes_s, sessions[-1].final_push_s = probes, ending - probes
         elif current is None:
             seconds = e.get("seconds")
             if name == "canary" and isinstance(seconds, (int, float)) and seconds > 0:
@@ -171,6 +188,14 @@ def _sessions(events: list[dict]) -> list[_Session]:
         else:
             current.last_event = ts
     return sessions
+
+
+def _seconds(value) -> float:
+    """A recorded duration, or 0 for anything that is not one (a record is data)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value < 0:
+        return 0.0
+    return float(value)
 
 
 def _close_open_sessions(sessions: list[_Session], last_line: dict[int, list[float]],
@@ -230,8 +255,9 @@ def ledger_of(events: list[dict], lines: dict[int, list[tuple]], now: float | No
     for session in sessions:
         for gpu in session.gpus:
             streams.setdefault(gpu, []).extend(
-                [(session.start, _OPEN, "open", session.canary_s),
-                 (session.end, _CLOSE, "close", None)])
+                [(session.start, _OPEN, "open", (session.startup_s, session.canary_s)),
+                 (session.end, _CLOSE, "close",
+                  (session.final_probes_s, session.final_push_s))])
     for e in events:
         gpu = e.get("gpu")
         if isinstance(gpu, int) and gpu in streams:
@@ -241,7 +267,8 @@ def ledger_of(events: list[dict], lines: dict[int, list[tuple]], now: float | No
         stream.extend(lines.get(gpu, ()))
         stream.sort(key=itemgetter(0, 1))
         ledgers[gpu] = _sweep(gpu, stream)
-    wall = sum(s.end - s.start + s.canary_s for s in sessions)
+    wall = sum(s.end - s.start + s.startup_s + s.canary_s + s.final_probes_s
+               + s.final_push_s for s in sessions)
     return Ledger(wall_s=wall, gpus=ledgers, sessions=len(sessions),
                   price_per_gpu_hour=price_per_gpu_hour)
 
@@ -301,12 +328,16 @@ def _sweep(gpu: int, stream: list[tuple]) -> GpuLedger:
             continue
         # A change of state: book the span so far (to `cause`, else the state's own bucket).
         cause, new_state = None, None
-        if kind == "open":
-            lost["canary"] += value
-            led.wall_s += value
+        if kind == "open":          # the launcher's start-up checks and its canary
+            lost["startup"] += value[0]
+            lost["canary"] += value[1]
+            led.wall_s += value[0] + value[1]
             since, state = ts, _LOAD
             continue
-        if kind == "close":
+        if kind == "close":         # then its final probes and push, after the end event
+            lost["final_probes"] += value[0]
+            lost["final_push"] += value[1]
+            led.wall_s += value[0] + value[1]
             cause, new_state = ("stopped" if state in (_BACKOFF, _TRAIN) else None), _OUT
         elif kind == "worker_start":
             new_state, failing = _LOAD, False

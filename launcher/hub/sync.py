@@ -191,10 +191,13 @@ class HubSync:
         return tuple(sorted((gpu, (self.config.checkpoint_path(gpu), r["sha256"]))
                             for gpu, r in on_hub.items())), False
 
-    def finish(self, abandoned: Callable[[], bool] = lambda: False) -> None:
+    def finish(self, abandoned: Callable[[], bool] = lambda: False,
+               signalled: bool = False) -> None:
         """The launcher is ending: wait for a push in flight, then push once more. A dead hub
         can hold this for minutes of retries; when `abandoned()` turns true (a second
-        signal) the push in flight is given up, recorded as failed, and finish returns."""
+        signal) the push in flight is given up, recorded as failed, and finish returns.
+        `signalled`: a signal stopped the run (only then does the line say another one
+        abandons the push)."""
         if not self._wait(abandoned) or self.taken_over:
             return
         if abandoned():
@@ -203,7 +206,8 @@ class HubSync:
             return
         self._start("stop")
         if self._thread is not None:
-            print(f"fractus-pod: final push to {self.config.hub} (signal again to abandon it)",
+            print(f"fractus-pod: final push to {self.config.hub}"
+                  + (" (signal again to abandon it)" if signalled else ""),
                   file=sys.stderr, flush=True)
         if not self._wait(abandoned):
             return

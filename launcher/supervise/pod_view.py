@@ -1,6 +1,7 @@
-"""logs/pod_state.json, the view of the running pod `status` reads: a snapshot taken from
-the PodRun, written at most every few seconds (the loop polls far more often), at once on
-every change of the pod's state."""
+"""Views of the running pod, taken from the PodRun: logs/pod_state.json, which `status`
+reads (a snapshot written at most every few seconds, the loop polls far more often; at once
+on every change of the pod's state), and the foreground launch's progress line (one line
+per GPU's numbers every PROGRESS_EVERY_S, at the start and at the end)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from launcher.supervise.pod_run import PodRun
 from launcher.supervise.state import GpuState
 
 JUDGING = "judging"      # what `status` shows while a clean end's final probes run
+PROGRESS_EVERY_S = 10.0  # the foreground launch's progress line: one per this, terminal or pipe
 
 
 def snapshot(pod: PodRun) -> PodSnapshot:
@@ -63,6 +65,44 @@ class PodView:
             self.write_failed = True
         else:
             self.write_failed = False
+
+
+class ProgressLine:
+    """The foreground launch's progress: one plain line on stdout per PROGRESS_EVERY_S (a
+    pipe or a log gets whole lines, never a redrawn bar), each GPU's tokens, tok/s and
+    ema_tf from its newest metrics line, or its state before it has one."""
+
+    def __init__(self, pod: PodRun, out=None, every: float = PROGRESS_EVERY_S):
+        self.pod, self.out, self.every = pod, out, every
+        self.shown_at: float | None = None
+
+    def show(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and self.shown_at is not None and now - self.shown_at < self.every:
+            return
+        self.shown_at = now
+        try:
+            print(self.line(), file=self.out or sys.stdout, flush=True)
+        except OSError:
+            pass                 # a closed terminal never stops the pod
+
+    def line(self) -> str:
+        elapsed = int(time.time() - self.pod.started_at)
+        gpus = " | ".join(_gpu_progress(gpu, run) for gpu, run in sorted(self.pod.runs.items()))
+        return f"progress {elapsed // 60}:{elapsed % 60:02d} {gpus}"
+
+
+def _gpu_progress(gpu: int, run: GpuRun) -> str:
+    m = run.last_metrics or {}
+    if not isinstance(m.get("next_token"), int):
+        return f"gpu{gpu} {run.state}"
+    numbers = [f"{m['next_token']:,} tok"]
+    if isinstance(m.get("tok_s"), (int, float)):
+        numbers.append(f"{m['tok_s']:,.0f} tok/s")
+    if isinstance(m.get("ema_tf"), (int, float)):
+        numbers.append(f"ema_tf {m['ema_tf']:.4f}")
+    state = "" if run.state is GpuState.RUNNING else f" ({run.state})"
+    return f"gpu{gpu} " + " ".join(numbers) + state
 
 
 def warn(message: str) -> None:

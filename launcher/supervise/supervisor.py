@@ -50,7 +50,7 @@ from launcher.supervise.tracker_sink import TrackerSink
 from launcher.supervise.placement import NodePlacement
 from launcher.supervise.phase_switch import PhaseSwitch
 from launcher.supervise.pod_run import PodRun
-from launcher.supervise.pod_view import PodView, warn
+from launcher.supervise.pod_view import PodView, ProgressLine, warn
 from launcher.supervise.plan import LaunchPlan
 from launcher.supervise.restart import WorkerRestarter
 from launcher.supervise.rollback import StageRollback
@@ -112,6 +112,10 @@ class Supervisor:
                      GpuState.WAITING: self._place_when_running}
         self.stop_reason: str | None = None      # set by a signal: the loop stops the pod
         self.finishing = self.cut_short = False  # a second signal while ending cuts it short
+        self.progress: ProgressLine | None = None   # the foreground launch's progress line
+        self.started_at: float | None = None     # the launcher process's start (the ledger's
+        self.gate_s = 0.0                        # start-up checks: to `launch`, less the gate)
+        self.final_probes_s = 0.0
 
     def use_backend(self, backend: WorkerBackend, custodian: CheckpointCustodian) -> None:
         """Run the workers on `backend` and keep their checkpoints with `custodian` instead
@@ -142,6 +146,7 @@ class Supervisor:
         raised on with the pod STOPPED (nothing switched, nothing started)."""
         self.pod.move(PodEvent.CANARY_STARTED)
         self.view.write(force=True)
+        gate_started = time.time()
         # A rollback asked while the canary runs is refused when it ends: the canary decides
         # the switch, and nothing has switched or started to roll back.
         refusal = ("asked while the stage canary ran: nothing had switched; once the pod "
@@ -149,11 +154,13 @@ class Supervisor:
         try:
             check()
         except BaseException as exc:
+            self.gate_s = time.time() - gate_started
             self.pod.reason = str(getattr(exc, "message", exc))
             self.pod.move(PodEvent.CANARY_REFUSED)
             self.view.write(force=True)
             self.rollback.refuse_request(refusal)
             raise
+        self.gate_s = time.time() - gate_started
         self.pod.move(PodEvent.CANARY_PASSED)
         self.rollback.refuse_request(refusal)
 
@@ -162,8 +169,12 @@ class Supervisor:
         pod = self.pod
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
+        # startup_s: the launcher's checks before this (its canary apart): paid GPU time.
+        startup_s = (round(max(0.0, time.time() - self.started_at - self.gate_s), 3)
+                     if self.started_at is not None else None)
         pod.events.emit("launch", stage=pod.stage, gpus=list(pod.runs),
-                        devices=sorted({r.slot.device for r in pod.runs.values()}))
+                        devices=sorted({r.slot.device for r in pod.runs.values()}),
+                        startup_s=startup_s)
         self.ending.reserve = DiskReserve(pod.pod_dir)
         pod.logs_id = dir_id(pod.pod_dir / "logs")
         try:
@@ -180,8 +191,15 @@ class Supervisor:
             except OSError as exc:
                 self.ending.on_write_error(exc)
         self.view.write(force=True)
+        if self.progress is not None:
+            self.progress.show(force=True)      # where the run ended
         self.finishing = True
         self._end()
+        if not pod.files_lost:     # the ledger's final probes and push: to the exit
+            try:
+                pod.events.emit("launch_end", final_probes_s=round(self.final_probes_s, 3))
+            except OSError as exc:
+                warn(f"the end of the launch could not be recorded: {exc}")
         self.ending.reserve.release()
         return pod.exit_code
 
@@ -197,6 +215,8 @@ class Supervisor:
         if self.sync is not None:
             self.sync.tick()
         self.view.write()
+        if self.progress is not None:
+            self.progress.show()
         if not self.pod.running():
             return
         if self.stop_reason:
@@ -260,15 +280,18 @@ class Supervisor:
             pod.backend.close()
             return
         try:
+            judging = time.time()
             if pod.state in (PodState.STOPPED, PodState.DONE):
                 self.final.judge(cut_short=lambda: self.cut_short)
             if pod.probes is not None:
                 pod.probes.close()
+            self.final_probes_s = time.time() - judging
             pod.custodian.close(abandoned=lambda: self.cut_short)   # the nodes' last pushes
             pod.backend.close()
             self.monitor.note_pushed()
             if self.sync is not None:     # after them: the last push's manifest names them
-                self.sync.finish(abandoned=lambda: self.cut_short)
+                self.sync.finish(abandoned=lambda: self.cut_short,
+                                 signalled=self.stop_reason is not None)
         except OSError as exc:
             if disk_full(exc) is None:
                 raise

@@ -18,15 +18,17 @@ def metrics_lines(pod: Path, gpu: int) -> list[dict]:
 
 
 def assert_ledger_adds_up(pod: Path) -> Ledger:
-    """The ledger of an ended pod with one launch: the pod's wall time is the launch to its
-    end; every GPU's trained + lost time is that wall time; the tokens each restart trained
+    """The ledger of an ended pod with one launch: the pod's wall time is the launcher's
+    (its start-up checks before the launch event, to its `launch_end`); every GPU's trained + lost time is that wall time; the tokens each restart trained
     again are those its worker repeated (from its start event's token to where the run
     before it had logged)."""
     ledger = pod_ledger(pod)
     events = read_events(pod)
     (launch,) = [e for e in events if e["event"] == "launch"]
-    end = [e for e in events if e["event"] in ("pod_stopped", "pod_done", "pod_failed")][0]
-    assert ledger.wall_s == pytest.approx(end["ts"] - launch["ts"])
+    (end,) = [e for e in events if e["event"] == "launch_end"] or \
+        [e for e in events if e["event"] in ("pod_stopped", "pod_done", "pod_failed")][:1]
+    assert launch["startup_s"] > 0
+    assert ledger.wall_s == pytest.approx(end["ts"] - launch["ts"] + launch["startup_s"])
     for gpu, led in ledger.gpus.items():
         assert led.wall_s == pytest.approx(ledger.wall_s), gpu
         assert led.trained_s + led.lost_total_s == pytest.approx(led.wall_s), gpu
