@@ -17,6 +17,7 @@ from pathlib import Path
 
 import click
 
+from fractus import __version__
 from launcher.cli.adopt import adopt
 from launcher.cli.data import data
 from launcher.cli.alert import alert
@@ -33,6 +34,7 @@ from launcher.pod.live_state import write_stop_request
 
 
 @click.group()
+@click.version_option(__version__, prog_name="fractus-pod", message="%(prog)s %(version)s")
 @click.option("--pod-dir", envvar="FRACTUS_POD_DIR", default=".", show_default=False,
               help=POD_DIR_HELP)
 @click.pass_context
@@ -55,22 +57,18 @@ def cli(ctx: click.Context, pod_dir: str) -> None:
 def init(ctx, preset: str, force: bool, no_data: bool) -> None:
     """Write fractus-pod.yaml (and, for tiny-cpu, synthetic shards under data/)."""
     # imported when run, not at startup: `fractus-pod --help` loads every command module
-    from launcher.config.podconfig import load_config
-    from launcher.pod.setup_init import init_pod, missing_shards, missing_shards_fix, write_demo_shards
+    from launcher.pod.setup_init import create_pod, missing_shards, missing_shards_fix
     pod_dir = pod_dir_of(ctx)
-    written, kept = init_pod(pod_dir, preset, force=force)
-    for path in written:
+    pod = create_pod(pod_dir, preset, force=force, demo_shards=not no_data)  # all or nothing
+    config, numbers = pod.config, pod.stages
+    for path in pod.written:
         click.echo(f"wrote {path.relative_to(pod_dir)}")
-    for path in kept:
+    for path in pod.kept:
         click.echo(f"kept {path.relative_to(pod_dir)} (yours, unchanged; delete it and rerun "
                    f"init --force for the default)")
-    config = load_config(pod_dir)
-    if config.demo_data and not no_data:
-        for p in write_demo_shards(pod_dir, config):
-            click.echo(f"wrote {Path(p).relative_to(pod_dir)} "
-                       f"(synthetic, {config.demo_data['tokens']:,} tokens)")
-    from launcher.config.stages import load_stages
-    numbers = sorted(load_stages(pod_dir / config.stages))
+    for path in pod.shards:
+        click.echo(f"wrote {path.relative_to(pod_dir)} "
+                   f"(synthetic, {config.demo_data['tokens']:,} tokens)")
     launch_cmd = (f"fractus-pod --pod-dir {pod_dir} launch --stage N (N: a stage of "
                   f"{config.stages}, {numbers[0]} to {numbers[-1]}; a new pod starts at any, "
                   f"a later switch up runs the canary)")
