@@ -1,5 +1,8 @@
 """Errors the CLI turns into one clear line and an exit code (no traceback)."""
 
+import importlib.metadata
+import shlex
+
 
 class UserError(Exception):
     """A mistake in the user's files, settings or command line: exit code 2, nothing started."""
@@ -16,6 +19,21 @@ class Refused(Exception):
 
 class PodBusy(UserError):
     """Another launcher holds the pod, or a worker already runs on a requested GPU."""
+
+
+def install_hint(extra: str) -> str:
+    """The command that installs what fractus-pod's optional `extra` needs, as the installed
+    package declares it (fractus-pod is on no package index: `pip install
+    'fractus-pod[ray]'` would find nothing)."""
+    try:
+        declared = importlib.metadata.requires("fractus-pod") or []
+    except importlib.metadata.PackageNotFoundError:
+        declared = []
+    wanted = [r.split(";")[0].strip() for r in declared
+              if r.split(";")[1:] and r.split(";")[1].strip() == f'extra == "{extra}"']
+    if not wanted:
+        return f"pip install -e '.[{extra}]' in the fractus-pod checkout"
+    return "pip install " + " ".join(shlex.quote(r) for r in wanted)
 
 
 def refuse_unknown_keys(data, known, where: str) -> None:

@@ -10,15 +10,19 @@ sees the system's dependencies (torch...) but runs from another folder with PYTH
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
 
 from fractus import __version__
+from launcher.errors import install_hint
 from tests.support.e2e import REPO
 
 SOURCES = ("pyproject.toml", "README.md", "LICENSE", "fractus", "launcher")
@@ -119,7 +123,7 @@ def test_an_installed_wheel_sets_up_a_pod_and_runs_its_worker_from_another_folde
     # The launch reads the shipped criteria for their defaults and starts the package's
     # worker module; two steps on GPU 0, a clean end.
     launched = fractus_pod("--pod-dir", "p", "launch", "--stage", "3", "--gpus", "0",
-                           "--max-steps", "2", "--no-hub", timeout=600)
+                           "--max-steps", "2", timeout=600)
     assert launched.returncode == 0, launched.stdout + launched.stderr
     assert "DONE" in launched.stdout
     status = fractus_pod("--pod-dir", "p", "status", "--json")
@@ -150,3 +154,14 @@ def test_init_that_fails_midway_creates_nothing(tmp_path):
                               "--no-data", cwd=REPO))
     assert "init wrote nothing" in line and "File name too long" in line
     assert tree(tmp_path) == {}
+
+
+@pytest.mark.parametrize("extra", ["ray", "tracker"])
+def test_a_missing_extra_is_named_with_a_command_that_installs_it(extra):
+    """fractus-pod is on no index: the hint installs the extra's own requirements, those
+    pyproject.toml declares for it."""
+    words = shlex.split(install_hint(extra))
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    names = {re.match(r"[\w.-]+", r).group() for r in declared["optional-dependencies"][extra]}
+    assert words[:2] == ["pip", "install"] and len(words) > 2, words
+    assert {re.match(r"[\w.-]+", w).group() for w in words[2:]} == names

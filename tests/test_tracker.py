@@ -16,6 +16,7 @@ import yaml
 
 from launcher.cli import main as cli_main
 from launcher.config.tracker import TrackerSettings
+from launcher.errors import install_hint
 from launcher.paths import TRACKIO_DIR
 from launcher.supervise.state import GpuState, PodState
 from launcher.supervise.tracker_sink import QUEUE_LINES, TrackerSink
@@ -138,7 +139,7 @@ def test_a_tracker_without_trackio_installed_is_refused_before_anything_is_writt
     before = pod_files(pod)
     assert cli_main(["--pod-dir", str(pod), "launch", "--max-time", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "pip install 'fractus-pod[tracker]'" in err[0], err
+    assert len(err) == 1 and f"{install_hint('tracker')}, or remove" in err[0], err
     assert pod_files(pod) == before
 
 

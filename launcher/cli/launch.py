@@ -14,7 +14,7 @@ import psutil
 
 from launcher.cli.options import (check_trust_flag, pod_command, pod_dir_of, pod_dir_option,
                                   trust_hub_config_option)
-from launcher.errors import UserError
+from launcher.errors import UserError, install_hint
 from launcher.paths import CONFIG_NAME, LAUNCHER_LOG
 from launcher.pod.live_state import take_stop_request
 from launcher.pod.events import EventLog
@@ -212,7 +212,7 @@ def _ray_backend(pod_dir: Path, plan, settings, events):
         from launcher.supervise.ray_backend import RayBackend
         from launcher.supervise.ray_custodian import RayCustodian
     except ImportError:
-        raise UserError("--ray needs Ray: pip install 'fractus-pod[ray]'") from None
+        raise UserError(f"--ray needs Ray: {install_hint('ray')}") from None
     try:
         backend = RayBackend(pod_dir, plan.config, settings, events)
         return backend, RayCustodian(backend)

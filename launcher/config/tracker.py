@@ -2,7 +2,7 @@
 (issue 19; launcher/supervise/tracker_sink.py).
 
     tracker:
-      kind: trackio          # Hugging Face's local-first tracker (pip install 'fractus-pod[tracker]')
+      kind: trackio          # Hugging Face's local-first tracker (the `tracker` extra)
       project: fractus-1b    # the trackio project the pod's runs go into
 
 Off without the key. trackio keeps its store inside the pod (logs/trackio/, see
@@ -15,7 +15,7 @@ import importlib.util
 import re
 from dataclasses import dataclass
 
-from launcher.errors import UserError, optional_section
+from launcher.errors import UserError, install_hint, optional_section
 
 KINDS = ("trackio",)
 _PROJECT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
@@ -48,5 +48,5 @@ def check_installed(settings: "TrackerSettings | None") -> None:
     rather than run with a sink that turns itself off at the first line."""
     if settings is not None and importlib.util.find_spec(settings.kind) is None:
         raise UserError(f"tracker: kind {settings.kind} needs the {settings.kind} package: "
-                        f"pip install 'fractus-pod[tracker]', or remove tracker: from "
+                        f"{install_hint('tracker')}, or remove tracker: from "
                         f"fractus-pod.yaml")
