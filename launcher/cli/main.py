@@ -12,7 +12,9 @@ import json
 import os
 import signal
 import sys
+import termios
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -105,7 +107,7 @@ def status(ctx, as_json: bool, watch: bool, wide: bool) -> None:
                 return
             time.sleep(2)
     from rich.console import Console
-    console = Console(width=None if sys.stdout.isatty() else 200)
+    console = Console(width=_output_width())
 
     def view() -> StatusView:
         shown = StatusView(report(), wide=wide)
@@ -117,12 +119,41 @@ def status(ctx, as_json: bool, watch: bool, wide: bool) -> None:
         return
     from rich.live import Live
     try:
-        with Live(view(), console=console, refresh_per_second=1) as live:
+        with _keys_not_echoed(), Live(view(), console=console, refresh_per_second=1) as live:
             while True:
                 time.sleep(2)
                 live.update(view())
     except KeyboardInterrupt:
         pass
+
+
+def _output_width() -> int | None:
+    """The width `status` fits: $COLUMNS when it is set (a pipe too), else the terminal's
+    (None: rich asks it), else 200 (a pipe or a file)."""
+    columns = os.environ.get("COLUMNS", "").strip()
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    return None if sys.stdout.isatty() else 200
+
+
+@contextmanager
+def _keys_not_echoed():
+    """`status --watch` on a terminal: the keys typed (Ctrl-C's `^C`) are not echoed into
+    the live frame; an echo that wrapped the frame's last line put the final redraw a line
+    low, under a copy of its first line. The terminal's settings come back on the way out."""
+    try:
+        fd = sys.stdin.fileno()
+        saved = termios.tcgetattr(fd)
+    except (OSError, ValueError, termios.error):      # not a terminal
+        yield
+        return
+    quiet = list(saved)
+    quiet[3] &= ~(termios.ECHO | termios.ECHOCTL)      # the local modes
+    termios.tcsetattr(fd, termios.TCSANOW, quiet)
+    try:
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSANOW, saved)
 
 
 @cli.command()

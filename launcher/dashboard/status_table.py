@@ -1,7 +1,8 @@
 """The per-GPU table of `fractus-pod status`, fitted to the terminal (issue 16, item 10).
 
 Like `kubectl get` and `ray status`, one line per GPU: columns are kept in a priority order
-while they fit the width, the rest are dropped (`--wide` keeps every column, unshortened,
+until the first that does not fit the width, that one and the rest are dropped (so a wider
+terminal never shows fewer columns) (`--wide` keeps every column, unshortened,
 however wide that is), and the reason, the only free text, takes what width is left and
 ends in an ellipsis when cut. The columns still keep their display order.
 """
@@ -80,8 +81,9 @@ def _natural_width(column: Column, cells: list[str]) -> int:
 
 def fit_columns(rows: list[dict], width: int | None) -> list[tuple[Column, list[str], int]]:
     """(column, its cells, its width) in display order: every column at its natural width
-    when `width` is None (--wide), else those the width holds by priority. NODE shows only
-    when a GPU runs on a Ray node."""
+    when `width` is None (--wide), else those the width holds by priority, up to the first
+    that it does not (no narrower column after it is squeezed in: a wider terminal never
+    shows fewer columns). NODE shows only when a GPU runs on a Ray node."""
     shown = [c for c in COLUMNS
              if c.header != "NODE" or any(r.get("node") for r in rows)]
     cells = {c.header: [c.cell(r) for r in rows] for c in shown}
@@ -93,9 +95,10 @@ def fit_columns(rows: list[dict], width: int | None) -> list[tuple[Column, list[
     for column in sorted(shown, key=lambda c: c.priority):
         need = (min(REASON_MIN, natural[column.header]) if column is REASON
                 else natural[column.header])
-        if used + GAP + need <= width:
-            kept.add(column.header)
-            used += GAP + need
+        if used + GAP + need > width:
+            break
+        kept.add(column.header)
+        used += GAP + need
     widths = {h: natural[h] for h in kept}
     if REASON.header in kept:         # the reason takes what is left, up to its own length
         spare = width - used
