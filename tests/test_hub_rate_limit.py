@@ -15,7 +15,7 @@ from huggingface_hub.errors import HfHubHTTPError
 
 from launcher.hub import RetryPolicy, open_store
 from launcher.hub import retry
-from launcher.hub.hub_rate import commits_last_hour, hub_rate_line, read_hub_rate
+from launcher.hub.hub_rate import commits_last_hour, rate_line, rate_report, read_hub_rate
 from launcher.hub.retry import RateLimited, told_wait, with_retries
 from launcher.hub.sync import HubSync
 from launcher.hub.sync_state import read_sync_state
@@ -125,9 +125,9 @@ def test_status_line_says_since_when_and_the_pushes_delayed(test_hub, tmp_path, 
         store.push([CKPT], "given up for now")
     assert slept == [30.0, 30.0]
     assert "given up for now" not in [c.title for c in test_hub.commits(REPO)]
-    line = hub_rate_line(pod)
+    line = rate_line(rate_report(pod), 128)
     assert line.startswith("hub: RATE-LIMITED since ") and "2 waits, 1 push delayed" in line
-    assert "0 commits in the last hour" in line
+    assert "0 commits in the last hour (budget 128/hour)" in line
 
 
 @pytest.mark.parametrize("lost", ["drop_after", "status_after"])

@@ -40,7 +40,8 @@ def passed_checkpoints(pod: Path) -> set[tuple[int, str]]:
 def test_interval_and_stop_pushes_are_single_commits_of_passed_checkpoints(
         test_hub, tmp_path, launchers):
     pod = make_pod(tmp_path, criteria=FAST_PASS, hub=f"hf://{REPO_ID}",
-                   sync={"interval": 3, "attempts": 3, "backoff_s": 0.2})
+                   sync={"interval": 3, "attempts": 3, "backoff_s": 0.2,
+                         "commits_per_hour": 3600})
     launcher = Launcher(pod, "--stage", "1")
     launchers.append(launcher)
     # Stopped once an interval push landed (CI under load: a fixed --max-time 18 ended some
@@ -103,7 +104,8 @@ def test_interval_and_stop_pushes_are_single_commits_of_passed_checkpoints(
 def test_failing_hub_does_not_stop_training_and_a_later_sync_succeeds(
         test_hub, tmp_path, launchers):
     pod = make_pod(tmp_path, criteria=FAST_PASS, hub=f"hf://{REPO_ID}",
-                   sync={"interval": 2, "attempts": 2, "backoff_s": 0.1})
+                   sync={"interval": 2, "attempts": 2, "backoff_s": 0.1,
+                         "commits_per_hour": 3600})
     # repo_info: a call the client does not retry itself (its own backoff on preupload and
     # commit would spend ~23 s per failing call before the store even sees it).
     test_hub.faults.add("repo_info", "status", count=100_000, status=500)

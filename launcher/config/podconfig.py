@@ -142,6 +142,13 @@ class PodConfig:
         return RetentionSettings.parse(self.retention)
 
 
+# Commits an hour one Hub repository takes (the Hub is reported to cap them at 128): the
+# default of `sync.commits_per_hour`, the budget launcher/hub/commit_budget.py checks.
+HUB_COMMITS_PER_HOUR = 128
+COMMITS_PER_HOUR_RANGE = (1, 36000)
+INTERVAL_MIN_S = 1.0                 # sync.interval: below a second no push even completes
+
+
 @dataclass(frozen=True)
 class SyncSettings:
     """`sync:` of the pod config: when the launcher pushes to the hub, and how hard it tries."""
@@ -149,8 +156,9 @@ class SyncSettings:
     merge: bool = False              # also push the mean of the GPUs' checkpoints
     attempts: int = 5                # tries of one hub call (5xx, timeouts) before a sync fails
     backoff_s: float = 1.0           # wait before the second try; doubles after each failure
+    commits_per_hour: int = HUB_COMMITS_PER_HOUR    # the hf:// repo's commit budget
 
-    KEYS = ("interval", "merge", "attempts", "backoff_s")
+    KEYS = ("interval", "merge", "attempts", "backoff_s", "commits_per_hour")
 
     @classmethod
     def parse(cls, data: dict, source: str = "sync") -> "SyncSettings":
@@ -162,7 +170,8 @@ class SyncSettings:
         refuse_unknown_keys(data, cls.KEYS, source)
         out = cls()
         if "interval" in data:
-            out = dataclasses.replace(out, interval_s=_seconds(data["interval"], f"{source}.interval"))
+            out = dataclasses.replace(out, interval_s=_seconds(data["interval"], f"{source}.interval",
+                                                               minimum=INTERVAL_MIN_S))
         if "merge" in data:
             if not isinstance(data["merge"], bool):
                 raise UserError(f"{source}.merge must be true or false, got {data['merge']!r}")
@@ -176,6 +185,13 @@ class SyncSettings:
         if "backoff_s" in data:
             out = dataclasses.replace(out, backoff_s=_seconds(data["backoff_s"],
                                                               f"{source}.backoff_s", minimum=0))
+        if "commits_per_hour" in data:
+            value, (low, high) = data["commits_per_hour"], COMMITS_PER_HOUR_RANGE
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise UserError(f"{source}.commits_per_hour must be an integer from {low} to "
+                                f"{high} (the hub repo's commits an hour; the Hub's is "
+                                f"{HUB_COMMITS_PER_HOUR}), got {value!r}")
+            out = dataclasses.replace(out, commits_per_hour=value)
         return out
 
 

@@ -3,6 +3,7 @@
 Sources: logs/pod_state.json (the launcher's view: pids, verdicts), the manifest (resume
 points, hub revisions), each worker's METRICS file (latest numbers), logs/events.jsonl,
 logs/sync_state.json (the hub sync: last pushed revision and time, last error),
+logs/hub_rate.json (the hub rate-limiting, commits in the last hour),
 logs/canary.json (the last stage canary's verdict, written by `launch`), and the goodput
 ledger computed from the events and metrics (launcher/dashboard/goodput.py).
 """
@@ -209,6 +210,7 @@ def _canary_report(pod_dir: Path) -> dict | None:
 def _sync_report(pod_dir: Path, config: PodConfig) -> dict | None:
     """The hub sync as the launcher (or `sync push`) last recorded it; errors re-scrubbed."""
     # launcher.hub (its package, ~45 ms) only where a pod has a hub: `status` stays fast
+    from launcher.hub.hub_rate import rate_report
     from launcher.hub.redact import scrub
     from launcher.hub.retention import STATE_KEYS as STORAGE_KEYS
     from launcher.hub.sync_state import read_sync_state
@@ -232,6 +234,9 @@ def _sync_report(pod_dir: Path, config: PodConfig) -> dict | None:
             "last_error_at": state.get("last_error_at"),
             "last_error_age_s": age("last_error_at"),
             "taken_over": state.get("taken_over"),
+            # the hub's rate limiting and commits an hour (launcher/hub/hub_rate.py)
+            "rate": rate_report(pod_dir, now),
+            "commits_per_hour": config.sync_settings().commits_per_hour,
             # retention (launcher/hub/retention.py): recorded after each push under a policy
             "storage": {k: state.get(k) for k in STORAGE_KEYS}
             if state.get("hub_bytes_kept") is not None else None}
@@ -311,6 +316,10 @@ def render_status(report: dict, width: int | None = None):
                 + _held(sync.get("last_pushed_tokens"))
                 + (" ; pushing now" if sync.get("in_flight") else ""))
         parts.append(Text(line))
+        if sync.get("rate"):
+            from launcher.hub.hub_rate import rate_line     # as in _sync_report
+            parts.append(Text(rate_line(sync["rate"], sync.get("commits_per_hour")),
+                              style="red" if sync["rate"].get("limited") else None))
         if sync.get("storage"):
             from launcher.hub.retention import storage_line     # as in _sync_report
             parts.append(Text(storage_line(sync["storage"])))

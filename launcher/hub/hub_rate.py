@@ -1,6 +1,6 @@
 """logs/hub_rate.json: whether the hub is rate-limiting this pod, since when, the pushes it
 delayed, and the commits of the last hour. Written only by the hf:// store
-(launcher/hub/hf.py), read by `status` (`hub_rate_line`) and the commit budget.
+(launcher/hub/hf.py), read by `status` (`rate_report`, `rate_line`).
 
 One incident at a time: the first rate-limited answer opens it (event `hub_rate_limited`),
 each wait adds to it, and the next call the hub answers closes it (event
@@ -106,22 +106,32 @@ def commits_last_hour(state: dict, now: float | None = None) -> int:
     return len(_recent(state.get("commits"), time.time() if now is None else now))
 
 
-def hub_rate_line(pod_dir: Path, now: float | None = None) -> str | None:
-    """`status`'s line on the hub's rate: None when this pod never committed to an hf://
-    hub nor was rate-limited. Times are the clock's (local) HH:MM:SS."""
+def rate_report(pod_dir: Path, now: float | None = None) -> dict | None:
+    """What `status` shows of the hub's rate (`--json`: as is): None when this pod never
+    committed to an hf:// hub nor was rate-limited."""
     state = read_hub_rate(pod_dir)
     if not state:
         return None
-    now = time.time() if now is None else now
-    commits = f"{commits_last_hour(state, now)} commits in the last hour"
     incident = state.get("limited")
-    if isinstance(incident, dict):
-        delayed = int(incident.get("pushes_delayed", 0))
-        return (f"hub: RATE-LIMITED since {_clock(incident.get('since'))} "
-                f"({incident.get('waits', 0)} waits, {delayed} "
-                f"push{'' if delayed == 1 else 'es'} delayed; next try "
-                f"{_clock(incident.get('retry_at'))}); {commits}")
-    return f"hub: {commits}"
+    return {"limited": {k: v for k, v in incident.items() if k != "last_push"}
+            if isinstance(incident, dict) else None,
+            "last_incident": state.get("last_incident"),
+            "commits_last_hour": commits_last_hour(state, now)}
+
+
+def rate_line(report: dict, budget: int | None = None) -> str:
+    """`status`'s line: the commits of the last hour (against `budget`), and, while the hub
+    rate-limits, since when, the waits, the pushes delayed and the next try (local time)."""
+    commits = f"{report['commits_last_hour']} commits in the last hour" + \
+        (f" (budget {budget}/hour)" if budget else "")
+    incident = report.get("limited")
+    if not incident:
+        return f"hub: {commits}"
+    delayed, waits = int(incident.get("pushes_delayed", 0)), int(incident.get("waits", 0))
+    return (f"hub: RATE-LIMITED since {_clock(incident.get('since'))} "
+            f"({waits} wait{'' if waits == 1 else 's'}, {delayed} "
+            f"push{'' if delayed == 1 else 'es'} delayed; next try "
+            f"{_clock(incident.get('retry_at'))}); {commits}")
 
 
 def _clock(stamp) -> str:

@@ -4,11 +4,13 @@
 `ray:` sections typed), the stage table, the criteria file (TrustedLoss: the checks, the
 supervision policy, the peers, the canary and the probe sections, over the shipped
 defaults) and the resume manifest; any mistake in any of them is refused here, in one line,
-before anything is written. Everything after takes the plan, or the typed part it needs,
-never a path: the canary gate (launcher/checks/canary.py: config, stages, trusted), the
-probe monitor (trusted.probe_schedule / probe_tolerance), the health checks and the restart
-policy (criteria), the hub sync (sync), the Ray backend (ray). None of them opens those
-files again during the launch (tests/test_launch_plan.py changes them under a built plan).
+before anything is written, and so is a `sync:` that would commit past the hf:// repo's
+hourly budget (launcher/hub/commit_budget.py). Everything after takes the plan, or the
+typed part it needs, never a path: the canary gate (launcher/checks/canary.py: config,
+stages, trusted), the probe monitor (trusted.probe_schedule / probe_tolerance), the health
+checks and the restart policy (criteria), the hub sync (sync), the Ray backend (ray). None
+of them opens those files again during the launch (tests/test_launch_plan.py changes them
+under a built plan).
 
 The manifest comes back beside the plan, not in it: it is the pod's state, which the launch
 keeps rewriting (reconcile, restores, every checkpoint); the plan never changes (frozen).
@@ -17,6 +19,7 @@ keeps rewriting (reconcile, restores, every checkpoint); the plan never changes 
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +31,7 @@ from launcher.config.podconfig import PodConfig, SyncSettings, check_model, load
 from launcher.config.ray_settings import RaySettings
 from launcher.config.stages import Stage, get_stage, load_stages
 from launcher.errors import UserError
+from launcher.hub.commit_budget import check_commit_budget
 from launcher.pod.manifest import Manifest, name_default_checkpoints, read_manifest
 from fractus.train.env import SettingsError, WorkerSettings
 
@@ -82,6 +86,10 @@ def load_plan(pod_dir: Path, stage: int | None, devices: str | None, gpus: str |
                       RaySettings.parse(config.ray, ray_address), stage, slots, max_time,
                       max_steps, dict(faults or {}),
                       None if max_time is None else time.monotonic() + max_time)
+    # The hub's commit budget: refused above it (UserError), said near it or on Ray.
+    note = check_commit_budget(config.hub, plan.sync, len(slots), plan.ray is not None)
+    if note:
+        print(f"fractus-pod: {note}", file=sys.stderr, flush=True)
     return plan, manifest
 
 
