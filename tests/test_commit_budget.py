@@ -10,7 +10,7 @@ from launcher.cli import main as cli_main
 from launcher.config.podconfig import SyncSettings
 from launcher.hub.commit_budget import check_commit_budget, commit_plan
 from launcher.hub.hub_rate import note_commit, note_wait
-from tests.test_bad_input import edit_config, pod, pod_template, refused  # noqa: F401
+from tests.support.refusals import edit_config, pod, pod_template, refused  # noqa: F401
 
 HF = "hf://owner/run"
 
