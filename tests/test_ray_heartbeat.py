@@ -13,31 +13,9 @@ import time
 from dataclasses import dataclass, field
 
 from launcher.supervise.ray_fence import Heartbeat
+from tests.support.ray_stub import HeartbeatRay as StubRay, HeartbeatRef as Ref
 
 PERIOD_S = 0.25
-
-
-class RayError(Exception):
-    pass
-
-
-class StubRay:
-    class exceptions:
-        RayError = RayError
-
-    def wait(self, refs, num_returns=1, timeout=None):
-        ready = [r for r in refs if r.answered]
-        if len(ready) < num_returns and timeout:
-            time.sleep(timeout)         # what ray.wait does when an answer never comes
-        return ready, [r for r in refs if not r.answered]
-
-    def get(self, ref, timeout=None):
-        return None
-
-
-@dataclass(eq=False)
-class Ref:
-    answered: bool
 
 
 @dataclass(eq=False)
@@ -49,7 +27,7 @@ class Actor:
     def heartbeat(self):
         return self
 
-    def remote(self):
+    def remote(self, *deadlines):
         self.calls.append(time.monotonic())
         return Ref(self.answers)
 

@@ -214,7 +214,7 @@ def _ray_backend(pod_dir: Path, plan, settings, events):
     except ImportError:
         raise UserError(f"--ray needs Ray: {install_hint('ray')}") from None
     try:
-        backend = RayBackend(pod_dir, plan.config, settings, events)
+        backend = RayBackend(pod_dir, plan.config, settings, events, len(plan.slots))
         return backend, RayCustodian(backend)
     except ConnectionError as exc:
         from launcher.supervise.ray_reach import unreachable

@@ -21,9 +21,11 @@ class RaySettings:
     # The resource one worker takes: none means one GPU (cuda devices) or one CPU (cpu);
     # a custom resource (`ray start --resources='{"fractus_gpu": 8}'`) for the CPU demo.
     resource: str | None = None
-    # Fencing (launcher/supervise/ray_fence.py): a node that has not heard from the launcher
-    # for this long stops its worker (it saves; SIGKILL after stop_grace_s); a lost node's
-    # GPUs are placed again only after fence_s + stop_grace_s (+5 s) without an answer.
+    # Fencing (launcher/supervise/ray_fence.py): the longest a node that has not heard from
+    # the launcher waits before it stops its worker (it saves; SIGKILL after its grace, at
+    # most stop_grace_s). The launcher's heartbeats tell each node a shorter fence and grace
+    # derived from what it measured; a lost node's GPUs are placed again only after the
+    # node's fence + grace (+5 s) without an answer.
     fence_s: float = 60.0
 
     KEYS = ("address", "workdir", "resource", "fence_s")

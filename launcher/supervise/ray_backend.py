@@ -42,7 +42,7 @@ from launcher.supervise.backend import WorkerBackend, WorkerExit, WorkerHandle
 from launcher.supervise.ray_adopt import NodeAdoption
 from launcher.supervise.ray_fence import NAMESPACE, Heartbeat, actor_prefix, end_orphans
 from launcher.supervise.ray_node import NodeWorker
-from launcher.supervise.ray_recovery import is_recovery
+from launcher.supervise.ray_recovery import gpu_commit_every_s, is_recovery
 from launcher.config.ray_settings import RaySettings
 from launcher.worker.process import WorkerSpec, build_env, pod_env_names
 from launcher.paths import worker_log_path
@@ -76,7 +76,7 @@ class RayBackend(NodeAdoption, WorkerBackend):
     name = "ray"
 
     def __init__(self, pod_dir: Path, config: PodConfig, settings: RaySettings,
-                 events: EventLog):
+                 events: EventLog, gpus: int = 1):
         import ray      # optional (the ray extra): only a launch --ray imports it
         super().__init__(pod_dir)
         self.ray, self.config, self.settings, self.events = ray, config, settings, events
@@ -120,6 +120,10 @@ class RayBackend(NodeAdoption, WorkerBackend):
             return "GPU", {"num_gpus": 1, "num_cpus": 0}
         return "CPU", {"num_cpus": 1}
 
+        # Each GPU's share of the hub's commit budget for its recovery copies (the pod's
+        # `gpus` GPUs share it; launcher/supervise/ray_recovery.py)
+        self.recovery_every_s = gpu_commit_every_s(self.hub_url, gpus,
+                                                   config.sync_settings().commits_per_hour)
     def actor(self, gpu: int):
         """The GPU's actor now (None: none, its node was lost), for the custodian's calls."""
         return self.actors.get(gpu)
@@ -158,7 +162,8 @@ class RayBackend(NodeAdoption, WorkerBackend):
             name=f"{self.actor_prefix}gpu{slot.gpu}-{uuid.uuid4().hex[:8]}",
             **options).remote(slot.gpu, self.settings.workdir, str(self.pod_dir.resolve()),
                               self.hub_url, self.writer, list(self.config.worker),
-                              self.settings.fence_s, self.config.stop_grace_s, self.data)
+                              self.settings.fence_s, self.config.stop_grace_s, self.data,
+                              self.recovery_every_s)
 
     def start(self, spec: WorkerSpec) -> RayHandle:
         gpu = spec.slot.gpu
@@ -301,6 +306,7 @@ class RayBackend(NodeAdoption, WorkerBackend):
     def _log(self, gpu: int, text: str) -> None:
         """A line for the GPU's log on the head (the worker's own log is on its node)."""
         path = self.pod_dir / worker_log_path(gpu)
+            self.heartbeat.measured.note_lines(gpu, lines)    # the fence's step/save times
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a") as log:
             log.write(f"[fractus-pod {time.strftime('%Y-%m-%d %H:%M:%S')}] {scrub(text)}\n")

@@ -1,13 +1,24 @@
 """The launcher's side of fencing the Ray nodes (the node's side: ray_node.NodeWorker._fence).
 
+The invariant: a GPU never has two workers. A node that hears nothing from the launcher for
+its fence stops its worker (SIGTERM: it saves; SIGKILL after its grace) and exits; the
+launcher places that node's GPUs elsewhere only once the same deadline, counted from its
+side, has passed for certain (`lost_after`). Owner: `Heartbeat` here, for RayBackend.
+
 `Heartbeat`: a thread that calls every actor's heartbeat() every HEARTBEAT_S (one call in
-flight per actor, never waiting for an answer) and notes when each one last answered. A
-node that hears nothing for `fence_s` stops its worker (SIGTERM, SIGKILL after `grace_s`)
-and exits; the node heard the launcher at the latest when the
-launcher got that answer, so once `fence_s + grace_s + FENCE_MARGIN_S` have passed since
-then, its worker has stopped for certain, whatever Ray reports: only then is the GPU's node
-declared lost and the GPU placed elsewhere (`lost_after`). A thread of its own, not the
-supervisor's poll: a long stop or rollback in the main loop must not fence healthy nodes.
+flight per actor, never waiting for an answer) and notes when each one last answered. Each
+heartbeat carries the deadlines the node is to keep (`Deadlines`: `fence_s`, the silence
+after which it fences, and `grace_s`, its worker's time to stop), derived from what this
+launcher measured (`Measured`): the fence from the longest gap between an actor's answers
+(a node late to answer must not fence a healthy worker), the grace from the longest step
+plus save its workers took (a SIGTERMed worker ends its step, then saves), each within a
+floor and under its cap (the config's `ray.fence_s` and `stop_grace_s`, which a node keeps
+until it hears otherwise). The node heard the launcher at the latest when the launcher sent
+its newest heartbeat, and keeps at most the larger of the deadlines its last answered and
+its newest heartbeat carried: so once those deadlines plus FENCE_MARGIN_S have passed since
+then, its worker has stopped for certain, whatever Ray reports; only then is the GPU's node
+declared lost and the GPU placed elsewhere. A thread of its own, not the supervisor's poll:
+a long stop or rollback in the main loop must not fence healthy nodes.
 
 `end_orphans`: the actors are detached (they outlive a launcher killed with -9, so that
 their workers get their final save); a launcher started on the same pod before they fenced
@@ -17,14 +28,82 @@ themselves stops them first (each worker saves), so that a GPU never has two wor
 from __future__ import annotations
 
 import hashlib
+import json
 import socket
 import threading
 import time
+from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
 HEARTBEAT_S = 2.0
 FENCE_MARGIN_S = 5.0       # the node's fence check period, the SIGKILL landing, clock steps
 NAMESPACE = "fractus-pod"  # where the launcher finds its pod's detached actors by name
+# The fence: FENCE_GAPS times the longest gap measured between an actor's answers (2 s
+# when nothing is late), never under FENCE_FLOOR_S (a loaded node's answers came seconds
+# late: the Ray tests under load); the grace: GRACE_FACTOR times the longest step plus the
+# longest save measured, never under GRACE_FLOOR_S. Both under their caps, which hold
+# until something was measured.
+FENCE_GAPS = 5
+FENCE_FLOOR_S = 15.0
+GRACE_FACTOR = 1.5
+GRACE_FLOOR_S = 10.0
+MEASURED_KEPT = 256        # the newest measurements of each kind a derivation looks at
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    fence_s: float
+    grace_s: float
+
+    @property
+    def wait_s(self) -> float:
+        """From the node's last heartbeat until its worker has stopped for certain."""
+        return self.fence_s + self.grace_s + FENCE_MARGIN_S
+
+
+def derive_deadlines(gaps_s, steps_s, saves_s, fence_cap_s: float,
+                     grace_cap_s: float) -> Deadlines:
+    """The deadlines a node keeps, from the measured answer gaps, step and save times (each
+    an iterable of seconds; empty: nothing measured yet, the cap holds)."""
+    gaps, steps, saves = list(gaps_s), list(steps_s), list(saves_s)
+    fence = min(fence_cap_s, max(FENCE_FLOOR_S, FENCE_GAPS * max(gaps))) if gaps \
+        else fence_cap_s
+    grace = min(grace_cap_s, max(GRACE_FLOOR_S, GRACE_FACTOR * (max(steps, default=0.0)
+                                                                + max(saves)))) if saves \
+        else grace_cap_s
+    return Deadlines(fence, grace)
+
+
+class Measured:
+    """What the deadlines derive from: the gaps between an actor's answers, and the step and
+    save times of the workers (their metrics lines and checkpoint events, as the launcher
+    collects them). Fed by two threads (the heartbeat's, the poll's): appends only."""
+
+    def __init__(self):
+        self.gaps = deque(maxlen=MEASURED_KEPT)
+        self.steps = deque(maxlen=MEASURED_KEPT)
+        self.saves = deque(maxlen=MEASURED_KEPT)
+        self.last_metrics: dict[int, tuple[float, int]] = {}   # gpu -> (ts, step)
+
+    def note_lines(self, gpu: int, lines: bytes) -> None:
+        """A GPU's metrics lines: its step times (between two metrics lines) and save times
+        (a checkpoint event's `seconds`)."""
+        for line in lines.splitlines():
+            if b'"metrics"' not in line and b'"checkpoint"' not in line:
+                continue
+            try:
+                record = json.loads(line)
+                if record.get("type") == "metrics":
+                    ts, step = float(record["ts"]), int(record["step"])
+                    previous = self.last_metrics.get(gpu)
+                    self.last_metrics[gpu] = (ts, step)
+                    if previous and step > previous[1] and ts >= previous[0]:
+                        self.steps.append((ts - previous[0]) / (step - previous[1]))
+                elif record.get("event") == "checkpoint" and "seconds" in record:
+                    self.saves.append(max(0.0, float(record["seconds"])))
+            except (ValueError, TypeError, KeyError, AttributeError):
+                continue             # a line not of that shape measures nothing
 
 
 def actor_prefix(pod_dir: Path) -> str:
@@ -37,29 +116,51 @@ class Heartbeat:
     def __init__(self, ray, actors: dict[int, object], fence_s: float, grace_s: float,
                  period_s: float = HEARTBEAT_S):
         self.ray, self.actors = ray, actors         # the backend's live actors, read only
-        self.wait_s = fence_s + grace_s + FENCE_MARGIN_S
+        self.caps = Deadlines(fence_s, grace_s)     # what a new actor keeps (its arguments)
+        self.measured = Measured()
         self.period_s = period_s
         self.answered: dict[object, float] = {}     # actor -> monotonic time of its answer
         self.in_flight: dict[object, object] = {}   # actor -> its heartbeat not answered yet
+        self.sent: dict[object, tuple[float, Deadlines]] = {}   # actor -> its newest heartbeat
+        self.kept: dict[object, Deadlines] = {}     # actor -> those of its last answered one
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name="ray-heartbeat", daemon=True)
         self.thread.start()
+
+    def deadlines(self) -> Deadlines:
+        """What the next heartbeats tell the nodes to keep."""
+        m = self.measured
+        return derive_deadlines(m.gaps, m.steps, m.saves, self.caps.fence_s,
+                                self.caps.grace_s)
+
+    def wait_s(self, actor) -> float:
+        """How long after its last heartbeat `actor`'s worker has stopped for certain: the
+        larger of the deadlines it may keep (its last answered heartbeat's, or its
+        arguments', and its newest heartbeat's, which it may have heard unanswered)."""
+        kept = self.kept.get(actor, self.caps)
+        sent = self.sent.get(actor)
+        return max(kept.wait_s, sent[1].wait_s if sent else 0.0)
 
     def heard(self, actor) -> None:
         """An answer of `actor` (its start), outside the heartbeat thread."""
         self.answered[actor] = time.monotonic()
 
     def unresponsive(self, actor) -> bool:
-        """Ray holds `actor` alive but it has not answered a heartbeat for `wait_s`: its
+        """Ray holds `actor` alive but it has not answered a heartbeat for its wait: its
         process is frozen (stopped, or a thread holding the interpreter), since a process
         that runs would have fenced itself and ended by then."""
         answered = self.answered.get(actor)
-        return answered is not None and time.monotonic() - answered > self.wait_s
+        return answered is not None and time.monotonic() - answered > self.wait_s(actor)
 
     def lost_after(self, actor) -> float:
-        """When a GPU whose actor Ray reported dead may be placed elsewhere (monotonic):
-        an actor that never answered is counted from now."""
-        return self.answered.pop(actor, time.monotonic()) + self.wait_s
+        """When a GPU whose actor Ray reported dead may be placed elsewhere (monotonic),
+        counted from its last answer or its newest heartbeat, whichever is later (the node
+        may have heard that one): an actor that never answered is counted from now."""
+        wait_s = self.wait_s(actor)
+        answered = self.answered.pop(actor, time.monotonic())
+        sent = self.sent.pop(actor, None)
+        self.kept.pop(actor, None)
+        return max(answered, sent[0] if sent else answered) + wait_s
 
     def _run(self) -> None:
         while not self.stopping.wait(self.period_s):
@@ -89,10 +190,19 @@ class Heartbeat:
                 except self.ray.exceptions.RayError:
                     continue            # a dead actor: the poll reports it
                 if actor in live:
+                    previous = self.answered.get(actor)
+                    if previous is not None:
+                        self.measured.gaps.append(seen_at - previous)
                     self.answered[actor] = seen_at
+                    sent = self.sent.get(actor)
+                    if sent is not None:
+                        self.kept[actor] = sent[1]
+        deadlines = self.deadlines()
         for actor in live:
             if actor not in self.in_flight:
-                self.in_flight[actor] = actor.heartbeat.remote()
+                self.sent[actor] = (time.monotonic(), deadlines)
+                self.in_flight[actor] = actor.heartbeat.remote(deadlines.fence_s,
+                                                               deadlines.grace_s)
 
     def close(self) -> None:
         self.stopping.set()

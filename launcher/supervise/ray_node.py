@@ -26,14 +26,16 @@ retained link of one this actor saw), or `resume`: the one its worker started fr
 linked at start because the worker saves over it.
 
 Fencing: a node that stops hearing from its launcher stops its worker. The launcher sends
-every actor a heartbeat every few seconds (RayBackend); an actor that has heard nothing for
-`fence_s` (a partition, a SIGSTOPped raylet, the launcher killed) SIGTERMs its worker (the
-worker saves its final checkpoint on this disk and exits; SIGKILL after `grace_s`) and then
-exits itself. The launcher counts the same deadline from its last answered heartbeat and
+every actor a heartbeat every few seconds (RayBackend), carrying the deadlines to keep (its
+fence and a fenced worker's grace, launcher/supervise/ray_fence.py; `fence_s`, `grace_s`
+until the first one); an actor that has heard nothing for its fence (a partition, a
+SIGSTOPped raylet, the launcher killed) SIGTERMs its worker (the worker saves its final
+checkpoint on this disk and exits; SIGKILL after the grace) and then exits itself. The
+launcher counts the same deadline from its last heartbeat the node may have heard and
 places the GPU elsewhere only after it, so two workers never train one GPU. The actors are
 detached (a driver that dies does not take them down with a SIGKILL of every child, which is
 what Ray does to an owned actor): a launcher killed with -9 leaves each worker its final
-save, within fence_s + grace_s.
+save, within its fence and grace.
 
 Imported on the nodes by Ray; imports nothing of Ray at module level.
 """
@@ -76,7 +78,7 @@ ADOPT_CHECK_S = 0.2             # how often `adopt` looks whether the previous w
 class NodeWorker:
     def __init__(self, gpu: int, workdir: str, pod_dir: str, hub_url: str | None,
                  writer: str | None, command: list[str], fence_s: float, grace_s: float,
-                 data: dict | None = None):
+                 data: dict | None = None, recovery_every_s: float = 0.0):
         import ray      # optional (the ray extra): only a launch --ray imports it
         self.node_id = ray.get_runtime_context().get_node_id()   # for NodeAffinity
         self.node = self.node_id[:12]
@@ -100,6 +102,9 @@ class NodeWorker:
         threading.Thread(target=self._fence, name="fence", daemon=True).start()
 
     # ---- the worker --------------------------------------------------------------------
+        self.fence_grace_s = grace_s      # a fenced worker's; the heartbeats may shorten it
+        # Each GPU's share of the hub's commit budget for recovery copies (ray_recovery.py)
+        self.recovery_every_s = recovery_every_s
     def start(self, settings: dict[str, str], checkpoint: dict | None, cuda: bool,
               keep: list[str] = (), shards: list[str] = ()) -> dict:
         """Start the worker with `settings` (the launcher's worker environment); first put
@@ -154,12 +159,15 @@ class NodeWorker:
             {"gpu": self.gpu, "workdir": str(self.workdir), "metrics": settings["METRICS"],
              "offset": self.tail.position, "pid": self.proc.pid, "create_time": create_time,
              "hub_url": self.hub_url, "writer": self.writer, "attempt": attempt,
-             "run_id": settings.get("RUN_ID"), "node": self.node},
+             "run_id": settings.get("RUN_ID"), "node": self.node,
+             "gpu_commit_every_s": self.recovery_every_s},
             self.workdir, log_path))
         return attempt
 
-    def heartbeat(self) -> None:
-        """The launcher is there (RayBackend's heartbeat thread, every HEARTBEAT_S)."""
+    def heartbeat(self, fence_s: float | None = None, grace_s: float | None = None) -> None:
+        """The launcher is there (RayBackend's heartbeat thread, every HEARTBEAT_S), and
+        says the deadlines to keep from now (ray_fence.Deadlines, derived from what it
+        measured): the fence, and the time a fenced worker has to stop."""
         self.heard = time.monotonic()
 
     def _fence(self) -> None:
@@ -168,13 +176,15 @@ class NodeWorker:
         from its side, so the two never overlap."""
         while time.monotonic() - self.heard < self.fence_s:
             time.sleep(FENCE_CHECK_S)
+        if fence_s is not None and grace_s is not None:
+            self.fence_s, self.fence_grace_s = float(fence_s), float(grace_s)
         silent = time.monotonic() - self.heard
         proc = self.proc
-        self._note(f"fenced: no heartbeat from the launcher for {silent:.0f}s (fence_s "
-                   f"{self.fence_s:g}); stopping the worker (SIGTERM: it saves its final "
-                   f"checkpoint on this node; SIGKILL after {self.grace_s:g}s)")
+        self._note(f"fenced: no heartbeat from the launcher for {silent:.0f}s (fence "
+                   f"{self.fence_s:g}s); stopping the worker (SIGTERM: it saves its final "
+                   f"checkpoint on this node; SIGKILL after {self.fence_grace_s:g}s)")
         if proc is not None:
-            terminate([proc], self.grace_s)
+            terminate([proc], self.fence_grace_s)
             self._note(f"fenced: worker pid {proc.pid} ended with code {proc.returncode}; "
                        f"the actor exits")
         os._exit(0)        # nobody will call it again: its resources go back to the cluster

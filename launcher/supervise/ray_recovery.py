@@ -1,28 +1,39 @@
-"""Recovery copies on a Ray pod: every save of a node's worker reaches the hub at once.
+"""Recovery copies on a Ray pod: every GPU's newest save reaches the hub, batched per node.
+
+The invariant: the hub holds, for each GPU of a node, a recovery copy no older than the
+node's last commit, and the pod's recovery commits stay within their share of the hub's
+commit budget (launcher/hub/commit_budget.py: a quarter of a repository's 128 an hour).
+Owner: the node's
+pushers (`RecoveryPusher`, this module); the launcher reads the copies (`read_recovery_copy`).
 
 A checkpoint reaches the hub's normal location (`checkpoints/...`, what the manifest names)
 only once its AR probe passed, and probes can trail the saves by many save intervals: a
 node lost then cost everything trained since its newest passed push (18-32 save intervals
-measured, issue 16 item 30). So beside that, each save of a node's worker that passes the
-cheap checks (it loads weights-only, it says it is this GPU's, of this run, at the event's
-token, and its weights are finite) is pushed at once, before any probe, to a separate hub
-location, `recovery/<its path>` (with `recovery/<its path>.json`, the record below), as
-the head's pod (the run's lease: nothing is committed once the run was taken over). The
-passed copy stays where it is; a recovery copy is never in a manifest the hub holds.
+measured). So beside that, each save of a node's worker that passes the cheap checks (it
+loads weights-only, it says it is this GPU's, of this run, at the event's token, and its
+weights are finite) goes to a separate hub location before any probe, `recovery/<its
+path>` (with `recovery/<its path>.json`, the record below), as the head's pod (the run's
+lease: nothing is committed once the run was taken over). The passed copy stays where it
+is; a recovery copy is never in a manifest the hub holds.
 
 The pusher is a process of its own on the node (`python -m launcher.supervise.ray_recovery
-SPEC`), started by the GPU's actor with the worker and in a session of its own: it outlives
-the actor, so the final save a worker writes on SIGTERM when its node is removed gracefully
-(the actor dies first, issue 16 item 31(b)) is pushed too. It tails the worker's metrics
-file, hard-links each checkpoint the moment its event is read (the worker's rotation cannot
-take it away), pushes the newest one (a save arriving while a push is in flight replaces
-the one waiting: at most one waits), and exits once the worker has ended and its final save
-is pushed (or after FINAL_PUSH_S of failed attempts).
+SPEC`), one per worker start, started by the GPU's actor with the worker and in a session
+of its own: it outlives the actor, so the final save a worker writes on SIGTERM when its
+node is removed gracefully (the actor dies first) goes up too. It tails the worker's
+metrics file, hard-links each checkpoint the moment its event is read (the worker's
+rotation cannot take it away), checks the newest one and posts it in the node's staging
+directory (replacing the GPU's older posted one). One commit carries every GPU's newest
+posted save: whichever pusher of the node finds it due makes it, under a lock (one at a
+time): on the Hub, at the node's cadence (`commit_every_s`: the pod's share of the budget
+divided by its GPUs, `gpu_commit_every_s`, times the node's), once each of the node's GPUs posted or GATHER_S
+after the first did; on a file:// store (no commit budget) as soon as the last commit is
+done; a worker's final save at once. The pusher exits once its worker has ended and
+its posted saves are committed (or after FINAL_PUSH_S of failed attempts).
 
 Bound: a GPU whose node is lost resumes from the newer of its newest passed hub copy and
 its recovery copy (`read_recovery_copy`, launcher/supervise/ray_pushes.py). What it
-retrains is what its worker trained after the newest save whose push had landed: at most
-one save interval plus the saves made while one push was in flight.
+retrains is what its worker trained after the newest save whose commit had landed: at most
+the node's cadence plus GATHER_S plus one save interval plus one commit's upload.
 
 The record names the worker's start (`attempt`, a new one at each start of a worker): the
 launcher takes a recovery copy only from the start of the worker it lost, never one of an
@@ -31,9 +42,11 @@ earlier lineage (a rolled-back one, or a partitioned node's late push).
 
 from __future__ import annotations
 
+import fcntl
 import importlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -43,12 +56,14 @@ from pathlib import Path
 import psutil
 
 from launcher import child
+from launcher.files import read_json_state, write_json_state
 from launcher.paths import RECOVERY_HUB_DIR, RECOVERY_STAGING_DIR
 from launcher.worker.process import MetricsTail
 from launcher.pod.ckpt_trust import read_identity
 from launcher.pod.ckpt_index import link_or_copy
 from launcher.pod.manifest import relative_to_pod
 from launcher.hub import HubError, open_store
+from launcher.hub.commit_budget import HUB_COMMITS_PER_HOUR, recovery_commits_per_hour
 from launcher.hub.integrity import IntegrityError
 from launcher.hub.lease import RunTakenOver, push_as_writer
 from launcher.paths import NODE_LEASE_DIR
@@ -58,6 +73,21 @@ FINAL_PUSH_S = 600.0                      # after its worker ended: the final pu
 RETRY_S = (2.0, 30.0)                     # a failed push is tried again: first, longest wait
 CHECK_FLAG = "--check"                    # `python -m ...ray_recovery --check SPEC`: check_save
 CHECK_TIMEOUT_S = 600.0                   # a 1B save loaded weights-only from a slow disk
+HOUR_S = 3600.0
+# The hub's commits: a Hub repository takes `sync.commits_per_hour` (by default 128) an
+# hour; the recovery copies of the whole pod take their share of them
+# (launcher/hub/commit_budget.py: a quarter, 32), split over the pod's GPUs
+# (`gpu_commit_every_s`), and a node commits for its GPUs together (`commit_every_s`: a pod
+# of 8 GPUs on one node every 112.5 s; on 8 nodes, each every 900 s). A file:// store has
+# no such budget.
+GATHER_S = 10.0          # a due commit waits this long for the node's other GPUs' saves
+# In the node's RECOVERY_STAGING_DIR: each GPU's newest checked save waiting for the node's
+# commit (`posted-gpu{i}-{attempt}-{sha}.pt` and `.json`), each running pusher
+# (`pusher-gpu{i}-{attempt}.json`), the lock one committing pusher holds, the last commit.
+POSTED_PREFIX = "posted-gpu"
+PUSHER_PREFIX = "pusher-gpu"
+COMMIT_LOCK = ".commit.lock"
+COMMIT_STATE = ".committed.json"
 
 
 def recovery_path(checkpoint: str) -> str:
@@ -170,33 +200,46 @@ def _launcher_env() -> dict[str, str]:
 class RecoveryPusher:
     """`spec`: gpu, workdir, metrics (its worker's metrics file), offset (where its start's
     lines begin), pid and create_time (the worker), hub_url, writer (the head's pod id),
-    attempt, run_id, node."""
+    attempt, run_id, node, gpu_commit_every_s (the recovery commits each GPU of the pod is
+    entitled to: `gpu_commit_every_s`; the node's cadence)."""
 
     def __init__(self, spec: dict):
         self.spec = spec
         self.gpu = int(spec["gpu"])
         self.workdir = Path(spec["workdir"])
+        self.staging = self.workdir / RECOVERY_STAGING_DIR
         self.tail = MetricsTail(self.workdir / spec["metrics"], offset=int(spec["offset"]))
-        self.waiting: tuple[dict, Path] | None = None     # the newest save not pushed yet
-        self.failures = 0
+        self.waiting: tuple[dict, Path] | None = None     # the newest save not posted yet
         self.stopped = False              # the run was taken over: nothing more goes up
+        self.ended = False                # its worker has ended: its saves go up at once
 
     def run(self) -> None:
         importlib.import_module("torch")     # now: the first save waits for no import
+        self._register()
         ended_at = None
-        while not self.stopped and self.workdir.is_dir():   # a node directory removed: done
-            alive = self._worker_alive()
-            self._read()                # after the liveness check: the final save is read
-            if self.waiting is not None:
-                if not self._push_waiting() and not alive:
+        try:
+            while not self.stopped and self.workdir.is_dir():   # a node directory removed
+                alive = self._worker_alive()
+                self._read()            # after the liveness check: the final save is read
+                if not alive and not self.ended:
+                    self.ended = True
+                    self._mark_final()
+                if self.waiting is not None:
+                    self._post_waiting()
+                self._commit_if_due()
+                if not alive:
+                    if not self._own_posted():
+                        return
                     ended_at = ended_at or time.monotonic()
                     if time.monotonic() - ended_at > FINAL_PUSH_S:
                         self._note("gave up pushing the final save's recovery copy")
+                        for entry in self._own_posted():
+                            _remove_entry(entry)
                         return
-                continue
-            if not alive:
-                return
-            time.sleep(TAIL_S)
+                time.sleep(TAIL_S)
+        finally:
+            (self.staging / f"{PUSHER_PREFIX}{self.gpu}-{self.spec['attempt']}.json"
+             ).unlink(missing_ok=True)
 
     def _worker_alive(self) -> bool:
         try:
@@ -217,7 +260,7 @@ class RecoveryPusher:
             if event.get("event") != "checkpoint" or "sha256" not in event:
                 continue
             rel = relative_to_pod(event["path"], self.workdir)
-            link = self.workdir / RECOVERY_STAGING_DIR / f"gpu{self.gpu}-{event['sha256'][:16]}.pt"
+            link = self.staging / f"gpu{self.gpu}-{event['sha256'][:16]}.pt"
             try:
                 link_or_copy(self.workdir / rel, link)
             except OSError:
@@ -231,8 +274,21 @@ class RecoveryPusher:
             self.waiting = None
 
     def _push_waiting(self) -> bool:
-        """Push the waiting save; True when it is done with (pushed, or refused by the
-        checks or its bytes); False after a failure (tried again after a wait)."""
+        """Post the waiting save (checked) for the node's next commit, and make that commit
+        if it is due; True (a failed commit is tried again, after a wait, by the next)."""
+        if self.waiting is not None:
+            self._post_waiting()
+        self._commit_if_due()
+        return True
+
+    # ---- posting: each GPU's newest checked save waits for the node's next commit -------
+    def _register(self) -> None:
+        """This pusher's GPU counts among the node's (the cadence) while it runs."""
+        write_json_state(self.staging / f"{PUSHER_PREFIX}{self.gpu}-{self.spec['attempt']}.json",
+                         {"gpu": self.gpu, "pid": os.getpid(),
+                          "create_time": psutil.Process().create_time()})
+
+    def _post_waiting(self) -> None:
         event, link = self.waiting
         token = int(event["next_token"])
         try:
@@ -240,45 +296,182 @@ class RecoveryPusher:
         except ValueError as exc:
             self._note(f"save at token {token:,} not pushed as a recovery copy: {exc}")
             self._drop_waiting()
-            return True
+            return
         doc = {"format": RECORD_FORMAT, "gpu": self.gpu, "sha256": event["sha256"],
                "next_token": token, "attempt": self.spec["attempt"], "node": self.spec["node"],
                "saved_at": event.get("ts"),
                **{k: event[k] for k in ("phase", "ema_tf", "lb", "step") if k in event}}
-        record = link.with_suffix(".json")
-        record.write_text(json.dumps(doc, sort_keys=True) + "\n")
-        started = time.monotonic()
+        name = f"{POSTED_PREFIX}{self.gpu}-{self.spec['attempt']}-{event['sha256'][:16]}"
+        link_or_copy(link, self.staging / f"{name}.pt")
+        write_json_state(self.staging / f"{name}.json",       # last: the entry is complete
+                         {"record": doc, "hub_path": recovery_path(event["path"]),
+                          "final": self.ended, "posted_at": time.time()})
+        for entry in _posted(self.staging):          # this GPU's older saves: superseded
+            if entry["gpu"] == self.gpu and entry["name"] != name:
+                _remove_entry(entry)
+        self._drop_waiting()
+
+    def _own_posted(self) -> list[dict]:
+        return [e for e in _posted(self.staging)
+                if e["gpu"] == self.gpu and e["record"]["attempt"] == self.spec["attempt"]]
+
+    def _mark_final(self) -> None:
+        """Its worker ended: its posted save is its last, due at once."""
+        for entry in self._own_posted():
+            write_json_state(entry["json"], {**entry["doc"], "final": True})
+
+    # ---- committing: one pusher of the node at a time, every GPU's newest in one commit ----
+    def _commit_if_due(self) -> None:
+        if not self._due():
+            return
+        self.staging.mkdir(parents=True, exist_ok=True)
+        with open(self.staging / COMMIT_LOCK, "a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return                   # another GPU's pusher is committing for the node
+            if self._due():                     # still, under the lock
+                self._commit()
+
+    def _due(self) -> bool:
+        every = self.spec.get("gpu_commit_every_s")
+        return _due(self.staging, gpu_commit_every_s(self.spec["hub_url"], 1)
+                    if every is None else float(every))
+
+    def _commit(self) -> None:
+        entries = _newest_per_gpu(_posted(self.staging))
+        sending = self.staging / f".sending-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        state = read_json_state(self.staging / COMMIT_STATE)
+        files, expected = {}, {}
         try:
-            store = open_store(self.spec["hub_url"], self.workdir)
+            for entry in entries:
+                path, doc = entry["hub_path"], entry["record"]
+                files[path] = sending / f"{entry['name']}.pt"
+                link_or_copy(entry["pt"], files[path])
+                files[path + ".json"] = sending / f"{entry['name']}.json"
+                files[path + ".json"].write_text(json.dumps(doc, sort_keys=True) + "\n")
+                expected[path] = doc["sha256"]
+            said = ", ".join(f"gpu{e['gpu']}@{e['record']['next_token']:,}" for e in entries)
+            started = time.monotonic()
             revision = push_as_writer(
-                store, {recovery_path(event["path"]): link, record_path(event["path"]): record},
-                f"fractus-pod recovery copy: gpu{self.gpu}@{token:,} (not yet probed)",
-                {recovery_path(event["path"]): event["sha256"]},
+                open_store(self.spec["hub_url"], self.workdir), files,
+                f"fractus-pod recovery copies: {said} (not yet probed)", expected,
                 self.workdir / NODE_LEASE_DIR, self.spec["writer"])
         except RunTakenOver as exc:
             self._note(f"recovery pushes stopped: {exc}")
-            self._drop_waiting()
+            for entry in _posted(self.staging):
+                _remove_entry(entry)
             self.stopped = True
-            return True
-        except IntegrityError:
-            self._drop_waiting()          # the link holds other bytes than its event says
-            return True
+            return
+        except IntegrityError as exc:     # a link holds other bytes than its event says
+            self._note(f"recovery copies not pushed: {exc}")
+            for entry in entries:
+                _remove_entry(entry)
+            return
         except (HubError, OSError) as exc:
-            self.failures += 1
-            wait = min(RETRY_S[1], RETRY_S[0] * 2 ** (self.failures - 1))
-            self._note(f"recovery push of token {token:,} failed ({exc}); again in {wait:g}s")
-            time.sleep(wait)
-            return False
+            failures = int(state.get("failures", 0)) + 1
+            wait = min(RETRY_S[1], RETRY_S[0] * 2 ** (failures - 1))
+            write_json_state(self.staging / COMMIT_STATE,
+                             {**state, "failures": failures, "retry_at": time.time() + wait})
+            self._note(f"recovery push of {len(entries)} save(s) failed ({exc}); "
+                       f"again in {wait:g}s")
+            return
         finally:
-            record.unlink(missing_ok=True)
-        self.failures = 0
-        self._note(f"recovery copy pushed: gpu{self.gpu}@{token:,} as {revision[:12]} in "
+            shutil.rmtree(sending, ignore_errors=True)
+        write_json_state(self.staging / COMMIT_STATE, {"at": time.time(), "failures": 0})
+        for entry in _posted(self.staging):      # what went up, and what it superseded
+            if any(entry["gpu"] == e["gpu"] and entry["posted_at"] <= e["posted_at"]
+                   for e in entries):
+                _remove_entry(entry)
+        self._note(f"recovery copies pushed: {said} as {revision[:12]} in "
                    f"{time.monotonic() - started:.2f}s")
-        self._drop_waiting()
-        return True
 
     def _note(self, text: str) -> None:
         print(f"[fractus-pod {time.strftime('%Y-%m-%d %H:%M:%S')}] {text}", flush=True)
+
+
+def gpu_commit_every_s(hub_url: str | None, pod_gpus: int,
+                       budget: int = HUB_COMMITS_PER_HOUR) -> float:
+    """The recovery commits each of the pod's `pod_gpus` GPUs is entitled to on `hub_url`,
+    as seconds between two: on the Hub (hf://), the pod's recovery share of the repo's
+    commit `budget` an hour (commit_budget.recovery_commits_per_hour) split over its GPUs;
+    a file:// store (a directory) has no commit budget: 0, as soon as the last is done."""
+    if not hub_url or not hub_url.startswith("hf://"):
+        return 0.0
+    return HOUR_S / recovery_commits_per_hour(budget) * max(1, pod_gpus)
+
+
+def commit_every_s(gpu_every_s: float, node_gpus: int) -> float:
+    """How often a node commits for its `node_gpus` GPUs together: summed over the pod's
+    nodes, the recovery commits stay within the pod's share of the budget."""
+    return gpu_every_s / max(1, node_gpus)
+
+
+def _posted(staging: Path) -> list[dict]:
+    """The complete posted entries in `staging` (record written, weights beside it)."""
+    found = []
+    for path in staging.glob(f"{POSTED_PREFIX}*.json"):
+        doc = read_json_state(path)
+        pt = path.with_suffix(".pt")
+        if not pt.exists():          # removed (weights go last): a stale record
+            path.unlink(missing_ok=True)
+            continue
+        if not isinstance(doc.get("record"), dict):
+            continue
+        found.append({**doc, "doc": doc, "gpu": doc["record"].get("gpu"), "name": path.stem,
+                      "json": path, "pt": pt, "posted_at": float(doc.get("posted_at") or 0)})
+    return found
+
+
+def _newest_per_gpu(entries: list[dict]) -> list[dict]:
+    newest: dict[int, dict] = {}
+    for entry in entries:
+        if entry["gpu"] not in newest or entry["posted_at"] > newest[entry["gpu"]]["posted_at"]:
+            newest[entry["gpu"]] = entry
+    return sorted(newest.values(), key=lambda e: e["gpu"])
+
+
+def _remove_entry(entry: dict) -> None:
+    entry["json"].unlink(missing_ok=True)           # first: the entry is no longer complete
+    entry["pt"].unlink(missing_ok=True)
+
+
+def _node_gpus(staging: Path) -> int:
+    """The GPUs of the pod whose pushers run on this node now."""
+    gpus = set()
+    for path in staging.glob(f"{PUSHER_PREFIX}*.json"):
+        doc = read_json_state(path)
+        try:
+            alive = psutil.Process(int(doc["pid"])).create_time() == doc["create_time"]
+        except (KeyError, TypeError, ValueError, psutil.NoSuchProcess):
+            alive = False
+        if alive:
+            gpus.add(doc.get("gpu"))
+    return len(gpus)
+
+
+def _due(staging: Path, gpu_every_s: float) -> bool:
+    """Whether the node's next commit is due: a posted save of an ended worker (a final
+    save) at once; otherwise the node's cadence since its last commit (`commit_every_s`),
+    and then, on a budget, once every GPU of the node posted one, or GATHER_S after the
+    oldest posted."""
+    entries = _posted(staging)
+    if not entries:
+        return False
+    state = read_json_state(staging / COMMIT_STATE)
+    now = time.time()
+    if now < float(state.get("retry_at") or 0):
+        return False
+    if any(e.get("final") for e in entries):
+        return True
+    node_gpus = _node_gpus(staging)
+    every = commit_every_s(gpu_every_s, node_gpus)
+    if every == 0:
+        return True
+    if now < float(state.get("at") or 0) + every:
+        return False
+    return len({e["gpu"] for e in entries}) >= node_gpus \
+        or now >= min(e["posted_at"] for e in entries) + GATHER_S
 
 
 def _check_main(spec: dict) -> int:

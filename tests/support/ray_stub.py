@@ -1,9 +1,12 @@
 """Just enough of a Ray driver and a RayBackend for RayCustodian without a cluster: each
 GPU's actor answers a push at once, with the revision the test chose or the error it
-raised on the node (tests/test_custodian.py)."""
+raised on the node (tests/test_custodian.py); and a Ray driver for the heartbeat thread
+alone, whose refs say whether their actor answered (`HeartbeatRay`: tests/test_ray_heartbeat.py,
+tests/test_ray_fence_deadlines.py)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 
@@ -71,3 +74,28 @@ class StubRayBackend:
         self.actors.pop(gpu)
         for forget in self.on_lost:
             forget(gpu)
+
+
+class HeartbeatRayError(Exception):
+    pass
+
+
+@dataclass(eq=False)
+class HeartbeatRef:
+    answered: bool              # the actor's answer came back
+
+
+class HeartbeatRay:
+    """ray.wait/ray.get over refs with `answered`: what the test decided the actor did."""
+
+    class exceptions:
+        RayError = HeartbeatRayError
+
+    def wait(self, refs, num_returns=1, timeout=None):
+        ready = [r for r in refs if r.answered]
+        if len(ready) < num_returns and timeout:
+            time.sleep(timeout)         # what ray.wait does when an answer never comes
+        return ready, [r for r in refs if not r.answered]
+
+    def get(self, ref, timeout=None):
+        return None
