@@ -110,6 +110,10 @@ class RayBackend(NodeAdoption, WorkerBackend):
                      "revision": config.data.revision} if config.data else None
         self.last_round_trip = float("-inf")
         self.heartbeat = Heartbeat(ray, self.actors, settings.fence_s, config.stop_grace_s)
+        # Each GPU's share of the hub's commit budget for its recovery copies (the pod's
+        # `gpus` GPUs share it; launcher/supervise/ray_recovery.py)
+        self.recovery_every_s = gpu_commit_every_s(self.hub_url, gpus,
+                                                   config.sync_settings().commits_per_hour)
 
     # ---- placement ---------------------------------------------------------------------
     def _resource(self, slot: Slot) -> tuple[str, dict]:
@@ -120,10 +124,6 @@ class RayBackend(NodeAdoption, WorkerBackend):
             return "GPU", {"num_gpus": 1, "num_cpus": 0}
         return "CPU", {"num_cpus": 1}
 
-        # Each GPU's share of the hub's commit budget for its recovery copies (the pod's
-        # `gpus` GPUs share it; launcher/supervise/ray_recovery.py)
-        self.recovery_every_s = gpu_commit_every_s(self.hub_url, gpus,
-                                                   config.sync_settings().commits_per_hour)
     def actor(self, gpu: int):
         """The GPU's actor now (None: none, its node was lost), for the custodian's calls."""
         return self.actors.get(gpu)
@@ -278,6 +278,7 @@ class RayBackend(NodeAdoption, WorkerBackend):
 
     def _append_lines(self, gpu: int, lines: bytes) -> None:
         if lines:
+            self.heartbeat.measured.note_lines(gpu, lines)    # the fence's step/save times
             path = self.metrics_file(gpu)
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "ab") as f:
@@ -306,7 +307,6 @@ class RayBackend(NodeAdoption, WorkerBackend):
     def _log(self, gpu: int, text: str) -> None:
         """A line for the GPU's log on the head (the worker's own log is on its node)."""
         path = self.pod_dir / worker_log_path(gpu)
-            self.heartbeat.measured.note_lines(gpu, lines)    # the fence's step/save times
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a") as log:
             log.write(f"[fractus-pod {time.strftime('%Y-%m-%d %H:%M:%S')}] {scrub(text)}\n")

@@ -98,13 +98,13 @@ class NodeWorker:
         # threads, and a probe of the resume checkpoint must wait for its pull and hold.
         self.placed = threading.Event()
         self.fence_s, self.grace_s = fence_s, grace_s
+        self.fence_grace_s = grace_s      # a fenced worker's; the heartbeats may shorten it
+        # Each GPU's share of the hub's commit budget for recovery copies (ray_recovery.py)
+        self.recovery_every_s = recovery_every_s
         self.heard = time.monotonic()     # the launcher's last call (heartbeat or start)
         threading.Thread(target=self._fence, name="fence", daemon=True).start()
 
     # ---- the worker --------------------------------------------------------------------
-        self.fence_grace_s = grace_s      # a fenced worker's; the heartbeats may shorten it
-        # Each GPU's share of the hub's commit budget for recovery copies (ray_recovery.py)
-        self.recovery_every_s = recovery_every_s
     def start(self, settings: dict[str, str], checkpoint: dict | None, cuda: bool,
               keep: list[str] = (), shards: list[str] = ()) -> dict:
         """Start the worker with `settings` (the launcher's worker environment); first put
@@ -169,6 +169,8 @@ class NodeWorker:
         says the deadlines to keep from now (ray_fence.Deadlines, derived from what it
         measured): the fence, and the time a fenced worker has to stop."""
         self.heard = time.monotonic()
+        if fence_s is not None and grace_s is not None:
+            self.fence_s, self.fence_grace_s = float(fence_s), float(grace_s)
 
     def _fence(self) -> None:
         """Stop the worker, then this actor, once the launcher has been silent for fence_s:
@@ -176,8 +178,6 @@ class NodeWorker:
         from its side, so the two never overlap."""
         while time.monotonic() - self.heard < self.fence_s:
             time.sleep(FENCE_CHECK_S)
-        if fence_s is not None and grace_s is not None:
-            self.fence_s, self.fence_grace_s = float(fence_s), float(grace_s)
         silent = time.monotonic() - self.heard
         proc = self.proc
         self._note(f"fenced: no heartbeat from the launcher for {silent:.0f}s (fence "
