@@ -73,3 +73,6 @@ NODE_LEASE_DIR = "logs/.node_lease"  # on a Ray node: the lease file of a push i
 # On the hub: a Ray node's save pushed before its probe (launcher/supervise/ray_recovery.py)
 RECOVERY_HUB_DIR = "recovery"      # recovery/<its path>
 RECOVERY_STAGING_DIR = "checkpoints/recovery"   # on the node: links of saves waiting to go
+# On the head of a Ray pod: each GPU's last worker start, whose recovery copies continue its
+# manifest entry (launcher/supervise/ray_backend.py)
+RAY_LINEAGE_FILE = "logs/ray_lineage.json"

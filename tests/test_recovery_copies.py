@@ -176,6 +176,7 @@ def test_a_start_lost_before_it_answers_keeps_the_lineage_it_resumed(tmp_path):
     init_pod(pod, "tiny-cpu")
     backend = object.__new__(RayBackend)             # RayBackend.start's bookkeeping only
     backend.config, backend.data, backend.slots = load_config(pod), None, {}
+    backend.pod_dir, backend.lineage = pod, {}
     backend.actors = {0: Actor()}
     backend.handles = {0: RayHandle(0, None, None, attempt="attempt-1")}   # the lost worker
     recovery = WorkerSpec(Slot(0, "cpu"), {}, start_token=72192,

@@ -135,6 +135,11 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
             fetch_shards(plan, manifest, on_nodes, canary)
             events = EventLog(pod_dir, mirror=_mirrors(pod_dir, alerting))
             index = CheckpointIndex(pod_dir)
+            relaunched = {}      # the last launcher's final saves, on the hub (Ray)
+            if ray_settings is not None:
+                from launcher.supervise.ray_custodian import resume_newer_copies
+                relaunched = resume_newer_copies(plan, manifest, index, events)
+                on_hub |= set(relaunched)
             plan = complete_decided_rollback(plan, manifest, index, events,
                                              stage_given=stage is not None)
             reconcile(plan, manifest, index, events)
@@ -146,6 +151,7 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
             raise
         supervisor = Supervisor(plan, manifest, index, events)
         supervisor.pod.launcher_id = lock.launcher_id
+        supervisor.pod.launch_entries.update(relaunched)   # a rollback's target: never a copy
         supervisor.started_at = psutil.Process().create_time()  # the ledger's start-up checks
         if budget:
             click.echo(budget)

@@ -5,7 +5,6 @@ names still holds the recorded bytes, and whether the hub holds it."""
 from __future__ import annotations
 
 import json
-import stat
 import time
 from pathlib import Path
 
@@ -22,18 +21,14 @@ def last_metrics(path: Path) -> dict | None:
 
 
 def last_record(path: Path, wanted) -> dict | None:
-    """The newest record of a METRICS file for which `wanted(record)`, reading its tail
-    (None: no such record, or no regular file there: a folder has none, a FIFO is never
-    opened)."""
+    """The newest record of a METRICS file for which `wanted(record)`, reading its tail."""
     try:
-        if not stat.S_ISREG(path.stat().st_mode):
-            return None
         with open(path, "rb") as f:
             f.seek(0, 2)
             size = f.tell()
             f.seek(max(0, size - TAIL_BYTES))
             lines = f.read().split(b"\n")
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+    except FileNotFoundError:
         return None
     for line in reversed(lines):
         try:

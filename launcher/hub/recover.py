@@ -60,6 +60,25 @@ def _local_copies(pod_dir: Path, gpu: int, named: Path, sha256: str,
     return unique
 
 
+def local_copy(pod_dir: Path, gpu: int, named: Path, sha256: str, index: CheckpointIndex,
+               canonical: str) -> Path | None:
+    """A file other than `named` that holds the bytes `sha256` (verified): a retained link
+    first, then a rotated copy; None when there is none. `pod_dir`: the pod directory, or a
+    Ray node's own (launcher/supervise/ray_node.py restores from there the same way)."""
+    return next((copy for copy in _local_copies(pod_dir, gpu, named, sha256, index, canonical)
+                 if holds(copy, sha256)), None)
+
+
+def retained_copy(pod_dir: Path, gpu: int, next_token: int, sha256: str,
+                  index: CheckpointIndex, copy: Path) -> str:
+    """`copy` (found by local_copy) as a file the worker's rotation never touches: itself
+    when it is a retained link, else a new retained link of it; pod-relative."""
+    rel = relative_to_pod(copy, pod_dir)
+    if rel.startswith(PASSED_DIR + "/"):
+        return rel
+    return index.retain_file(gpu, next_token, sha256, copy)
+
+
 def recover_entry(pod_dir: Path, gpu: int, manifest: Manifest, index: CheckpointIndex,
                   events: EventLog, hub: str | None, canonical: str,
                   named_intact: bool | None = None) -> bool:
@@ -78,16 +97,14 @@ def recover_entry(pod_dir: Path, gpu: int, manifest: Manifest, index: Checkpoint
     if named_intact:
         return False
     state = "missing" if not named.is_file() else "holds other bytes"
-    for copy in _local_copies(pod_dir, gpu, named, sha256, index, canonical):
-        if holds(copy, sha256):
-            rel = relative_to_pod(copy, pod_dir)
-            if not rel.startswith(PASSED_DIR + "/"):
-                rel = index.retain_file(gpu, entry.start_token, sha256, copy)
-            entry.name_checkpoint(rel)
-            events.emit("checkpoint_recovered", gpu=gpu, checkpoint=rel, was=name,
-                        reason=f"{name} {state}; the recorded bytes (sha256 "
-                               f"{sha256[:12]}) were found at {relative_to_pod(copy, pod_dir)}")
-            return True
+    copy = local_copy(pod_dir, gpu, named, sha256, index, canonical)
+    if copy is not None:
+        rel = retained_copy(pod_dir, gpu, entry.start_token, sha256, index, copy)
+        entry.name_checkpoint(rel)
+        events.emit("checkpoint_recovered", gpu=gpu, checkpoint=rel, was=name,
+                    reason=f"{name} {state}; the recorded bytes (sha256 "
+                           f"{sha256[:12]}) were found at {relative_to_pod(copy, pod_dir)}")
+        return True
     revision = entry.hub_revision
     if hub and revision:
         try:

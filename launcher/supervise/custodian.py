@@ -96,8 +96,8 @@ class LocalCustodian(CheckpointCustodian):
 
 
 class NodeCustodian(CheckpointCustodian):
-    """The checkpoints are on the workers' nodes: each node retains, recovers (it fetches
-    what it lacks when its worker starts), pushes and probes its own."""
+    """The checkpoints are on the workers' nodes: each node retains, recovers, pushes and
+    probes its own."""
     on_nodes = True
 
     def probe_name(self, record: dict, event: dict, rel: str) -> str | None:
@@ -106,6 +106,8 @@ class NodeCustodian(CheckpointCustodian):
         return rel if event.get("retained", True) else None
 
     def restore(self, gpu: int, manifest: Manifest, index: CheckpointIndex) -> bool:
+        # The node does it as it starts the worker: the entry's recorded bytes from its own
+        # copy, or the hub's, or the start fails (launcher/supervise/ray_node.py).
         return False
 
     def restore_point(self, gpu: int, launch: ManifestEntry | None) -> dict | None:

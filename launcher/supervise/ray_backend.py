@@ -15,6 +15,14 @@ only; the checkpoints on the nodes (pushes, hub copies, probes on the nodes, the
 An actor whose process died on a node that is alive is replaced there
 (launcher/supervise/ray_adopt.py).
 
+Each GPU's lineage, the worker start its recovery copies carry (`attempt`), is kept in
+logs/ray_lineage.json as well as in memory: written when a start answers, cleared when a
+start begins anew (unless it continues that lineage: it resumes from that start's recovery
+copy) and before a worker is killed (a failed check, a hang: its saves are no resume point).
+A launcher killed with -9 leaves it for the next launch of the pod, which resumes each GPU
+from that lineage's recovery copy when newer than its manifest entry
+(RayCustodian.resume_newer_copies, launcher/supervise/ray_custodian.py).
+
 A node lost (Ray reports the GPU's actor dead: `ActorDiedError`) ends the GPU's worker
 with `WorkerExit(node_lost=True)` once the node has fenced itself for certain
 (launcher/supervise/ray_fence.py: no heartbeat for `fence_s`, then the worker's grace); the
@@ -45,7 +53,8 @@ from launcher.supervise.ray_node import NodeWorker
 from launcher.supervise.ray_recovery import gpu_commit_every_s, is_recovery
 from launcher.config.ray_settings import RaySettings
 from launcher.worker.process import WorkerSpec, build_env, pod_env_names
-from launcher.paths import worker_log_path
+from launcher.files import read_json_state, write_json_state
+from launcher.paths import RAY_LINEAGE_FILE, worker_log_path
 from launcher.hub.redact import describe_error
 from launcher.hub.redact import scrub
 
@@ -109,6 +118,7 @@ class RayBackend(NodeAdoption, WorkerBackend):
         self.data = {"url": absolute_hub_url(config.data.url, pod_dir),
                      "revision": config.data.revision} if config.data else None
         self.last_round_trip = float("-inf")
+        self.lineage = read_lineage(pod_dir)      # the last launcher's, until a start answers
         self.heartbeat = Heartbeat(ray, self.actors, settings.fence_s, config.stop_grace_s)
         # Each GPU's share of the hub's commit budget for its recovery copies (the pod's
         # `gpus` GPUs share it; launcher/supervise/ray_recovery.py)
@@ -135,9 +145,20 @@ class RayBackend(NodeAdoption, WorkerBackend):
 
     def attempt(self, gpu: int) -> str | None:
         """The id of the GPU's last worker start, which its recovery copies carry (None: no
-        start answered yet); a lost GPU's is kept until it starts again."""
+        start answered yet); a lost GPU's is kept until it starts again. Before this
+        launcher started it: the previous launcher's (its lineage file)."""
         handle = self.handles.get(gpu)
-        return handle.attempt if handle is not None else None
+        return handle.attempt if handle is not None else self.lineage.get(gpu)
+
+    def _note_lineage(self, gpu: int, attempt: str | None) -> None:
+        """Record the GPU's lineage (None: none) durably, before what follows can be lost
+        with this launcher."""
+        if self.lineage.get(gpu) != attempt:
+            if attempt is None:
+                self.lineage.pop(gpu, None)
+            else:
+                self.lineage[gpu] = attempt
+            write_lineage(self.pod_dir, self.lineage)
 
     def log_file(self, gpu: int) -> None:
         return None             # on the worker's node (the head's has only _log's lines)
@@ -175,6 +196,7 @@ class RayBackend(NodeAdoption, WorkerBackend):
                        "revision": spec.ckpt_revision} if spec.ckpt_in else None)
         handle = RayHandle(gpu, None, None, actor=actor,
                            attempt=self._continued_attempt(gpu, spec.ckpt_in))
+        self._note_lineage(gpu, handle.attempt)
         settings = build_env(self.config, spec, base={})
         handle.metrics = settings["METRICS"]
         # The shards of its data phase and every later one (a phase switch starts the next
@@ -192,10 +214,9 @@ class RayBackend(NodeAdoption, WorkerBackend):
         then resumes from that same copy again, not from its older passed one (issue 16
         item 30). Any other start (a rollback, a restart from a passed copy) carries none:
         an older lineage's copies must never serve."""
-        previous = self.handles.get(gpu)
-        if previous is None or not ckpt_in or not is_recovery(ckpt_in):
+        if not ckpt_in or not is_recovery(ckpt_in):
             return None
-        return previous.attempt
+        return self.attempt(gpu)      # a relaunch's first start: the previous launcher's
 
     # ---- monitoring ----------------------------------------------------------------------
     def pump(self, force: bool = False) -> None:
@@ -249,9 +270,16 @@ class RayBackend(NodeAdoption, WorkerBackend):
                 continue
             handle.pid, handle.node, handle.node_id = info["pid"], info["node"], info["node_id"]
             handle.attempt = info.get("attempt")
+            self._note_lineage(handle.gpu, handle.attempt)
             self.heartbeat.heard(handle.actor)
             self.events.emit("worker_placed", gpu=handle.gpu, node=info["node"],
                              pid=info["pid"], workdir=info["workdir"])
+            if info.get("recovered"):
+                self.events.emit("checkpoint_recovered", gpu=handle.gpu, node=info["node"],
+                                 checkpoint=info["recovered"],
+                                 reason="the named file on its node held other bytes than "
+                                        "its manifest entry records; the worker resumed "
+                                        "from the node's copy of those")
             if info["fetched"]:
                 self.events.emit("shards_fetched", gpu=handle.gpu, node=info["node"],
                                  shards=info["fetched"],
@@ -382,6 +410,9 @@ class RayBackend(NodeAdoption, WorkerBackend):
         return {h.gpu: h.ended for h in handles}
 
     def kill(self, handle: RayHandle) -> WorkerExit:
+        # A killed worker (a failed check, a hang) ends its lineage: no relaunch resumes
+        # from its recovery copies.
+        self._note_lineage(handle.gpu, None)
         return self._finish([handle], lambda actor: actor.kill.remote())[handle.gpu]
 
     def stop(self, handles: list[RayHandle], grace_s: float) -> dict[int, WorkerExit]:
@@ -395,6 +426,18 @@ class RayBackend(NodeAdoption, WorkerBackend):
             self.ray.kill(actor)
         self.actors.clear()
         self.ray.shutdown()
+
+
+def read_lineage(pod_dir: Path) -> dict[int, str]:
+    """GPU -> the worker start whose recovery copies continue its manifest entry, as the
+    last launcher recorded it (logs/ray_lineage.json; anything else in it is ignored)."""
+    state = read_json_state(pod_dir / RAY_LINEAGE_FILE)
+    return {int(gpu): attempt for gpu, attempt in state.items()
+            if gpu.isdigit() and isinstance(attempt, str) and attempt}
+
+
+def write_lineage(pod_dir: Path, lineage: dict[int, str]) -> None:
+    write_json_state(pod_dir / RAY_LINEAGE_FILE, {str(g): a for g, a in lineage.items()})
 
 
 def remote_error(exc: Exception) -> str:

@@ -9,6 +9,11 @@ launcher/supervise/ray_recovery.py), and AR probes run on the nodes (`NodeProbes
 launcher/supervise/ray_probes.py). A push refused because another pod took the run over is
 recorded in the run's one lease (`lease`, which the hub sync shares): no node pushes again.
 
+A launch of a pod whose last launcher was killed with -9 resumes each GPU from the recovery
+copy of that launcher's last worker start (`resume_newer_copies`, before any worker starts)
+when it is newer than the GPU's manifest entry: the node fenced that worker, which saved and
+pushed its final save, whose event the dead launcher never read.
+
 It reaches the nodes only through RayBackend's narrow accessor: `actor(gpu)`, `node(gpu)`
 and `attempt(gpu)` (the worker start its recovery copies carry), the driver (`ray`), and
 `on_lost` (a GPU's node was lost: its queued push is dropped, never sent from the node that
@@ -19,10 +24,16 @@ from __future__ import annotations
 
 import time
 
+from launcher.hub.by_url import absolute_hub_url
+from launcher.pod.ckpt_index import FAILED, CheckpointIndex
+from launcher.pod.decided_rollback import read_decision
+from launcher.pod.events import EventLog
+from launcher.pod.manifest import Manifest, ManifestEntry, apply_rollback, write_manifest
 from launcher.supervise.custodian import NodeCustodian
-from launcher.supervise.ray_backend import ROUND_TRIP_S, RayBackend
+from launcher.supervise.plan import LaunchPlan
+from launcher.supervise.ray_backend import ROUND_TRIP_S, RayBackend, read_lineage
 from launcher.supervise.ray_probes import NodeProbes
-from launcher.supervise.ray_pushes import NodePushes
+from launcher.supervise.ray_pushes import NodePushes, newer_recovery_copy
 
 PUSH_WAIT_S = 1800.0       # the last pushes of a run, at its end
 
@@ -66,3 +77,44 @@ class RayCustodian(NodePushes, NodeCustodian):
         while self.pushes and not abandoned() and time.monotonic() < deadline:
             self._harvest_pushes(timeout=0.5)
             self._push_queued()
+
+
+def resume_newer_copies(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
+                        events: EventLog) -> dict[int, ManifestEntry]:
+    """At the launch of a Ray pod, before a decided rollback is completed: each GPU whose
+    last worker start (the lineage the last launcher recorded, logs/ray_lineage.json) has a
+    recovery copy on the hub newer than its manifest entry resumes from that copy, as after
+    a node loss (`recovery_copy` event; its node checks it again before the worker starts).
+    Never a GPU of a rollback the last launcher decided, a copy marked failed, or another
+    start's copy. Returns the entries it replaced, by GPU: each such GPU's node pulls its
+    recovery copy, and a failed check rolls it back to the replaced (probed) checkpoint,
+    never to that copy (the supervisor's `launch_entries`)."""
+    if plan.ray is None or not plan.config.hub:
+        return {}
+    lineage, hub_url = read_lineage(plan.pod_dir), absolute_hub_url(plan.config.hub,
+                                                                   plan.pod_dir)
+    decided = set((read_decision(plan.pod_dir) or {}).get("gpus", ()))
+    taken = {}
+    for gpu in [s.gpu for s in plan.slots if s.gpu in lineage and s.gpu not in decided]:
+        entry = manifest.entries.get(gpu)
+        copy = newer_recovery_copy(hub_url, plan.pod_dir, plan.config.checkpoint_path(gpu),
+                                   gpu, lineage[gpu], entry.position if entry else None,
+                                   events, "the manifest's checkpoint")
+        if copy is None:
+            continue
+        known = index.records.get((gpu, copy["sha256"]))
+        if known is not None and known["verdict"] == FAILED:
+            continue
+        was = entry.start_token if entry else None
+        taken[gpu] = apply_rollback(manifest, gpu, copy,
+                                    (entry.stage if entry else None) or plan.stage)
+        manifest.note_hub_revision(gpu, copy["hub_revision"], copy["sha256"])
+        events.emit("recovery_copy", gpu=gpu, next_token=copy["next_token"],
+                    hub_revision=copy["hub_revision"], node=copy.get("node"),
+                    passed_token=was,
+                    reason="the last launcher ended before it read this save (its node "
+                           "fenced the worker, which saved and pushed it): newer than the "
+                           "manifest's checkpoint; checked again on the node before use")
+    if taken:
+        write_manifest(manifest)
+    return taken

@@ -11,8 +11,11 @@ Checkpoints stay on the node's disk: each checkpoint event is hard-linked at onc
 launcher judges it; a checkpoint that passed is pushed from here to the hub, which is what
 carries weights between machines, as the head's pod (`writer`: the run's hub lease, so a
 node of a pod whose run was taken over by `launch --from-hub` elsewhere is refused,
-RunTakenOver, and overwrites nothing). A GPU placed on a node that lacks its checkpoint pulls
-it from the hub revision the launcher names (sha256-verified) before the worker starts.
+RunTakenOver, and overwrites nothing). A worker starts only from the bytes its manifest entry
+records: where the named file holds others (a final save written over it on SIGTERM that the
+launcher had not recorded yet), from this node's own copy of them, as on one machine;
+a GPU placed on a node that lacks its checkpoint pulls it from the hub revision the launcher
+names (sha256-verified) before the worker starts.
 With `data:` in the pod config, the node likewise puts its GPU's shards (its current data
 phase's and every later one's) in its own directory before the worker starts: verified
 against the data store's record at the pinned revision, fetched when absent (resumable;
@@ -55,10 +58,10 @@ import psutil
 from launcher import child
 from launcher.paths import NODE_LEASE_DIR, PROBE_DIR, worker_log_path
 from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex, link_or_copy
-from launcher.files import sha256_file
 from launcher.pod.manifest import event_position, relative_to_pod
 from launcher.worker.process import MetricsTail, kill, terminate, worker_env
 from launcher.hub import open_store
+from launcher.hub.recover import holds, local_copy, retained_copy
 from launcher.hub.lease import push_as_writer
 from launcher.supervise.ray_recovery import new_attempt, start_pusher
 from launcher.checks.probe_check import ProbeUnavailable, run_probe_process
@@ -71,6 +74,7 @@ from launcher.supervise.ray_recovery import check_save_apart, is_recovery
 # user's to place.
 NODE_LOCAL_INPUTS = ("SHARD", "MODEL")
 RESUME = "resume"               # a probe's name for the checkpoint the worker started from
+RECOVERED, PULLED = "recovered", "pulled"   # how a start's checkpoint bytes came to the node
 FENCE_CHECK_S = 1.0             # how often an actor looks at its last heartbeat
 ADOPT_CHECK_S = 0.2             # how often `adopt` looks whether the previous worker ended
 
@@ -120,10 +124,13 @@ class NodeWorker:
         import ray      # optional, as above
         self.heard = time.monotonic()
         fetched = self._ensure_shards(shards)
-        pulled = self._ensure_checkpoint(checkpoint) if checkpoint else False
+        resume, how = None, None
         if checkpoint:
-            self._check_recovery_copy(checkpoint, settings)
-            self._hold_resume(self.workdir / checkpoint["path"])
+            token = settings.get("START_TOKEN")
+            resume, how = self._ensure_checkpoint(checkpoint, int(token) if token else 0)
+            settings = {**settings, "CKPT_IN": resume}
+            self._check_recovery_copy(resume, settings)
+            self._hold_resume(self.workdir / resume)
         # Scrubbed here, on the node's own environment; `keep`: the names the pod config
         # passes (pass_env), taken from this node's environment as on one machine.
         env = worker_env(os.environ, settings, keep=keep)
@@ -141,8 +148,8 @@ class NodeWorker:
                                         death_signal=signal.SIGTERM)
             attempt = self._start_recovery_pushes(settings, log_path)
         return {"pid": self.proc.pid, "node": self.node, "node_id": self.node_id,
-                "workdir": str(self.workdir), "pulled": pulled, "fetched": fetched,
-                "attempt": attempt}
+                "workdir": str(self.workdir), "pulled": how == PULLED, "fetched": fetched,
+                "attempt": attempt, "recovered": resume if how == RECOVERED else None}
 
     def _start_recovery_pushes(self, settings: dict[str, str], log_path: Path) -> str | None:
         """The pusher of this worker start's saves (launcher/supervise/ray_recovery.py), in
@@ -325,29 +332,43 @@ class NodeWorker:
             return []
         return ensure_shards(list(shards), DataSource(**self.data), self.workdir)
 
-    def _check_recovery_copy(self, checkpoint: dict, settings: dict[str, str]) -> None:
+    def _check_recovery_copy(self, path: str, settings: dict[str, str]) -> None:
         """A recovery copy (pushed before any probe) is checked again before a worker
         resumes from it: it loads weights-only, is this GPU's, of this run, at the entry's
         token, with finite weights (ValueError, one line: the start fails)."""
-        if is_recovery(checkpoint["path"]):
+        if is_recovery(path):
             token = settings.get("START_TOKEN")
-            check_save_apart(self.workdir / checkpoint["path"], self.gpu,
+            check_save_apart(self.workdir / path, self.gpu,
                              settings.get("RUN_ID"), int(token) if token else None)
 
-    def _ensure_checkpoint(self, checkpoint: dict) -> bool:
-        """The checkpoint's bytes at its path on this disk: kept if already there, else
-        pulled from its hub revision (verified). True when pulled."""
-        target = self.workdir / checkpoint["path"]
-        if target.is_file() and sha256_file(target) == checkpoint.get("sha256"):
-            return False
-        if not (self.hub_url and checkpoint.get("revision")):
-            if target.is_file():
-                return False      # the launcher's own file, no hub copy to compare
-            raise FileNotFoundError(f"{checkpoint['path']} is not on node {self.node} and "
-                                    f"no hub revision holds it")
-        open_store(self.hub_url, self.workdir).pull([checkpoint["path"]],
-                                                    revision=checkpoint["revision"])
-        return True
+    def _ensure_checkpoint(self, checkpoint: dict, token: int) -> tuple[str, str | None]:
+        """The file the worker resumes from (relative to this node's directory), holding
+        the bytes the launcher's entry records (its sha256), and how they got there: None
+        (at the named path), RECOVERED (the named file holds other bytes or is gone, and a
+        copy on this node holds them: its retained link, or a rotated copy, retained now,
+        as on one machine, launcher/hub/recover.py; e.g. the worker's final save on a
+        SIGTERM, over the named file, before the launcher recorded it), or PULLED (from
+        the hub revision the entry names, verified). Nowhere: FileNotFoundError, one line,
+        the start fails: a worker never starts on bytes its entry does not record (it would
+        refuse them, and the pod would fail). An entry without a sha256 (a manifest the
+        launcher never wrote) has nothing to check: its file as it is."""
+        name, sha256 = checkpoint["path"], checkpoint.get("sha256")
+        target = self.workdir / name
+        if target.is_file() and (not sha256 or holds(target, sha256)):
+            return name, None
+        if sha256:
+            copy = local_copy(self.workdir, self.gpu, target, sha256, self.index, name)
+            if copy is not None:
+                return (retained_copy(self.workdir, self.gpu, token, sha256, self.index, copy),
+                        RECOVERED)
+        if self.hub_url and checkpoint.get("revision"):
+            open_store(self.hub_url, self.workdir).pull([name],
+                                                        revision=checkpoint["revision"])
+            return name, PULLED
+        state = "holds other bytes" if target.is_file() else "is missing"
+        raise FileNotFoundError(f"{name} {state} on node {self.node}, and no copy there and "
+                                f"no hub revision holds the bytes its manifest entry records"
+                                f" (sha256 {(sha256 or '')[:12]})")
 
 
 def _alive(pid: int) -> bool:

@@ -100,16 +100,11 @@ class NodePushes:
         attempt = self.backend.attempt(gpu)
         if not self.hub_url or attempt is None:
             return passed
-        try:
-            recovery = read_recovery_copy(self.hub_url, self.pod_dir,
-                                          self.config.checkpoint_path(gpu), gpu, attempt)
-        except (HubError, OSError, ValueError) as exc:
-            self.events.emit("recovery_copy_unread", gpu=gpu, error=describe_error(exc),
-                             reason="the hub's recovery copy could not be read: the newest "
-                                    "passed copy serves")
-            return passed
-        if recovery is None or (passed is not None and
-                                event_position(recovery) <= event_position(passed)):
+        recovery = newer_recovery_copy(self.hub_url, self.pod_dir,
+                                       self.config.checkpoint_path(gpu), gpu, attempt,
+                                       event_position(passed) if passed else None,
+                                       self.events, "the newest passed copy")
+        if recovery is None:
             return passed
         self.events.emit("recovery_copy", gpu=gpu, next_token=recovery["next_token"],
                          hub_revision=recovery["hub_revision"], node=recovery.get("node"),
@@ -117,3 +112,19 @@ class NodePushes:
                          reason="newer than the newest passed copy: pushed when saved, "
                                 "not yet probed; checked again on the node before use")
         return recovery
+
+
+def newer_recovery_copy(hub_url: str, pod_dir, checkpoint: str, gpu: int, attempt: str,
+                        than: tuple[int, int] | None, events, serves: str) -> dict | None:
+    """The recovery copy of `gpu`'s worker start `attempt` on the hub (read_recovery_copy)
+    when it is past position `than` (None: any); else None. A hub that cannot be read: None,
+    said in a `recovery_copy_unread` event (`serves`: what serves instead)."""
+    try:
+        copy = read_recovery_copy(hub_url, pod_dir, checkpoint, gpu, attempt)
+    except (HubError, OSError, ValueError) as exc:
+        events.emit("recovery_copy_unread", gpu=gpu, error=describe_error(exc),
+                    reason=f"the hub's recovery copy could not be read: {serves} serves")
+        return None
+    if copy is None or (than is not None and event_position(copy) <= than):
+        return None
+    return copy
