@@ -81,7 +81,8 @@ def test_a_429_is_retried_no_earlier_than_retry_after_and_the_wait_is_bounded(sl
     assert refused.value.retry_at > 0 and "rate-limiting" in str(refused.value)
 
     slept.clear()
-    outcomes = [_answer(429, {}), _answer(429, {"Retry-After": "0"}), "ok"]
+    outcomes = [_answer(429, {}), _answer(429, {}), _answer(429, {"Retry-After": "0"}),
+                _answer(429, {"Retry-After": "1"}), "ok"]
 
     def named_nothing():
         out = outcomes.pop(0)
@@ -90,7 +91,9 @@ def test_a_429_is_retried_no_earlier_than_retry_after_and_the_wait_is_bounded(sl
         return out
 
     assert with_retries(named_nothing, "x", POLICY) == "ok"
-    assert slept == [5.0, 10.0]        # no wait named (or 0): backoff from 5 s, no hammering
+    # No wait named: backoff from 5 s; after a first 429, a named wait shorter than that
+    # backoff (0 s, 1 s) does not make the pod hammer.
+    assert slept == [5.0, 10.0, 10.0, 20.0]
 
 
 def test_a_rate_limited_commit_waits_is_recorded_and_lands(test_hub, tmp_path, slept, caplog):
@@ -184,3 +187,20 @@ def test_a_sync_push_the_hub_keeps_limiting_is_delayed_to_its_retry_time_then_la
     assert pushed and read_sync_state(pod)["last_result"] == "ok"
     ended = events_of(pod, "hub_rate_limit_ended")
     assert len(ended) == 1 and ended[0]["pushes_delayed"] == 1 and read_hub_rate(pod)["limited"] is None
+
+
+def test_against_a_hub_limiting_commits_per_window_no_retry_comes_early(test_hub, tmp_path):
+    """The test hub's quota (2 commits per 2 s window, then 429 with Retry-After and
+    RateLimit as the Hub sends them): every push lands, none of them before its 429's
+    Retry-After, each a real wait."""
+    pod = tmp_path / "pod"
+    store = open_store(f"hf://{REPO}", pod, retry=RetryPolicy(attempts=2, base_delay_s=0.1))
+    test_hub.rate_limits.set("commit", limit=2, window_s=2.0, method="POST")
+    revisions = []
+    for n in range(4):
+        write_file(pod, CKPT, os.urandom(1024))
+        revisions.append(store.push([CKPT], f"push {n}"))
+    titles = [c.title for c in test_hub.commits(REPO)]
+    assert all(titles.count(f"push {n}") == 1 for n in range(4))
+    assert test_hub.rate_limits.answered_429 >= 1 and test_hub.rate_limits.early == 0
+    assert len(events_of(pod, "hub_rate_limited")) == len(events_of(pod, "hub_rate_limit_ended"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import stat
 import time
 from pathlib import Path
 
@@ -38,6 +39,8 @@ class MarksTail:
         try:
             st = self.path.stat()
         except FileNotFoundError:
+            return self.marks
+        if not stat.S_ISREG(st.st_mode):     # a folder in its place: no lines to read
             return self.marks
         if (st.st_dev, st.st_ino) != self.identity or st.st_size < self.tail.offset:
             self.marks, self.identity = [], (st.st_dev, st.st_ino)     # a new or cut file

@@ -27,7 +27,7 @@ from launcher.pod.manifest import ManifestEntry, ManifestError, current_stage, r
 from launcher.config.devices import parse_devices
 from launcher.config.podconfig import PodConfig
 from launcher.pod.live_state import read_pod_state
-from launcher.dashboard.goodput import goodput_line
+from launcher.dashboard.goodput import SESSION_ENDS, goodput_line
 from launcher.dashboard.goodput_files import goodput_report
 from launcher.dashboard.status_checkpoints import (checkpoint_problem, hub_note, hub_tokens,
                                                   last_metrics, node_checkpoint_age)
@@ -164,8 +164,14 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8,
             "peers": live.get("peers") or {},     # off its peers now (a running pod only)
         })
     pod_state = (state or {}).get("pod_state") if holder is not None else None
+    reason = last_state.get("reason")
+    events = read_events(pod_dir)
     if pod_state is None:
         pod_state = {"failed": "FAILED"}.get(last_state.get("pod_state"), "not running")
+        ended = _recorded_end(events, last_state)
+        if ended is not None:       # the launcher ended after its last view of the pod
+            pod_state = "FAILED" if ended["event"] == "pod_failed" else pod_state
+            reason = ended.get("reason") or reason
     return {
         "pod_dir": str(pod_dir),
         "launcher_pid": (holder or {}).get("pid") if holder is not None else None,
@@ -173,17 +179,33 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8,
         "stage": current_stage(state, manifest),
         "stage_name": (last_state.get("stage_name") if state else None)
         or _stage_name(pod_dir, config, current_stage(state, manifest)),
-        "reason": last_state.get("reason"),
+        "reason": reason,
         "uptime_s": time.time() - state["started_at"] if state and state.get("started_at") else None,
         "manifest_error": manifest_error,
         "manifest_unrun_gpus": unrun,
         "devices": config.devices,
         "gpus": rows,
-        "events": read_events(pod_dir, last=n_events),
+        "events": events[max(0, len(events) - n_events):],
         "sync": _sync_report(pod_dir, config),
         "canary": _canary_report(pod_dir),
         "goodput": goodput if goodput is not None else goodput_report(pod_dir, config),
     }
+
+
+def _recorded_end(events: list[dict], last_state: dict) -> dict | None:
+    """The end event (pod_failed, pod_stopped, ...) of the last launch when the launcher's
+    last view of the pod (logs/pod_state.json) does not show its end: a launcher whose pod
+    files went away under it records the end in the events only. None: no such end."""
+    if last_state.get("pod_state") in ("stopped", "done", "failed"):
+        return None                 # the view was written at the end: it says it all
+    started = last_state.get("started_at") or 0
+    for event in reversed(events):
+        if event.get("event") == "launch":
+            return None             # a launch after the last end: no end recorded yet
+        if event.get("event") in SESSION_ENDS:
+            ts = event.get("ts")
+            return event if isinstance(ts, (int, float)) and ts >= started else None
+    return None
 
 
 def _stage_name(pod_dir: Path, config, stage: int | None) -> str | None:

@@ -5,6 +5,7 @@ names still holds the recorded bytes, and whether the hub holds it."""
 from __future__ import annotations
 
 import json
+import stat
 import time
 from pathlib import Path
 
@@ -21,14 +22,18 @@ def last_metrics(path: Path) -> dict | None:
 
 
 def last_record(path: Path, wanted) -> dict | None:
-    """The newest record of a METRICS file for which `wanted(record)`, reading its tail."""
+    """The newest record of a METRICS file for which `wanted(record)`, reading its tail
+    (None: no such record, or no regular file there: a folder has none, a FIFO is never
+    opened)."""
     try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            return None
         with open(path, "rb") as f:
             f.seek(0, 2)
             size = f.tell()
             f.seek(max(0, size - TAIL_BYTES))
             lines = f.read().split(b"\n")
-    except FileNotFoundError:
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return None
     for line in reversed(lines):
         try:

@@ -66,11 +66,13 @@ class RetryPolicy:
 
     def rate_limit_delay(self, told: float | None, waits: int) -> float:
         """Seconds before the next try after the `waits`-th rate-limited answer (1-based):
-        never less than the hub's `told` wait, nor than backoff from RATE_LIMIT_FLOOR_S
-        (a hub answering `Retry-After: 0` again and again is not hammered)."""
-        backoff = min(max(self.max_delay_s, RATE_LIMIT_FLOOR_S),
-                      RATE_LIMIT_FLOOR_S * (2 ** (waits - 1)))
-        return backoff if told is None else max(told, backoff)
+        the hub's `told` wait; without one, backoff from RATE_LIMIT_FLOOR_S, doubling. A
+        told wait is taken as is the first time, and never below that backoff after it (a
+        hub answering `Retry-After: 0` again and again is not hammered)."""
+        cap = max(self.max_delay_s, RATE_LIMIT_FLOOR_S)
+        if told is None:
+            return min(cap, RATE_LIMIT_FLOOR_S * (2 ** (waits - 1)))
+        return max(told, 0.0 if waits == 1 else min(cap, RATE_LIMIT_FLOOR_S * (2 ** (waits - 2))))
 
 
 def told_wait(exc: BaseException, now: float | None = None) -> float | None:

@@ -83,25 +83,28 @@ class PodEnding:
                 self.files_lost(LOGS_MOVED, logs_id)
                 return
             self.files_lost(f"a pod file went away or was replaced while the pod ran "
-                            f"({exc.strerror}: {exc.filename})", self.pod.logs_id)
+                            f"({exc.strerror}: {exc.filename})", self.pod.logs_id,
+                            fix=f"move away what stands at {exc.filename} now (and put "
+                                f"the file back there if you have it)")
             return
         if disk_full(exc) is None:
             raise exc
         self.disk_full(f"the launcher could not write ({exc.strerror})")
 
-    def files_lost(self, what: str, logs_id: tuple | None = None) -> None:
+    def files_lost(self, what: str, logs_id: tuple | None = None,
+                   fix: str = "put logs/ back (e.g. `mv logs.moved logs`)") -> None:
         """The pod's own files went away under the launcher (logs/ moved or deleted, a
         metrics file replaced): it can neither read its workers nor record anything, and
         must not recreate logs/ (the workers still write into the moved folder: an empty
         new one would make healthy workers look hung). The workers stop gracefully (each
         checkpoints), the pod is FAILED with one line, recorded in the events if they can
         still be written (`logs_id`: the pod's logs/ as the run began, see dir_id); nothing
-        else is written."""
+        else is written. `fix`: what puts the files back, for the one line."""
         pod = self.pod
         if pod.state in (PodState.FAILING, PodState.FAILED):
             return
-        reason = (f"{what}; the workers were stopped (each checkpointed): put the files "
-                  f"back (e.g. `mv logs.moved logs`), then launch again")
+        reason = (f"{what}; the workers were stopped (each checkpointed): {fix}, then "
+                  f"launch again")
         pod.files_lost = True
         pod.backend.stop([r.proc for r in pod.runs.values() if r.proc is not None],
                          pod.plan.config.stop_grace_s)

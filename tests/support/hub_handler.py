@@ -92,6 +92,10 @@ class HubHandler(LfsFilesRoutes, BaseHTTPRequestHandler):
         query = {k: v[-1] for k, v in parse_qs(split.query).items()}
         authed = self.hub.token is None or self.headers.get("Authorization") == f"Bearer {self.hub.token}"
         self.hub._record(Request(self.command, name, split.path, self.headers.get("Range"), authed))
+        limited = self.hub.rate_limits.take(name, self.command)
+        if limited is not None:          # over the route's quota: 429 with the Hub's headers
+            self._drain()
+            return self._json(429, {"error": "rate limited"}, limited)
         fault = self.hub.faults.take(name, self.command, split.path)
         if fault is not None and fault.kind in ("status", "drop"):
             self._drain()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -210,6 +211,46 @@ class Fault:
     fn: Callable[[], None] | None = None
     headers: dict | None = None     # of a `status` answer (Retry-After, RateLimit)
     hits: int = 0
+
+
+class RateLimits:
+    """Per-route quotas of the test hub: `limit` requests (of `method`, default all) per fixed
+    window of `window_s` seconds; past it a 429 naming the window's end, as the Hub names it
+    (`Retry-After` in whole seconds, rounded up; `RateLimit: "api";r=0;t=N`). A request that
+    arrives before the Retry-After of the 429 it follows is counted in `early`."""
+
+    def __init__(self) -> None:
+        self._limits: dict[str, dict] = {}
+        self._lock = threading.Lock()
+        self.early = 0          # requests sent before the Retry-After of their route's 429
+        self.answered_429 = 0
+
+    def set(self, route: str, limit: int, window_s: float, method: str | None = None) -> None:
+        with self._lock:
+            self._limits[route] = {"limit": limit, "window_s": window_s, "method": method,
+                                   "start": time.monotonic(), "used": 0, "retry_at": 0.0}
+
+    def take(self, route: str, method: str) -> dict | None:
+        """The 429's headers when this request is over its route's quota, else None."""
+        with self._lock:
+            quota = self._limits.get(route)
+            if quota is None or quota["method"] not in (None, method):
+                return None
+            now = time.monotonic()
+            if now < quota["retry_at"]:
+                self.early += 1
+            if now - quota["start"] >= quota["window_s"]:
+                quota["start"], quota["used"] = now, 0
+            quota["used"] += 1
+            if quota["used"] <= quota["limit"]:
+                return None
+            left = quota["window_s"] - (now - quota["start"])
+            seconds = max(1, math.ceil(left))
+            quota["retry_at"] = now + left
+            self.answered_429 += 1
+            return {"Retry-After": str(seconds), "RateLimit": f'"api";r=0;t={seconds}',
+                    "RateLimit-Policy": f'"fixed window";"api";q={quota["limit"]};'
+                                        f'w={math.ceil(quota["window_s"])}'}
 
 
 class Faults:

@@ -19,6 +19,9 @@ Xet is never advertised (no X-Xet-* headers); uploads need the client's document
 HF_HUB_DISABLE_XET=1 (the fixture sets it), otherwise a client with hf_xet installed asks for
 a xet token and gets a 501 that says so. Faults (see hub_repo.Fault) are set per test via
 `server.faults.add(route, kind, ...)`; every request is recorded in `server.requests`.
+`server.rate_limits.set(route, limit, window_s)` makes a route answer 429 past `limit`
+requests per fixed window, with `Retry-After` and `RateLimit`/`RateLimit-Policy` headers as
+the Hub sends them, and counts the requests that came before a 429's Retry-After (`early`).
 Run standalone (for benchmarks): `python -m tests.support.hub_server --root DIR`.
 """
 
@@ -35,7 +38,7 @@ from typing import Iterator
 import pytest
 
 from .hub_handler import HubHandler, Request
-from .hub_repo import Commit, Faults, HubState
+from .hub_repo import Commit, Faults, HubState, RateLimits
 
 
 class _Server(ThreadingHTTPServer):
@@ -49,6 +52,7 @@ class HubServer:
     def __init__(self, root: Path, token: str | None = None):
         self.state = HubState(Path(root))
         self.faults = Faults()
+        self.rate_limits = RateLimits()
         self.token = token
         self.lfs_page_size = 100          # list_lfs_files' page; a test lowers it to page
         self.requests: list[Request] = []
