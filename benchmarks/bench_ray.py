@@ -13,14 +13,22 @@
    Goal: under 1 % of a core on the head.
 3. The fake-backend supervisor tests (tests/test_supervise_fake*.py), wall time of pytest.
    Goal: under 10 s in total.
+4. With `--recovery-point`: what a GPU retrains after its machine is lost at once, in save
+   intervals, with `--busy N` busy loops loading the machine: the two-node scenario of
+   tests/test_ray_pod.py, which prints a RECOVERY POINT line per loss (the test asserts
+   the mechanism; this bound, which a loaded machine's scheduling stretches, is measured
+   here). Goal: at most 2 save intervals on a quiet machine.
 
     python benchmarks/bench_ray.py [--cpu-seconds 60] [--skip-node-loss] [--skip-cpu]
+                                   [--recovery-point [--busy N]]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -145,13 +153,36 @@ def bench_fake_tests() -> dict:
             "summary": done.stdout.strip().splitlines()[-1]}
 
 
+def bench_recovery_point(busy: int) -> dict:
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
+    try:
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s",
+                               "tests/test_ray_pod.py", "-k", "survives_losing_them"],
+                              cwd=REPO, capture_output=True, text=True)
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+    points = [{"loss": m[1], "retrained_tokens": int(m[2].replace(",", "")),
+               "save_intervals": float(m[3])}
+              for m in re.finditer(r"RECOVERY POINT (.+?): .*retrained ([\d,]+) tokens = "
+                                   r"([\d.]+) save intervals", done.stdout)]
+    return {"busy_loops": busy, "load_average_after": os.getloadavg(),
+            "test": done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "",
+            "recovery_points": points}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu-seconds", type=float, default=60.0)
     parser.add_argument("--skip-node-loss", action="store_true")
     parser.add_argument("--skip-cpu", action="store_true")
+    parser.add_argument("--recovery-point", action="store_true")
+    parser.add_argument("--busy", type=int, default=0)
     args = parser.parse_args()
     results = {"fake_backend_tests": bench_fake_tests()}
+    if args.recovery_point:
+        results["recovery_point"] = bench_recovery_point(args.busy)
     with tempfile.TemporaryDirectory() as tmp:
         if not args.skip_node_loss:
             (Path(tmp) / "n").mkdir()

@@ -10,8 +10,10 @@ is given 127.0.0.1 explicitly.
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import psutil
 
@@ -43,16 +45,20 @@ def add_node(cluster, devices: int):
 @contextmanager
 def local_cluster(nodes: int, devices_per_node: int):
     """Yields the started Cluster; stops it after and waits until no Ray process is left
-    (AssertionError otherwise)."""
+    (AssertionError otherwise). Its session directory (/tmp/ray/session_*: the logs of
+    every Ray process) is removed after a body that raised nothing;
+    after one that raised it stays, to be read."""
     os.environ[LOOPBACK_ENV] = "0"
     from ray.cluster_utils import Cluster
     assert not ray_processes(), f"Ray processes from elsewhere are running: {ray_processes()}"
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "node_ip_address": LOOPBACK, "include_dashboard": False})
+    session, raised = Path(cluster.head_node.get_session_dir_path()), True
     try:
         for _ in range(nodes):
             add_node(cluster, devices_per_node)
         yield cluster
+        raised = False
     finally:
         cluster.shutdown()
         os.environ.pop(LOOPBACK_ENV, None)
@@ -60,6 +66,8 @@ def local_cluster(nodes: int, devices_per_node: int):
         while ray_processes() and time.monotonic() < deadline:
             time.sleep(0.5)
         assert not ray_processes(), f"Ray left processes behind: {ray_processes()}"
+        if not raised:
+            shutil.rmtree(session, ignore_errors=True)
 
 
 def node_of(cluster, short_id: str):
