@@ -22,8 +22,9 @@ from launcher.hub import open_store
 from launcher.hub.lease import pod_id
 from launcher.paths import RECOVERY_STAGING_DIR
 from launcher.hub.commit_budget import HUB_COMMITS_PER_HOUR, recovery_commits_per_hour
-from launcher.supervise.ray_recovery import (COMMIT_STATE, RecoveryPusher, commit_every_s,
-                                             gpu_commit_every_s, read_recovery_copy)
+from launcher.supervise.ray_recovery import (COMMIT_STATE, SENDING_PREFIX, RecoveryPusher,
+                                             commit_every_s, gpu_commit_every_s,
+                                             read_recovery_copy)
 from tests.support.hub_server import test_hub  # noqa: F401  (pytest fixture)
 from tests.support.saves import write_save
 
@@ -59,7 +60,8 @@ def node(tmp_path, test_hub):
         worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         workers.append(worker)
         pushers.append(RecoveryPusher({
-            "gpu": gpu, "workdir": str(workdir), "metrics": f"logs/{metrics.name}", "offset": 0, "pid": worker.pid,
+            "gpu": gpu, "workdir": str(workdir), "metrics": f"logs/{metrics.name}",
+            "offset": 0, "pid": worker.pid,
             "create_time": psutil.Process(worker.pid).create_time(), "hub_url": hub,
             "writer": pod_id(tmp_path / "pod"), "attempt": f"attempt-{gpu}",
             "run_id": "run-a", "node": "node-a",
@@ -125,3 +127,27 @@ def test_the_cadence_keeps_a_pods_recovery_commits_within_its_share_of_the_hubs_
     assert commit_every_s(gpu_commit_every_s(HUB, 8), 8) == 112.5   # 1b preset, one node
     assert gpu_commit_every_s(HUB, 8, budget=64) == 2 * gpu_commit_every_s(HUB, 8)
     assert gpu_commit_every_s("file:///srv/hub", 8) == 0     # a directory: no budget
+
+
+def test_links_left_by_a_committer_killed_mid_commit_go_with_the_next_commit(tmp_path):
+    """A pusher killed while committing leaves its links (8.8 GB each at the 1B model) in
+    the node's staging directory; the node's next commit, under its lock, removes them."""
+    workdir = tmp_path / "node"
+    stale = workdir / RECOVERY_STAGING_DIR / f"{SENDING_PREFIX}999999-dead"
+    stale.mkdir(parents=True)
+    (stale / "posted-gpu0-attempt-0-0123.pt").write_bytes(b"weights")
+    metrics = workdir / "logs" / "metrics_gpu0.jsonl"
+    metrics.parent.mkdir(parents=True)
+    metrics.write_text("")
+    pusher = RecoveryPusher({"gpu": 0, "workdir": str(workdir),
+                             "metrics": "logs/metrics_gpu0.jsonl", "offset": 0,
+                             "hub_url": f"file://{tmp_path / 'hub'}",
+                             "writer": pod_id(tmp_path / "pod"), "attempt": "attempt-0",
+                             "run_id": "run-a", "node": "node-a"})
+    save(workdir, metrics, 0, 160)
+    pusher._read()
+    pusher._push_waiting()
+    assert read_recovery_copy(f"file://{tmp_path / 'hub'}", tmp_path / "pod", ckpt(0), 0,
+                              "attempt-0")["next_token"] == 160
+    assert not stale.exists()
+    assert not list((workdir / RECOVERY_STAGING_DIR).glob(f"{SENDING_PREFIX}*"))

@@ -25,10 +25,10 @@ rotation cannot take it away), checks the newest one and posts it in the node's 
 directory (replacing the GPU's older posted one). One commit carries every GPU's newest
 posted save: whichever pusher of the node finds it due makes it, under a lock (one at a
 time): on the Hub, at the node's cadence (`commit_every_s`: the pod's share of the budget
-divided by its GPUs, `gpu_commit_every_s`, times the node's), once each of the node's GPUs posted or GATHER_S
-after the first did; on a file:// store (no commit budget) as soon as the last commit is
-done; a worker's final save at once. The pusher exits once its worker has ended and
-its posted saves are committed (or after FINAL_PUSH_S of failed attempts).
+divided by its GPUs, `gpu_commit_every_s`, times the node's), once each of the node's GPUs
+posted or GATHER_S after the first did; on a file:// store (no commit budget) as soon as
+the last commit is done; a worker's final save at once. The pusher exits once its worker
+has ended and its posted saves are committed (or after FINAL_PUSH_S of failed attempts).
 
 Bound: a GPU whose node is lost resumes from the newer of its newest passed hub copy and
 its recovery copy (`read_recovery_copy`, launcher/supervise/ray_pushes.py). What it
@@ -83,11 +83,13 @@ HOUR_S = 3600.0
 GATHER_S = 10.0          # a due commit waits this long for the node's other GPUs' saves
 # In the node's RECOVERY_STAGING_DIR: each GPU's newest checked save waiting for the node's
 # commit (`posted-gpu{i}-{attempt}-{sha}.pt` and `.json`), each running pusher
-# (`pusher-gpu{i}-{attempt}.json`), the lock one committing pusher holds, the last commit.
+# (`pusher-gpu{i}-{attempt}.json`), the lock one committing pusher holds, the last commit,
+# the links a commit in flight sends.
 POSTED_PREFIX = "posted-gpu"
 PUSHER_PREFIX = "pusher-gpu"
 COMMIT_LOCK = ".commit.lock"
 COMMIT_STATE = ".committed.json"
+SENDING_PREFIX = ".sending-"      # the links one commit sends (removed after it)
 
 
 def recovery_path(checkpoint: str) -> str:
@@ -339,8 +341,11 @@ class RecoveryPusher:
                     if every is None else float(every))
 
     def _commit(self) -> None:
+        """Under the node's lock: no other commit of the node is in flight."""
+        for stale in self.staging.glob(f"{SENDING_PREFIX}*"):   # a committer killed mid-way
+            shutil.rmtree(stale, ignore_errors=True)
         entries = _newest_per_gpu(_posted(self.staging))
-        sending = self.staging / f".sending-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        sending = self.staging / f"{SENDING_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
         state = read_json_state(self.staging / COMMIT_STATE)
         files, expected = {}, {}
         try:
