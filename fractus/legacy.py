@@ -2,7 +2,12 @@
 
 Production files may carry an `_orig_mod.` prefix on every key (saved from a compiled
 module) and carried-state buffers at the training batch size. Parameters are loaded
-strictly; carried buffers are restored when their batch size fits, else reset.
+strictly; carried buffers are restored when their batch size fits, else reset. A file
+written from the parameters alone (the user's merged brain) may lack what the model's
+construction computes: its constant buffers (`attn.level_offsets`, `moe.expert_phases`)
+and the second name of a tied weight (`output_head.weight`, the same tensor as
+`observe.weight`). Those are filled from the construction and named (`filled_keys`,
+`describe_filled`); a missing learned parameter is refused as before.
 
 Every file the reference trains from loads here (`as_engine_checkpoint`):
   v1 `{"model_state", "config"}` whose config holds the v1 TARGET keys and no vocab_size
@@ -15,6 +20,7 @@ Every file the reference trains from loads here (`as_engine_checkpoint`):
 from __future__ import annotations
 
 import os
+import re
 import warnings
 
 import torch
@@ -87,16 +93,63 @@ def state_mismatch(config: EngineConfig, state: dict) -> str | None:
     """How `state` (a model_state) differs from the model `config` builds, by parameter
     names and shapes (carried buffers aside), or None when it fits. The model is built on
     the meta device: no memory, no weights read."""
+    return state_fit(config, state)[0]
+
+
+def state_fit(config: EngineConfig, state: dict) -> tuple[str | None, str | None]:
+    """(state_mismatch's answer, the line `describe_filled` gives for what a load of
+    `state` would fill from the model's construction, or None)."""
     from .continuous_engine import ContinuousThoughtEngine
     with torch.device("meta"):
         model = ContinuousThoughtEngine.from_config(config)
     fixed = {k: v for k, v in model.state_dict().items() if not _is_carried(k)}
-    return _mismatch(fixed, strip_compiled_prefix(state))
+    state = strip_compiled_prefix(state)
+    mismatch = _mismatch(fixed, state, model)
+    return mismatch, None if mismatch else describe_filled(filled_keys(model, state), model)
 
 
-def _mismatch(fixed: dict, state: dict) -> str | None:
+def filled_keys(model: torch.nn.Module, state: dict) -> list[str]:
+    """The names of `model`'s state that `state` (prefix stripped) lacks and its
+    construction supplies: constant buffers (carried ones aside, which a load resets), and
+    a tied weight's other names when one of them is given. Any other missing name is a
+    learned parameter, refused by `_mismatch`."""
+    given = set(state)
+    filled = [name for name, _ in model.named_buffers()
+              if name not in given and not _is_carried(name)]
+    tied: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        tied.setdefault(id(param), []).append(name)
+    for names in tied.values():
+        if len(names) > 1 and any(n in given for n in names):
+            filled += [n for n in names if n not in given]
+    return sorted(filled)
+
+
+def describe_filled(filled: list[str], model: torch.nn.Module | None = None) -> str | None:
+    """One line naming what a load filled from the model's construction (None: nothing)."""
+    if not filled:
+        return None
+    tied = {}
+    if model is not None:
+        for name, param in model.named_parameters(remove_duplicate=False):
+            tied.setdefault(id(param), []).append(name)
+    twin = {n: next(m for m in names if m != n)
+            for names in tied.values() if len(names) > 1 for n in names}
+    kinds: dict[str, int] = {}
+    for name in filled:
+        kind = re.sub(r"^blocks\.\d+\.", "blocks.*.", name)
+        kinds[kind] = kinds.get(kind, 0) + 1
+    parts = [f"{kind} (x{count})" if count > 1 else
+             (f"{kind} (tied to {twin[kind]})" if kind in twin else kind)
+             for kind, count in kinds.items()]
+    return (f"filled from the model's construction ({len(filled)} tensor(s) the file does "
+            f"not hold; no learned parameter): {', '.join(parts)}")
+
+
+def _mismatch(fixed: dict, state: dict, model: torch.nn.Module | None = None) -> str | None:
     given = {k: v for k, v in state.items() if not _is_carried(k)}
-    missing = sorted(set(fixed) - set(given))
+    fillable = set(filled_keys(model, given)) if model is not None else set()
+    missing = sorted(set(fixed) - set(given) - fillable)
     unexpected = sorted(set(given) - set(fixed))
     misshaped = [f"{k} {tuple(given[k].shape)} != {tuple(fixed[k].shape)}"
                  for k in sorted(set(fixed) & set(given))
@@ -180,10 +233,13 @@ def load_engine(cls, source, map_location="cpu", batch_size: int | None = None,
     state = strip_compiled_prefix(ckpt["model_state"])
 
     fixed = {k: v for k, v in model.state_dict().items() if not _is_carried(k)}
-    mismatch = _mismatch(fixed, state)
+    mismatch = _mismatch(fixed, state, model)
     if mismatch:
         raise ValueError(f"checkpoint does not match the model config: {mismatch}")
+    # What the file lacks keeps the value construction gave it (a tied name shares the
+    # tensor loaded under its other name); `filled_on_load` names it for the caller.
     model.load_state_dict({k: v for k, v in state.items() if not _is_carried(k)}, strict=False)
+    model.filled_on_load = filled_keys(model, state)
 
     carried = {k: v for k, v in state.items() if _is_carried(k) and k != "last_lb_loss"}
     want = set(model.carry_state())

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from fractus.config import EngineConfig, load_config
 from fractus.continuous_engine import ContinuousThoughtEngine
 from fractus.data import ShardError, TokenShard
-from fractus.legacy import as_engine_checkpoint, read_checkpoint, train_head
+from fractus.legacy import as_engine_checkpoint, describe_filled, read_checkpoint, train_head
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,7 @@ class ProbeResult:
     next_token: int | None   # the train head the checkpoint records (None: it records none)
     ar_rows: tuple[float, ...] = ()   # each row's AR (window-to-window noise)
     vocab_size: int | None = None     # V: uniform guessing scores ln(V)
+    filled: str | None = None         # what the load filled from the model's construction
 
 
 def probe_windows(shard_len: int, head: int, cfg: ProbeConfig) -> tuple[int, int]:
@@ -112,7 +113,9 @@ def probe_checkpoint(checkpoint, shard_path, cfg: ProbeConfig = ProbeConfig(),
     model = ContinuousThoughtEngine.from_checkpoint(ckpt).to(device)  # run_probe resets the state
     stats = run_probe(model, windows.to(device), cfg)
     return ProbeResult(start=start, rows=cfg.rows, next_token=next_token,
-                       vocab_size=model.config.vocab_size, **stats)
+                       vocab_size=model.config.vocab_size,
+                       filled=describe_filled(getattr(model, "filled_on_load", []), model),
+                       **stats)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"AR={result.ar:.4f} ARacc={result.ar_acc:.3f} cold_tf={result.cold_tf:.4f} "
               f"(rows={result.rows}, start={result.start})")
+        if result.filled:
+            print(result.filled)
     return 0
 
 

@@ -31,6 +31,9 @@ def adopt(ctx, devices, model, init_new_from, manifest) -> None:
     adoption = adopt_run(pod_dir, devices, model, init_new_from, manifest)
     for line in table(adoption):
         click.echo(line)
+    for g in adoption.gpus:
+        if g.filled:
+            click.echo(f"gpu {g.gpu}: {g.checkpoint}: {g.filled}")
     click.echo(f"adopted {len(adoption.gpus)} GPU(s): fractus-pod.yaml names these files; "
                f"manifest {adoption.manifest.path.relative_to(pod_dir)}; originals kept "
                f"under checkpoints/adopted/")

@@ -261,7 +261,8 @@ def probe(ctx, gpu, checkpoint, shard, head, baseline_ar, record_baseline, devic
         if "verdict" in report:
             click.echo(f"{report['verdict']}: {report['reason']} "
                        f"(baseline {report['baseline_source']})")
-        for line in (report.get("head_note"), report.get("hint"), report.get("note")):
+        for line in (report.get("filled"), report.get("head_note"), report.get("hint"),
+                     report.get("note")):
             if line:
                 click.echo(line)
     if report.get("verdict") == "Failed":

@@ -61,6 +61,7 @@ class AdoptedGpu:
     shard_tokens: int
     manifests: list[str]       # the manifests that know this GPU (empty: --init-new-from)
     config: object = None      # fractus.config.EngineConfig
+    filled: str | None = None  # what loading it fills from the model's construction
     sha256: str = ""
     shard_sha256: str = ""
 
@@ -160,13 +161,18 @@ def _gpu_plan(pod_dir: Path, gpu: int, manifests: list[Manifest], init_new_from:
 
 
 def _checkpoint_config(path: Path, model: str | None):
-    """The engine config a checkpoint records (v1: no vocab_size, 50257 implied); a bare
-    state_dict records none: `model` (default v1's)."""
-    from fractus.train.checkpoint import load_checkpoint   # torch (~2 s): only when adopting
+    """(the engine config a checkpoint records (v1: no vocab_size, 50257 implied; a bare
+    state_dict records none: `model`, default v1's), the line naming what loading it fills
+    from the model's construction or None). Tensors that do not fit are the launch's to
+    refuse (launcher/pod/ckpt_trust.py), after the configs are compared here."""
+    # torch (~2 s): only when adopting
+    from fractus.legacy import state_fit
+    from fractus.train.checkpoint import load_checkpoint
     ck = load_checkpoint(path)
-    if ck.get("config") is None:
-        return engine_config(model or V1_MODEL)
-    return EngineConfig.from_dict(ck["config"])
+    config = engine_config(model or V1_MODEL) if ck.get("config") is None else \
+        EngineConfig.from_dict(ck["config"])
+    state = ck["model_state"]
+    return config, state_fit(config, state)[1] if isinstance(state, dict) else None
 
 
 def _configs(pod_dir: Path, gpus: list[AdoptedGpu], model: str | None,
@@ -175,7 +181,7 @@ def _configs(pod_dir: Path, gpus: list[AdoptedGpu], model: str | None,
         futures = [pool.submit(_checkpoint_config, pod_dir / g.checkpoint, model) for g in gpus]
     for g, future in zip(gpus, futures):
         try:
-            g.config = future.result()
+            g.config, g.filled = future.result()
         except Exception as exc:        # a foreign or damaged file: one line, never torch's
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             problems.append(f"gpu {g.gpu}: cannot read checkpoint {g.checkpoint}: {reason[:200]}")
