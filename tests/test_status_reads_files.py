@@ -55,6 +55,9 @@ def test_issue25_status_never_imports_torch_and_still_shows_the_shard_share(tmp_
 @pytest.mark.parametrize("suffix, make, expected", [
     (".npy", lambda p: np.save(p, np.arange(100, dtype=np.int32)), 100),
     (".npy", lambda p: np.save(p, np.arange(70, dtype=np.uint16)), 70),
+    (".npy", lambda p: np.save(p, np.arange(5, dtype=">i4")), 5),               # big-endian
+    (".npy", lambda p: _npy_v2(p, np.arange(6, dtype=np.int64)), 6),            # format 2.0
+    (".npy", lambda p: np.save(p, np.zeros(4, dtype=bool)), None),
     (".pt", lambda p: torch.save(torch.arange(9), p), 9),
     (".pt", lambda p: torch.save(torch.arange(30, dtype=torch.int32)[5:12], p), 7),
     (".npy", lambda p: np.save(p, np.zeros((3, 4), dtype=np.int32)), None),      # 2-D
@@ -79,6 +82,11 @@ def test_issue25_a_shards_header_length_is_the_workers_length(tmp_path, suffix, 
     else:                       # shard_length asks the worker's reader, which refuses it
         with pytest.raises(ManifestError):
             shard_length(path)
+
+
+def _npy_v2(path: Path, array) -> None:
+    with open(path, "wb") as f:
+        np.lib.format.write_array(f, array, version=(2, 0))
 
 
 def test_issue25_a_cut_npy_is_no_shard_without_its_data(tmp_path):
