@@ -165,3 +165,18 @@ def test_a_missing_extra_is_named_with_a_command_that_installs_it(extra):
     names = {re.match(r"[\w.-]+", r).group() for r in declared["optional-dependencies"][extra]}
     assert words[:2] == ["pip", "install"] and len(words) > 2, words
     assert {re.match(r"[\w.-]+", w).group() for w in words[2:]} == names
+
+
+def test_the_script_run_by_hand_and_the_module_the_launcher_starts_are_one_program(
+        venv, tmp_path):
+    """scripts/fast4gpu_boost_v2.py (a checkout) and `python -m fractus.train.worker` (what
+    the launcher starts, the only entry of an installed wheel) answer alike."""
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "MODEL": "tiny",
+           "DEVICE": "cpu", "GPU_ID": "0", "SHARD": str(tmp_path / "absent.npy")}
+    answers = [subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=300, stdin=subprocess.DEVNULL)
+               for command in ([sys.executable, "-u", REPO / "scripts" / "fast4gpu_boost_v2.py"],
+                               [sys.executable, "-u", "-m", "fractus.train.worker"],
+                               [venv / "bin" / "python", "-u", "-m", "fractus.train.worker"])]
+    assert answers[0].returncode == 2 and "shard not found" in answers[0].stderr
+    assert {(a.returncode, a.stderr) for a in answers} == {(2, answers[0].stderr)}
