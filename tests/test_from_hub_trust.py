@@ -8,8 +8,6 @@ Real processes: the CLI as a child process, a file:// hub store pushed by a real
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,20 +17,11 @@ from launcher.config.podconfig import PodConfig
 from launcher.config.stages import Stage
 from launcher.hub import open_store
 from launcher.hub.config_trust import untrusted_config, untrusted_stages
-from tests.support.e2e import REPO, events_of, kill_workers, make_pod
+from tests.support.e2e import REPO, events_of, make_pod
+from tests.support.from_hub import fractus_pod
 from tests.support.hub_pod import FAST_PASS
 
 HOSTILE_WORKER = ["/bin/sh", "-c", "echo ran > MARKER; exit 2"]
-
-
-def fractus_pod(pod: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run([sys.executable, "-m", "launcher.cli", "--pod-dir", str(pod),
-                               *args], cwd=REPO, capture_output=True, text=True,
-                              timeout=timeout)
-    finally:
-        if pod.is_dir():
-            kill_workers(pod)
 
 
 @pytest.fixture

@@ -96,7 +96,9 @@ def test_on_a_remote_backend_the_manifest_follows_each_node_push_to_the_hub(make
     assert manifest_pushes(2)[-1]["tokens"] == {"0": second["next_token"]}
 
     fresh = tmp_path / "fresh"
-    rev, _config, _lease = rebuild_from_hub(fresh, hub_url, None, on_cluster=True)
+    rebuilt = rebuild_from_hub(fresh, hub_url, None, on_cluster=True)
+    rev = rebuilt.revision
+    rebuilt.take_run()
     rebuilt = read_manifest(fresh / sup.pod.plan.config.manifest)
     assert rebuilt.entries[0]["start_token"] == second["next_token"]
     assert rebuilt.entries[0]["checkpoint_sha256"] == second["sha256"]
@@ -114,7 +116,7 @@ def test_on_a_remote_backend_the_manifest_follows_each_node_push_to_the_hub(make
     newest, before = store.history()[:2]
     assert newest.revision == mid_push
     after_death = tmp_path / "after-death"
-    rev, _config, _lease = rebuild_from_hub(after_death, hub_url, None, on_cluster=True)
+    rev = rebuild_from_hub(after_death, hub_url, None, on_cluster=True).revision
     assert rev == before.revision        # the lease the first rebuild took, on the last manifest
     rebuilt = read_manifest(after_death / sup.pod.plan.config.manifest)
     assert rebuilt.entries[0]["start_token"] == second["next_token"]

@@ -5,8 +5,11 @@ the `fractus-pod` group by launcher/cli/main.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shlex
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -50,6 +53,10 @@ def _parse_faults(values: tuple[str, ...]) -> dict[int, str]:
 @click.option("--revision", default=None,
               help="With --from-hub: the hub revision to rebuild from (default: the newest).")
 @trust_hub_config_option("--from-hub")
+@click.option("--no-hub", is_flag=True,
+              help="Train without the pod config's hub: no push, no pull (e.g. when another "
+                   "pod took the run over). With --from-hub: rebuild without taking the run "
+                   "over.")
 @click.option("--no-canary", is_flag=True,
               help="Switch to a higher --stage without the canary (recorded in the events).")
 @click.option("--ray", "ray_address", default=None, metavar="ADDRESS",
@@ -60,7 +67,7 @@ def _parse_faults(values: tuple[str, ...]) -> dict[int, str]:
               help="Tests only: GPU:KIND@STEP fault injection on that worker's first start.")
 @click.pass_context
 def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, revision,
-           trust_hub_config, no_canary, ray_address, faults) -> None:
+           trust_hub_config, no_hub, no_canary, ray_address, faults) -> None:
     """Validate everything, then start one worker per GPU and supervise them."""
     # A stop is never lost (issue 16, item 23): SIGTERM/SIGINT are remembered from the first
     # line (the imports below take seconds on a loaded machine), and the pod lock, which
@@ -82,6 +89,7 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
         recover_checkpoints,
         refuse_budget_below_one_push,
         refuse_if_busy,
+        refuse_taken_over,
         validate,
     )
     from launcher.supervise.pod_view import ProgressLine
@@ -92,8 +100,10 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
                         "its manifest records)")
     check_trust_flag(trust_hub_config, from_hub, "--from-hub",
                      "a pod's own fractus-pod.yaml is always taken as it is")
-    if from_hub:
-        _rebuild(pod_dir, from_hub, revision, ray_address, trust_config=trust_hub_config)
+    # Filled, but not the run's writer until everything below that can refuse has passed;
+    # until then a refusal empties the directory again and leaves the hub untouched.
+    rebuilt = _rebuild(pod_dir, from_hub, revision, ray_address, trust_hub_config) \
+        if from_hub else None
     lock = PodLock(pod_dir)
     if (pod_dir / CONFIG_NAME).is_file():    # else load_plan refuses, writing nothing
         lock.acquire()
@@ -105,6 +115,9 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
             # Every file a person writes, read once: nothing below opens them again.
             plan, manifest = load_plan(pod_dir, stage, devices, gpus, max_time, max_steps,
                                        _parse_faults(faults), ray_address)
+            if no_hub:      # this launch only: fractus-pod.yaml keeps its hub:
+                plan = dataclasses.replace(
+                    plan, config=dataclasses.replace(plan.config, hub=None))
             refuse_budget_below_one_push(plan, manifest)
             stop.deadline = plan.deadline
             from launcher.supervise.canary_budget import split_budget
@@ -127,6 +140,8 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
                     store_for(plan.config, pod_dir)    # a malformed hub: URL is refused
                 except ValueError as exc:
                     raise UserError(f"hub: {exc}") from None
+                if rebuilt is None:     # a rebuilt pod takes the run over below
+                    refuse_taken_over(plan, _retyped(ctx, pod_dir, "--no-hub"))
             from launcher.alerts.webhooks import configured_webhooks
             alerting = configured_webhooks(plan.config)     # a webhook's URL: exit 2
             from launcher.config.tracker import check_installed
@@ -146,6 +161,9 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
             never_resume_failed(plan, manifest, index, events)
             recover_checkpoints(plan, manifest, index, events, on_hub)
             validate(plan, manifest, on_hub, on_nodes)
+            if rebuilt is not None:     # everything that can refuse it passed
+                _take_run(rebuilt, plan, events)
+                rebuilt = None
         except UserError:
             lock.release(restore=True)     # a refusal leaves the pod as it was
             raise
@@ -196,6 +214,8 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
         if events is not None:
             events.mirror.close()
         lock.release()
+        if rebuilt is not None:     # refused before it took the run over
+            rebuilt.undo()
     sys.exit(code)
 
 
@@ -228,29 +248,57 @@ def _ray_backend(pod_dir: Path, plan, settings, events):
 
 
 def _rebuild(pod_dir: Path, url: str, revision: str | None, ray_address: str | None,
-             trust_config: bool) -> None:
+             trust_config: bool):
     """launch --from-hub: fill the empty pod directory from one pinned hub revision (for a
-    Ray cluster, `--ray ray_address`, without the weights: each node pulls its GPU's)."""
-    on_cluster = ray_address is not None
+    Ray cluster, `--ray ray_address`, without the weights: each node pulls its GPU's).
+    Returns launcher/hub/from_hub.Rebuilt: not yet the run's writer."""
     # imported when run, not at startup: `fractus-pod --help` loads every command module
     from launcher.hub.from_hub import rebuild_from_hub
-    from launcher.hub import HubError
+    with _hub_errors():
+        return rebuild_from_hub(pod_dir, url, revision, ray_address is not None,
+                                trust_config, ray_address)
+
+
+def _take_run(rebuilt, plan, events: EventLog) -> None:
+    """The rebuilt pod becomes the run's one writer (none with --no-hub: the plan has no
+    hub), said in one line and a `rebuilt_from_hub` event."""
+    with _hub_errors():
+        lease = rebuilt.take_run() if plan.config.hub else {}
+    weights = ("on the hub: each Ray node pulls its GPU's" if plan.ray is not None
+               else "pulled")
+    events.emit("rebuilt_from_hub", hub=rebuilt.url, revision=rebuilt.revision,
+                pod_id=lease.get("pod_id"), lease_epoch=lease.get("epoch"),
+                previous_pod=lease.get("previous_pod"), weights=weights)
+    writer = (f"this pod ({lease['pod_id']}) now writes the run (lease epoch {lease['epoch']})"
+              if lease else "--no-hub: the run stays with the pod that writes it")
+    click.echo(f"rebuilt {rebuilt.pod_dir} from {rebuilt.url} at revision "
+               f"{rebuilt.revision[:12]}; {writer}")
+
+
+@contextmanager
+def _hub_errors():
+    """A hub's refusal in one line: a missing repo or revision (404) is the user's to fix."""
+    from launcher.hub import HubError   # when run: `fractus-pod --help` loads this module
     try:
-        rev, config, lease = rebuild_from_hub(pod_dir, url, revision, on_cluster, trust_config,
-                                              ray_address)
+        yield
     except HubError as exc:
-        if exc.status == 404:              # no such repo or revision: the user's to fix
+        if exc.status == 404:
             raise UserError(f"--from-hub: {exc}") from None
         raise click.ClickException(f"--from-hub: {exc}") from None
     except ValueError as exc:
         raise UserError(f"--from-hub: {exc}") from None
-    weights = ("on the hub: each Ray node pulls its GPU's" if on_cluster or config.ray
-               else "pulled")
-    EventLog(pod_dir).emit("rebuilt_from_hub", hub=url, revision=rev, pod_id=lease["pod_id"],
-                           lease_epoch=lease["epoch"], previous_pod=lease["previous_pod"],
-                           weights=weights)
-    click.echo(f"rebuilt {pod_dir} from {url} at revision {rev[:12]}; this pod "
-               f"({lease['pod_id']}) now writes the run (lease epoch {lease['epoch']})")
+
+
+def _retyped(ctx: click.Context, pod_dir: Path, *extra: str) -> str:
+    """This launch's command line as it can be typed again, with `extra` options."""
+    words = ["fractus-pod", "--pod-dir", str(pod_dir), "launch", *extra]
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name)
+        if not isinstance(param, click.Option) or value in (None, False, ()):
+            continue        # (--pod-dir is not a value of the command: named above)
+        for one in (value if param.multiple else (value,)):
+            words += [param.opts[0]] if param.is_flag else [param.opts[0], str(one)]
+    return shlex.join(words)
 
 
 def _daemonize(pod_dir: Path) -> None:

@@ -3,13 +3,16 @@
 The user's lesson: a rented host can vanish, so a new pod must be able to start from what
 the hub holds. One pinned revision gives the pod config, the stage and criteria files, the
 manifest and the checkpoints it names; the launch then resumes every GPU at the manifest's
-tokens exactly as if the old pod had been stopped there.
+tokens exactly as if the old pod had been stopped there. The new pod takes the run's hub
+lease only after the launch has checked everything that can refuse it (shards, manifest,
+checkpoints): a refused rebuild leaves its directory empty and the run's lease where it was.
 """
 
 from __future__ import annotations
 
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -37,22 +40,45 @@ from launcher.hub.lease import take_over
 MAX_WALK_BACK = 20      # revisions looked at for the newest consistent one
 
 
+@dataclass(frozen=True)
+class Rebuilt:
+    """A pod directory filled from one hub revision that does not write the run yet: the
+    launch checks everything that can refuse it first, then `take_run` (or `undo`)."""
+
+    pod_dir: Path
+    url: str                # absolute: the store as this pod names it
+    revision: str
+    config: PodConfig
+    created: bool           # the directory did not exist before the rebuild
+
+    def take_run(self) -> dict:
+        """This pod becomes the run's one writer (launcher/hub/lease.py): the pod it was
+        rebuilt from is refused at its next push. Returns the lease taken."""
+        return take_over(open_store(self.url, self.pod_dir), self.pod_dir)
+
+    def undo(self) -> None:
+        """A refused rebuild leaves the directory as empty as it was (gone if it was made
+        for it), so the same command can simply be rerun; the hub is untouched."""
+        leave_empty(self.pod_dir, self.created)
+
+
 def rebuild_from_hub(pod_dir: Path, url: str, revision: str | None,
                      on_cluster: bool = False,
                      trust_config: bool = False,
-                     ray_address: str | None = None) -> tuple[str, PodConfig, dict]:
+                     ray_address: str | None = None) -> Rebuilt:
     """Fill an EMPTY pod directory from one pinned hub revision: config, stage/criteria
     files, manifest and the checkpoints it names (each verified by sha256 against the hub
     index AND the manifest). Shards come from the config's own path; the tiny preset's
-    synthetic shards are regenerated from their seed. The new pod then takes over the run's
-    hub lease (launcher/hub/lease.py): the pod it was rebuilt from stops pushing to the run.
+    synthetic shards are regenerated from their seed. Nothing is written to the hub: the
+    run's lease is taken by `Rebuilt.take_run`, once the launch has checked everything else.
     For a pod whose workers run on a Ray cluster (`on_cluster`, or `ray:` in the pulled
     config) the weights stay on the hub: the manifest names them at the revision, and each
     node pulls its GPU's checkpoint when it starts the worker (verified there).
     A config that would run or write anything on this machine (launcher/hub/config_trust.py)
     is refused unless `trust_config` (the user's --trust-hub-config); `ray_address` is the
     cluster the user named (launch --ray), which replaces one the config names.
-    Returns (revision, config, the lease taken)."""
+    A relative file:// `url` is taken from the current directory (it was typed on the
+    command line). On any failure the directory is left as empty as it was."""
     if pod_dir.exists() and (not pod_dir.is_dir() or any(pod_dir.iterdir())):
         raise UserError(f"--from-hub rebuilds a pod in an EMPTY directory; {pod_dir} is not "
                         f"empty (use a new --pod-dir, or plain `launch` to resume this pod)")
@@ -61,13 +87,17 @@ def rebuild_from_hub(pod_dir: Path, url: str, revision: str | None,
     pod_dir.mkdir(parents=True, exist_ok=True)
     try:
         rev, config = _rebuild(pod_dir, url, revision, on_cluster, trust_config, ray_address)
-        return rev, config, take_over(open_store(url, pod_dir), pod_dir)
     except BaseException:
-        # Leave the directory as empty as it was, so the same command can simply be rerun.
-        empty_dir(pod_dir)
-        if created:
-            pod_dir.rmdir()
+        leave_empty(pod_dir, created)
         raise
+    return Rebuilt(pod_dir, url, rev, config, created)
+
+
+def leave_empty(pod_dir: Path, created: bool) -> None:
+    """The directory as empty as it was before the rebuild: gone if it was made for it."""
+    empty_dir(pod_dir)
+    if created:
+        pod_dir.rmdir()
 
 
 def empty_dir(pod_dir: Path) -> None:

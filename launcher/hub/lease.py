@@ -43,11 +43,16 @@ def _read_json(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
+def held_pod_id(pod_dir: Path) -> str | None:
+    """This pod's id if it has one (None: it never pushed nor took a run over)."""
+    held = _read_json(pod_dir / HELD_FILE)
+    return held["pod_id"] if isinstance(held.get("pod_id"), str) and held["pod_id"] else None
+
+
 def pod_id(pod_dir: Path) -> str:
     """This pod's id (host name and a random part), created on first use."""
-    held = _read_json(pod_dir / HELD_FILE)
-    if isinstance(held.get("pod_id"), str) and held["pod_id"]:
-        return held["pod_id"]
+    if (held := held_pod_id(pod_dir)) is not None:
+        return held
     new = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
     (pod_dir / HELD_FILE).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(pod_dir / HELD_FILE, json.dumps({"pod_id": new}) + "\n")
@@ -85,7 +90,7 @@ def _stage(lease: dict, stage_dir: Path) -> Path:
     return path
 
 
-def _writers_lease(store, me: str) -> tuple[str | None, dict]:
+def _writers_lease(store, me: str | None) -> tuple[str | None, dict]:
     """Before a push: (the head it must build on, the lease to commit with it).
     RunTakenOver when another pod holds the lease there."""
     head = store.head()
@@ -95,6 +100,13 @@ def _writers_lease(store, me: str) -> tuple[str | None, dict]:
     if lease is None:           # the run's first writer under leases
         lease = {"pod_id": me, "epoch": 1, "taken_at": time.time()}
     return head, lease
+
+
+def refuse_if_taken_over(store, pod_dir: Path) -> None:
+    """Before a launch trains: RunTakenOver when another pod holds the lease at the hub's
+    head, so every push of this pod would be refused. Reads only (a pod with no id yet is
+    given none); a pod with no id and a lease on the hub is not its writer either."""
+    _writers_lease(store, held_pod_id(pod_dir))
 
 
 def push_as_writer(store, files: Mapping[str, Path], message: str,

@@ -41,6 +41,11 @@ from launcher.files import FileEntry, atomic_write_bytes, fsync_dir, sha256_stre
 
 BRANCH = "main"
 MIN_PREFIX = 7  # shortest revision prefix accepted, as with git short hashes
+# The one rule for a relative file:// path (launcher/hub/by_url.py applies it), said where a
+# store is not found.
+RELATIVE_PATHS = ("a relative file:// path is taken from where it is written: typed on the "
+                  "command line, from the current directory; in fractus-pod.yaml, from the "
+                  "pod directory")
 
 
 class FileStore(Store):
@@ -66,8 +71,8 @@ class FileStore(Store):
 
     def resolve(self, revision: str | None) -> str:
         if not self.root.is_dir():     # a wrong folder, not an empty store: the user's to fix
-            raise HubError(f"no hub store at {self.root}; check the path of {self.url} (a "
-                           f"relative file:// path is taken from the pod directory)", status=404)
+            raise HubError(f"no hub store at {self.root}; check the path ({RELATIVE_PATHS})",
+                           status=404)
         if revision is None:
             head = self.head()
             if head is None:

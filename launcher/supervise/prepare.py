@@ -1,10 +1,12 @@
 """Everything `launch` checks and settles before it starts a single worker.
 
 Order: the plan (launcher/supervise/plan.py: every file a person writes, the devices) -> the
-pod lock -> no worker already on a requested GPU -> manifest (reconcile with checkpoint
+pod lock -> the hub still takes this pod's pushes (no other pod took the run over) -> no
+worker already on a requested GPU -> the shards -> manifest (reconcile with checkpoint
 events a dead launcher missed, never resume from a checkpoint marked failed, recover the
 exact bytes each entry names, validate paths, types and each checkpoint's identity) ->
 verdict baseline. Any problem raises UserError (one line, exit 2) and nothing is started.
+A pod rebuilt with `launch --from-hub` takes the run's hub lease only after all of these.
 """
 
 from __future__ import annotations
@@ -33,7 +35,10 @@ from launcher.paths import metrics_path
 from launcher.supervise.plan import LaunchPlan, check_worker_settings
 from launcher.worker.process import busy_cuda_gpus, read_records, running_workers
 from launcher.pod.decided_rollback import clear_decision, complete_decision
-from launcher.hub.sync import note_manifest_changed
+from launcher.hub.sync import note_manifest_changed, store_for
+from launcher.hub.sync_state import read_sync_state
+from launcher.hub.lease import RunTakenOver, refuse_if_taken_over
+from launcher.hub import HubError
 from launcher.pod.failed_resume import restore_passed
 from launcher.supervise.launch_shards import refuse_missing_shards
 
@@ -55,6 +60,29 @@ def refuse_budget_below_one_push(plan: LaunchPlan, manifest: Manifest) -> None:
                                         f"the {len(sizes)} checkpoint(s) the manifest names")
     if too_small:
         raise UserError(too_small)
+
+
+def refuse_taken_over(plan: LaunchPlan, train_anyway: str) -> None:
+    """Another pod writes the run on the hub (`launch --from-hub` took it over): every push
+    of this pod would be refused, so what it trained could not be kept there. Refused before
+    any worker starts (UserError naming `train_anyway`, the command that trains without the
+    hub), from the lease at the hub's head; a hub that cannot be read now decides nothing,
+    but this pod's own record of a refused push to the same hub (`status`: HUB TAKEN OVER)."""
+    if not plan.config.hub:
+        return
+    try:
+        refuse_if_taken_over(store_for(plan.config, plan.pod_dir), plan.pod_dir)
+        return
+    except RunTakenOver as exc:
+        message = str(exc)
+    except HubError:
+        state = read_sync_state(plan.pod_dir)
+        message = state.get("taken_over") if state.get("hub") == plan.config.hub else None
+        if not message:
+            return          # the pushes will say whether the hub takes them
+    raise UserError(f"hub {plan.config.hub}: {message}, so no worker started. To train "
+                    f"without the hub anyway (checkpoints only in {plan.pod_dir}): "
+                    f"{train_anyway}")
 
 
 def refuse_if_busy(plan: LaunchPlan) -> None:
