@@ -332,6 +332,8 @@ def test_a_failed_gpu_whose_passed_checkpoints_are_all_gone_fails_the_pod(make):
     assert sup.pod.state is PodState.FAILED and sup.pod.exit_code == 1
     assert "GPU 0 failed and none of its passed checkpoints is left intact" in \
         events(sup, "pod_failed")[0]["reason"]
+    (decided,) = events(sup, "rollback_decided")
+    assert decided["to_tokens"] == {"0": None} and decided["start_over"] == []
 
 
 def test_a_clean_stop_judges_each_gpus_last_checkpoint(make):

@@ -68,12 +68,13 @@ class StageRollback:
         why = "; ".join(f"GPU {r.slot.gpu}: {r.health.verdict().reason}"
                         for r in failed) or "rollback requested by hand"
         record_decision(pod.pod_dir, list(targets), from_stage, target_stage, why, auto)
+        start_over = [g for g, t in targets.items() if t is None and self.never_passed(g)]
         pod.events.emit("rollback_decided", gpus=list(targets), from_stage=from_stage,
                         to_stage=target_stage, reason=why, automatic=auto,
-                        to_tokens={str(g): t["next_token"] if t else 0
-                                   for g, t in targets.items()},
-                        start_over=[g for g, t in targets.items()
-                                    if t is None and self.never_passed(g)])
+                        start_over=start_over,     # None in to_tokens: nothing left, it fails
+                        to_tokens={str(g): t["next_token"] if t else
+                                   (0 if g in start_over else None)
+                                   for g, t in targets.items()})
         pod.move(PodEvent.ROLLBACK)
         self.view.write(force=True)
         self.ending.stop_workers(kill_gpus=set(targets))
