@@ -15,7 +15,8 @@ from huggingface_hub.errors import HfHubHTTPError
 
 from launcher.hub import RetryPolicy, open_store
 from launcher.hub import retry
-from launcher.hub.hub_rate import commits_last_hour, rate_line, rate_report, read_hub_rate
+from launcher.hub.hub_rate import (commits_last_hour, note_wait, rate_line, rate_report,
+                                     read_hub_rate)
 from launcher.hub.retry import RateLimited, told_wait, with_retries
 from launcher.hub.sync import HubSync
 from launcher.hub.sync_state import read_sync_state
@@ -204,3 +205,12 @@ def test_against_a_hub_limiting_commits_per_window_no_retry_comes_early(test_hub
     assert all(titles.count(f"push {n}") == 1 for n in range(4))
     assert test_hub.rate_limits.answered_429 >= 1 and test_hub.rate_limits.early == 0
     assert len(events_of(pod, "hub_rate_limited")) == len(events_of(pod, "hub_rate_limit_ended"))
+
+
+def test_an_incident_a_process_left_open_ends_at_the_next_answer_of_another(test_hub, tmp_path):
+    pod = tmp_path / "pod"
+    pod.mkdir()
+    note_wait(pod, "committing", 30.0, 30.0, push="p1")     # a launcher killed while waiting
+    assert rate_report(pod)["limited"]["waits"] == 1
+    assert open_store(f"hf://{REPO}", pod, retry=POLICY).head() is None   # answered (404)
+    assert rate_report(pod)["limited"] is None and len(events_of(pod, "hub_rate_limit_ended")) == 1

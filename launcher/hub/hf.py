@@ -52,7 +52,8 @@ from .integrity import (
     install_staged,
 )
 from .hub_rate import note_answered, note_commit, note_wait
-from .retry import RATE_LIMITED_STATUS, RetryPolicy, describe, http_status, with_retries
+from .retry import (RATE_LIMITED_STATUS, TRANSIENT_STATUS, RetryPolicy, describe, http_status,
+                    with_retries)
 from .store import HistoryEntry, PushFiles, Store
 
 log = logging.getLogger(__name__)
@@ -98,7 +99,9 @@ class HfStore(Store):
         self._repo_ready = False
         # A commit's index never changes: read (or pushed) once per revision, kept here.
         self._indexes: dict[str, tuple[dict[str, FileEntry], str | None]] = {}
-        self._limited = False             # a rate-limit wait not yet followed by an answer
+        # An incident may be open (a wait not yet followed by an answer; None: perhaps one
+        # an earlier process left in logs/hub_rate.json): the next answer closes it.
+        self._limited: bool | None = None
         self._push_id: str | None = None  # of the push in progress: its delay is counted
         _install_client_timeouts()
 
@@ -111,14 +114,20 @@ class HfStore(Store):
         except HubError:
             raise
         except Exception as exc:
-            if http_status(exc) in CONFLICT_STATUS:
+            status = http_status(exc)
+            if status is not None and status not in TRANSIENT_STATUS:
+                self._answered()      # a real answer (404, a conflict): not rate-limited
+            if status in CONFLICT_STATUS:
                 raise  # the push loop handles conflicts
             message = self._scrub(f"{what} on {self.url} failed: {describe(exc)}")
-            raise HubError(message, status=http_status(exc)) from None
-        if self._limited:
+            raise HubError(message, status=status) from None
+        self._answered()
+        return result
+
+    def _answered(self) -> None:
+        if self._limited is not False:
             self._limited = False
             note_answered(self.pod_dir)
-        return result
 
     def _rate_limited(self, what: str, seconds: float, told: float | None) -> None:
         self._limited = True
