@@ -31,7 +31,7 @@ from launcher.supervise.prepare import refuse_taken_over
 from tests.support.e2e import (PROCESS_S, REPO, Launcher, events_of, kill_workers,  # noqa: F401
                                launchers, make_pod, wait_for, worker_records)
 from tests.support.from_hub import fractus_pod
-from tests.support.hub_pod import add_passed
+from tests.support.hub_pod import FAST_PASS, add_passed
 
 
 def files_of(pod: Path) -> dict[str, bytes]:
@@ -174,3 +174,24 @@ def test_a_hub_that_cannot_be_read_leaves_it_to_the_pods_own_record(tmp_path):
     with pytest.raises(UserError) as refused:
         refuse_taken_over(plan, "CMD")
     assert taken in str(refused.value) and str(refused.value).endswith(": CMD")
+
+
+def test_a_pod_rebuilt_without_the_hub_trains_and_leaves_the_run_to_its_writer(tmp_path):
+    """`launch --from-hub URL --no-hub`: rebuilt and trained, the lease untouched (the pod
+    that writes the run still pushes to it); the rebuilt pod's plain launch is then refused,
+    as any pod's whose run another pod writes."""
+    old = make_pod(tmp_path / "a", criteria=FAST_PASS)
+    done = fractus_pod(old, "launch", "--stage", "1", "--gpus", "0", "--max-steps", "3")
+    assert done.returncode == 0, done.stdout + done.stderr
+    store = open_store(f"file://{old / 'hub'}", old)
+    head = store.head()
+    new = tmp_path / "new"
+    done = fractus_pod(new, "launch", "--from-hub", f"file://{old / 'hub'}", "--no-hub",
+                       "--gpus", "0", "--max-steps", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "the run stays with the pod that writes it" in done.stdout
+    assert worker_records(new, 0, "start")[0]["next_token"] > 0      # resumed, trained
+    assert store.head() == head and hub_lease(store, head)["pod_id"] == pod_id(old)
+    refused = fractus_pod(new, "launch", "--gpus", "0", "--max-steps", "1")
+    assert refused.returncode == 2 and "--no-hub" in refused.stderr, refused.stderr
+    assert store.head() == head
