@@ -60,7 +60,8 @@ def test_near_the_budget_or_on_ray_the_arithmetic_is_a_warning():
 def test_status_shows_commits_per_hour_and_the_rate_limiting(pod, capsys):
     edit_config(pod, hub=HF)
     for n in range(3):
-        note_commit(pod, f"{n:040x}")
+        note_commit(pod, f"{n:040x}", HF)
+    note_commit(pod, "d" * 40, "hf://datasets/owner/shards")     # another repo's budget
     assert cli_main(["--pod-dir", str(pod), "status"]) == 0
     out = capsys.readouterr().out
     assert "hub: 3 commits in the last hour (budget 128/hour)" in out

@@ -257,7 +257,7 @@ def _sync_report(pod_dir: Path, config: PodConfig) -> dict | None:
             "last_error_age_s": age("last_error_at"),
             "taken_over": state.get("taken_over"),
             # the hub's rate limiting and commits an hour (launcher/hub/hub_rate.py)
-            "rate": rate_report(pod_dir, now),
+            "rate": rate_report(pod_dir, now, config.hub),
             "commits_per_hour": config.sync_settings().commits_per_hour,
             # retention (launcher/hub/retention.py): recorded after each push under a policy
             "storage": {k: state.get(k) for k in STORAGE_KEYS}

@@ -324,7 +324,7 @@ class HfStore(Store):
             oid = self._commit([*ops, index_op], message, parent)
             if oid is not None:
                 log.info("hub: pushed %d file(s) to %s as %s", len(entries), self.url, oid[:12])
-                note_commit(self.pod_dir, oid)
+                note_commit(self.pod_dir, oid, self.url)
                 self._indexes[oid] = (index, push_id)
                 self.parents[oid] = parent
                 return oid
@@ -333,7 +333,7 @@ class HfStore(Store):
             if head_push_id == push_id:
                 log.info("hub: the commit to %s landed as %s; its answer was lost",
                          self.url, head[:12])
-                note_commit(self.pod_dir, head)
+                note_commit(self.pod_dir, head, self.url)
                 self.parents[head] = parent
                 return head  # an earlier attempt landed but its answer was lost
             clash = conflicting_paths(base_index, head_index, entries)

@@ -85,30 +85,37 @@ def note_answered(pod_dir: Path) -> None:
                                pushes_delayed=incident.get("pushes_delayed"))
 
 
-def note_commit(pod_dir: Path, revision: str) -> None:
-    """A commit landed on the hub: counted for `commits_last_hour`."""
+def note_commit(pod_dir: Path, revision: str, repo: str) -> None:
+    """A commit landed on the hub repo `repo` (its hf:// URL): counted for
+    `commits_last_hour` (the budget is per repo: a `data push` to a dataset is not the
+    pod's)."""
     now = time.time()
 
     def change(state: dict) -> None:
-        state["commits"] = [*_recent(state.get("commits"), now), now]
+        state["commits"] = [*_recent(state.get("commits"), now), [now, repo]]
         state["last_commit"] = revision
 
     _update(pod_dir, change)
 
 
-def _recent(stamps, now: float) -> list[float]:
+def _recent(stamps, now: float, repo: str | None = None) -> list[list]:
     if not isinstance(stamps, list):
         return []
-    return [t for t in stamps if isinstance(t, (int, float)) and now - HOUR_S < t <= now + 60]
+    return [s for s in stamps if isinstance(s, list) and len(s) == 2
+            and isinstance(s[0], (int, float)) and now - HOUR_S < s[0] <= now + 60
+            and repo in (None, s[1])]
 
 
-def commits_last_hour(state: dict, now: float | None = None) -> int:
-    return len(_recent(state.get("commits"), time.time() if now is None else now))
+def commits_last_hour(state: dict, now: float | None = None, repo: str | None = None) -> int:
+    """Commits landed in the hour before `now`, on `repo` (None: on any)."""
+    return len(_recent(state.get("commits"), time.time() if now is None else now, repo))
 
 
-def rate_report(pod_dir: Path, now: float | None = None) -> dict | None:
-    """What `status` shows of the hub's rate (`--json`: as is): None when this pod never
-    committed to an hf:// hub nor was rate-limited."""
+def rate_report(pod_dir: Path, now: float | None = None,
+                repo: str | None = None) -> dict | None:
+    """What `status` shows of the hub's rate (`--json`: as is), its commits counted on
+    `repo` (the pod's hub): None when this pod never committed to an hf:// hub nor was
+    rate-limited."""
     state = read_hub_rate(pod_dir)
     if not state:
         return None
@@ -116,7 +123,7 @@ def rate_report(pod_dir: Path, now: float | None = None) -> dict | None:
     return {"limited": {k: v for k, v in incident.items() if k != "last_push"}
             if isinstance(incident, dict) else None,
             "last_incident": state.get("last_incident"),
-            "commits_last_hour": commits_last_hour(state, now)}
+            "commits_last_hour": commits_last_hour(state, now, repo)}
 
 
 def rate_line(report: dict, budget: int | None = None) -> str:
