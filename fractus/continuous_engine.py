@@ -192,7 +192,10 @@ class ContinuousThoughtEngine(nn.Module):
         for blk in self.blocks:
             h, lb_block = blk(h)
             lb = lb + lb_block
-        self.thought_state = h[:, -1:, :].detach()
+        # A contiguous copy, not a view of h: the view would keep all of h alive until the
+        # next chunk, and its strides (C*d, d, 1) differ from the zeros it replaces, which
+        # a compiled step guards on (a recompile at the second chunk).
+        self.thought_state = h[:, -1:, :].detach().contiguous()
         self.last_lb_loss = lb.detach().float()
         return h, lb
 

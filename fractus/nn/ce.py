@@ -73,8 +73,11 @@ def _check_targets(targets: torch.Tensor, h: torch.Tensor, vocab: int) -> None:
         raise ValueError(f"targets must be on {h.device} like h; got {targets.device}")
     # The range check reads the ids back, which on an accelerator is a device sync per
     # step: check it on CPU only. On CUDA an out-of-range id trips gather's device-side
-    # assert instead; callers check ids on the host copy they hold (issue 2: no sync).
-    if targets.device.type == "cpu":
+    # assert instead; callers check ids on the host copy they hold. Under torch.compile the
+    # read would break the graph (and specialise it on the values read: a recompile per new
+    # min/max), so a compiled step skips it: the worker checks every window on the host
+    # before the step.
+    if targets.device.type == "cpu" and not torch.compiler.is_compiling():
         lo, hi = torch.aminmax(targets)
         if int(lo) < 0 or int(hi) >= vocab:
             raise ValueError(f"targets must be token ids in [0, {vocab}); "

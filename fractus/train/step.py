@@ -85,10 +85,41 @@ class TrainStep:
         self.uncompile()
 
     # --- compile ----------------------------------------------------------------------
-    def compile(self) -> None:
-        self.tick = torch.compile(self.model.tick_chunk_train)
-        self.tick_ce = torch.compile(self.model.tick_chunk_train_ce)
+    def compile(self, backend: str = "inductor") -> None:
+        """Compile the chunk functions (`backend="eager"`: dynamo's trace alone, for tests)."""
+        self._fit_carried_phases()
+        self.tick = torch.compile(self.model.tick_chunk_train, backend=backend, dynamic=False)
+        self.tick_ce = torch.compile(self.model.tick_chunk_train_ce, backend=backend,
+                                     dynamic=False)
         self.compiled = True
+
+    def _fit_carried_phases(self) -> None:
+        """Carried Kuramoto phases of the step's shape (B, SEQ, N), zeros if not already.
+
+        A chunk leaves `theta` (B, C, N) there, a reset leaves (B, 1, N), a checkpoint of
+        another SEQ another C. The forward only stores them (it never reads them), so their
+        values change no result; their shape is guarded by the compiled step, and a shape
+        that only the first chunk sees would compile the step a second time at step 2.
+        """
+        for blk in self.model.blocks:
+            phases = blk.kuramoto_phases
+            if phases.shape[1] != self.s.seq:
+                blk.kuramoto_phases = phases.new_zeros(phases.shape[0], self.s.seq,
+                                                       phases.shape[2])
+
+    def compile_counts(self) -> dict:
+        """torch's own counts for the compiled step, process-wide: `graphs` dynamo
+        compiled (its unique_graphs), `graph_breaks` (its graph_break counter) and
+        `recompiles` (cache entries beyond the first of each compiled chunk function: a
+        guard failed and dynamo compiled it again). A step that compiles once: 1, 0, 0."""
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+        from torch._dynamo.utils import counters
+        codes = (self.model.tick_chunk_train.__func__.__code__,
+                 self.model.tick_chunk_train_ce.__func__.__code__)
+        entries = [len(_debug_get_cache_entry_list(code)) for code in codes]
+        return {"graphs": int(counters["stats"]["unique_graphs"]),
+                "graph_breaks": int(sum(counters["graph_break"].values())),
+                "recompiles": sum(max(n - 1, 0) for n in entries)}
 
     def uncompile(self) -> None:
         self.tick = self.model.tick_chunk_train
@@ -110,11 +141,10 @@ class TrainStep:
                 logits, lb = self.tick(obs)
                 ce = F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1))
                 return ce, lb, (logits if want_sampling else None)  # held only for sampling
-            if want_sampling:
-                ce, lb, hidden = self.tick_ce(obs, target, self.s.ce_chunk, return_hidden=True)
-                return ce, lb, hidden
-            ce, lb = self.tick_ce(obs, target, self.s.ce_chunk)
-            return ce, lb, None
+            # Always the hidden state, kept only for sampling: one signature, so a compiled
+            # step has one graph (a second variant would recompile at the first SS pass).
+            ce, lb, hidden = self.tick_ce(obs, target, self.s.ce_chunk, return_hidden=True)
+            return ce, lb, (hidden if want_sampling else None)
 
     @torch.no_grad()
     def _mixed_chunk(self, chunk: torch.Tensor, sampler_state: torch.Tensor) -> torch.Tensor:

@@ -218,10 +218,28 @@ class Worker:
             self.optimizer.zero_grad(set_to_none=True)
             return self.trainer(batches, step)
         self.compile_checked = True
-        self.log.event("compile", status="ok", seconds=time.perf_counter() - t0)
+        self.compile_counts = self.trainer.compile_counts()
+        self.log.event("compile", status="ok", seconds=time.perf_counter() - t0,
+                       **self.compile_counts)
         return result
 
+    def _check_recompiles(self) -> None:
+        """After the first compiled step, torch's counts should not move: a step compiled
+        again (a guard failed: a shape, dtype or python value changed) costs a compile and
+        says the step is not the one measured. Recorded as a `compile` event `recompiled`."""
+        if not (self.trainer.compiled and self.compile_checked):
+            return
+        counts = self.trainer.compile_counts()
+        if counts == self.compile_counts:
+            return
+        self.compile_counts = counts
+        self.log.event("compile", status="recompiled", step=self.step, **counts)
+        print(f"GPU {self.s.gpu_id}: the compiled step compiled again at step {self.step}: "
+              f"{counts['recompiles']} recompile(s), {counts['graphs']} graph(s), "
+              f"{counts['graph_breaks']} graph break(s)", file=sys.stderr, flush=True)
+
     def _report(self, result, tok_s: float) -> None:
+        self._check_recompiles()
         mem = self._mem_gb()
         self.log.metrics(step=self.step, next_token=self.next_token, tf=result.tf,
                          ema_tf=self.ema_tf, ss=self.last_ss, ema_ss=self.ema_ss, lb=result.lb,
@@ -285,6 +303,7 @@ class Worker:
         self.log = MetricsWriter(s.metrics, s.gpu_id, tensorboard)
         self.stop.install()
         self.compile_checked = False
+        self.compile_counts = None   # torch's counts after the first compiled step
         self.last_ss = None  # the SS value of the latest SS pass in this run
         self.last_lb = None
         self.stdout_lock = threading.Lock()

@@ -30,7 +30,8 @@ from launcher.pod.live_state import read_pod_state
 from launcher.dashboard.goodput import SESSION_ENDS, goodput_line
 from launcher.dashboard.goodput_files import goodput_report
 from launcher.dashboard.status_checkpoints import (checkpoint_problem, hub_note, hub_tokens,
-                                                  last_metrics, node_checkpoint_age)
+                                                  last_metrics, last_record,
+                                                  node_checkpoint_age)
 from launcher.dashboard.status_table import age as _age, fmt as _fmt, gpu_table, natural_width
 from launcher.paths import metrics_path
 from launcher.pod.shards import header_length
@@ -162,6 +163,7 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8,
             "last_error": last.get("last_error"),
             "verdict_from_last_run": state is None and bool(last) and verdict is not None,
             "peers": live.get("peers") or {},     # off its peers now (a running pod only)
+            "recompiles": _recompiles(pod_dir, gpu, state),
         })
     pod_state = (state or {}).get("pod_state") if holder is not None else None
     reason = last_state.get("reason")
@@ -190,6 +192,17 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8,
         "canary": _canary_report(pod_dir),
         "goodput": goodput if goodput is not None else goodput_report(pod_dir, config),
     }
+
+
+def _recompiles(pod_dir: Path, gpu: int, state: dict | None) -> int | None:
+    """How often this launch's worker compiled its step again after its first compiled
+    step (its newest `compile` event in the METRICS tail); None without one."""
+    if not state:
+        return None
+    record = last_record(pod_dir / metrics_path(gpu), lambda r: r.get("event") == "compile")
+    if record is None or record.get("ts", 0) < state.get("started_at", 0):
+        return None
+    return record.get("recompiles")
 
 
 def _recorded_end(events: list[dict], last_state: dict) -> dict | None:

@@ -57,7 +57,8 @@ COLUMNS = (
     Column("GPU", lambda r: str(r["gpu"]), 0, right=True),
     Column("pid", _pid, 13, right=True),
     Column("NODE", lambda r: fmt(r.get("node"))[:12], 11),
-    Column("state", lambda r: r["state"], 1),
+    Column("state", lambda r: r["state"] + (f" (recompiled {r['recompiles']}x)"
+                                            if r.get("recompiles") else ""), 1),
     Column("stage", lambda r: fmt(r["stage"]), 5, right=True),
     Column("phase", lambda r: f"{fmt(r.get('phase'))}/{fmt(r.get('phases'))}", 16, right=True),
     Column("next_token", lambda r: fmt(r["next_token"], ","), 3, right=True),
