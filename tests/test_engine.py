@@ -108,7 +108,8 @@ def test_tick_chunk_train_ce_equals_dense_ce_and_its_gradients():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_train_step_matches_cpu_in_fp32_and_within_the_bf16_band():
     """The worker's step on CUDA: float32 (TF32 off) equals the CPU's to float rounding;
-    under bf16 autocast the loss stays within the canary's cuda band (1e-2 relative)."""
+    under bf16 autocast the loss stays within bf16's band of float32 measured on the CPU
+    (1e-3 relative, tests/test_bf16_band.py)."""
     obs, targets = tokens(2, 20), tokens(2, 20, seed=2)
 
     def step(model, device, autocast):
@@ -129,7 +130,7 @@ def test_cuda_train_step_matches_cpu_in_fp32_and_within_the_bf16_band():
     for name, grad in ref_grads.items():
         torch.testing.assert_close(grads32[name], grad, rtol=1e-3, atol=1e-5, msg=name)
     ce16, _ = step(clone_engine(cpu_model), "cuda", True)
-    assert abs(float(ce16) - float(ref_ce)) <= 1e-2 * abs(float(ref_ce))
+    assert abs(float(ce16) - float(ref_ce)) <= 1e-3 * abs(float(ref_ce))
 
 
 def test_carry_state_roundtrip_gives_identical_next_chunk():

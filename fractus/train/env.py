@@ -10,7 +10,7 @@ Variables of the v1 trainer (scripts/fast4gpu_boost.py of the user's repository
 AFKmoney/fractus-cte, not in this one), same names, same defaults:
 GPU_ID, BATCH, SEQ, LR, SS_RATE, SS_PROB, LB_COEF, GATE_TEMP, START_TOKEN, SHARD (default
 data/shard_gpu{i}.pt, then .npy), CKPT_IN (default: the GPU's file, then the merged brain),
-CKPT_OUT. Read by v2 only (v1 never read them): CE_CHUNK, FRACTUS_ATTN_IMPL, COMPILE, ACCUM,
+CKPT_OUT. Read by v2 only (v1 never read them): CE_CHUNK, FRACTUS_ATTN_IMPL, COMPILE, BF16, ACCUM,
 MODEL, DEVICE, MAX_STEPS, SAVE_EVERY, SAVE_KEEP, ASYNC_SAVE, LOG_EVERY, METRICS, TB_DIR, STAGE,
 SEED, RUN_ID, FORCE_START_TOKEN, ALLOW_FRESH_START, FRACTUS_FAULT (tests only). Where v2
 still differs from v1: docs/WORKER.md, "Differences from v1".
@@ -142,6 +142,10 @@ class WorkerSettings:
                                  shown="the engine's: `cumsum` on CPU, `chunked` on CUDA")
     compile: bool = _var("COMPILE", False, _flag,
                          "1: `torch.compile` the model's chunk functions")
+    bf16: bool | None = _var("BF16", None, _flag,
+                             "1: the forward under bf16 autocast (`torch.autocast` on the "
+                             "worker's device, CUDA or CPU); 0: float32",
+                             shown="1 on CUDA (v1's), 0 on CPU")
     accum: int = _var("ACCUM", 1, _int_at_least(1),
                       "batches per optimizer step (1 = the reference step)")
     shard: str | None = _var("SHARD", None, _text,

@@ -126,9 +126,14 @@ class TrainStep:
         self.tick_ce = self.model.tick_chunk_train_ce
         self.compiled = False
 
+    @property
+    def bf16(self) -> bool:
+        """BF16, else the device's default: bf16 autocast on CUDA (v1's), float32 on CPU."""
+        return self.device.type == "cuda" if self.s.bf16 is None else self.s.bf16
+
     def _autocast(self):
-        if self.device.type == "cuda":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
+        if self.bf16:
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
     # --- passes -----------------------------------------------------------------------

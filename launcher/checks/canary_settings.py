@@ -19,7 +19,8 @@ from launcher.errors import UserError, refuse_unknown_keys
 class CanarySettings:
     steps: int
     timeout_s: float
-    # float32 CPU runs agree to float rounding; bf16 CUDA is a band (see docs/CANARY.md).
+    # float32 CPU runs agree to float rounding; bf16 CUDA is twice bf16's measured band
+    # against float32 (see docs/CANARY.md).
     exact: dict                 # device ("cpu", "cuda") -> Tolerance
     max_ema_tf_rise: float      # approximate stages: last ema_tf vs stage M's
 
