@@ -169,6 +169,7 @@ def bench_recovery_point(busy: int) -> dict:
                                    r"([\d.]+) save intervals", done.stdout)]
     return {"busy_loops": busy, "load_average_after": os.getloadavg(),
             "test": done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "",
+            "errors": [line for line in done.stdout.splitlines() if line.startswith("E ")][:5],
             "recovery_points": points}
 
 

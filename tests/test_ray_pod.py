@@ -153,13 +153,14 @@ def recovery_copies(pod: Path, gpu: int, node: str) -> list[int]:
     commit order, one per commit that changed the copy (a commit of another GPU's save
     carries this one's unchanged)."""
     from launcher.hub import open_store
-    from launcher.supervise.ray_recovery import record_path
+    from launcher.supervise.ray_recovery import record_path, recovery_path
     store = open_store("file://hub", pod)
+    copy = recovery_path(f"checkpoints/fractus_1b_gpu{gpu}.pt")
     record = record_path(f"checkpoints/fractus_1b_gpu{gpu}.pt")
     tokens, last = [], None
     for entry in reversed(store.history()):              # oldest first
-        held = store.files_at(entry.revision).get(record)
-        if held is None or held.sha256 == last:
+        held = store.files_at(entry.revision).get(copy)
+        if held is None or held.sha256 == last:          # the same save's bytes: no new push
             continue
         last = held.sha256
         doc = json.loads(store.read_bytes(record, entry.revision))
