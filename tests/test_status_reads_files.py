@@ -4,10 +4,7 @@ however slow the collection, and what stands in a shard's place is named as what
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,7 +18,7 @@ from launcher.dashboard import status as status_module
 from launcher.dashboard.status import collect
 from launcher.pod.manifest import ManifestError, read_manifest
 from launcher.pod.shards import header_length, shard_length
-from tests.support.dashboard import REPO, copy_recorded_pod
+from tests.support.dashboard import copy_recorded_pod, status_in_process
 
 SHARD_TOKENS = 50_000
 
@@ -38,16 +35,9 @@ def recorded_pod_with_shards(dest: Path) -> Path:
 
 def test_issue25_status_never_imports_torch_and_still_shows_the_shard_share(tmp_path):
     pod = recorded_pod_with_shards(tmp_path / "pod")
-    script = ("import json, sys\n"
-              "from launcher.cli.main import main\n"
-              f"code = main(['--pod-dir', {str(pod)!r}, 'status', '--json'])\n"
-              "print(json.dumps({'code': code, 'torch': 'torch' in sys.modules}))\n")
-    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    report_line, verdict_line = done.stdout.strip().splitlines()[-2:]
-    assert json.loads(verdict_line) == {"code": 0, "torch": False}
-    rows = json.loads(report_line)["gpus"]
+    code, report, loaded = status_in_process(pod, ("torch",))
+    assert (code, loaded) == (0, [])
+    rows = report["gpus"]
     assert [r["shard_tokens"] for r in rows] == [SHARD_TOKENS, SHARD_TOKENS]
     assert rows[0]["shard_pct"] == pytest.approx(100.0 * rows[0]["next_token"] / SHARD_TOKENS)
 

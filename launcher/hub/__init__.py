@@ -34,12 +34,28 @@ writer changed the same paths: stop and report, do not force. IntegrityError mea
 not match their recorded sha256: they were not installed.
 
 The merge of GPU checkpoints lives in `launcher.hub.merge.merge_checkpoints`.
+
+Importing the package imports no HTTP client: `status`, which only reads files, takes its
+submodules (sync_state, hub_rate, retention_ledger, ...) without paying for httpx and
+huggingface_hub; the names below load their module at first use.
 """
 
-from .integrity import INDEX_PATH, HubError, IntegrityError, PushConflict
-from .retry import RetryPolicy
-from .by_url import open_store
-from .store import HistoryEntry, Store
+import importlib
+
+_HOMES = {
+    "INDEX_PATH": "integrity", "HubError": "integrity", "IntegrityError": "integrity",
+    "PushConflict": "integrity", "RetryPolicy": "retry", "open_store": "by_url",
+    "HistoryEntry": "store", "Store": "store",
+}
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "INDEX_PATH",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import re
-from launcher.hub import HubError
+from launcher.hub.integrity import HubError
 
 _TOKEN_LIKE = re.compile(r"hf_[A-Za-z0-9_]{6,}")
 # Secrets this process read besides the hub token: the alert webhooks' URLs.

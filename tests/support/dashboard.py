@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -19,6 +20,22 @@ def copy_recorded_pod(dest: Path) -> Path:
     """A writable copy of tests/fixtures/recorded_pod (tests append lines to it)."""
     shutil.copytree(RECORDED_POD, dest)
     return dest
+
+
+def status_in_process(pod: Path, modules: tuple[str, ...]) -> tuple[int, dict, list[str]]:
+    """`fractus-pod --pod-dir POD status --json` in a new Python process, as a person runs it:
+    its exit code, its report and which of `modules` it imported."""
+    script = ("import json, sys\n"
+              "from launcher.cli.main import main\n"
+              f"code = main(['--pod-dir', {str(pod)!r}, 'status', '--json'])\n"
+              f"print(json.dumps({{'code': code, 'loaded': [m for m in {modules!r} "
+              "if m in sys.modules]}))\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    report_line, verdict_line = done.stdout.strip().splitlines()[-2:]
+    verdict = json.loads(verdict_line)
+    return verdict["code"], json.loads(report_line), verdict["loaded"]
 
 
 class DashboardProcess:
