@@ -15,8 +15,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from launcher.hub.integrity import IntegrityError
 from launcher.hub.by_url import absolute_hub_url
 from launcher.pod.events import EventLog
@@ -26,7 +24,7 @@ from launcher.config.devices import parse_devices
 from launcher.config.podconfig import PodConfig
 from launcher.paths import CONFIG_NAME
 from launcher.errors import UserError
-from launcher.config.yamlfile import read_yaml
+from launcher.config.yamlfile import read_yaml, set_top_level_key
 from launcher.hub import open_store
 from launcher.pod.manifest import read_manifest
 from launcher.config.podconfig import load_config
@@ -38,6 +36,8 @@ from launcher.hub.lease import take_over
 
 
 MAX_WALK_BACK = 20      # revisions looked at for the newest consistent one
+# The first line keep_hub writes: "# rebuilt from URL ..." or "# pulled from URL ..."
+PROVENANCE = ("# rebuilt from ", "# pulled from ")
 
 
 @dataclass(frozen=True)
@@ -110,12 +110,16 @@ def empty_dir(pod_dir: Path) -> None:
 
 def keep_hub(pod_dir: Path, url: str, note: str) -> None:
     """A config pulled from a store keeps pointing at that store: its `hub:` may be relative
-    to the pod that pushed it (file://hub), which means nothing here."""
+    to the pod that pushed it (file://hub), which means nothing here. Only that key changes
+    (set_top_level_key): the hub copy's comments and key order stay, under one first line
+    naming where it came from (an earlier such line is replaced, not stacked)."""
     path = pod_dir / CONFIG_NAME
     data = read_yaml(path, "the hub's pod config") or {}
     if isinstance(data, dict) and data.get("hub") != url:
-        data["hub"] = url
-        atomic_write_text(path, f"# {note}\n" + yaml.safe_dump(data, sort_keys=False))
+        text = set_top_level_key(path.read_text(encoding="utf-8"), "hub", url, str(path))
+        if text.startswith(PROVENANCE):
+            text = text.split("\n", 1)[1] if "\n" in text else ""
+        atomic_write_text(path, f"# {note}\n" + text)
 
 
 def _rebuild(pod_dir: Path, url: str, revision: str | None, on_cluster: bool,
