@@ -73,6 +73,15 @@ NODE_LEASE_DIR = "logs/.node_lease"  # on a Ray node: the lease file of a push i
 # On the hub: a Ray node's save pushed before its probe (launcher/supervise/ray_recovery.py)
 RECOVERY_HUB_DIR = "recovery"      # recovery/<its path>
 RECOVERY_STAGING_DIR = "checkpoints/recovery"   # on the node: links of saves waiting to go
+# In RECOVERY_STAGING_DIR (launcher/supervise/ray_recovery.py): each GPU's newest checked save
+# waiting for the node's commit (`posted-gpu{i}-{attempt}-{sha}.pt` and `.json`), each
+# running pusher (`pusher-gpu{i}-{attempt}.json`), the lock one committing pusher holds, the
+# last commit, the links a commit in flight sends (removed after it).
+RECOVERY_POSTED_PREFIX = "posted-gpu"
+RECOVERY_PUSHER_PREFIX = "pusher-gpu"
+RECOVERY_COMMIT_LOCK = ".commit.lock"
+RECOVERY_COMMIT_STATE = ".committed.json"
+RECOVERY_SENDING_PREFIX = ".sending-"
 # On the head of a Ray pod: each GPU's last worker start, whose recovery copies continue its
 # manifest entry (launcher/supervise/ray_backend.py)
 RAY_LINEAGE_FILE = "logs/ray_lineage.json"

@@ -20,11 +20,11 @@ import pytest
 from launcher.files import read_json_state, write_json_state
 from launcher.hub import open_store
 from launcher.hub.lease import pod_id
-from launcher.paths import RECOVERY_STAGING_DIR
+from launcher.paths import (RECOVERY_COMMIT_STATE, RECOVERY_SENDING_PREFIX,
+                            RECOVERY_STAGING_DIR)
 from launcher.hub.commit_budget import HUB_COMMITS_PER_HOUR, recovery_commits_per_hour
-from launcher.supervise.ray_recovery import (COMMIT_STATE, SENDING_PREFIX, RecoveryPusher,
-                                             commit_every_s, gpu_commit_every_s,
-                                             read_recovery_copy)
+from launcher.supervise.ray_recovery import (RecoveryPusher, commit_every_s,
+                                             gpu_commit_every_s, read_recovery_copy)
 from tests.support.hub_server import test_hub  # noqa: F401  (pytest fixture)
 from tests.support.saves import write_save
 
@@ -94,7 +94,7 @@ def test_a_nodes_saves_go_up_in_one_commit_per_cadence_not_one_per_save(tmp_path
     assert {f"recovery/{ckpt(0)}", f"recovery/{ckpt(1)}"} <= set(first)
 
     # The cadence elapses: one commit carries each GPU's newest save, none of the others.
-    state = workdir / RECOVERY_STAGING_DIR / COMMIT_STATE
+    state = workdir / RECOVERY_STAGING_DIR / RECOVERY_COMMIT_STATE
     write_json_state(state, {**read_json_state(state), "at": time.time() - 2 * 3600})
     pushers[0]._push_waiting()
     assert recovery_commits() == 2
@@ -133,7 +133,7 @@ def test_links_left_by_a_committer_killed_mid_commit_go_with_the_next_commit(tmp
     """A pusher killed while committing leaves its links (8.8 GB each at the 1B model) in
     the node's staging directory; the node's next commit, under its lock, removes them."""
     workdir = tmp_path / "node"
-    stale = workdir / RECOVERY_STAGING_DIR / f"{SENDING_PREFIX}999999-dead"
+    stale = workdir / RECOVERY_STAGING_DIR / f"{RECOVERY_SENDING_PREFIX}999999-dead"
     stale.mkdir(parents=True)
     (stale / "posted-gpu0-attempt-0-0123.pt").write_bytes(b"weights")
     metrics = workdir / "logs" / "metrics_gpu0.jsonl"
@@ -150,4 +150,4 @@ def test_links_left_by_a_committer_killed_mid_commit_go_with_the_next_commit(tmp
     assert read_recovery_copy(f"file://{tmp_path / 'hub'}", tmp_path / "pod", ckpt(0), 0,
                               "attempt-0")["next_token"] == 160
     assert not stale.exists()
-    assert not list((workdir / RECOVERY_STAGING_DIR).glob(f"{SENDING_PREFIX}*"))
+    assert not list((workdir / RECOVERY_STAGING_DIR).glob(f"{RECOVERY_SENDING_PREFIX}*"))

@@ -57,7 +57,9 @@ import psutil
 
 from launcher import child
 from launcher.files import read_json_state, write_json_state
-from launcher.paths import RECOVERY_HUB_DIR, RECOVERY_STAGING_DIR
+from launcher.paths import (RECOVERY_COMMIT_LOCK, RECOVERY_COMMIT_STATE, RECOVERY_HUB_DIR,
+                            RECOVERY_POSTED_PREFIX, RECOVERY_PUSHER_PREFIX,
+                            RECOVERY_SENDING_PREFIX, RECOVERY_STAGING_DIR)
 from launcher.worker.process import MetricsTail
 from launcher.pod.ckpt_trust import read_identity
 from launcher.pod.ckpt_index import link_or_copy
@@ -84,15 +86,6 @@ GATHER_S = 10.0          # a due commit waits this long for the node's other GPU
 # On a budget, a pusher with nothing new looks whether the node's commit is due this often
 # (a look reads every posted record: 9 ms on a loaded machine, at 5 Hz 4.6 % of a core each)
 DUE_CHECK_S = 2.0
-# In the node's RECOVERY_STAGING_DIR: each GPU's newest checked save waiting for the node's
-# commit (`posted-gpu{i}-{attempt}-{sha}.pt` and `.json`), each running pusher
-# (`pusher-gpu{i}-{attempt}.json`), the lock one committing pusher holds, the last commit,
-# the links a commit in flight sends.
-POSTED_PREFIX = "posted-gpu"
-PUSHER_PREFIX = "pusher-gpu"
-COMMIT_LOCK = ".commit.lock"
-COMMIT_STATE = ".committed.json"
-SENDING_PREFIX = ".sending-"      # the links one commit sends (removed after it)
 
 
 def recovery_path(checkpoint: str) -> str:
@@ -245,8 +238,7 @@ class RecoveryPusher:
                         return
                 time.sleep(TAIL_S)
         finally:
-            (self.staging / f"{PUSHER_PREFIX}{self.gpu}-{self.spec['attempt']}.json"
-             ).unlink(missing_ok=True)
+            self._registration().unlink(missing_ok=True)
 
     def _worker_alive(self) -> bool:
         try:
@@ -289,9 +281,12 @@ class RecoveryPusher:
         return True
 
     # ---- posting: each GPU's newest checked save waits for the node's next commit -------
+    def _registration(self) -> Path:
+        return self.staging / f"{RECOVERY_PUSHER_PREFIX}{self.gpu}-{self.spec['attempt']}.json"
+
     def _register(self) -> None:
         """This pusher's GPU counts among the node's (the cadence) while it runs."""
-        write_json_state(self.staging / f"{PUSHER_PREFIX}{self.gpu}-{self.spec['attempt']}.json",
+        write_json_state(self._registration(),
                          {"gpu": self.gpu, "pid": os.getpid(),
                           "create_time": psutil.Process().create_time()})
 
@@ -308,7 +303,7 @@ class RecoveryPusher:
                "next_token": token, "attempt": self.spec["attempt"], "node": self.spec["node"],
                "saved_at": event.get("ts"),
                **{k: event[k] for k in ("phase", "ema_tf", "lb", "step") if k in event}}
-        name = f"{POSTED_PREFIX}{self.gpu}-{self.spec['attempt']}-{event['sha256'][:16]}"
+        name = f"{RECOVERY_POSTED_PREFIX}{self.gpu}-{self.spec['attempt']}-{event['sha256'][:16]}"
         link_or_copy(link, self.staging / f"{name}.pt")
         write_json_state(self.staging / f"{name}.json",       # last: the entry is complete
                          {"record": doc, "hub_path": recovery_path(event["path"]),
@@ -338,7 +333,7 @@ class RecoveryPusher:
         if not self._due():
             return
         self.staging.mkdir(parents=True, exist_ok=True)
-        with open(self.staging / COMMIT_LOCK, "a") as lock:
+        with open(self.staging / RECOVERY_COMMIT_LOCK, "a") as lock:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -355,11 +350,12 @@ class RecoveryPusher:
 
     def _commit(self) -> None:
         """Under the node's lock: no other commit of the node is in flight."""
-        for stale in self.staging.glob(f"{SENDING_PREFIX}*"):   # a committer killed mid-way
+        # links a committer killed mid-way left
+        for stale in self.staging.glob(f"{RECOVERY_SENDING_PREFIX}*"):
             shutil.rmtree(stale, ignore_errors=True)
         entries = _newest_per_gpu(_posted(self.staging))
-        sending = self.staging / f"{SENDING_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        state = read_json_state(self.staging / COMMIT_STATE)
+        sending = self.staging / f"{RECOVERY_SENDING_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        state = read_json_state(self.staging / RECOVERY_COMMIT_STATE)
         files, expected = {}, {}
         try:
             for entry in entries:
@@ -389,14 +385,14 @@ class RecoveryPusher:
         except (HubError, OSError) as exc:
             failures = int(state.get("failures", 0)) + 1
             wait = min(RETRY_S[1], RETRY_S[0] * 2 ** (failures - 1))
-            write_json_state(self.staging / COMMIT_STATE,
+            write_json_state(self.staging / RECOVERY_COMMIT_STATE,
                              {**state, "failures": failures, "retry_at": time.time() + wait})
             self._note(f"recovery push of {len(entries)} save(s) failed ({exc}); "
                        f"again in {wait:g}s")
             return
         finally:
             shutil.rmtree(sending, ignore_errors=True)
-        write_json_state(self.staging / COMMIT_STATE, {"at": time.time(), "failures": 0})
+        write_json_state(self.staging / RECOVERY_COMMIT_STATE, {"at": time.time(), "failures": 0})
         for entry in _posted(self.staging):      # what went up, and what it superseded
             if any(entry["gpu"] == e["gpu"] and entry["posted_at"] <= e["posted_at"]
                    for e in entries):
@@ -428,7 +424,7 @@ def commit_every_s(gpu_every_s: float, node_gpus: int) -> float:
 def _posted(staging: Path) -> list[dict]:
     """The complete posted entries in `staging` (record written, weights beside it)."""
     found = []
-    for path in staging.glob(f"{POSTED_PREFIX}*.json"):
+    for path in staging.glob(f"{RECOVERY_POSTED_PREFIX}*.json"):
         doc = read_json_state(path)
         pt = path.with_suffix(".pt")
         if not pt.exists():          # removed (weights go last): a stale record
@@ -457,7 +453,7 @@ def _remove_entry(entry: dict) -> None:
 def _node_gpus(staging: Path) -> int:
     """The GPUs of the pod whose pushers run on this node now."""
     gpus = set()
-    for path in staging.glob(f"{PUSHER_PREFIX}*.json"):
+    for path in staging.glob(f"{RECOVERY_PUSHER_PREFIX}*.json"):
         doc = read_json_state(path)
         try:
             alive = psutil.Process(int(doc["pid"])).create_time() == doc["create_time"]
@@ -476,7 +472,7 @@ def _due(staging: Path, gpu_every_s: float) -> bool:
     entries = _posted(staging)
     if not entries:
         return False
-    state = read_json_state(staging / COMMIT_STATE)
+    state = read_json_state(staging / RECOVERY_COMMIT_STATE)
     now = time.time()
     if now < float(state.get("retry_at") or 0):
         return False
