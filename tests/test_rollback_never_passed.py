@@ -7,25 +7,19 @@ a launcher killed in the middle of the rollback, then launched again, end the sa
 On the fake backend (no processes, a fake clock: tests/support/fake_supervisor.py).
 """
 
-import pytest
-
 from launcher.paths import DECIDED_ROLLBACK_FILE
 from launcher.pod.ckpt_index import FAILED, CheckpointIndex
-from launcher.pod.events import EventLog, read_events
+from launcher.pod.events import read_events
 from launcher.pod.manifest import read_manifest
-from launcher.supervise.plan import load_plan
-from launcher.supervise.prepare import complete_decided_rollback, never_resume_failed, reconcile
 from launcher.supervise.state import PodState
 from tests.support.fake_supervisor import (  # noqa: F401 (fixtures)
     events,
+    killed_mid_rollback,
     make,
     passed_checkpoint,
     pod_template,
+    prepare_relaunch,
 )
-
-
-class LauncherKilled(BaseException):
-    """Stands for a SIGKILL of the launcher: nothing after it runs."""
 
 
 def fail_gpu0_before_anything_of_it_passed(sup, backend) -> tuple[dict, dict]:
@@ -86,24 +80,12 @@ def test_the_same_failure_with_the_launcher_killed_mid_rollback_ends_the_same_wa
     recorded first is completed by the next launch, by the same rule."""
     sup, backend, clock = make(stage=3)
     unjudged, healthy = fail_gpu0_before_anything_of_it_passed(sup, backend)
-    stop = backend.stop
-
-    def killed(handles, grace_s):                # the others save, then the launcher dies
-        stop(handles, grace_s)
-        raise LauncherKilled()
-    monkeypatch.setattr(backend, "stop", killed)
-    with pytest.raises(LauncherKilled):
-        sup.step()
+    killed_mid_rollback(sup, backend, monkeypatch)
     assert sup.pod.state is PodState.ROLLING_BACK
     pod_dir = sup.pod.pod_dir
     assert (pod_dir / DECIDED_ROLLBACK_FILE).exists()
     assert events(sup, "rollback_decided") and not events(sup, "rollback")
 
-    # The next plain launch (no --stage), through launch's own preparation steps.
-    plan, manifest = load_plan(pod_dir, None, "cpu:2", None)
-    index, log = CheckpointIndex(pod_dir), EventLog(pod_dir)
-    plan = complete_decided_rollback(plan, manifest, index, log, stage_given=False)
-    reconcile(plan, manifest, index, log)
-    never_resume_failed(plan, manifest, index, log)
+    plan = prepare_relaunch(pod_dir)              # the next plain launch (no --stage)
     assert plan.stage == 2
     assert_the_rule_held(pod_dir, pod_dir / plan.config.manifest, unjudged, healthy)

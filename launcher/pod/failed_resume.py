@@ -71,6 +71,17 @@ def start_over(pod_dir: Path, manifest: Manifest, gpu: int, own_file: str,
     return moved
 
 
+def starts_over(manifest: Manifest, index: CheckpointIndex, gpu: int) -> bool:
+    """Whether `gpu` starts over (start_over, or restore_passed's start-over at launch): its
+    entry at token 0 naming no checkpoint, and every checkpoint it wrote marked failed. Its
+    own files then hold only failed work: a worker must not resume from them, wherever they
+    are (a Ray node sets its own aside as it starts the worker: ray_node.py)."""
+    entry = manifest.entries.get(gpu)
+    records = index.for_gpu(gpu)
+    return (entry is not None and not entry.checkpoint and entry.start_token == 0
+            and bool(records) and all(r["verdict"] == FAILED for r in records))
+
+
 def restore_passed(manifest: Manifest, index: CheckpointIndex, events: EventLog,
                    gpus, refuse: bool, own_file_of) -> bool:
     """Move every entry of `gpus` that names a failed checkpoint to where it may resume.

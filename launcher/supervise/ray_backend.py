@@ -203,7 +203,8 @@ class RayBackend(NodeAdoption, WorkerBackend):
         # phase's worker with them already there).
         shards = self.config.shard_paths(gpu)[spec.phase - 1:] if self.data else []
         handle.start_ref = actor.start.remote(settings, checkpoint, spec.slot.device == "cuda",
-                                              sorted(pod_env_names(self.config)), shards)
+                                              sorted(pod_env_names(self.config)), shards,
+                                              spec.start_over)
         self.handles[gpu] = handle
         return handle
 
@@ -280,6 +281,11 @@ class RayBackend(NodeAdoption, WorkerBackend):
                                  reason="the named file on its node held other bytes than "
                                         "its manifest entry records; the worker resumed "
                                         "from the node's copy of those")
+            if info.get("set_aside"):
+                self.events.emit("checkpoint_set_aside", gpu=handle.gpu, node=info["node"],
+                                 set_aside=info["set_aside"],
+                                 reason="it starts over at token 0 and nothing it wrote "
+                                        "passed: its files on its node renamed NAME.failed")
             if info["fetched"]:
                 self.events.emit("shards_fetched", gpu=handle.gpu, node=info["node"],
                                  shards=info["fetched"],

@@ -58,6 +58,7 @@ import psutil
 from launcher import child
 from launcher.paths import NODE_LEASE_DIR, PROBE_DIR, worker_log_path
 from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex, link_or_copy
+from launcher.pod.failed_resume import set_aside
 from launcher.pod.manifest import event_position, relative_to_pod
 from launcher.worker.process import MetricsTail, kill, terminate, worker_env
 from launcher.hub import open_store
@@ -110,20 +111,28 @@ class NodeWorker:
 
     # ---- the worker --------------------------------------------------------------------
     def start(self, settings: dict[str, str], checkpoint: dict | None, cuda: bool,
-              keep: list[str] = (), shards: list[str] = ()) -> dict:
+              keep: list[str] = (), shards: list[str] = (), start_over: bool = False) -> dict:
         """Start the worker with `settings` (the launcher's worker environment); first put
         `shards` (pod-relative) in place from the data source, and pull `checkpoint`
-        ({"path", "sha256", "revision"}) from the hub, where this disk lacks them."""
+        ({"path", "sha256", "revision"}) from the hub, where this disk lacks them.
+        `start_over`: nothing the GPU wrote passed and it starts over at token 0 (the
+        launcher's rule, launcher/pod/failed_resume.py): its own files on this node, which
+        the worker would otherwise resume from (CKPT_OUT) and refuse, are renamed
+        `NAME.failed` first, as on one machine."""
         try:
-            return self._start(settings, checkpoint, cuda, keep, shards)
+            return self._start(settings, checkpoint, cuda, keep, shards, start_over)
         finally:
             self.placed.set()       # a probe waiting for the start goes on, whatever it did
 
     def _start(self, settings: dict[str, str], checkpoint: dict | None, cuda: bool,
-               keep: list[str], shards: list[str]) -> dict:
+               keep: list[str], shards: list[str], start_over: bool) -> dict:
         import ray      # optional, as above
         self.heard = time.monotonic()
         fetched = self._ensure_shards(shards)
+        moved = set_aside(self.workdir, settings["CKPT_OUT"]) if start_over else []
+        if moved:
+            self._note(f"starts over at token 0 (nothing it wrote passed): set aside "
+                       f"{', '.join(moved)} as NAME.failed")
         resume, how = None, None
         if checkpoint:
             token = settings.get("START_TOKEN")
@@ -149,7 +158,8 @@ class NodeWorker:
             attempt = self._start_recovery_pushes(settings, log_path)
         return {"pid": self.proc.pid, "node": self.node, "node_id": self.node_id,
                 "workdir": str(self.workdir), "pulled": how == PULLED, "fetched": fetched,
-                "attempt": attempt, "recovered": resume if how == RECOVERED else None}
+                "attempt": attempt, "recovered": resume if how == RECOVERED else None,
+                "set_aside": moved}
 
     def _start_recovery_pushes(self, settings: dict[str, str], log_path: Path) -> str | None:
         """The pusher of this worker start's saves (launcher/supervise/ray_recovery.py), in

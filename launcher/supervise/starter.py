@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from launcher.checks.health import GpuHealth
 from launcher.hub.recover import RecoveryError
+from launcher.pod.failed_resume import starts_over
 from launcher.pod.manifest import RUN_ID_KEY, ManifestEntry, write_manifest
 from launcher.supervise.ending import PodEnding
 from launcher.supervise.gpu_run import GpuRun
@@ -69,7 +70,8 @@ class WorkerStarter:
                           run_id=pod.manifest.extra.get(RUN_ID_KEY),
                           ckpt_sha256=entry.checkpoint_sha256 if entry else None,
                           ckpt_revision=entry.hub_revision if entry else None,
-                          phase=entry.at_phase if entry else 1)
+                          phase=entry.at_phase if entry else 1,
+                          start_over=starts_over(pod.manifest, pod.index, run.slot.gpu))
 
     def recover(self, gpu: int) -> bool:
         """Before a restart: the entry's checkpoint must hold its recorded bytes (a worker

@@ -41,6 +41,10 @@ class WorkerSpec:
     # node pulls the file when its own disk lacks it.
     ckpt_sha256: str | None = None
     ckpt_revision: str | None = None
+    # Nothing the GPU wrote passed and it starts over at token 0 (failed_resume.starts_over):
+    # its own files hold only failed work. On this machine they are already set aside; a
+    # remote backend's node sets its own aside before the worker starts.
+    start_over: bool = False
 
 
 def pod_env_names(config: PodConfig) -> set[str]:

@@ -12,12 +12,14 @@ from launcher.pod.ckpt_index import PASSED, CheckpointIndex
 from launcher.pod.events import EventLog, read_events
 from launcher.pod.live_state import read_pod_state
 from launcher.supervise.plan import load_plan
+from launcher.supervise.prepare import complete_decided_rollback, never_resume_failed, reconcile
 from launcher.supervise.supervisor import Supervisor
 from tests.support.fake_backend import FakeBackend
 from tests.support.fake_custodian import FakeCustodian
 
-__all__ = ["Clock", "ProbeRecorder", "events", "make", "on_nodes", "passed_checkpoint",
-           "pod_state", "pod_template", "step_until"]
+__all__ = ["Clock", "LauncherKilled", "ProbeRecorder", "events", "killed_mid_rollback", "make",
+           "on_nodes", "passed_checkpoint", "pod_state", "pod_template", "prepare_relaunch",
+           "step_until"]
 
 
 class Clock:
@@ -93,6 +95,33 @@ def crash_past_the_restart_budget(sup, backend, clock, gpu: int = 0) -> None:
         sup.step()
         clock.now += 120
         sup.step()
+
+
+class LauncherKilled(BaseException):
+    """Stands for a SIGKILL of the launcher: nothing after it runs."""
+
+
+def killed_mid_rollback(sup, backend, monkeypatch) -> None:
+    """`sup`'s next step rolls back, and the launcher is SIGKILLed while the workers stop
+    (the others have saved)."""
+    stop = backend.stop
+
+    def killed(handles, grace_s):
+        stop(handles, grace_s)
+        raise LauncherKilled()
+    monkeypatch.setattr(backend, "stop", killed)
+    with pytest.raises(LauncherKilled):
+        sup.step()
+
+
+def prepare_relaunch(pod_dir, devices: str = "cpu:2"):
+    """The next plain launch (no --stage) through launch's own preparation steps: its plan."""
+    plan, manifest = load_plan(pod_dir, None, devices, None)
+    index, log = CheckpointIndex(pod_dir), EventLog(pod_dir)
+    plan = complete_decided_rollback(plan, manifest, index, log, stage_given=False)
+    reconcile(plan, manifest, index, log)
+    never_resume_failed(plan, manifest, index, log)
+    return plan
 
 
 def pod_state(sup) -> dict:
