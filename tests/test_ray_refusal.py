@@ -46,3 +46,34 @@ def test_only_a_host_port_address_is_checked_here():
     # Ray resolves these itself: `auto` (the cluster started on this machine), a client URL.
     assert gcs_endpoint("auto") is None and gcs_endpoint("ray://head:10001") is None
     assert gcs_endpoint("head") is None
+
+
+def test_no_hub_is_refused_on_a_ray_pod_whose_checkpoints_only_the_hub_holds(tmp_path, capsys):
+    """Rebuilt from the hub onto a cluster, the pod's weights stayed on the hub, where each
+    node fetches its GPU's: `--no-hub` would leave the nodes nothing to start from. Refused
+    in one line naming the pull, before the cluster is reached (the address answers nobody:
+    without the refusal the launch says it cannot reach it)."""
+    from launcher.config.podconfig import load_config
+    from launcher.pod.manifest import ManifestEntry, read_manifest, write_manifest
+    from tests.support.refusals import refused
+
+    pod = make_pod(tmp_path, hub="file://hub")
+    manifest = read_manifest(pod / load_config(pod).manifest)
+    for gpu, rev in ((0, "a" * 40), (1, "b" * 40)):
+        manifest.entries[gpu] = ManifestEntry(
+            start_token=640, checkpoint=f"checkpoints/fractus_1b_gpu{gpu}.pt",
+            checkpoint_sha256="ab" * 32, hub_revision=rev, stage=1, ema_tf=5.0, lb=2.0)
+    write_manifest(manifest)
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{closed.getsockname()[1]}"
+        line = refused(pod, capsys, "launch", "--stage", "1", "--ray", address, "--no-hub")
+        assert line.startswith("error: --no-hub: GPU(s) 0, 1 resume from a checkpoint only "
+                               "the hub holds")
+        assert line.endswith(
+            f"fractus-pod --pod-dir {pod} sync pull --revision {'a' * 40} "
+            f"checkpoints/fractus_1b_gpu0.pt && fractus-pod --pod-dir {pod} sync pull "
+            f"--revision {'b' * 40} checkpoints/fractus_1b_gpu1.pt")
+        # with the hub the nodes fetch them: the launch goes on to the cluster
+        line = refused(pod, capsys, "launch", "--stage", "1", "--ray", address)
+        assert line.startswith(f"error: ray: cannot reach the cluster at {address} ")

@@ -125,6 +125,9 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
                 (stage_before_launch(plan, manifest) or plan.stage) < plan.stage
             budget = split_budget(plan, canary)
             ray_settings = plan.ray
+            on_hub = on_the_hub(plan, manifest) if ray_settings is not None else set()
+            if no_hub and on_hub:           # before the cluster is reached
+                raise UserError(_hub_only_refusal(pod_dir, manifest, on_hub, bool(from_hub)))
             if ray_settings is not None:    # before anything is written: a refusal writes nothing
                 from launcher.supervise.ray_reach import refuse_unreachable
                 refuse_unreachable(ray_settings)
@@ -132,7 +135,6 @@ def launch(ctx, stage, gpus, devices, max_time, max_steps, detach, from_hub, rev
                 from launcher.config.gpus import check_cuda_present
                 check_cuda_present([s.gpu for s in plan.slots if s.device == "cuda"],
                                    devices or plan.config.devices)
-            on_hub = on_the_hub(plan, manifest) if ray_settings is not None else set()
             on_nodes = shards_on_nodes(plan, ray_settings is not None)
             if plan.config.hub:
                 from launcher.hub.sync import store_for
@@ -287,6 +289,29 @@ def _hub_errors():
         raise click.ClickException(f"--from-hub: {exc}") from None
     except ValueError as exc:
         raise UserError(f"--from-hub: {exc}") from None
+
+
+def _hub_only_refusal(pod_dir: Path, manifest, on_hub: set[int], rebuilt: bool) -> str:
+    """--no-hub on a Ray pod whose checkpoints only the hub holds: its nodes would have
+    nowhere to fetch them from. The fix: keep the hub, or pull them here first (one command
+    per revision), which nodes on this machine or a shared filesystem read from the pod; a
+    rebuild (`rebuilt`, undone by the refusal) pulls them itself when it is not for Ray."""
+    gpus = ", ".join(map(str, sorted(on_hub)))
+    if rebuilt:
+        return (f"--no-hub: GPU(s) {gpus} resume from a checkpoint only the hub holds, which "
+                f"Ray nodes fetch from it: launch --from-hub without --no-hub (the rebuilt pod "
+                f"then writes the run), or onto this machine's devices, not a Ray cluster "
+                f"(the rebuild then pulls the weights here)")
+    by_revision: dict[str, list[str]] = {}
+    for gpu in sorted(on_hub):
+        entry = manifest.entries[gpu]
+        by_revision.setdefault(entry.hub_revision, []).append(entry.checkpoint)
+    pulls = " && ".join(pod_command(pod_dir, shlex.join(["sync", "pull", "--revision", rev,
+                                                         *paths]))
+                        for rev, paths in by_revision.items())
+    return (f"--no-hub: GPU(s) {gpus} resume from a checkpoint only the hub holds, which "
+            f"their Ray nodes fetch from it: launch without --no-hub, or (nodes on this "
+            f"machine or a shared filesystem) pull it here first: {pulls}")
 
 
 def _retyped(ctx: click.Context, pod_dir: Path, *extra: str) -> str:
