@@ -348,7 +348,10 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, carry: Optional[Carry] = N
         z0 = q.new_zeros((G, D), dtype=compute_dtype)
     else:
         S0, z0 = carry[0].to(compute_dtype), carry[1].to(compute_dtype)
-    with torch.autocast(device_type=q.device.type, enabled=False):
+    # Devices without autocast (meta: the 1B shapes traced without memory) have none to stop.
+    no_autocast = (torch.autocast(device_type=q.device.type, enabled=False)
+                   if torch.amp.is_autocast_available(q.device.type) else contextlib.nullcontext())
+    with no_autocast:
         y, S, z = kernel(q.to(compute_dtype), k.to(compute_dtype), v.to(compute_dtype), S0, z0)
     _check_outputs(impl, y, S, z, q)
     return y.to(out_dtype), (S, z)
