@@ -52,6 +52,7 @@ from .integrity import (
     install_staged,
 )
 from .hub_rate import note_answered, note_commit, note_wait
+from .redact import scrub
 from .retry import (RATE_LIMITED_STATUS, TRANSIENT_STATUS, RetryPolicy, describe, http_status,
                     with_retries)
 from .store import HistoryEntry, PushFiles, Store
@@ -63,6 +64,32 @@ BRANCH = "main"
 CONFLICT_STATUS = (409, 412)  # what the Hub answers when parent_commit is not the head
 MAX_REBASES = 3  # re-applications on top of other writers' commits before giving up
 DOWNLOAD_ATTEMPTS = 3  # downloads whose bytes fail verification are fetched again this often
+
+
+class _ClientLines(logging.Handler):
+    """The client's own lines (its retries on the upload routes: "Rate limited. Waiting
+    ...s before retry", "HTTP Error 429 thrown while requesting ...") become lines of the
+    store's logger, scrubbed of the token: they land in the pod's logs/hub.log with the
+    store's own retries (launcher/cli/options.py), as retries, not on the terminal."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = scrub(" ".join(record.getMessage().split()))
+        except Exception:
+            self.handleError(record)
+            return
+        log.info("huggingface_hub %s: %s", record.levelname.lower(), text)
+
+
+def _route_client_log() -> None:
+    """huggingface_hub's logger writes through _ClientLines only: the stderr handler the
+    client adds to it at import goes (its lines are not scrubbed). Once per process."""
+    client = logging.getLogger("huggingface_hub")
+    if any(isinstance(h, _ClientLines) for h in client.handlers):
+        return
+    for handler in [h for h in client.handlers if type(h) is logging.StreamHandler]:
+        client.removeHandler(handler)
+    client.addHandler(_ClientLines())
 
 
 def parse_hf_url(url: str) -> tuple[str, str]:
@@ -104,6 +131,7 @@ class HfStore(Store):
         self._limited: bool | None = None
         self._push_id: str | None = None  # of the push in progress: its delay is counted
         _install_client_timeouts()
+        _route_client_log()
 
     # -- plumbing ------------------------------------------------------------------------
     def _call(self, fn: Callable[[], T], what: str) -> T:
