@@ -134,17 +134,30 @@ def _back_to_newest_passed(manifest: Manifest, index: CheckpointIndex, events: E
     target = index.newest_passed(gpu)
     if target is None:
         return False
+    back_to_passed(manifest, index, events, gpu, gone, target)
+    return True
+
+
+def back_to_passed(manifest: Manifest, index: CheckpointIndex, events: EventLog, gpu: int,
+                   gone: str, target: dict, settle=lambda: None) -> None:
+    """GPU `gpu`'s named bytes are nowhere (`gone`, one line): its entry goes to its passed
+    checkpoint `target` (an index record; with `hub_revision`, the hub commit holding it),
+    at its stage, said first (a `rollback` event, an alert); `settle()` (writing the
+    manifest) before the lost checkpoint's record is marked failed."""
     entry = manifest.entries[gpu]
     stage = entry.stage or manifest.recorded_stage() or 1
-    lost = index.records.get((gpu, entry.checkpoint_sha256))
-    if lost is not None and lost["verdict"] != FAILED:
-        index.mark(gpu, lost["sha256"], FAILED, f"its bytes are gone: {gone}")
+    lost_sha256 = entry.checkpoint_sha256
     events.emit("rollback", gpu=gpu, from_stage=stage, to_stage=stage,
                 from_token=entry.start_token, to_token=target["next_token"],
                 checkpoint=target["path"], automatic=True, lost=entry.checkpoint,
                 reason=f"{gone}: back to its newest passed checkpoint")
     apply_rollback(manifest, gpu, target, stage)
-    return True
+    if target.get("hub_revision"):
+        manifest.note_hub_revision(gpu, target["hub_revision"], target["sha256"])
+    settle()
+    lost = index.records.get((gpu, lost_sha256))
+    if lost is not None and lost["verdict"] != FAILED:
+        index.mark(gpu, lost["sha256"], FAILED, f"its bytes are gone: {gone}")
 
 
 def recover_all(pod_dir: Path, gpus: list[int], manifest: Manifest, index: CheckpointIndex,

@@ -49,7 +49,7 @@ from launcher.config.podconfig import PodConfig
 from launcher.supervise.backend import WorkerBackend, WorkerExit, WorkerHandle
 from launcher.supervise.ray_adopt import NodeAdoption
 from launcher.supervise.ray_fence import NAMESPACE, Heartbeat, actor_prefix, end_orphans
-from launcher.supervise.ray_node import NodeWorker
+from launcher.supervise.ray_node import BytesNowhere, NodeWorker
 from launcher.supervise.ray_recovery import gpu_commit_every_s, is_recovery
 from launcher.config.ray_settings import RaySettings
 from launcher.worker.process import WorkerSpec, build_env, pod_env_names
@@ -79,6 +79,7 @@ class RayHandle(WorkerHandle):
     adopt_ref: object = None          # a replacement actor on the same node taking over
     adopt_by: float = 0.0             # ... answering by then (monotonic), else: lost
     attempt: str | None = None        # this worker start's id, in its recovery copies
+    ckpt_sha256: str | None = None    # the bytes this start resumes from, as its entry records
 
 
 class RayBackend(NodeAdoption, WorkerBackend):
@@ -118,6 +119,9 @@ class RayBackend(NodeAdoption, WorkerBackend):
         self.data = {"url": absolute_hub_url(config.data.url, pod_dir),
                      "revision": config.data.revision} if config.data else None
         self.last_round_trip = float("-inf")
+        # GPU -> the recorded bytes its node found nowhere at its last start ({sha256,
+        # error}), for the custodian's restore before the next (RayCustodian.restore).
+        self.bytes_gone: dict[int, dict] = {}
         self.lineage = read_lineage(pod_dir)      # the last launcher's, until a start answers
         self.heartbeat = Heartbeat(ray, self.actors, settings.fence_s, config.stop_grace_s)
         # Each GPU's share of the hub's commit budget for its recovery copies (the pod's
@@ -149,6 +153,10 @@ class RayBackend(NodeAdoption, WorkerBackend):
         launcher started it: the previous launcher's (its lineage file)."""
         handle = self.handles.get(gpu)
         return handle.attempt if handle is not None else self.lineage.get(gpu)
+
+    def take_bytes_gone(self, gpu: int) -> dict | None:
+        """The bytes {sha256, error} the GPU's node found nowhere at its last start, once."""
+        return self.bytes_gone.pop(gpu, None)
 
     def _note_lineage(self, gpu: int, attempt: str | None) -> None:
         """Record the GPU's lineage (None: none) durably, before what follows can be lost
@@ -194,7 +202,7 @@ class RayBackend(NodeAdoption, WorkerBackend):
             actor = self.actors[gpu] = self._new_actor(spec.slot)
         checkpoint = ({"path": spec.ckpt_in, "sha256": spec.ckpt_sha256,
                        "revision": spec.ckpt_revision} if spec.ckpt_in else None)
-        handle = RayHandle(gpu, None, None, actor=actor,
+        handle = RayHandle(gpu, None, None, actor=actor, ckpt_sha256=spec.ckpt_sha256,
                            attempt=self._continued_attempt(gpu, spec.ckpt_in))
         self._note_lineage(gpu, handle.attempt)
         settings = build_env(self.config, spec, base={})
@@ -265,6 +273,9 @@ class RayBackend(NodeAdoption, WorkerBackend):
                 continue
             except self.ray.exceptions.RayError as exc:
                 error = remote_error(exc)
+                if isinstance(getattr(exc, "cause", None), BytesNowhere):
+                    self.bytes_gone[handle.gpu] = {"sha256": handle.ckpt_sha256,
+                                                   "error": str(exc.cause)}
                 self.events.emit("worker_start_failed", gpu=handle.gpu, error=error)
                 self._log(handle.gpu, f"worker start failed on its node: {exc}")
                 handle.ended = WorkerExit(1, error=error)

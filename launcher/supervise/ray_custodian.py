@@ -6,7 +6,9 @@ pushed to the hub by the node that holds it (NodePushes, launcher/supervise/ray_
 the revisions it pushed are handed to the supervisor (`take_pushed`), a GPU whose node was
 lost resumes from its hub copy (`hub_copy`) or its newer recovery copy (`resume_copy`,
 launcher/supervise/ray_recovery.py), and AR probes run on the nodes (`NodeProbes`,
-launcher/supervise/ray_probes.py). A push refused because another pod took the run over is
+launcher/supervise/ray_probes.py). A node that found its entry's recorded bytes nowhere
+(BytesNowhere) leaves the way back to the head, which decides it as on one machine before
+the restart (`restore`: the GPU's newest passed checkpoint). A push refused because another pod took the run over is
 recorded in the run's one lease (`lease`, which the hub sync shares): no node pushes again.
 
 A launch of a pod whose last launcher was killed with -9 resumes each GPU from the recovery
@@ -25,7 +27,8 @@ from __future__ import annotations
 import time
 
 from launcher.hub.by_url import absolute_hub_url
-from launcher.pod.ckpt_index import FAILED, CheckpointIndex
+from launcher.hub.recover import RecoveryError, back_to_passed
+from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex
 from launcher.pod.decided_rollback import read_decision
 from launcher.pod.events import EventLog
 from launcher.pod.manifest import Manifest, ManifestEntry, apply_rollback, write_manifest
@@ -68,6 +71,39 @@ class RayCustodian(NodePushes, NodeCustodian):
 
     def node_probes(self):
         return NodeProbes(self.backend)
+
+    def restore(self, gpu: int, manifest: Manifest, index: CheckpointIndex) -> bool:
+        """Before a restart. The node restores the entry's recorded bytes itself as it starts
+        the worker (its own copy, else the entry's hub revision). When its last start found
+        them nowhere (BytesNowhere: a damaged newest checkpoint not yet on the hub), the
+        launcher decides, as on one machine (launcher/hub/recover.py): the GPU goes back to
+        its newest passed checkpoint (the hub's copy of it when pushed, which any node can
+        pull; else the node's retained copy), a `rollback` event and the manifest written
+        before the lost record is marked failed. A passed checkpoint its node then finds
+        nowhere either is marked failed in turn, and the next older one serves. None left:
+        RecoveryError, one line (the pod fails)."""
+        gone = self.backend.take_bytes_gone(gpu)
+        entry = manifest.entries.get(gpu)
+        if gone is None or entry is None or entry.checkpoint_sha256 != gone["sha256"]:
+            return False
+        target = self._newest_passed(gpu, index, gone["sha256"])
+        if target is None:
+            raise RecoveryError(f"gpu_{gpu} checkpoint {gone['error']}; no passed checkpoint "
+                                f"of it is left on its node or the hub either (see "
+                                f"logs/checkpoints.jsonl): restore the file")
+        back_to_passed(manifest, index, self.events, gpu, f"gpu_{gpu} checkpoint "
+                       f"{gone['error']}", target, settle=lambda: write_manifest(manifest))
+        return True
+
+    def _newest_passed(self, gpu: int, index: CheckpointIndex, lost: str) -> dict | None:
+        """The GPU's newest passed checkpoint other than `lost`: its hub copy when that is
+        the one (a hub revision any node pulls), else the record (its node's retained
+        copy); the hub copy when the index holds none."""
+        hub = self.hub_copy(gpu)
+        for record in reversed(index.for_gpu(gpu)):
+            if record["verdict"] == PASSED and record["sha256"] != lost:
+                return hub if hub and hub["sha256"] == record["sha256"] else record
+        return hub if hub and hub["sha256"] != lost else None
 
     def close(self, abandoned=lambda: False) -> None:
         """The last passed checkpoints go up (a second signal abandons them), before the

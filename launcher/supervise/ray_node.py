@@ -15,7 +15,8 @@ RunTakenOver, and overwrites nothing). A worker starts only from the bytes its m
 records: where the named file holds others (a final save written over it on SIGTERM that the
 launcher had not recorded yet), from this node's own copy of them, as on one machine;
 a GPU placed on a node that lacks its checkpoint pulls it from the hub revision the launcher
-names (sha256-verified) before the worker starts.
+names (sha256-verified) before the worker starts; bytes found nowhere fail the start
+(BytesNowhere), and the launcher decides where the GPU goes back to (RayCustodian.restore).
 With `data:` in the pod config, the node likewise puts its GPU's shards (its current data
 phase's and every later one's) in its own directory before the worker starts: verified
 against the data store's record at the pinned revision, fetched when absent (resumable;
@@ -358,7 +359,7 @@ class NodeWorker:
         copy on this node holds them: its retained link, or a rotated copy, retained now,
         as on one machine, launcher/hub/recover.py; e.g. the worker's final save on a
         SIGTERM, over the named file, before the launcher recorded it), or PULLED (from
-        the hub revision the entry names, verified). Nowhere: FileNotFoundError, one line,
+        the hub revision the entry names, verified). Nowhere: BytesNowhere, one line,
         the start fails: a worker never starts on bytes its entry does not record (it would
         refuse them, and the pod would fail). An entry without a sha256 (a manifest the
         launcher never wrote) has nothing to check: its file as it is."""
@@ -376,9 +377,9 @@ class NodeWorker:
                                                         revision=checkpoint["revision"])
             return name, PULLED
         state = "holds other bytes" if target.is_file() else "is missing"
-        raise FileNotFoundError(f"{name} {state} on node {self.node}, and no copy there and "
-                                f"no hub revision holds the bytes its manifest entry records"
-                                f" (sha256 {(sha256 or '')[:12]})")
+        raise BytesNowhere(f"{name} {state} on node {self.node}, and no copy there and "
+                           f"no hub revision holds the bytes its manifest entry records"
+                           f" (sha256 {(sha256 or '')[:12]})")
 
 
 def _alive(pid: int) -> bool:
@@ -396,6 +397,12 @@ def push_as_pod(hub_url: str, workdir: Path, writer: str, hub_path: str, local: 
     `workdir`: RunTakenOver, nothing committed, once another pod holds the run."""
     return push_as_writer(open_store(hub_url, workdir), {hub_path: local}, message,
                           {hub_path: sha256}, workdir / NODE_LEASE_DIR, writer)
+
+
+class BytesNowhere(FileNotFoundError):
+    """The bytes a worker start's manifest entry records are on neither this node nor the
+    hub: the start fails, and the launcher decides where the GPU goes back to
+    (RayCustodian.restore: its newest passed checkpoint)."""
 
 
 class RotatedAway(RuntimeError):
