@@ -85,6 +85,8 @@ class WorkerRun:
     smi_peak_mib: float | None = None
     compile_s: float | None = None
     compile_status: str | None = None
+    graph_breaks: int | None = None      # torch's counts at the run's last compile event
+    recompiles: int | None = None
     first_step_s: float | None = None    # process start -> first metrics line
     wall_s: float = 0.0
     ema_tf: list = field(default_factory=list)
@@ -92,6 +94,17 @@ class WorkerRun:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def compile_fields(records: list[dict]) -> dict:
+    """The first `compile` event's time and status (the first compiled step), and the
+    graph breaks and recompiles of the last one (a `recompiled` event updates them)."""
+    compiles = [r for r in records if r.get("type") == "event" and r.get("event") == "compile"]
+    if not compiles:
+        return {}
+    return {"compile_s": compiles[0].get("seconds"), "compile_status": compiles[0].get("status"),
+            "graph_breaks": compiles[-1].get("graph_breaks"),
+            "recompiles": compiles[-1].get("recompiles")}
 
 
 def _last_line(path: Path) -> str | None:
@@ -131,10 +144,8 @@ def measure(env: dict, run_dir: Path, timeout_s: float,
     lines = [r for r in records if r["type"] == "metrics"]
     events = {r["event"]: r for r in records if r["type"] == "event"}
     start = events.get("start")
-    compiled = events.get("compile", {})
     run = WorkerRun(code=None if killed_after_last else proc.returncode, outcome="ok",
-                    steps=len(lines), smi_peak_mib=smi.peak_mib,
-                    compile_s=compiled.get("seconds"), compile_status=compiled.get("status"),
+                    steps=len(lines), smi_peak_mib=smi.peak_mib, **compile_fields(records),
                     wall_s=time.monotonic() - t0, ema_tf=[r.get("ema_tf") for r in lines])
     if lines:
         run.first_step_s = lines[0]["ts"] - t0_wall

@@ -131,3 +131,15 @@ def test_status_shows_a_gpu_whose_step_recompiled(tmp_path):
     state = next(c for c in COLUMNS if c.header == "state")
     assert state.cell({"state": "running", "recompiles": 1}) == "running (recompiled 1x)"
     assert state.cell({"state": "running", "recompiles": 0}) == "running"
+
+
+def test_the_gpu_suite_reports_the_first_compile_and_the_latest_counts():
+    from benchmarks.gpu_worker_run import compile_fields
+    records = [{"type": "event", "event": "start"},
+               {"type": "event", "event": "compile", "status": "ok", "seconds": 95.0, **ONCE},
+               {"type": "metrics", "step": 1},
+               {"type": "event", "event": "compile", "status": "recompiled", "step": 2,
+                "graphs": 2, "graph_breaks": 0, "recompiles": 1}]
+    assert compile_fields(records) == {"compile_s": 95.0, "compile_status": "ok",
+                                       "graph_breaks": 0, "recompiles": 1}
+    assert compile_fields(records[:1]) == {}
