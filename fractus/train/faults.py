@@ -9,6 +9,8 @@
 - `hang`: sleeps forever before the step (a stuck worker, for watchdog tests).
 - `compile`: with COMPILE=1, the compiled chunk function fails at that step's first call,
   so the compile fallback runs (a `compile` event, the step retried uncompiled).
+- `diverge`: with COMPILE=1, the compiled step's cross-entropy at that step is doubled (the
+  eager step's is not), so the first compiled step falls outside the band of the eager one.
 - `kill_after_save`: the worker SIGKILLs itself right after the checkpoint of that step is
   renamed into place and before its `checkpoint` event: the file is newer than anything
   the launcher was told about (a real kill -9 at the worst moment).
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-KINDS = ("nan", "oom", "hang", "crash", "compile", "kill_after_save", "save_hang")
+KINDS = ("nan", "oom", "hang", "crash", "compile", "diverge", "kill_after_save", "save_hang")
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,10 @@ class FaultInjector:
 
     def compile_fails(self, step: int) -> bool:
         return self._fires("compile", step)
+
+    def compiled_ce(self, step: int, ce: torch.Tensor) -> torch.Tensor:
+        """The compiled step's cross-entropy: doubled at the diverge step, else as is."""
+        return ce * 2 if self._fires("diverge", step) else ce
 
     def after_save(self, step: int) -> None:
         if self._fires("kill_after_save", step):

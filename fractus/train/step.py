@@ -61,6 +61,27 @@ class InjectedCompileError(RuntimeError):
     """Stands in for a torch.compile failure (FRACTUS_FAULT=compile@S)."""
 
 
+# The first compiled step against the eager step from the same weights, carried state, RNG
+# and tokens: |compiled - eager| <= atol + rtol*|eager| for each value. The eager step's own
+# noise floor at step 1 (weights perturbed by 1e-7 relative, fp32 resolution; tiny and
+# small, chunked CE; docs/WORKER.md): tf 9e-5, lb 2.1e-2 (the Kuramoto term is chaotic at
+# fresh weights), grad_norm 4.9e-4; bf16 against float32: 1e-3. Each rtol is at least 5x
+# the larger of those, so only a compiled step that computes something else falls outside.
+COMPILE_BAND = {"tf": (1e-2, 0.0), "lb": (1e-1, 1e-6), "grad_norm": (1e-1, 0.0)}
+
+
+def compiled_divergence(compiled: StepResult | NonFiniteError, eager: StepResult) -> str | None:
+    """Why the first compiled step is not the eager step (None when it is within
+    COMPILE_BAND): a value not finite where eager's is, or one outside the band."""
+    if isinstance(compiled, NonFiniteError):
+        return f"not finite where the eager step is: {compiled.values}"
+    for key, (rtol, atol) in COMPILE_BAND.items():
+        new, ref = getattr(compiled, key), getattr(eager, key)
+        if not abs(new - ref) <= atol + rtol * abs(ref):
+            return f"{key} {new:.6g} against eager {ref:.6g} (band: rtol {rtol:g}, atol {atol:g})"
+    return None
+
+
 @dataclass(frozen=True)
 class StepResult:
     tf: float                 # teacher-forced CE (mean over the ACCUM batches)
@@ -126,6 +147,34 @@ class TrainStep:
         self.tick_ce = self.model.tick_chunk_train_ce
         self.compiled = False
 
+    @contextlib.contextmanager
+    def eager(self):
+        """The uncompiled step for a while, the compiled functions kept for after."""
+        kept = self.tick, self.tick_ce, self.compiled
+        self.uncompile()
+        try:
+            yield
+        finally:
+            self.tick, self.tick_ce, self.compiled = kept
+
+    def snapshot(self) -> dict:
+        """The weights and optimizer state, on the host (no device memory): with the
+        carried state and RNG, what a step changes, so it can run again from here."""
+        def host(value):
+            return value.detach().to("cpu", copy=True) if torch.is_tensor(value) else value
+        state = self.optimizer.state_dict()
+        return {"params": [host(p) for p in self.params],
+                "optimizer": {"state": {k: {n: host(v) for n, v in per.items()}
+                                        for k, per in state["state"].items()},
+                              "param_groups": state["param_groups"]}}
+
+    @torch.no_grad()
+    def restore(self, snapshot: dict) -> None:
+        for p, saved in zip(self.params, snapshot["params"]):
+            p.copy_(saved)
+        self.optimizer.load_state_dict(snapshot["optimizer"])
+        self.optimizer.zero_grad(set_to_none=True)
+
     @property
     def bf16(self) -> bool:
         """BF16, else the device's default: bf16 autocast on CUDA (v1's), float32 on CPU."""
@@ -145,11 +194,16 @@ class TrainStep:
             if self.s.ce_chunk == 0:
                 logits, lb = self.tick(obs)
                 ce = F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1))
-                return ce, lb, (logits if want_sampling else None)  # held only for sampling
-            # Always the hidden state, kept only for sampling: one signature, so a compiled
-            # step has one graph (a second variant would recompile at the first SS pass).
-            ce, lb, hidden = self.tick_ce(obs, target, self.s.ce_chunk, return_hidden=True)
-            return ce, lb, (hidden if want_sampling else None)
+                state = logits if want_sampling else None   # held only for sampling
+            else:
+                # Always the hidden state, kept only for sampling: one signature, so a
+                # compiled step has one graph (a second variant would recompile at the
+                # first SS pass).
+                ce, lb, hidden = self.tick_ce(obs, target, self.s.ce_chunk, return_hidden=True)
+                state = hidden if want_sampling else None
+        if self.compiled:
+            ce = self.faults.compiled_ce(step, ce)
+        return ce, lb, state
 
     @torch.no_grad()
     def _mixed_chunk(self, chunk: torch.Tensor, sampler_state: torch.Tensor) -> torch.Tensor:

@@ -33,7 +33,7 @@ from fractus.train.exit_codes import WorkerExitCode
 from fractus.train.faults import FaultInjector, parse_fault
 from fractus.train.metrics import MetricsWriter, human_line
 from fractus.train.resume import build_model, find_start, resolve_device
-from fractus.train.step import NonFiniteError, TrainStep
+from fractus.train.step import NonFiniteError, TrainStep, compiled_divergence
 from fractus.train.tensorboard import TensorBoardScalars
 
 EMA_BETA = 0.98
@@ -195,33 +195,50 @@ class Worker:
                   file=sys.stderr, flush=True)
 
     def _run_step(self, batches, step: int):
-        """One step; the first compiled step falls back to eager if compilation fails."""
+        """One step. The first compiled step is checked against the eager step from the
+        same weights, optimizer state, carried state, RNG and tokens: when compiling fails,
+        or its result is outside COMPILE_BAND of eager's (or not finite where eager's is),
+        a `compile` event says why and the run continues eager. Either way the run goes on
+        from the eager step's result."""
         if not self.trainer.compiled or self.compile_checked:
             return self.trainer(batches, step)
-        carry, rng = self.model.carry_state(), capture_rng(self.device)
-        steps_before, t0 = self.trainer.optimizer_steps, time.perf_counter()
-        try:
-            result = self.trainer(batches, step)
-        except (NonFiniteError, torch.OutOfMemoryError):
-            raise
-        except Exception as e:
-            if self.trainer.optimizer_steps != steps_before:
-                raise  # weights already moved: not a clean compile failure
-            reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-            self.log.event("compile", status="failed", reason=reason[:500])
-            print(f"GPU {self.s.gpu_id}: compile failed, continuing uncompiled: {reason[:200]}",
-                  file=sys.stderr, flush=True)
-            self.trainer.uncompile()
-            self.compile_checked = True
-            self.model.load_carry_state(carry)
-            restore_rng(rng, self.device)
-            self.optimizer.zero_grad(set_to_none=True)
-            return self.trainer(batches, step)
         self.compile_checked = True
+        before = self.model.carry_state(), capture_rng(self.device), self.trainer.snapshot()
+        t0 = time.perf_counter()
+        try:
+            compiled = self.trainer(batches, step)
+        except torch.OutOfMemoryError:
+            raise
+        except NonFiniteError as e:
+            compiled = e                # judged against the eager step below
+        except Exception as e:
+            message = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            self._rewind(before)
+            self._continue_eager("failed", f"{type(e).__name__}: {message}")
+            return self.trainer(batches, step)
+        seconds = time.perf_counter() - t0
         self.compile_counts = self.trainer.compile_counts()
-        self.log.event("compile", status="ok", seconds=time.perf_counter() - t0,
-                       **self.compile_counts)
-        return result
+        self._rewind(before)
+        with self.trainer.eager():
+            eager = self.trainer(batches, step)    # non-finite here: the run's own NaN
+        why = compiled_divergence(compiled, eager)
+        if why is not None:
+            self._continue_eager("diverged", why, seconds=seconds, **self.compile_counts)
+        else:
+            self.log.event("compile", status="ok", seconds=seconds, **self.compile_counts)
+        return eager
+
+    def _rewind(self, before) -> None:
+        carry, rng, snapshot = before
+        self.trainer.restore(snapshot)
+        self.model.load_carry_state(carry)
+        restore_rng(rng, self.device)
+
+    def _continue_eager(self, status: str, reason: str, **fields) -> None:
+        self.log.event("compile", status=status, reason=reason[:500], **fields)
+        print(f"GPU {self.s.gpu_id}: compile {status}, continuing uncompiled: {reason[:200]}",
+              file=sys.stderr, flush=True)
+        self.trainer.uncompile()
 
     def _check_recompiles(self) -> None:
         """After the first compiled step, torch's counts should not move: a step compiled
