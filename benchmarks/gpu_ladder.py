@@ -11,18 +11,22 @@ at the 1B preset.
 Then:
 - stage 1 against the reference (v1) loop (tests/support/v1_step.py) on the same device,
   the same fresh model, seed and tokens: ema_tf per step, the largest relative difference.
-- the largest BATCH that fits at stages 4-5 with `--headroom` of the card left: doubling
-  from the stage's BATCH up to `--fit-max`, then bisection, each try a real worker in its
-  own process (an out-of-memory exit is a result, not a crash) for 2 steps with SS_RATE=1
-  (the scheduled-sampling pass is the step's peak) and COMPILE=0 (a compile per try would
-  not fit the time; the eager step is the larger one); the batch found is then run with
+- the largest BATCH that fits at stages 4-5 with `--headroom` of the card left: the first
+  try is the memory model's largest BATCH for the card (benchmarks/memory_model.py
+  `largest_batch`, the step traced on the meta device; the stage's BATCH when the card's
+  size is unknown), then doubling up from it to `--fit-max` while it fits, or halving down
+  while it does not, then bisection; each try a real worker in its own process (an
+  out-of-memory exit is a result, not a crash) for 2 steps with SS_RATE=1 (the
+  scheduled-sampling pass is the step's peak) and COMPILE=0 (a compile per try would not
+  fit the time; the eager step is the larger one); the batch found is then run with
   stages 4 and 5's own settings, compile included, to confirm it.
 
 The results file is rewritten after every run, so a suite that cuts this part keeps what
 it had; SIGTERM kills the running worker and records the cut.
 
     python -m benchmarks.gpu_ladder --preset 1b --device cuda --json OUT/ladder.json
-    python -m benchmarks.gpu_ladder --preset tiny --device cpu --steps 4 --no-compile ...
+    python -m benchmarks.gpu_ladder --preset tiny --device cpu --steps 4 --no-compile \
+        --compile-stage 4 ...
 """
 
 from __future__ import annotations
@@ -93,7 +97,8 @@ def run_ladder(args, work: Path, results: Results, stages: dict) -> None:
     flops, peak = results.data["flops_per_token"], args.peak_tflops * 1e12
     for number in sorted(stages):
         stage = stages[number]
-        env = worker_env(work, args, stage.settings, f"stage{number}")
+        env = worker_env(work, args, stage.settings, f"stage{number}",
+                         **({"COMPILE": "1"} if number == args.compile_stage else {}))
         keep = number == 1      # stage 1's checkpoint: the reference comparison, the AR probe
         run = measure(env, work / f"stage{number}", args.run_timeout,
                       stop_after_steps=None if keep else args.steps)
@@ -181,6 +186,20 @@ def capacity_bytes(device: str) -> float | None:
     return float(psutil.virtual_memory().total)
 
 
+def model_start(args, settings: dict, capacity: float | None) -> int | None:
+    """The memory model's largest BATCH for the card at the fit probe's settings (None:
+    the card's size is unknown, or the model did not run)."""
+    if capacity is None:
+        return None
+    from benchmarks.memory_model import largest_batch
+    try:
+        return largest_batch(args.preset, args.seq, settings, capacity, args.headroom,
+                             limit=args.fit_max)
+    except Exception as e:          # the search goes on from the stage's BATCH
+        print(f"memory model: {type(e).__name__}: {e}", flush=True)
+        return None
+
+
 def fit_search(args, work: Path, results: Results, stages: dict, deadline: float) -> None:
     capacity = capacity_bytes(args.device)
     limit = None if capacity is None else capacity * (1 - args.headroom)
@@ -204,12 +223,20 @@ def fit_search(args, work: Path, results: Results, stages: dict, deadline: float
               flush=True)
         return ok
 
-    good, bad, batch = None, None, int(stage.settings.get("BATCH", 4))
-    while batch <= args.fit_max and time.monotonic() < deadline:     # doubling
+    start = model_start(args, stage.settings, capacity)
+    fit["model_batch"] = start
+    good, bad = None, None
+    batch = start if start is not None else int(stage.settings.get("BATCH", 4))
+    batch = max(min(batch, args.fit_max), 1)
+    while batch <= args.fit_max and time.monotonic() < deadline:     # doubling up
         if not fits(batch):
             bad = batch
             break
         good, batch = batch, batch * 2
+    while good is None and bad is not None and bad > 1 \
+            and time.monotonic() < deadline:                        # halving down
+        batch = bad // 2
+        good, bad = (batch, bad) if fits(batch) else (None, batch)
     while good is not None and bad is not None and bad - good > 1 \
             and time.monotonic() < deadline:                        # bisection
         mid = (good + bad) // 2
@@ -239,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--threads", type=int, default=1, help="OMP threads per worker (CPU)")
     ap.add_argument("--no-compile", action="store_true", help="COMPILE=0 everywhere (CPU)")
+    ap.add_argument("--compile-stage", type=int,
+                    help="this stage's run compiles even with --no-compile (the CPU's dry run)")
     ap.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_TFLOPS)
     ap.add_argument("--headroom", type=float, default=0.10)
     ap.add_argument("--fit-max", type=int, default=256)
@@ -256,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     results = Results(args.json, {"preset": args.preset, "device": args.device, "seq": args.seq,
                                   "steps": args.steps, "peak_tflops": args.peak_tflops,
-                                  "compile_forced_off": args.no_compile, "work": str(work),
+                                  "compile_forced_off": args.no_compile,
+                                  "compile_stage": args.compile_stage, "work": str(work),
                                   "cut": None, **flops_per_token(args.preset)})
 
     def cut(signum, _frame):
