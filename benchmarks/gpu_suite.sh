@@ -6,17 +6,21 @@
 #
 # Parts (each with its own time limit; a part that fails or is cut never stops the next):
 #   1 equivalence  the CUDA cases of the kernel, chunked-CE, sampler, engine and async-save
-#                  tests (fp32 and bf16 autocast bands)                  -> equivalence.txt
+#                  tests (fp32 and bf16 autocast bands), and determinism: two identical
+#                  forwards, eager and compiled, bitwise equal with the same MoE routes, the
+#                  compiled one within the compiled step's band          -> equivalence.txt
 #   2 ladder       stages 1-5 of the shipped stages.yaml through scripts/fast4gpu_boost_v2.py:
-#                  tok/s, peak memory, compile time, time to first step, MFU; stage 1 vs the
-#                  reference loop; the largest BATCH that fits (benchmarks/gpu_ladder.py)
-#                                                                         -> ladder.json
+#                  tok/s, peak memory, compile time, graph breaks, recompiles, the first
+#                  compiled step against the eager one, time to first step, MFU; stage 1 vs
+#                  the reference loop; the largest BATCH that fits, from the memory model's
+#                  (benchmarks/gpu_ladder.py)                             -> ladder.json
 #   3 async_save   the training thread's stall per checkpoint, async (pinned host buffers)
 #                  vs synchronous (benchmarks/bench_async_save.py)        -> async_save.json
 #   4 canary_band  the canary's bf16 band (benchmarks/bench_canary.py)   -> canary_band.json
 #     ar_probe     one AR probe of the ladder's stage-1 checkpoint        -> probe.json
 # Everything lands under $OUT (default ./gpu-results): the files above, env.txt (machine,
-# driver, torch), suite.log (every part's output) and summary.md, the table printed last.
+# driver, torch, Triton, CUDA, GPU name, compute capability), suite.log (every part's
+# output) and summary.md: a row per stage, then a row per part, printed last.
 # Exit status: 0 when every part passed, 1 when any failed or was cut, 2 for a bad argument.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,21 +44,22 @@ LOG="$OUT/suite.log"
 : >"$LOG"
 
 if [ "$DRY" = 1 ]; then
-    # About 1.5 minutes of CPU in all (20 short processes, each importing torch). The limits
-    # only catch a hung part: the dry run proves the script, not a speed, and a loaded CI
-    # machine must still run every part to its end.
-    TITLE="GPU suite (dry run: CPU, tiny preset, COMPILE=0)"
+    # About 1.5 minutes of CPU in all (20 short processes, each importing torch), plus stage
+    # 4's compile (inductor on the CPU: 1-3 minutes). The limits only catch a hung part: the
+    # dry run proves the script, not a speed, and a loaded CI machine must still run every
+    # part to its end.
+    TITLE="GPU suite (dry run: CPU, tiny preset, COMPILE=0 but stage 4)"
     EQ_LIMIT=300
-    LADDER=(--preset tiny --device cpu --seq 32 --steps 4 --no-compile --fit-max 8
-            --fit-seconds 600 --run-timeout 300); LADDER_LIMIT=1200
+    LADDER=(--preset tiny --device cpu --seq 32 --steps 4 --no-compile --compile-stage 4
+            --fit-max 8 --fit-seconds 600 --run-timeout 900); LADDER_LIMIT=1800
     ASYNC=(--preset tiny --device cpu --threads 1 --timeout 290); ASYNC_LIMIT=300
     CANARY=(--device cpu --model tiny --switches 1-2 --steps 3 --train-steps 3); CANARY_LIMIT=600
     PROBE_DEVICE=cpu; PROBE_LIMIT=300
 else
     TITLE="GPU suite (CUDA, 1B preset)"
-    EQ_LIMIT=45
+    EQ_LIMIT=75
     LADDER=(--preset 1b --device cuda --steps 8 --fit-seconds 60 --run-timeout 150)
-    LADDER_LIMIT=270
+    LADDER_LIMIT=240
     ASYNC=(--preset 1b --device cuda --threads 8 --timeout 50); ASYNC_LIMIT=60
     CANARY=(--device cuda --model small); CANARY_LIMIT=50
     PROBE_DEVICE=cuda; PROBE_LIMIT=30
@@ -79,12 +84,21 @@ run_part() {
 {
     echo "date: $(date -u +%FT%TZ)  dry_run: $DRY"
     nvidia-smi 2>&1 || echo "nvidia-smi: not available"
-    "$PY" -c "import platform, torch; print('python', platform.python_version(), 'torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')" 2>&1
+    nvidia-smi --query-gpu=driver_version,name,compute_cap --format=csv 2>&1 || true
+    "$PY" - 2>&1 <<'PYEOF'
+import importlib.util, platform, torch
+triton = importlib.util.find_spec("triton") and __import__("triton").__version__
+print("python", platform.python_version(), "torch", torch.__version__, "triton", triton,
+      "cuda", torch.version.cuda, "available", torch.cuda.is_available())
+if torch.cuda.is_available():
+    print("gpu", torch.cuda.get_device_name(0), "compute_capability",
+          "%d.%d" % torch.cuda.get_device_capability(0))
+PYEOF
 } >"$OUT/env.txt"
 
 run_part equivalence "$EQ_LIMIT" "$OUT/equivalence.txt" \
     "$PY" -m pytest -q -p no:cacheprovider -k cuda -rs tests/test_attention_kernels.py \
-    tests/test_ce.py tests/test_engine.py tests/test_async_save.py
+    tests/test_ce.py tests/test_engine.py tests/test_async_save.py tests/test_compile_determinism.py
 
 run_part ladder "$LADDER_LIMIT" "$WORK/ladder.out" "$PY" -m benchmarks.gpu_ladder "${LADDER[@]}" \
     --work "$WORK/ladder" --json "$OUT/ladder.json"

@@ -1,5 +1,7 @@
-"""The summary table of benchmarks/gpu_suite.sh: one row per part, read from its result
-files, plus the part's exit status and seconds (`--part NAME=RC:SECONDS`, from the script).
+"""The summary tables of benchmarks/gpu_suite.sh: one row per stage of the ladder (settings,
+tok/s, peak GB, compile s, graph breaks, recompiles, MFU, band), then one row per part, read
+from its result files, plus the part's exit status and seconds (`--part NAME=RC:SECONDS`,
+from the script); the parts' table comes last.
 Written to OUT/summary.md and printed (the suite's last lines on stdout). Exit status 1
 when a part did not run or did not pass.
 
@@ -104,6 +106,37 @@ def _probe(path: Path) -> str:
     return f"AR {_g(data.get('ar'))}, ARacc {_g(data.get('ar_acc'))}, cold CE {_g(data.get('cold_tf'))}"
 
 
+STAGE_HEADERS = ["stage", "settings", "tok/s", "peak GB", "compile s", "graph breaks",
+                 "recompiles", "MFU", "band"]
+
+
+def _band(number: str, row: dict, reference: dict) -> str:
+    """Stage 1: its ema_tf against the reference loop's. A compiled stage: its first
+    compiled step against the eager step (the worker's check, fractus/train/step.py
+    COMPILE_BAND): `ok` within, `diverged` or `failed` (then it ran eager)."""
+    if number == "1" and reference.get("max_rel_diff") is not None:
+        return f"vs reference {_g(reference['max_rel_diff'])}"
+    if row.get("compile_status"):
+        return f"compiled vs eager: {row['compile_status']}"
+    return "-"
+
+
+def stage_rows(out: Path) -> list[list[str]]:
+    """One row per stage of the ladder (ladder.json), [] without one."""
+    data = _json(out / "ladder.json") or {}
+    reference = data.get("reference") or {}
+    rows = []
+    for number, row in sorted(data.get("stages", {}).items()):
+        settings = row.get("settings", {})
+        label = " ".join(f"{k}={settings[k]}" for k in ("BATCH", "CE_CHUNK", "FRACTUS_ATTN_IMPL",
+                                                         "COMPILE", "ACCUM") if k in settings)
+        rows.append([number, label, _g(row.get("tok_s"), ".0f"), _g(row.get("mem_gb")),
+                     _g(row.get("compile_s"), ".0f"), _g(row.get("graph_breaks"), "d"),
+                     _g(row.get("recompiles"), "d"), _g(row.get("mfu"), ".2%"),
+                     _band(number, row, reference)])
+    return rows
+
+
 def status(code: int | None) -> str:
     if code is None:
         return "not run"
@@ -130,7 +163,10 @@ def main(argv: list[str] | None = None) -> int:
             what = f"unreadable {filename}: {exc}"
         rows.append([name, status(code), _g(seconds, ".0f"), filename, what])
     table = common.markdown_table(["part", "status", "s", "file", "found"], rows)
-    text = f"## {args.title}\n\n{table}\n"
+    stages = stage_rows(args.out)
+    per_stage = (f"### Stages\n\n{common.markdown_table(STAGE_HEADERS, stages)}\n\n"
+                 if stages else "")
+    text = f"## {args.title}\n\n{per_stage}{table}\n"
     (args.out / "summary.md").write_text(text)
     print(text, end="")
     return 0 if all(ran.get(name, (1,))[0] == 0 for name in PARTS) else 1

@@ -1,9 +1,10 @@
 """benchmarks/gpu_suite.sh --dry-run: the device check's every part, its arguments and its
 outputs, proven on the CPU before any GPU is lent (the same script runs on the GPU).
 
-One real run (tiny preset, CPU, COMPILE=0): every part reports in the summary table printed
-last, each result file holds what the part measured, and no more than the 8 files a device
-call brings back are written.
+One real run (tiny preset, CPU, COMPILE=0 but stage 4's ladder run, compiled by inductor):
+every part reports in the summary table printed last, after a row per stage; each result
+file holds what the part measured, and no more than the 8 files a device call brings back
+are written.
 """
 
 from __future__ import annotations
@@ -44,6 +45,13 @@ def test_dry_run_runs_every_part_and_writes_its_results(tmp_path):
     assert list(rows) == list(PARTS) and len(lines) == header + 2 + len(PARTS)
     assert all(rows[name][1] == "ok" for name in PARTS), rows
     assert (out / "summary.md").read_text().strip().endswith(lines[-1])
+    stage_header = lines.index("| stage | settings | tok/s | peak GB | compile s | graph breaks "
+                               "| recompiles | MFU | band |")
+    stage_rows = [[c.strip() for c in line.strip("|").split("|")]
+                  for line in lines[stage_header + 2:stage_header + 7]]
+    assert [r[0] for r in stage_rows] == ["1", "2", "3", "4", "5"]
+    assert stage_rows[3][4:7] != ["-", "-", "-"] and stage_rows[3][8] == "compiled vs eager: ok"
+    assert "triton" in (out / "env.txt").read_text()
     assert {p.name for p in out.iterdir()} == FILES          # at most 8 files come back
 
     assert "skipped" in (out / "equivalence.txt").read_text()     # CUDA cases: collected
@@ -54,9 +62,13 @@ def test_dry_run_runs_every_part_and_writes_its_results(tmp_path):
         assert stage["first_step_s"] > 0 and stage["mfu"] > 0
     assert ladder["stages"]["4"]["settings"]["BATCH"] == "8"     # each stage's own settings
     assert ladder["stages"]["5"]["settings"]["ACCUM"] == "2"
+    compiled = ladder["stages"]["4"]        # the dry run's one compiled run: it compiles once
+    assert compiled["settings"]["COMPILE"] == "1" and compiled["compile_status"] == "ok"
+    assert compiled["graph_breaks"] == 0 and compiled["recompiles"] == 0
     # Stage 1 is the reference loop bit for bit on the CPU (a band on CUDA).
     assert ladder["reference"]["equal"] and ladder["reference"]["max_rel_diff"] == 0
     assert ladder["fit"]["batch"] == 8 and ladder["fit"]["tries"][0]["fits"]
+    assert ladder["fit"]["model_batch"] == 8          # the memory model's, capped at --fit-max
     assert {r["outcome"] for r in ladder["fit"]["confirm"].values()} == {"ok"}
     saved = json.loads((out / "async_save.json").read_text())
     assert saved["device"] == "cpu" and saved["sync_stall_s"] > 0 and saved["async_stall_s"] > 0
