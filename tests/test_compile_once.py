@@ -125,12 +125,28 @@ def test_status_shows_a_gpu_whose_step_recompiled(tmp_path):
                {"type": "event", "event": "compile", "ts": 20.0, "status": "recompiled",
                 "graphs": 2, "graph_breaks": 0, "recompiles": 1, "step": 7}]
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    assert status._recompiles(tmp_path, 0, {"started_at": 5.0}) == 1
-    assert status._recompiles(tmp_path, 0, {"started_at": 30.0}) is None   # an older run's
-    assert status._recompiles(tmp_path, 0, None) is None                   # not running
+    assert status._compile_note(tmp_path, 0, {"started_at": 5.0})["recompiles"] == 1
+    none = {"recompiles": None, "compile_fallback": None}
+    assert status._compile_note(tmp_path, 0, {"started_at": 30.0}) == none  # an older run's
+    assert status._compile_note(tmp_path, 0, None) == none                   # not running
     state = next(c for c in COLUMNS if c.header == "state")
     assert state.cell({"state": "running", "recompiles": 1}) == "running (recompiled 1x)"
     assert state.cell({"state": "running", "recompiles": 0}) == "running"
+
+
+@pytest.mark.parametrize("fallback", ["diverged", "failed"])
+def test_status_shows_a_gpu_that_went_on_uncompiled(tmp_path, fallback):
+    from launcher.dashboard import status
+    from launcher.dashboard.status_table import COLUMNS
+    from launcher.paths import metrics_path
+    path = tmp_path / metrics_path(0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"type": "event", "event": "compile", "ts": 10.0,
+                                "status": fallback, "reason": "tf 0.5 vs 0.25", **ONCE}) + "\n")
+    note = status._compile_note(tmp_path, 0, {"started_at": 5.0})
+    assert note == {"recompiles": None, "compile_fallback": fallback}
+    state = next(c for c in COLUMNS if c.header == "state")
+    assert state.cell({"state": "running", **note}) == f"running (uncompiled: compile {fallback})"
 
 
 def test_the_gpu_suite_reports_the_first_compile_and_the_latest_counts():

@@ -163,7 +163,7 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8,
             "last_error": last.get("last_error"),
             "verdict_from_last_run": state is None and bool(last) and verdict is not None,
             "peers": live.get("peers") or {},     # off its peers now (a running pod only)
-            "recompiles": _recompiles(pod_dir, gpu, state),
+            **_compile_note(pod_dir, gpu, state),
         })
     pod_state = (state or {}).get("pod_state") if holder is not None else None
     reason = last_state.get("reason")
@@ -194,15 +194,20 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8,
     }
 
 
-def _recompiles(pod_dir: Path, gpu: int, state: dict | None) -> int | None:
-    """How often this launch's worker compiled its step again after its first compiled
-    step (its newest `compile` event in the METRICS tail); None without one."""
+def _compile_note(pod_dir: Path, gpu: int, state: dict | None) -> dict:
+    """What this launch's worker said of its compiled step (its newest `compile` event in
+    the METRICS tail): `recompiles`, how often it compiled again after its first compiled
+    step, and `compile_fallback`, `diverged` or `failed` when it went on uncompiled; both
+    None without such an event (not running, no compile, or an older run's)."""
+    note = {"recompiles": None, "compile_fallback": None}
     if not state:
-        return None
+        return note
     record = last_record(pod_dir / metrics_path(gpu), lambda r: r.get("event") == "compile")
     if record is None or record.get("ts", 0) < state.get("started_at", 0):
-        return None
-    return record.get("recompiles")
+        return note
+    fallback = record.get("status") in ("diverged", "failed")
+    return {"recompiles": None if fallback else record.get("recompiles"),
+            "compile_fallback": record.get("status") if fallback else None}
 
 
 def _recorded_end(events: list[dict], last_state: dict) -> dict | None:

@@ -51,14 +51,20 @@ class Column:
     right: bool = False            # numbers are right-aligned
 
 
+def _compile_mark(row: dict) -> str:
+    """The state's note on a compiled step: it went on uncompiled, or compiled again."""
+    if row.get("compile_fallback"):
+        return f" (uncompiled: compile {row['compile_fallback']})"
+    return f" (recompiled {row['recompiles']}x)" if row.get("recompiles") else ""
+
+
 # Display order; the priorities say what a narrow terminal keeps: which GPU, whether it
 # runs and is healthy, how far it is, its loss and speed before the finer detail.
 COLUMNS = (
     Column("GPU", lambda r: str(r["gpu"]), 0, right=True),
     Column("pid", _pid, 13, right=True),
     Column("NODE", lambda r: fmt(r.get("node"))[:12], 11),
-    Column("state", lambda r: r["state"] + (f" (recompiled {r['recompiles']}x)"
-                                            if r.get("recompiles") else ""), 1),
+    Column("state", lambda r: r["state"] + _compile_mark(r), 1),
     Column("stage", lambda r: fmt(r["stage"]), 5, right=True),
     Column("phase", lambda r: f"{fmt(r.get('phase'))}/{fmt(r.get('phases'))}", 16, right=True),
     Column("next_token", lambda r: fmt(r["next_token"], ","), 3, right=True),
