@@ -349,8 +349,11 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, carry: Optional[Carry] = N
     else:
         S0, z0 = carry[0].to(compute_dtype), carry[1].to(compute_dtype)
     # Devices without autocast (meta: the 1B shapes traced without memory) have none to stop.
+    # A compiled step runs on a real device, and dynamo before torch 2.13 cannot trace the
+    # availability check (a graph break): it is asked only outside a compile.
     no_autocast = (torch.autocast(device_type=q.device.type, enabled=False)
-                   if torch.amp.is_autocast_available(q.device.type) else contextlib.nullcontext())
+                   if torch.compiler.is_compiling()
+                   or torch.amp.is_autocast_available(q.device.type) else contextlib.nullcontext())
     with no_autocast:
         y, S, z = kernel(q.to(compute_dtype), k.to(compute_dtype), v.to(compute_dtype), S0, z0)
     _check_outputs(impl, y, S, z, q)
