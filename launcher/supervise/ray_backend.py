@@ -50,7 +50,8 @@ from launcher.supervise.backend import WorkerBackend, WorkerExit, WorkerHandle
 from launcher.supervise.ray_adopt import NodeAdoption
 from launcher.supervise.ray_fence import NAMESPACE, Heartbeat, actor_prefix, end_orphans
 from launcher.supervise.ray_node import BytesNowhere, NodeWorker
-from launcher.supervise.ray_recovery import gpu_commit_every_s, is_recovery
+from launcher.supervise.ray_recovery import is_recovery
+from launcher.supervise.ray_recovery_staging import gpu_commit_every_s
 from launcher.config.ray_settings import RaySettings
 from launcher.worker.process import WorkerSpec, build_env, pod_env_names
 from launcher.files import read_json_state, write_json_state

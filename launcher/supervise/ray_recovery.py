@@ -65,27 +65,18 @@ from launcher.pod.ckpt_trust import read_identity
 from launcher.pod.ckpt_index import link_or_copy
 from launcher.pod.manifest import relative_to_pod
 from launcher.hub import HubError, open_store
-from launcher.hub.commit_budget import HUB_COMMITS_PER_HOUR, recovery_commits_per_hour
 from launcher.hub.integrity import IntegrityError
 from launcher.hub.lease import RunTakenOver, push_as_writer
 from launcher.paths import NODE_LEASE_DIR
+from launcher.supervise.ray_recovery_staging import (DUE_CHECK_S, commit_due, gpu_commit_every_s,
+                                                     newest_per_gpu, posted, remove_entry)
+
 RECORD_FORMAT = "fractus-recovery/1"
 TAIL_S = 0.2       # how often the pusher reads the metrics file: part of the recovery point
 FINAL_PUSH_S = 600.0                      # after its worker ended: the final push's time
 RETRY_S = (2.0, 30.0)                     # a failed push is tried again: first, longest wait
 CHECK_FLAG = "--check"                    # `python -m ...ray_recovery --check SPEC`: check_save
 CHECK_TIMEOUT_S = 600.0                   # a 1B save loaded weights-only from a slow disk
-HOUR_S = 3600.0
-# The hub's commits: a Hub repository takes `sync.commits_per_hour` (by default 128) an
-# hour; the recovery copies of the whole pod take their share of them
-# (launcher/hub/commit_budget.py: a quarter, 32), split over the pod's GPUs
-# (`gpu_commit_every_s`), and a node commits for its GPUs together (`commit_every_s`: a pod
-# of 8 GPUs on one node every 112.5 s; on 8 nodes, each every 900 s). A file:// store has
-# no such budget.
-GATHER_S = 10.0          # a due commit waits this long for the node's other GPUs' saves
-# On a budget, a pusher with nothing new looks whether the node's commit is due this often
-# (a look reads every posted record: 9 ms on a loaded machine, at 5 Hz 4.6 % of a core each)
-DUE_CHECK_S = 2.0
 
 
 def recovery_path(checkpoint: str) -> str:
@@ -234,7 +225,7 @@ class RecoveryPusher:
                     if time.monotonic() - ended_at > FINAL_PUSH_S:
                         self._note("gave up pushing the final save's recovery copy")
                         for entry in self._own_posted():
-                            _remove_entry(entry)
+                            remove_entry(entry)
                         return
                 time.sleep(TAIL_S)
         finally:
@@ -308,13 +299,13 @@ class RecoveryPusher:
         write_json_state(self.staging / f"{name}.json",       # last: the entry is complete
                          {"record": doc, "hub_path": recovery_path(event["path"]),
                           "final": self.ended, "posted_at": time.time()})
-        for entry in _posted(self.staging):          # this GPU's older saves: superseded
+        for entry in posted(self.staging):          # this GPU's older saves: superseded
             if entry["gpu"] == self.gpu and entry["name"] != name:
-                _remove_entry(entry)
+                remove_entry(entry)
         self._drop_waiting()
 
     def _own_posted(self) -> list[dict]:
-        return [e for e in _posted(self.staging)
+        return [e for e in posted(self.staging)
                 if e["gpu"] == self.gpu and e["record"]["attempt"] == self.spec["attempt"]]
 
     def _mark_final(self) -> None:
@@ -342,7 +333,7 @@ class RecoveryPusher:
                 self._commit()
 
     def _due(self) -> bool:
-        return _due(self.staging, self._gpu_every_s())
+        return commit_due(self.staging, self._gpu_every_s())
 
     def _gpu_every_s(self) -> float:
         every = self.spec.get("gpu_commit_every_s")
@@ -353,7 +344,7 @@ class RecoveryPusher:
         # links a committer killed mid-way left
         for stale in self.staging.glob(f"{RECOVERY_SENDING_PREFIX}*"):
             shutil.rmtree(stale, ignore_errors=True)
-        entries = _newest_per_gpu(_posted(self.staging))
+        entries = newest_per_gpu(posted(self.staging))
         sending = self.staging / f"{RECOVERY_SENDING_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
         state = read_json_state(self.staging / RECOVERY_COMMIT_STATE)
         files, expected = {}, {}
@@ -373,14 +364,14 @@ class RecoveryPusher:
                 self.workdir / NODE_LEASE_DIR, self.spec["writer"])
         except RunTakenOver as exc:
             self._note(f"recovery pushes stopped: {exc}")
-            for entry in _posted(self.staging):
-                _remove_entry(entry)
+            for entry in posted(self.staging):
+                remove_entry(entry)
             self.stopped = True
             return
         except IntegrityError as exc:     # a link holds other bytes than its event says
             self._note(f"recovery copies not pushed: {exc}")
             for entry in entries:
-                _remove_entry(entry)
+                remove_entry(entry)
             return
         except (HubError, OSError) as exc:
             failures = int(state.get("failures", 0)) + 1
@@ -393,99 +384,15 @@ class RecoveryPusher:
         finally:
             shutil.rmtree(sending, ignore_errors=True)
         write_json_state(self.staging / RECOVERY_COMMIT_STATE, {"at": time.time(), "failures": 0})
-        for entry in _posted(self.staging):      # what went up, and what it superseded
+        for entry in posted(self.staging):      # what went up, and what it superseded
             if any(entry["gpu"] == e["gpu"] and entry["posted_at"] <= e["posted_at"]
                    for e in entries):
-                _remove_entry(entry)
+                remove_entry(entry)
         self._note(f"recovery copies pushed: {said} as {revision[:12]} in "
                    f"{time.monotonic() - started:.2f}s")
 
     def _note(self, text: str) -> None:
         print(f"[fractus-pod {time.strftime('%Y-%m-%d %H:%M:%S')}] {text}", flush=True)
-
-
-def gpu_commit_every_s(hub_url: str | None, pod_gpus: int,
-                       budget: int = HUB_COMMITS_PER_HOUR) -> float:
-    """The recovery commits each of the pod's `pod_gpus` GPUs is entitled to on `hub_url`,
-    as seconds between two: on the Hub (hf://), the pod's recovery share of the repo's
-    commit `budget` an hour (commit_budget.recovery_commits_per_hour) split over its GPUs;
-    a file:// store (a directory) has no commit budget: 0, as soon as the last is done."""
-    if not hub_url or not hub_url.startswith("hf://"):
-        return 0.0
-    return HOUR_S / recovery_commits_per_hour(budget) * max(1, pod_gpus)
-
-
-def commit_every_s(gpu_every_s: float, node_gpus: int) -> float:
-    """How often a node commits for its `node_gpus` GPUs together: summed over the pod's
-    nodes, the recovery commits stay within the pod's share of the budget."""
-    return gpu_every_s / max(1, node_gpus)
-
-
-def _posted(staging: Path) -> list[dict]:
-    """The complete posted entries in `staging` (record written, weights beside it)."""
-    found = []
-    for path in staging.glob(f"{RECOVERY_POSTED_PREFIX}*.json"):
-        doc = read_json_state(path)
-        pt = path.with_suffix(".pt")
-        if not pt.exists():          # removed (weights go last): a stale record
-            path.unlink(missing_ok=True)
-            continue
-        if not isinstance(doc.get("record"), dict):
-            continue
-        found.append({**doc, "doc": doc, "gpu": doc["record"].get("gpu"), "name": path.stem,
-                      "json": path, "pt": pt, "posted_at": float(doc.get("posted_at") or 0)})
-    return found
-
-
-def _newest_per_gpu(entries: list[dict]) -> list[dict]:
-    newest: dict[int, dict] = {}
-    for entry in entries:
-        if entry["gpu"] not in newest or entry["posted_at"] > newest[entry["gpu"]]["posted_at"]:
-            newest[entry["gpu"]] = entry
-    return sorted(newest.values(), key=lambda e: e["gpu"])
-
-
-def _remove_entry(entry: dict) -> None:
-    entry["json"].unlink(missing_ok=True)           # first: the entry is no longer complete
-    entry["pt"].unlink(missing_ok=True)
-
-
-def _node_gpus(staging: Path) -> int:
-    """The GPUs of the pod whose pushers run on this node now."""
-    gpus = set()
-    for path in staging.glob(f"{RECOVERY_PUSHER_PREFIX}*.json"):
-        doc = read_json_state(path)
-        try:
-            alive = psutil.Process(int(doc["pid"])).create_time() == doc["create_time"]
-        except (KeyError, TypeError, ValueError, psutil.NoSuchProcess):
-            alive = False
-        if alive:
-            gpus.add(doc.get("gpu"))
-    return len(gpus)
-
-
-def _due(staging: Path, gpu_every_s: float) -> bool:
-    """Whether the node's next commit is due: a posted save of an ended worker (a final
-    save) at once; otherwise the node's cadence since its last commit (`commit_every_s`),
-    and then, on a budget, once every GPU of the node posted one, or GATHER_S after the
-    oldest posted."""
-    entries = _posted(staging)
-    if not entries:
-        return False
-    state = read_json_state(staging / RECOVERY_COMMIT_STATE)
-    now = time.time()
-    if now < float(state.get("retry_at") or 0):
-        return False
-    if any(e.get("final") for e in entries):
-        return True
-    node_gpus = _node_gpus(staging)
-    every = commit_every_s(gpu_every_s, node_gpus)
-    if every == 0:
-        return True
-    if now < float(state.get("at") or 0) + every:
-        return False
-    return len({e["gpu"] for e in entries}) >= node_gpus \
-        or now >= min(e["posted_at"] for e in entries) + GATHER_S
 
 
 def _check_main(spec: dict) -> int:
