@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 from launcher.files import read_json_state, write_json_state
+from launcher.hub.commit_budget import HOUR_S
 from launcher.paths import HUB_RATE_STATE
 from launcher.pod.events import EventLog
 
-HOUR_S = 3600.0
 _lock = threading.Lock()
 
 
