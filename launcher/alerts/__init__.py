@@ -1,5 +1,5 @@
-"""Alerts (issue 19): what the pod decided, told where the user is (ntfy, Slack, Discord or a
-generic JSON webhook), while they are away.
+"""Alerts: what the pod decided, told where the user is (ntfy, Slack, Discord or a generic
+JSON webhook), while they are away; an alert never blocks or crashes supervision.
 
 rules.py maps the events the launcher writes (logs/events.jsonl) to alerts with a severity;
 router.py is fed each event as a mirror of the EventLog, keeps one message per incident and

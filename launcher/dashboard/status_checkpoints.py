@@ -72,7 +72,7 @@ def hub_tokens(pod_dir: Path) -> dict:
 def hub_note(entry: ManifestEntry, hub_tokens: dict | None, gpu: int) -> str | None:
     """With a hub, when the checkpoint the manifest names is not on it (only passed ones are
     pushed, so the newest mostly is not): the hub cannot restore damage to it, and what it
-    holds instead (issue 16, item 27)."""
+    holds instead."""
     if hub_tokens is None or not entry.checkpoint or entry.hub_revision:
         return None
     held = hub_tokens.get(str(gpu))

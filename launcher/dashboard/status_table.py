@@ -1,10 +1,9 @@
-"""The per-GPU table of `fractus-pod status`, fitted to the terminal (issue 16, item 10).
+"""The per-GPU table of `fractus-pod status`, one line per GPU fitted to the terminal: a
+wider terminal never shows fewer columns.
 
-Like `kubectl get` and `ray status`, one line per GPU: columns are kept in a priority order
-until the first that does not fit the width, that one and the rest are dropped (so a wider
-terminal never shows fewer columns) (`--wide` keeps every column, unshortened,
-however wide that is), and the reason, the only free text, takes what width is left and
-ends in an ellipsis when cut. The columns still keep their display order.
+Columns are kept in a priority order until the first that does not fit, which is dropped
+with the rest (`--wide` keeps every column, unshortened); the reason, the only free text,
+takes the width left and ends in an ellipsis when cut. Columns keep their display order.
 """
 
 from __future__ import annotations

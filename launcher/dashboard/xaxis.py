@@ -1,9 +1,7 @@
-"""The x axis of the plot and the dashboard (issue 16, item 12).
+"""The x axis of the plot and the dashboard: idle time takes (almost) no width.
 
-On the wall clock an idle pod still takes width: a 33-minute pause between two runs took
-90 % of it and left the runs as slivers. So x is, by default, the tokens the pod trained
-(every GPU's, summed; a rollback does not count back): the idle time takes no width, and
-each run's start is marked. `time` keeps the clock but cuts every idle gap (no metrics
+By default x is the tokens the pod trained (every GPU's, summed; a rollback does not count
+back), each run's start marked. `time` keeps the clock but cuts every idle gap (no metrics
 line from any GPU for IDLE_S) down to IDLE_DRAWN_S, marked with its real length.
 
 Both are one increasing map of time to x, given by knots and interpolated, so the curves,
