@@ -1,11 +1,10 @@
-"""A rollback the launcher decided, recorded before it is carried out (issue 16, item 25).
+"""A rollback the launcher decided is recorded before it is carried out, so a launcher
+killed meanwhile never loses the failed check.
 
-Carrying out a rollback takes a while (the other workers stop gracefully, each saving), and
-a launcher killed meanwhile used to forget the failed check: the relaunch resumed the GPU
-from the unjudged checkpoint at the old stage. So the decision (which GPUs, from which stage
-to which, why) is written atomically to logs/rollback_decided.json before anything is
-stopped, and removed once the manifest records the rollback. A launch that finds the file
-completes the rollback first, as the launcher would have: each failed GPU's unjudged
+The decision (which GPUs, from which stage to which, why) is written atomically to
+logs/rollback_decided.json before anything is stopped (launcher/supervise/rollback.py), and
+removed once the manifest records the rollback. A launch that finds the file completes the
+rollback first, as the launcher would have: each failed GPU's unjudged
 checkpoints are marked failed, its entry goes to its newest passed checkpoint at the target
 stage (or, with nothing it wrote ever passed, back to token 0: failed_resume.py), and the
 launch resumes at the target stage.

@@ -1,18 +1,13 @@
-"""A GPU never resumes from a checkpoint marked failed (issue 9, item 6).
+"""A GPU never resumes from a checkpoint marked failed (logs/checkpoints.jsonl).
 
-A GPU that fails its stage at stage 1 (no stage below to roll back to), or for good after a
-rollback, stops the pod with its manifest entry still naming its newest checkpoint, which
-the failure has just marked failed (logs/checkpoints.jsonl). Left alone, the next launch
-would resume from it. So, when the pod fails and again before every launch, an entry that
-names a failed checkpoint is moved to the GPU's newest passed one (the exact bytes, verified
-by sha256), keeping its stage, and a `manifest_restored` event says from where to where.
-A GPU with no passed checkpoint ever (it started fresh and nothing it wrote passed) goes
-back to token 0 with no checkpoint: where it began. Its own checkpoint file (and the worker's
-rotated copies of it) hold only that failed work, and both the launch (v1's default: an
-entry naming no checkpoint resumes from the GPU's own file) and the worker (CKPT_IN unset:
-CKPT_OUT first) would resume from them, so they are renamed aside (`NAME.failed`), never
-deleted: the start-over is what the next launch does, with nothing to edit. One that had passed checkpoints none
-of which is left intact on disk cannot resume: the launch is refused (UserError, one line).
+A GPU that fails its stage for good stops the pod with its manifest entry naming a failed
+checkpoint. When the pod fails, and again before every launch, such an entry moves to the
+GPU's newest passed checkpoint (the exact bytes, verified by sha256), keeping its stage; a
+`manifest_restored` event says from where to where. A GPU with no passed checkpoint ever
+goes back to token 0 with no checkpoint, and its own checkpoint file (with the worker's
+rotated copies), which both the launch and the worker would resume from, is renamed aside
+(`NAME.failed`), never deleted. One whose passed checkpoints are all gone from disk cannot
+resume: the launch is refused (UserError, one line).
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """The resume manifest (checkpoints/RESUME_MANIFEST_8GPU.json): read, validate, update, write.
 
+Always: written atomically, only from the workers' checkpoint events (and recorded
+rollbacks, restores); a GPU's start_token never moves backwards except through a recorded
+rollback.
+
 Two layouts are read:
     current  {"gpu_0": {"start_token": ..., ...}, "gpu_1": {...}, ...}
     older    {"gpus": {"0": {"start_token", "tokens_processed", "last_loss", ...}}}
@@ -9,9 +13,6 @@ one-liner `json.load(open(p))['gpu_3']['start_token']`, or `m['gpus']['3']['star
 A foreign field that means the same as start_token (`tokens_processed`) is kept equal to it.
 Each entry is a ManifestEntry (launcher/pod/manifest_entry.py), typed when read; the pod's
 recorded stage is derived here only (Manifest.recorded_stage, current_stage).
-
-Rules (issue 4): updated atomically, only from the workers' checkpoint events; a GPU's
-start_token never moves backwards except through a recorded rollback.
 """
 
 from __future__ import annotations
