@@ -41,10 +41,10 @@ FORMATS = ("generic", "ntfy", "slack", "discord")
 def _router(pod: Path, server: WebhookServer, fmt: str, per_minute: int = 6):
     from launcher.alerts.router import AlertRouter
     from launcher.alerts.webhooks import configured_webhooks
-    from launcher.config.podconfig import load_config
+    from launcher.config.podconfig import load_pod_config
     configure_alerts(pod, fmt, alerts={"per_minute": per_minute}, disk_low_gib=0)
     os.environ[HOOK_ENV] = server.url("/hook")
-    return AlertRouter(pod, *configured_webhooks(load_config(pod)))
+    return AlertRouter(pod, *configured_webhooks(load_pod_config(pod)))
 
 
 def delivery(root: Path, template: Path, count: int) -> dict:

@@ -70,10 +70,10 @@ def build_state(preset: str, batch: int, n_layers: int | None = None, device: st
     import dataclasses
 
     import torch
-    from fractus.config import load_config
+    from fractus.config import load_model_config
     from fractus.continuous_engine import ContinuousThoughtEngine
     torch.manual_seed(0)
-    config = load_config(preset)
+    config = load_model_config(preset)
     if n_layers:   # the preset's shape with fewer blocks: its scale where memory is short
         config = dataclasses.replace(config, n_layers=n_layers)
     model = ContinuousThoughtEngine.from_config(config)

@@ -36,7 +36,7 @@ from benchmarks import common  # noqa: E402
 from launcher.checks.canary import run_canary  # noqa: E402
 from launcher.pod.manifest import apply_checkpoint, read_manifest, write_manifest  # noqa: E402
 from launcher.config.devices import Slot  # noqa: E402
-from launcher.config.podconfig import load_config  # noqa: E402
+from launcher.config.podconfig import load_pod_config  # noqa: E402
 from launcher.pod.setup_init import init_pod, write_config
 from launcher.config.stages import load_stages  # noqa: E402
 from launcher.paths import metrics_path  # noqa: E402
@@ -47,15 +47,15 @@ from launcher.worker.process import (WorkerSpec, build_env, read_records,  # noq
 
 def make_pod(root: Path, model: str, seq: int, device: str, train_steps: int) -> Path:
     """A pod with one GPU slot and a full checkpoint trained `train_steps` at stage 1."""
-    from fractus.config import load_config as model_config
+    from fractus.config import load_model_config
     from fractus.data import synth
     pod = root / "pod"
     init_pod(pod, "tiny-cpu")
-    config = load_config(pod)
+    config = load_pod_config(pod)
     config.model, config.env = model, {**config.env, "SEQ": str(seq)}   # the preset's fresh start kept
     config.devices = "cpu:1" if device == "cpu" else "cuda:0"
     write_config(pod, config, "bench")
-    vocab = model_config(model).vocab_size
+    vocab = load_model_config(model).vocab_size
     synth(pod / "data", shards=1, tokens=200_000, vocab=vocab, seed=0)
     stages = load_stages(pod / config.stages)
     env = build_env(config, WorkerSpec(Slot(0, device), stages[1].settings,

@@ -49,7 +49,7 @@ def run(hub_url: str, work: Path, pushes: int, keep: int | None, gpus: int,
     from launcher.hub import open_store
     from launcher.hub.retention_ledger import CHECKPOINT_SUFFIXES
     from launcher.hub.sync_push import push_now
-    from launcher.config.podconfig import load_config
+    from launcher.config.podconfig import load_pod_config
     from launcher.pod.events import read_events
     from tests.support.passed_checkpoints import new_checkpoints
 
@@ -63,7 +63,7 @@ def run(hub_url: str, work: Path, pushes: int, keep: int | None, gpus: int,
     for n in range(pushes):
         new_checkpoints(pod, 1000 * (n + 1), size, range(gpus))
         started = time.perf_counter()
-        push_now(pod, load_config(pod), f"bench push {n}")
+        push_now(pod, load_pod_config(pod), f"bench push {n}")
         push_s.append(time.perf_counter() - started)
     steps = [e for e in read_events(pod) if e.get("event") == "hub_retention"]
     retention_s = [e["retention_seconds"] for e in steps]

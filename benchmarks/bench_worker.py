@@ -133,13 +133,13 @@ def worker_overhead(preset: str, batch: int, seq: int, steps: int, warmup: int,
 def checkpoint_save(preset: str, repeats: int) -> dict:
     """Save a worker checkpoint (weights, momentum, train state) `repeats` times."""
     import torch
-    from fractus.config import load_config
+    from fractus.config import load_model_config
     from fractus.continuous_engine import ContinuousThoughtEngine
     from fractus.train.checkpoint import all_finite, save_checkpoint, training_payload
     from fractus.train.env import WorkerSettings
     torch.manual_seed(0)
     t0 = time.perf_counter()
-    model = ContinuousThoughtEngine.from_config(load_config(preset))
+    model = ContinuousThoughtEngine.from_config(load_model_config(preset))
     model.reset_thought(4)
     opt = torch.optim.SGD(model.parameters(), lr=7e-4, momentum=0.9)
     for p in model.parameters():  # momentum buffers as after the first step, without a backward

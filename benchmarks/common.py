@@ -146,12 +146,12 @@ def training_setup(preset: str, batch: int, threads: int):
     carried state for `batch` rows, SGD with momentum. `threads` > 0 pins torch's threads."""
     import torch
 
-    from fractus.config import load_config
+    from fractus.config import load_model_config
     from fractus.continuous_engine import ContinuousThoughtEngine
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(0)
-    cfg = load_config(preset)
+    cfg = load_model_config(preset)
     model = ContinuousThoughtEngine.from_config(cfg)
     model.set_gate_temperature(2.5)
     model.reset_thought(batch)

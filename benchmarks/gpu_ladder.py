@@ -54,9 +54,9 @@ FIT_STAGES = (4, 5)
 def flops_per_token(preset: str) -> dict:
     """6 x the parameters a token uses: all but the experts' share it is not routed to."""
     import torch
-    from fractus.config import load_config
+    from fractus.config import load_model_config
     from fractus.continuous_engine import ContinuousThoughtEngine
-    cfg = load_config(preset)
+    cfg = load_model_config(preset)
     with torch.device("meta"):
         model = ContinuousThoughtEngine.from_config(cfg)
     total = expert = 0
@@ -124,7 +124,7 @@ def reference_ema(env: dict, steps: int) -> dict:
     """The v1 loop from the worker's own fresh start: same seed, model, optimizer, tokens."""
     import numpy as np
     import torch
-    from fractus.config import load_config
+    from fractus.config import load_model_config
     from fractus.continuous_engine import ContinuousThoughtEngine
     from fractus.train.env import WorkerSettings
     from tests.support.v1_step import V1Settings, reference_loop
@@ -137,7 +137,7 @@ def reference_ema(env: dict, steps: int) -> dict:
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    model = ContinuousThoughtEngine(**load_config(s.model).to_dict())
+    model = ContinuousThoughtEngine(**load_model_config(s.model).to_dict())
     model.reset_thought(s.batch)
     model = model.to(device)
     model.set_gate_temperature(s.gate_temp)
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stages", type=Path, default=REPO / "launcher" / "config" / "defaults" / "stages.yaml")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    from fractus.config import load_config
+    from fractus.config import load_model_config
     from launcher.config.stages import load_stages
     from tests.support.worker_utils import write_synth_shard
     stages = load_stages(args.stages)
@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     batch_max = max(int(s.settings.get("BATCH", 4)) * int(s.settings.get("ACCUM", 1))
                     for s in stages.values())
     tokens = (args.steps + 2) * max(batch_max, args.fit_max) * args.seq + 1
-    write_synth_shard(work / "shard.npy", tokens=tokens, vocab=load_config(args.preset).vocab_size)
+    write_synth_shard(work / "shard.npy", tokens=tokens, vocab=load_model_config(args.preset).vocab_size)
     run_ladder(args, work, results, stages)
     compare_reference(args, work, results, stages)
     fit_search(args, work, results, stages, time.monotonic() + args.fit_seconds)

@@ -69,7 +69,7 @@ PRESETS: dict[str, EngineConfig] = {
 }
 
 
-def load_config(spec: str) -> EngineConfig:
+def load_model_config(spec: str) -> EngineConfig:
     """A preset name, or a .json/.yaml file of constructor keywords."""
     if spec in PRESETS:
         return PRESETS[spec]

@@ -12,7 +12,7 @@ import pytest
 
 from launcher.alerts.router import AlertRouter
 from launcher.alerts.webhooks import configured_webhooks
-from launcher.config.podconfig import load_config
+from launcher.config.podconfig import load_pod_config
 from launcher.supervise.state import GpuState
 from tests.support.alerting import (
     HOOK_ENV,
@@ -49,7 +49,7 @@ def hooked(make, tmp_path, pod_template, monkeypatch, server):
         configure_alerts(pod, fmt, disk_low_gib=config.pop("disk_low_gib", 0), **config)
         server.mode = mode
         monkeypatch.setenv(HOOK_ENV, server.url(SECRET_PATH))
-        settings, hooks = configured_webhooks(load_config(pod))
+        settings, hooks = configured_webhooks(load_pod_config(pod))
         router = AlertRouter(pod, settings, hooks, **{"batch_s": 0.05, **(sender or {})})
         sup, backend, clock = make(stage=stage, nodes=nodes, mirror=router)
         routers.append(router)

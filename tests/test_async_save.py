@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from fractus.config import load_config
+from fractus.config import load_model_config
 from fractus.continuous_engine import ContinuousThoughtEngine
 from fractus.train.async_save import AsyncCheckpointer
 from fractus.train.checkpoint import (NonFiniteCheckpointError, load_checkpoint,
@@ -23,7 +23,7 @@ CPU = torch.device("cpu")
 @pytest.fixture
 def state():
     torch.manual_seed(0)
-    model = ContinuousThoughtEngine.from_config(load_config("tiny"))   # tied output head
+    model = ContinuousThoughtEngine.from_config(load_model_config("tiny"))   # tied output head
     model.reset_thought(2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     for p in model.parameters():
@@ -166,7 +166,7 @@ def test_cuda_snapshot_is_the_state_at_submit_while_the_gpu_trains_on(tmp_path):
     submit (no synchronisation) must not leak into the file."""
     device = torch.device("cuda", 0)
     torch.manual_seed(0)
-    model = ContinuousThoughtEngine.from_config(load_config("tiny")).to(device)
+    model = ContinuousThoughtEngine.from_config(load_model_config("tiny")).to(device)
     model.reset_thought(2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     for p in model.parameters():

@@ -23,13 +23,13 @@ from tests.support.refusals import (CONFIG, edit_config, pod, pod_template,  # n
 
 def tiny_checkpoint(path: Path, model: str = "tiny", claim: str | None = None) -> None:
     """A weights-only checkpoint of `model`, whose config says `claim` (default: model)."""
-    from fractus.config import load_config
+    from fractus.config import load_model_config
     from fractus.continuous_engine import ContinuousThoughtEngine
     torch.manual_seed(0)
-    engine = ContinuousThoughtEngine.from_config(load_config(model))
+    engine = ContinuousThoughtEngine.from_config(load_model_config(model))
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"model_state": engine.state_dict(),
-                "config": load_config(claim or model).to_dict()}, path)
+                "config": load_model_config(claim or model).to_dict()}, path)
 
 
 def name_checkpoint(pod: Path, rel: str) -> None:

@@ -26,7 +26,7 @@ from fractus.continuous_engine import ContinuousThoughtEngine
 from fractus.nn import attention
 from fractus.train.env import WorkerSettings
 from fractus.train.step import TrainStep
-from launcher.checks.trusted_loss import shipped_trusted_loss
+from launcher.checks.trusted_loss import shipped_criteria_file
 
 BF16_BAND = 1e-3        # relative, per step, for tf, lb and grad_norm (3x the measured)
 FLOOR_LIMIT = 1e-5      # the well-conditioned floor must sit far below the band
@@ -119,5 +119,5 @@ def test_bf16_stays_within_its_band_of_float32(ce_chunk):
 
 
 def test_the_canary_tolerance_on_cuda_is_twice_the_measured_bf16_band():
-    tolerance = shipped_trusted_loss().canary.exact["cuda"]
+    tolerance = shipped_criteria_file().canary.exact["cuda"]
     assert tolerance.rtol == pytest.approx(2 * BF16_BAND) and tolerance.atol == 0

@@ -17,10 +17,10 @@ import yaml
 from launcher.checks.canary import run_canary
 from launcher.paths import CANARY_SCRATCH_DIR
 from launcher.checks.canary_compare import Tolerance, compare_approximate, compare_exact
-from launcher.checks.trusted_loss import load_trusted_loss, shipped_trusted_loss
+from launcher.checks.trusted_loss import load_criteria_file, shipped_criteria_file
 from launcher.errors import UserError
 from launcher.pod.manifest import read_manifest
-from launcher.config.podconfig import DEFAULT_MANIFESTS, load_config
+from launcher.config.podconfig import DEFAULT_MANIFESTS, load_pod_config
 from launcher.worker.process import read_records
 
 from tests.support.pods import copy_pod, launch_plan
@@ -61,7 +61,7 @@ def test_canary_passes_stage_1_to_2_sequentially(pod, monkeypatch, capsys):
     monkeypatch.setattr(launcher.pod.progress, "PLAIN_FIRST_S", 0.0)   # every progress line
     monkeypatch.setattr(launcher.pod.progress, "PLAIN_EVERY_S", 0.0)
     before = snapshot(pod)
-    entry = read_manifest(pod / load_config(pod).manifest).entries[0]
+    entry = read_manifest(pod / load_pod_config(pod).manifest).entries[0]
     result = run_canary(*launch_plan(pod), gpu=0, from_stage=1, to_stage=2, steps=STEPS,
                         device="cpu")
     assert result.passed and result.exact and result.status == "Successful", result.reason
@@ -225,7 +225,7 @@ def test_compare_exact_refuses_what_cannot_match(new, message):
 
 
 def test_compare_approximate():
-    ref, crit = records([5.0, 4.9, 4.8], ema=5.0), shipped_trusted_loss().criteria
+    ref, crit = records([5.0, 4.9, 4.8], ema=5.0), shipped_criteria_file().criteria
     ok, reason, _ = compare_approximate(ref, records([5.1, 4.95, 4.9], ema=5.0), crit, 3, 0.15, 5.0)
     assert ok, reason
     ok, reason, _ = compare_approximate(ref, records([5.0, None, 4.9], ema=5.0), crit, 3, 0.15)
@@ -238,21 +238,21 @@ def test_compare_approximate():
 
 def test_canary_settings_from_the_criteria_file(tmp_path):
     repo_file = DEFAULT_MANIFESTS / "trusted_loss.yaml"
-    settings = load_trusted_loss(repo_file).canary          # with or without a canary: section
+    settings = load_criteria_file(repo_file).canary          # with or without a canary: section
     assert settings.steps >= 2 and settings.exact["cpu"].rtol > 0
     data = yaml.safe_load(repo_file.read_text())
     data["canary"] = {"steps": 7, "exact": {"cuda": {"rtol": 0.03, "atol": 0.01}},
                       "approximate": {"maxEmaTfRise": 0.2}}
     path = tmp_path / "criteria.yaml"
     path.write_text(yaml.safe_dump(data))
-    trusted = load_trusted_loss(path)
+    trusted = load_criteria_file(path)
     settings, criteria = trusted.canary, trusted.criteria
     assert settings.steps == 7 and settings.max_ema_tf_rise == 0.2
     assert settings.exact["cuda"] == Tolerance(0.03, 0.01)
-    assert settings.exact["cpu"] == shipped_trusted_loss().canary.exact["cpu"]
+    assert settings.exact["cpu"] == shipped_criteria_file().canary.exact["cpu"]
     assert criteria.trend.tolerance == data["checks"]["trend"]["tolerance"]
     for bad in ({"stepz": 3}, {"steps": 1}, {"exact": {"tpu": {"rtol": 1}}},
                 {"exact": {"cpu": {"rtol": -1}}}, {"approximate": {"maxRise": 1}}):
         path.write_text(yaml.safe_dump({**data, "canary": bad}))
         with pytest.raises(UserError, match="canary"):
-            load_trusted_loss(path)
+            load_criteria_file(path)

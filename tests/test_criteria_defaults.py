@@ -16,7 +16,7 @@ from launcher.checks.canary_settings import CanarySettings
 from launcher.checks.criteria import CHECKS, Criteria, HangPolicy, RestartPolicy
 from launcher.checks.probe_check import ProbeSchedule, ProbeTolerance
 from launcher.checks.shipped_defaults import SHIPPED_CRITERIA
-from launcher.checks.trusted_loss import load_trusted_loss, shipped_trusted_loss
+from launcher.checks.trusted_loss import load_criteria_file, shipped_criteria_file
 
 SHIPPED = yaml.safe_load(SHIPPED_CRITERIA.read_text())
 
@@ -42,14 +42,14 @@ def without(tree, path):
 def test_a_key_deleted_from_a_pods_file_takes_the_shipped_value(tmp_path, path):
     criteria = tmp_path / "trusted_loss.yaml"
     criteria.write_text(yaml.safe_dump(without(SHIPPED, path)))
-    assert load_trusted_loss(criteria) == shipped_trusted_loss()
+    assert load_criteria_file(criteria) == shipped_criteria_file()
 
 
 def test_a_section_left_empty_is_the_whole_shipped_section_and_user_values_win(tmp_path):
     criteria = tmp_path / "trusted_loss.yaml"
     criteria.write_text(yaml.safe_dump({"checks": {"trend": None, "lb_band": {
         "band": None, "relativeBand": 0.2}}, "probe": {"every": 3}}))
-    got, shipped = load_trusted_loss(criteria), shipped_trusted_loss()
+    got, shipped = load_criteria_file(criteria), shipped_criteria_file()
     assert got.criteria.trend == shipped.criteria.trend
     assert got.criteria.trend.interval == SHIPPED["checks"]["trend"]["interval"] == 100
     assert (got.criteria.lb_band.band, got.criteria.lb_band.relativeBand) == (None, 0.2)

@@ -132,8 +132,8 @@ def test_data_push_uploads_once_and_records_the_revision_in_the_pod_config(
     assert cli_main(["--pod-dir", str(pod), "data", "push", "--to", URL]) == 0
     assert "2 shard(s) uploaded, 0 already there" in capsys.readouterr().out
     commits = test_hub.commits(DATASET, "dataset")
-    from launcher.config.podconfig import load_config
-    recorded = load_config(pod).data
+    from launcher.config.podconfig import load_pod_config
+    recorded = load_pod_config(pod).data
     assert recorded == DataSource(URL, commits[0].oid)
 
     # Rerun: every shard is there by sha256: nothing uploaded, no new revision.
@@ -142,7 +142,7 @@ def test_data_push_uploads_once_and_records_the_revision_in_the_pod_config(
     assert "0 shard(s) uploaded, 2 already there" in capsys.readouterr().out
     assert len(test_hub.commits(DATASET, "dataset")) == len(commits)
     assert len(test_hub.routed("lfs_upload")) == uploads
-    assert load_config(pod).data == recorded
+    assert load_pod_config(pod).data == recorded
     assert TEST_TOKEN not in config.read_text()
 
 

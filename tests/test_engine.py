@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fractus.config import PRESETS, EngineConfig, load_config
+from fractus.config import PRESETS, EngineConfig, load_model_config
 from fractus.continuous_engine import ContinuousThoughtEngine, check_token_ids
 from fractus.nn.farey import expert_phases, farey_sequence
 from fractus.nn.moe import PhaseRoutedMoE
@@ -245,11 +245,11 @@ def test_targets_are_checked_and_nan_propagates():
 
 
 def test_config_presets_and_files(tmp_path):
-    assert load_config("1b").n_experts == 128 and load_config("1b").d_model == 1280
+    assert load_model_config("1b").n_experts == 128 and load_model_config("1b").d_model == 1280
     path = tmp_path / "m.json"
     path.write_text('{"vocab_size": 64, "d_model": 32, "n_heads": 2, "d_head": 16}')
-    assert load_config(str(path)).vocab_size == 64
+    assert load_model_config(str(path)).vocab_size == 64
     with pytest.raises(ValueError, match="unknown model"):
-        load_config("2b")
+        load_model_config("2b")
     with pytest.raises(ValueError, match="d_model must equal"):
         EngineConfig(d_model=100, n_heads=3, d_head=32)

@@ -6,8 +6,8 @@ import math
 import pytest
 
 from launcher.checks.criteria import Criteria, parse_criteria
-from launcher.checks.trusted_loss import load_trusted_loss
-from launcher.checks.trusted_loss import shipped_trusted_loss
+from launcher.checks.trusted_loss import load_criteria_file
+from launcher.checks.trusted_loss import shipped_criteria_file
 from launcher.config.podconfig import DEFAULT_MANIFESTS
 from launcher.errors import UserError
 from launcher.checks.health import (FAILED, INCONCLUSIVE, RUNNING, SUCCESSFUL, GpuHealth, analyze)
@@ -164,11 +164,11 @@ def test_close_out_judges_the_steps_since_the_last_periodic_tick():
 
 
 def test_repository_criteria_file_loads_and_thresholds_come_from_it(tmp_path):
-    loaded = load_trusted_loss(DEFAULT_MANIFESTS / "trusted_loss.yaml").criteria
+    loaded = load_criteria_file(DEFAULT_MANIFESTS / "trusted_loss.yaml").criteria
     assert loaded.restarts.max_restarts >= 1 and loaded.hang.timeout_s > 0
     changed = tmp_path / "c.yaml"
     changed.write_text("checks:\n  ss_ratio: {maxRatio: 9.5}\n")
-    assert load_trusted_loss(changed).criteria.ss_ratio.maxRatio == 9.5
+    assert load_criteria_file(changed).criteria.ss_ratio.maxRatio == 9.5
 
 
 @pytest.mark.parametrize("text, needle", [
@@ -182,11 +182,11 @@ def test_bad_criteria_file_is_a_user_error(tmp_path, text, needle):
     path = tmp_path / "c.yaml"
     path.write_text(text)
     with pytest.raises(UserError, match=needle):
-        load_trusted_loss(path)
+        load_criteria_file(path)
 
 
 def test_restart_backoff_doubles_and_caps():
-    r = dataclasses.replace(shipped_trusted_loss().criteria.restarts, backoff_s=1.0, backoff_max_s=5.0)
+    r = dataclasses.replace(shipped_criteria_file().criteria.restarts, backoff_s=1.0, backoff_max_s=5.0)
     assert [r.backoff(i) for i in (1, 2, 3, 4)] == [1.0, 2.0, 4.0, 5.0]
 
 

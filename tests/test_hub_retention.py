@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from launcher.cli import main as cli_main
-from launcher.config.podconfig import load_config
+from launcher.config.podconfig import load_pod_config
 from launcher.files import sha256_file
 from launcher.hub import open_store
 from launcher.hub.sync_state import read_sync_state
@@ -39,7 +39,7 @@ def test_after_n_pushes_with_keep_k_the_store_holds_exactly_the_kept_objects(
         revisions.append(push(pod, capsys))
         # Never an object the newest manifest names.
         named_now = {e["checkpoint_sha256"] for k, e in
-                     json.loads(store.read_bytes(load_config(pod).manifest, revisions[-1])).items()
+                     json.loads(store.read_bytes(load_pod_config(pod).manifest, revisions[-1])).items()
                      if k.startswith("gpu_")}
         assert len(named_now) == GPUS and named_now <= set(store.stored_objects())
     objects = {rev: checkpoint_objects(store, rev) for rev in revisions}
@@ -150,7 +150,7 @@ def test_checkpoints_the_pods_own_manifest_names_are_never_deleted(tmp_path, cap
     store = open_store(hub_url, pod)
     new_checkpoints(pod, 1000)
     first = push(pod, capsys)
-    manifest_path = pod / load_config(pod).manifest
+    manifest_path = pod / load_pod_config(pod).manifest
     rolled_back = manifest_path.read_bytes()       # the manifest naming the first push
     new_checkpoints(pod, 2000)
     push(pod, capsys)
@@ -179,7 +179,7 @@ def test_only_the_newest_recovery_copy_is_kept_and_it_evicts_no_push(tmp_path, c
     for token in (1000, 2000):
         new_checkpoints(pod, token)
         pushes.append(push(pod, capsys))
-    hub_path = recovery_path(load_config(pod).checkpoint_path(0))
+    hub_path = recovery_path(load_pod_config(pod).checkpoint_path(0))
     copies = []
     for n in range(3):
         blob = tmp_path / f"save{n}.pt"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from launcher.cli import main as cli_main
-from launcher.config.podconfig import load_config
+from launcher.config.podconfig import load_pod_config
 from launcher.files import sha256_file
 from launcher.hub import open_store
 from launcher.hub.sync import HubSync
@@ -42,7 +42,7 @@ def test_a_push_over_the_budget_is_refused_in_one_line_and_an_event(tmp_path, ca
     assert len(refused) == 1 and refused[0]["reason"] == "by hand"
 
     # The launcher's push: refused the same way, recorded, and never raised into the loop.
-    config = load_config(pod)
+    config = load_pod_config(pod)
     manifest = read_manifest(pod / config.manifest)
     sync = HubSync(pod, config, manifest, CheckpointIndex(pod), EventLog(pod))
     sync.finish()
@@ -57,7 +57,7 @@ def pod_past_a_1mib_budget(tmp_path: Path) -> Path:
     """A pod whose checkpoints make one push larger than its retention.budget (1 MiB)."""
     pod = make_pod(tmp_path, f"file://{tmp_path / 'store'}", {"keep": 2, "budget": "1MiB"})
     new_checkpoints(pod, 1000)
-    big = load_config(pod).checkpoint_path(0)
+    big = load_pod_config(pod).checkpoint_path(0)
     # Four 64 KiB checkpoints fit in 1 MiB: grow one GPU's past it.
     (pod / big).write_bytes(os.urandom(2 << 20))
     index = CheckpointIndex(pod)
@@ -65,8 +65,8 @@ def pod_past_a_1mib_budget(tmp_path: Path) -> Path:
              "step": 60, "ema_tf": 5.0, "lb": 1.0, "bytes": 2 << 20}
     index.add(0, event, 1, big)
     index.mark(0, event["sha256"], PASSED, "test")
-    manifest = read_manifest(pod / load_config(pod).manifest)
-    apply_checkpoint(manifest, 0, event, 1, pod, load_config(pod).shard_path(0))
+    manifest = read_manifest(pod / load_pod_config(pod).manifest)
+    apply_checkpoint(manifest, 0, event, 1, pod, load_pod_config(pod).shard_path(0))
     write_manifest(manifest)
     return pod
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from launcher.config.podconfig import load_config
+from launcher.config.podconfig import load_pod_config
 from launcher.hub import open_store
 from launcher.hub.retention_ledger import read_ledger
 from launcher.pod.events import read_events
@@ -127,7 +127,7 @@ def test_a_revision_another_writer_committed_makes_the_step_read_the_hub(tmp_pat
     second = checkpoint_objects(store, revisions[1])
     # The other writer pushes the second push's checkpoints again, as the head.
     other = open_store(hub_url, tmp_path / "other")
-    config = load_config(pod)
+    config = load_pod_config(pod)
     other.pull([config.checkpoint_path(gpu) for gpu in range(GPUS)], revisions[1])
     other.push([config.checkpoint_path(gpu) for gpu in range(GPUS)], "another writer")
     new_checkpoints(pod, 4000)

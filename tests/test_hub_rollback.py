@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from launcher.cli import main as cli_main
-from launcher.config.podconfig import load_config
+from launcher.config.podconfig import load_pod_config
 from launcher.hub import open_store
 from launcher.hub.sync_state import read_sync_state
 from launcher.hub.sync_push import push_now
@@ -30,7 +30,7 @@ from tests.support.hub_server import test_hub  # noqa: F401  (pytest fixture)
 
 def checkpoint_at(pod: Path, gpu: int, token: int, stage: int, verdict: str) -> None:
     """A (fake) checkpoint of GPU `gpu` trained at `stage`, recorded as the launcher does."""
-    manifest = read_manifest(pod / load_config(pod).manifest)
+    manifest = read_manifest(pod / load_pod_config(pod).manifest)
     write_checkpoint(pod, CheckpointIndex(pod), manifest, gpu, token, verdict, stage=stage)
     write_manifest(manifest)
 
@@ -44,7 +44,7 @@ def pod_at_stage_3(pod: Path) -> None:
 def test_a_push_after_a_rollback_by_hand_is_not_skipped_and_holds_the_rolled_back_stage(
         pod, capsys):
     pod_at_stage_3(pod)
-    config = load_config(pod)
+    config = load_pod_config(pod)
     first, _noted, skipped = push_now(pod, config, "at stage 3")
     assert not skipped
     assert manifest_on_hub(pod, first).recorded_stages() == [3]
@@ -73,7 +73,7 @@ def test_a_gpu_rolled_back_to_token_0_keeps_its_stage_on_the_hub(pod):
     still records it (its stage is part of where the pod stands), with no checkpoint."""
     pod_at_stage_3(pod)
     checkpoint_at(pod, 2, 300, 3, "pending")
-    config = load_config(pod)
+    config = load_pod_config(pod)
     assert cli_main(["--pod-dir", str(pod), "rollback", "--to-stage", "2", "--gpu", "2"]) == 0
     revision, _noted, _skipped = push_now(pod, config, "after the rollback")
     on_hub = manifest_on_hub(pod, revision)
@@ -87,7 +87,7 @@ def test_the_next_launcher_pushes_a_rollback_made_while_none_ran_at_its_first_ti
     from launcher.hub.sync import HubSync
     from launcher.pod.events import EventLog, read_events
     pod_at_stage_3(pod)
-    config = load_config(pod)
+    config = load_pod_config(pod)
     push_now(pod, config, "at stage 3")
     assert cli_main(["--pod-dir", str(pod), "rollback", "--to-stage", "2"]) == 0
     sync = HubSync(pod, config, read_manifest(pod / config.manifest), CheckpointIndex(pod),
@@ -114,7 +114,7 @@ def test_a_rollback_by_hand_reaches_a_hub_through_the_real_client(test_hub, tmp_
                                                            f"hub: hf://{REPO_ID}"))
     pod_at_stage_3(pod)
     checkpoint_at(pod, 0, 150, 3, FAILED)         # newer than the passed one, failed
-    config = load_config(pod)
+    config = load_pod_config(pod)
     push_now(pod, config, "at stage 3")
     assert cli_main(["--pod-dir", str(pod), "rollback", "--to-stage", "2", "--gpu", "0"]) == 0
     capsys.readouterr()

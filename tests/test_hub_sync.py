@@ -13,7 +13,7 @@ from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex
 from launcher.files import sha256_file
 from launcher.hub import IntegrityError, open_store
 from launcher.pod.manifest import apply_checkpoint, read_manifest, write_manifest
-from launcher.config.podconfig import load_config
+from launcher.config.podconfig import load_pod_config
 from launcher.hub.redact import scrub
 from launcher.hub.snapshot import record_revision, send, take_snapshot
 from launcher.paths import MERGED_PATH
@@ -28,7 +28,7 @@ from tests.support.hub_pod import (CKPT, FAST_PASS, MANIFEST, pod,  # noqa: F401
 
 
 def test_snapshot_holds_only_each_gpus_newest_passed_checkpoint(pod, tmp_path):
-    config = load_config(pod)
+    config = load_pod_config(pod)
     manifest = read_manifest(pod / config.manifest)
     index = CheckpointIndex(pod)
     g0_passed = write_checkpoint(pod, index, manifest, 0, 100, PASSED)
@@ -69,7 +69,7 @@ def test_snapshot_holds_only_each_gpus_newest_passed_checkpoint(pod, tmp_path):
 
 
 def test_send_refuses_bytes_that_changed_after_the_snapshot(pod):
-    config = load_config(pod)
+    config = load_pod_config(pod)
     manifest = read_manifest(pod / config.manifest)
     index = CheckpointIndex(pod)
     write_checkpoint(pod, index, manifest, 0, 100, PASSED)
@@ -89,7 +89,7 @@ def test_a_push_carries_pinned_bytes_when_the_worker_saved_past_save_keep_before
     bytes, and the push of that name was refused ("changed on disk"; nothing committed). The
     push carries the newest passed checkpoint whose bytes are pinned instead."""
     from fractus.train.checkpoint import save_checkpoint
-    config = load_config(pod)
+    config = load_pod_config(pod)
     manifest = read_manifest(pod / config.manifest)
     index = CheckpointIndex(pod)
     path = pod / CKPT.format(0)
@@ -137,12 +137,12 @@ def test_sync_policy_is_checked_when_the_config_is_read(pod, sync, problem):
     config = yaml.safe_load((pod / "fractus-pod.yaml").read_text())
     (pod / "fractus-pod.yaml").write_text(yaml.safe_dump({**config, "sync": sync}))
     if problem is None:
-        settings = load_config(pod).sync_settings()
+        settings = load_pod_config(pod).sync_settings()
         assert settings.interval_s == (3600 if "interval" in sync else 600)
         assert settings.merge is sync.get("merge", False)
     else:
         with pytest.raises(UserError, match=problem):
-            load_config(pod)
+            load_pod_config(pod)
 
 
 def test_scrub_removes_the_token(monkeypatch):

@@ -7,7 +7,7 @@ import shutil
 
 from launcher.cli import main as cli_main
 from launcher.pod.events import read_events
-from launcher.config.podconfig import load_config
+from launcher.config.podconfig import load_pod_config
 from tests.support.pod_history import pod_with_history
 
 
@@ -27,7 +27,7 @@ def test_vanished_file_store_is_an_error_not_recreated(tmp_path, capsys):
     from launcher.pod.events import EventLog
     from launcher.pod.manifest import read_manifest
     from launcher.hub.sync import HubSync
-    config = load_config(pod)
+    config = load_pod_config(pod)
     HubSync(pod, config, read_manifest(pod / config.manifest), CheckpointIndex(pod),
             EventLog(pod))
     (failed,) = [e for e in read_events(pod) if e["event"] == "sync_failed"]

@@ -20,10 +20,10 @@ import psutil
 import pytest
 import yaml
 
-from launcher.checks.trusted_loss import load_trusted_loss
+from launcher.checks.trusted_loss import load_criteria_file
 from launcher.errors import UserError
 from launcher.config.devices import Slot
-from launcher.config.podconfig import DEFAULT_MANIFESTS, load_config
+from launcher.config.podconfig import DEFAULT_MANIFESTS, load_pod_config
 from launcher.worker.process import WorkerSpec, build_env
 from tests.support.canary_pod import CANARY_STEPS, CRITERIA, fractus_pod, pod  # noqa: F401
 from tests.support.e2e import (REPO, TEST_CRITERIA, TOKENS_PER_STEP, events_of, manifest_json,
@@ -84,7 +84,7 @@ def stage_2_runs_a_plugin_kernel(pod: Path, tmp_path: Path, source: str, impl: s
     plugin = tmp_path / "plugin"
     plugin.mkdir()
     (plugin / "sitecustomize.py").write_text(source)
-    stages_file = pod / load_config(pod).stages
+    stages_file = pod / load_pod_config(pod).stages
     table = yaml.safe_load(stages_file.read_text())
     table["stages"][2]["settings"]["FRACTUS_ATTN_IMPL"] = impl
     stages_file.write_text(yaml.safe_dump(table))
@@ -96,7 +96,7 @@ def switch_refused_by_the_canary(pod: Path, env: dict) -> tuple[str, dict]:
     """`launch --stage 2` whose canary refuses: its one stderr line (no traceback) and the
     canary event, once it is checked that nothing switched (manifest bytes, no worker started,
     no stage change)."""
-    manifest_before = (pod / load_config(pod).manifest).read_bytes()
+    manifest_before = (pod / load_pod_config(pod).manifest).read_bytes()
     starts_before = len(events_of(pod, "worker_start"))
 
     done = fractus_pod(pod, "launch", "--stage", "2", "--gpus", "0", "--max-steps", "2", env=env)
@@ -105,7 +105,7 @@ def switch_refused_by_the_canary(pod: Path, env: dict) -> tuple[str, dict]:
     (line,) = done.stderr.strip().splitlines()
     (canary,) = events_of(pod, "canary")
     assert canary["status"] == "Failed"
-    assert (pod / load_config(pod).manifest).read_bytes() == manifest_before
+    assert (pod / load_pod_config(pod).manifest).read_bytes() == manifest_before
     assert len(events_of(pod, "worker_start")) == starts_before
     assert not [e for e in events_of(pod, "stage_change") if e["ts"] > canary["ts"]]
     return line, canary
@@ -153,11 +153,11 @@ def test_out_of_memory_at_the_new_stage_is_refused_as_such(pod, tmp_path):
 
 
 def test_a_canary_that_cannot_judge_refuses_with_its_own_message(pod):
-    stages_file = pod / load_config(pod).stages
+    stages_file = pod / load_pod_config(pod).stages
     table = yaml.safe_load(stages_file.read_text())
     table["stages"][1]["settings"]["FRACTUS_ATTN_IMPL"] = "nosuchkernel"   # reference can't run
     stages_file.write_text(yaml.safe_dump(table))
-    manifest_before = (pod / load_config(pod).manifest).read_bytes()
+    manifest_before = (pod / load_pod_config(pod).manifest).read_bytes()
 
     done = fractus_pod(pod, "launch", "--stage", "2", "--gpus", "0", "--max-steps", "1")
 
@@ -166,7 +166,7 @@ def test_a_canary_that_cannot_judge_refuses_with_its_own_message(pod):
     assert "canary INCONCLUSIVE" in line and "--no-canary" in line
     (canary,) = events_of(pod, "canary")
     assert canary["status"] == "Inconclusive" and "reference run failed" in canary["reason"]
-    assert (pod / load_config(pod).manifest).read_bytes() == manifest_before
+    assert (pod / load_pod_config(pod).manifest).read_bytes() == manifest_before
     assert status_json(pod)["canary"]["status"] == "Inconclusive"
 
 
@@ -190,12 +190,12 @@ def test_same_stage_runs_no_canary(pod):
 def test_criteria_accept_canary_and_probe_sections_but_not_typos(tmp_path):
     path = tmp_path / "trusted_loss.yaml"
     path.write_text(yaml.safe_dump(CRITERIA))
-    assert load_trusted_loss(path).criteria.trend.lookback == \
+    assert load_criteria_file(path).criteria.trend.lookback == \
         TEST_CRITERIA["checks"]["trend"]["lookback"]
     path.write_text(yaml.safe_dump({**CRITERIA, "canery": {"steps": 3}}))
     with pytest.raises(UserError, match="canery"):
-        load_trusted_loss(path)
-    shipped = load_trusted_loss(DEFAULT_MANIFESTS / "trusted_loss.yaml")
+        load_criteria_file(path)
+    shipped = load_criteria_file(DEFAULT_MANIFESTS / "trusted_loss.yaml")
     settings = shipped.canary
     assert (settings.steps, settings.exact["cpu"].rtol, settings.exact["cuda"].rtol) == \
         (5, 1e-4, 2e-3)
@@ -203,7 +203,7 @@ def test_criteria_accept_canary_and_probe_sections_but_not_typos(tmp_path):
 
 
 def test_a_bad_canary_section_refuses_the_launch(pod):
-    criteria = pod / load_config(pod).criteria
+    criteria = pod / load_pod_config(pod).criteria
     criteria.write_text(yaml.safe_dump({**CRITERIA, "canary": {"stpes": 3}}))
     done = fractus_pod(pod, "launch", "--stage", "2", "--gpus", "0")
     assert done.returncode == 2
@@ -211,7 +211,7 @@ def test_a_bad_canary_section_refuses_the_launch(pod):
 
 
 def test_worker_env_never_carries_hub_secrets(pod):
-    config = load_config(pod)
+    config = load_pod_config(pod)
     base = dict(os.environ, HF_TOKEN="hf_secret", HUGGING_FACE_HUB_TOKEN="hf_secret2",
                 HF_HUB_TOKEN_PATH="/x", PATH=os.environ.get("PATH", ""))
     env = build_env(config, WorkerSpec(Slot(0, "cpu"), {"BATCH": "2"}), base=base)

@@ -18,7 +18,7 @@ import yaml
 from launcher.checks.canary import read_canary_state
 from launcher.pod.ckpt_index import CheckpointIndex
 from launcher.pod.setup_init import init_pod, write_config
-from launcher.config.podconfig import SyncSettings, load_config
+from launcher.config.podconfig import SyncSettings, load_pod_config
 from launcher.pod.events import EventLog, read_events
 from launcher.supervise.plan import load_plan
 from launcher.supervise.stage_switch import EarlyStop, canary_gate
@@ -42,7 +42,7 @@ def pod(tmp_path) -> Path:
     """A tiny-cpu pod at stage 1 on GPU 0 (a fresh start) whose canary takes 3 steps."""
     pod = tmp_path / "pod"
     init_pod(pod, "tiny-cpu")
-    config = load_config(pod)
+    config = load_pod_config(pod)
     config.worker = ["python", "-c", STAND_IN_WORKER]
     config.sync = {"interval": "30m"}
     write_config(pod, config, "test")

@@ -5,7 +5,7 @@ import yaml
 
 from launcher.errors import UserError
 from launcher.config.devices import Slot, parse_devices
-from launcher.config.podconfig import DEFAULT_MANIFESTS, PRESETS, load_config
+from launcher.config.podconfig import DEFAULT_MANIFESTS, PRESETS, load_pod_config
 from launcher.pod.setup_init import init_pod
 from launcher.config.stages import get_stage, load_stages, parse_stages
 from launcher.worker.process import WorkerSpec, build_env
@@ -16,27 +16,27 @@ def test_init_tiny_cpu_writes_a_loadable_self_contained_pod(tmp_path):
     assert kept == []
     names = {p.relative_to(tmp_path).as_posix() for p in written}
     assert names == {"fractus-pod.yaml", "manifests/stages.yaml", "manifests/trusted_loss.yaml"}
-    config = load_config(tmp_path)
+    config = load_pod_config(tmp_path)
     assert config.model == "tiny" and config.devices == "cpu:2" and config.hub == "file://hub"
     assert load_stages(tmp_path / config.stages)[3].settings["FRACTUS_ATTN_IMPL"] == "chunked"
     with pytest.raises(UserError, match="already exists"):
         init_pod(tmp_path, "tiny-cpu")
     init_pod(tmp_path, "1b-8gpu", force=True)
-    assert load_config(tmp_path).model == "1b"
+    assert load_pod_config(tmp_path).model == "1b"
 
 
 def test_the_tiny_preset_gets_a_probe_band_for_its_model_and_keeps_the_comments(tmp_path):
-    from launcher.checks.trusted_loss import load_trusted_loss
+    from launcher.checks.trusted_loss import load_criteria_file
     from launcher.config.podconfig import DEFAULT_MANIFESTS
     from launcher.pod.setup_init import edit_yaml_values
     tiny, big = tmp_path / "tiny", tmp_path / "big"
     init_pod(tiny, "tiny-cpu")
     init_pod(big, "1b-8gpu")
-    assert load_trusted_loss(tiny / "manifests" / "trusted_loss.yaml") \
+    assert load_criteria_file(tiny / "manifests" / "trusted_loss.yaml") \
         .probe_tolerance.relativeBand == 1.0
-    assert load_trusted_loss(big / "manifests" / "trusted_loss.yaml") \
+    assert load_criteria_file(big / "manifests" / "trusted_loss.yaml") \
         .probe_tolerance.relativeBand is None
-    trend = lambda pod: load_trusted_loss(pod / "manifests" / "trusted_loss.yaml").criteria.trend
+    trend = lambda pod: load_criteria_file(pod / "manifests" / "trusted_loss.yaml").criteria.trend
     assert trend(tiny).tolerance == 0.5 and trend(big).tolerance == 0.15   # the demo's noise
     original = (DEFAULT_MANIFESTS / "trusted_loss.yaml").read_text()
     edited = (tiny / "manifests" / "trusted_loss.yaml").read_text()
@@ -54,7 +54,7 @@ def test_unknown_preset_and_missing_config_are_user_errors(tmp_path):
     with pytest.raises(UserError, match="unknown preset"):
         init_pod(tmp_path, "huge")
     with pytest.raises(UserError, match="fractus-pod init"):
-        load_config(tmp_path)
+        load_pod_config(tmp_path)
 
 
 @pytest.mark.parametrize("patch, words", [
@@ -72,7 +72,7 @@ def test_bad_config_values_are_one_line_user_errors(tmp_path, patch, words):
     data.update(patch)
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(UserError, match=words):
-        load_config(tmp_path)
+        load_pod_config(tmp_path)
 
 
 def test_device_strings():

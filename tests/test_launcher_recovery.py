@@ -103,7 +103,7 @@ def test_newest_checkpoint_damaged_in_place_status_says_the_hub_lacks_it_and_lau
     import re
 
     from launcher.cli import main as cli_main
-    from launcher.config.podconfig import load_config
+    from launcher.config.podconfig import load_pod_config
     from launcher.dashboard.status import collect
     pod = make_pod(tmp_path)
     args = ["--pod-dir", str(pod), "launch", "--stage", "1", "--gpus", "0"]
@@ -124,7 +124,7 @@ def test_newest_checkpoint_damaged_in_place_status_says_the_hub_lacks_it_and_lau
     with open(pod / entry["checkpoint"], "r+b") as f:      # damage in place: same inode
         f.seek(200)
         f.write(b"\0" * 64)
-    (row,) = collect(pod, load_config(pod))["gpus"][:1]
+    (row,) = collect(pod, load_pod_config(pod))["gpus"][:1]
     held = row["hub_note"]
     assert "newest checkpoint" in held and "not on the hub" in held, row
     assert re.search(r"hub holds token [\d,]+", held), held

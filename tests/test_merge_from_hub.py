@@ -118,7 +118,7 @@ def test_a_ray_pods_last_push_carries_the_merged_brain_read_back_from_the_nodes_
     the checkpoints that manifest names."""
     import yaml
 
-    from launcher.config.podconfig import load_config
+    from launcher.config.podconfig import load_pod_config
     from launcher.hub.sync import HubSync
     from launcher.paths import MERGED_PATH
     from launcher.pod.ckpt_index import CheckpointIndex
@@ -131,7 +131,7 @@ def test_a_ray_pods_last_push_carries_the_merged_brain_read_back_from_the_nodes_
     doc = yaml.safe_load(config_file.read_text())
     doc["sync"] = {"interval": 3600, "merge": True}
     config_file.write_text(yaml.safe_dump(doc))
-    config = load_config(pod)
+    config = load_pod_config(pod)
     manifest = read_manifest(pod / config.manifest)
     node = tmp_path / "node"
     paths = write_checkpoints(node, 2)

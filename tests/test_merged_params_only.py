@@ -95,5 +95,5 @@ def test_adopt_init_new_from_a_params_only_merged_brain(tmp_path, capsys):
     (line,) = [ln for ln in out.splitlines() if "filled from the model's construction" in ln]
     assert line.startswith(f"gpu 2: {MERGED}: filled from") and "observe.weight" in line
     # the launch's check of the file (its tensors against the pod's model) accepts it
-    from launcher.config.podconfig import load_config
-    read_identity(run / MERGED, load_config(run).model, run)
+    from launcher.config.podconfig import load_pod_config
+    read_identity(run / MERGED, load_pod_config(run).model, run)

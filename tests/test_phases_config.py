@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from launcher.cli import main as cli_main
-from launcher.config.podconfig import PodConfig, load_config
+from launcher.config.podconfig import PodConfig, load_pod_config
 from launcher.pod.setup_init import missing_shards
 from launcher.errors import UserError
 from launcher.pod.ckpt_trust import check_entry
@@ -91,7 +91,7 @@ def test_a_phase_naming_a_missing_shard_is_refused_at_launch(pod, capsys):
     set_shards(pod, ["data/shard_phase2_gpu{i}.npy", "data/later_gpu{i}.npy"])
     line = refused(pod, capsys)
     assert "2 token shard(s) missing: data/later_gpu0.npy, data/later_gpu1.npy" in line, line
-    assert missing_shards(pod, load_config(pod)) == ["data/later_gpu0.npy",
+    assert missing_shards(pod, load_pod_config(pod)) == ["data/later_gpu0.npy",
                                                      "data/later_gpu1.npy"]
 
 

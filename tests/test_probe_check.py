@@ -14,11 +14,11 @@ from fractus.data import synth
 from fractus.eval.probe import ProbeConfig, probe_checkpoint
 from launcher.errors import UserError
 from launcher.checks.health import FAILED, INCONCLUSIVE, SUCCESSFUL
-from launcher.checks.trusted_loss import load_trusted_loss, shipped_trusted_loss
+from launcher.checks.trusted_loss import load_criteria_file, shipped_criteria_file
 from launcher.checks.probe_check import (Baseline, ProbeTolerance, ProbeUnavailable, check_probe,
                                          probe_verdict, run_probe_process)
 
-SHIPPED = shipped_trusted_loss().probe_tolerance   # manifests/trusted_loss.yaml's values
+SHIPPED = shipped_criteria_file().probe_tolerance   # manifests/trusted_loss.yaml's values
 ABS = dataclasses.replace(SHIPPED, band=0.25)
 REL = dataclasses.replace(SHIPPED, band=0.25, relativeBand=0.10)
 
@@ -75,18 +75,18 @@ def test_cannot_judge_or_broken(res, baseline, error, status, words):
 def test_tolerance_from_the_criteria_file(tmp_path):
     path = tmp_path / "trusted_loss.yaml"
     path.write_text(yaml.safe_dump({"checks": {}}))
-    assert load_trusted_loss(path).probe_tolerance == SHIPPED
+    assert load_criteria_file(path).probe_tolerance == SHIPPED
     path.write_text(yaml.safe_dump({"probe": {"band": 0.5, "relativeBand": 0.02}}))
-    assert load_trusted_loss(path).probe_tolerance == \
+    assert load_criteria_file(path).probe_tolerance == \
         dataclasses.replace(SHIPPED, band=0.5, relativeBand=0.02)
     path.write_text(yaml.safe_dump({"probe": {"relativeBand": None}}))
-    assert load_trusted_loss(path).probe_tolerance.relativeBand is None
+    assert load_criteria_file(path).probe_tolerance.relativeBand is None
     for bad in ({"band": -1}, {"band": "wide"}, {"bandz": 1}, {"band": True}):
         path.write_text(yaml.safe_dump({"probe": bad}))
         with pytest.raises(UserError, match="probe"):
-            load_trusted_loss(path)
+            load_criteria_file(path)
     with pytest.raises(UserError, match="not found"):
-        load_trusted_loss(tmp_path / "missing.yaml")
+        load_criteria_file(tmp_path / "missing.yaml")
 
 
 # ---- the verdict calibrated on measured noise (issue 9) ----------------------------------

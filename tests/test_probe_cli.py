@@ -16,7 +16,7 @@ import pytest
 
 from fractus.eval.probe import probe_checkpoint
 from launcher.pod.manifest import read_manifest
-from launcher.config.podconfig import load_config
+from launcher.config.podconfig import load_pod_config
 
 from tests.support.pods import copy_pod
 
@@ -43,7 +43,7 @@ def probe_json(pod: Path, *args: str) -> dict:
 def test_probe_gpu_prints_the_numbers_of_its_checkpoint_and_repeats_them(pod):
     first, second = probe_json(pod, "--gpu", "0"), probe_json(pod, "--gpu", "0")
     assert {k: first[k] for k in NUMBERS} == {k: second[k] for k in NUMBERS}
-    entry = read_manifest(pod / load_config(pod).manifest).entries[0]
+    entry = read_manifest(pod / load_pod_config(pod).manifest).entries[0]
     assert Path(first["checkpoint"]) == pod / entry["checkpoint"]
     assert Path(first["shard"]) == pod / entry["shard"]
     assert first["next_token"] == entry["start_token"] and first["stage"] == 1
@@ -112,7 +112,7 @@ def test_a_checkpoint_without_a_train_head_is_probed_where_the_output_says(pod):
     command did not have. Now: the manifest head of the GPU training on that shard, said;
     --head chooses; a shard no GPU trains on starts at 0."""
     import torch
-    entry = read_manifest(pod / load_config(pod).manifest).entries[0]
+    entry = read_manifest(pod / load_pod_config(pod).manifest).entries[0]
     saved = torch.load(pod / entry["checkpoint"], weights_only=True)
     brain = pod / "checkpoints" / "BRAIN_MERGED.pt"
     torch.save(saved["model_state"], brain)          # a bare state_dict: no head, no config

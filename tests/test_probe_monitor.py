@@ -22,12 +22,12 @@ from launcher.errors import UserError
 from launcher.checks.health import FAILED, INCONCLUSIVE, SUCCESSFUL, GpuHealth
 from launcher.checks.probe_check import ProbeLost, ProbeSchedule, ProbeTolerance, ProbeUnavailable
 from launcher.checks.probe_monitor import ProbeMonitor
-from launcher.checks.trusted_loss import load_trusted_loss, shipped_trusted_loss
+from launcher.checks.trusted_loss import load_criteria_file, shipped_criteria_file
 from launcher.checks.probe_outcome import BASELINE, apply_outcome
 from tests.support.e2e import wait_for
 
 
-SHIPPED = shipped_trusted_loss()      # manifests/trusted_loss.yaml's values
+SHIPPED = shipped_criteria_file()      # manifests/trusted_loss.yaml's values
 
 
 def schedule(**changes) -> ProbeSchedule:
@@ -290,13 +290,13 @@ def test_final_probes_widen_to_the_free_host_within_its_memory(tmp_path):
 def test_schedule_keys_are_checked(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump({"probe": {"band": 0.3}}))
-    assert load_trusted_loss(path).probe_schedule == SHIPPED.probe_schedule   # the shipped file's
+    assert load_criteria_file(path).probe_schedule == SHIPPED.probe_schedule   # the shipped file's
     path.write_text(yaml.safe_dump({"probe": {"every": 2, "parallel": 3, "timeout_s": 60}}))
-    assert load_trusted_loss(path).probe_schedule == schedule(every=2, parallel=3, timeout_s=60.0)
+    assert load_criteria_file(path).probe_schedule == schedule(every=2, parallel=3, timeout_s=60.0)
     for bad in ({"every": -1}, {"every": 1.5}, {"parallel": 0}, {"evry": 1}):
         path.write_text(yaml.safe_dump({"probe": bad}))
         with pytest.raises(UserError, match="probe"):
-            load_trusted_loss(path)
+            load_criteria_file(path)
 
 
 def test_a_probe_after_a_phase_switch_is_not_judged_against_phase_ones_baseline(tmp_path):

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 
 from launcher.config.devices import Slot
-from launcher.config.podconfig import load_config
+from launcher.config.podconfig import load_pod_config
 from launcher.hub.recover import RecoveryError
 from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex
 from launcher.pod.events import EventLog, read_events
@@ -69,7 +69,7 @@ def launcher_of(pod, node) -> tuple[RayBackend, RayCustodian]:
         return answers[ref]
     backend = object.__new__(RayBackend)
     backend.pod_dir, backend.handles, backend.slots, backend.lineage = pod, {}, {}, {}
-    backend.config, backend.data, backend.events = load_config(pod), None, EventLog(pod)
+    backend.config, backend.data, backend.events = load_pod_config(pod), None, EventLog(pod)
     backend.bytes_gone = {}
     backend.heartbeat = SimpleNamespace(heard=lambda actor: None)
     backend.ray = SimpleNamespace(wait=lambda refs, num_returns=1, timeout=None: (refs, []),
@@ -84,7 +84,7 @@ def launcher_of(pod, node) -> tuple[RayBackend, RayCustodian]:
 def start_gpu0(backend, node, pod) -> dict | None:
     """GPU 0's start from its manifest entry (as WorkerStarter.spec makes it): what its
     worker resumed from, or None when the start failed on its node."""
-    entry = read_manifest(pod / load_config(pod).manifest).entries[0]
+    entry = read_manifest(pod / load_pod_config(pod).manifest).entries[0]
     node.proc = None
     handle = backend.start(WorkerSpec(Slot(0, "cpu"), {}, start_token=entry.start_token,
                                       ckpt_in=entry.checkpoint, stage=entry.stage,
@@ -103,7 +103,7 @@ def damaged(tmp_path, node):
     that the manifest names, not yet judged, damaged in place on the node's disk."""
     pod = tmp_path / "pod"
     init_pod(pod, "tiny-cpu")
-    config = load_config(pod)
+    config = load_pod_config(pod)
     manifest, index = read_manifest(pod / config.manifest), CheckpointIndex(pod)
     for token, verdict in ((160, PASSED), (320, "pending")):
         event = write_save(node.workdir, 0, token)
@@ -128,13 +128,13 @@ def test_a_damaged_newest_checkpoint_on_a_node_goes_back_to_the_newest_passed_on
     (failed,) = [e for e in read_events(pod) if e["event"] == "worker_start_failed"]
     assert "BytesNowhere" in failed["error"]
 
-    manifest = read_manifest(pod / load_config(pod).manifest)
+    manifest = read_manifest(pod / load_pod_config(pod).manifest)
     assert custodian.restore(0, manifest, CheckpointIndex(pod))   # before the restart
     (rolled,) = [e for e in read_events(pod) if e["event"] == "rollback"]
     assert (rolled["from_token"], rolled["to_token"]) == (320, 160)
     assert rolled["from_stage"] == rolled["to_stage"] == 3 and rolled["automatic"]
     assert "holds other bytes on node" in rolled["reason"]
-    written = read_manifest(pod / load_config(pod).manifest).entries[0]   # written already
+    written = read_manifest(pod / load_pod_config(pod).manifest).entries[0]   # written already
     assert (written.start_token, written.checkpoint_sha256) == (160, passed["sha256"])
     assert CheckpointIndex(pod).records[(0, lost["sha256"])]["verdict"] == FAILED
 
@@ -149,7 +149,7 @@ def test_with_no_passed_checkpoint_left_the_pod_fails_in_one_line(node, damaged)
     index.mark(0, passed["sha256"], FAILED, "a later check failed")
     backend, custodian = launcher_of(pod, node)
     assert start_gpu0(backend, node, pod) is None
-    manifest = read_manifest(pod / load_config(pod).manifest)
+    manifest = read_manifest(pod / load_pod_config(pod).manifest)
     with pytest.raises(RecoveryError) as refused:
         custodian.restore(0, manifest, CheckpointIndex(pod))
     (line,) = str(refused.value).splitlines()

@@ -53,12 +53,12 @@ def test_no_hub_is_refused_on_a_ray_pod_whose_checkpoints_only_the_hub_holds(tmp
     node fetches its GPU's: `--no-hub` would leave the nodes nothing to start from. Refused
     in one line naming the pull, before the cluster is reached (the address answers nobody:
     without the refusal the launch says it cannot reach it)."""
-    from launcher.config.podconfig import load_config
+    from launcher.config.podconfig import load_pod_config
     from launcher.pod.manifest import ManifestEntry, read_manifest, write_manifest
     from tests.support.refusals import refused
 
     pod = make_pod(tmp_path, hub="file://hub")
-    manifest = read_manifest(pod / load_config(pod).manifest)
+    manifest = read_manifest(pod / load_pod_config(pod).manifest)
     for gpu, rev in ((0, "a" * 40), (1, "b" * 40)):
         manifest.entries[gpu] = ManifestEntry(
             start_token=640, checkpoint=f"checkpoints/fractus_1b_gpu{gpu}.pt",

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from launcher.config.devices import Slot
-from launcher.config.podconfig import load_config
+from launcher.config.podconfig import load_pod_config
 from launcher.files import sha256_file
 from launcher.hub.lease import pod_id
 from launcher.pod.ckpt_index import CheckpointIndex
@@ -163,7 +163,7 @@ def killed_pod(tmp_path):
     its launcher (a failed check), GPU 2's copy is of an older start than its last."""
     pod = tmp_path / "pod"
     init_pod(pod, "tiny-cpu")
-    config = load_config(pod)
+    config = load_pod_config(pod)
     manifest = read_manifest(pod / config.manifest)
     for gpu in (0, 1, 2):
         passed = save(pod, gpu, 32_000)

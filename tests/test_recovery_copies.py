@@ -160,7 +160,7 @@ def test_a_start_lost_before_it_answers_keeps_the_lineage_it_resumed(tmp_path):
     answers (seen under load: a removed node still took the actor) resumes from that copy
     again, not from its older passed one; a rollback's start carries no lineage."""
     from launcher.config.devices import Slot
-    from launcher.config.podconfig import load_config
+    from launcher.config.podconfig import load_pod_config
     from launcher.pod.setup_init import init_pod
     from launcher.supervise.ray_backend import RayBackend, RayHandle
     from launcher.worker.process import WorkerSpec
@@ -175,7 +175,7 @@ def test_a_start_lost_before_it_answers_keeps_the_lineage_it_resumed(tmp_path):
     pod = tmp_path / "pod"
     init_pod(pod, "tiny-cpu")
     backend = object.__new__(RayBackend)             # RayBackend.start's bookkeeping only
-    backend.config, backend.data, backend.slots = load_config(pod), None, {}
+    backend.config, backend.data, backend.slots = load_pod_config(pod), None, {}
     backend.pod_dir, backend.lineage = pod, {}
     backend.actors = {0: Actor()}
     backend.handles = {0: RayHandle(0, None, None, attempt="attempt-1")}   # the lost worker

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fractus.data import ShardError, TokenShard
-from launcher.config.podconfig import load_config
+from launcher.config.podconfig import load_pod_config
 from launcher.dashboard import status as status_module
 from launcher.dashboard.status import collect
 from launcher.pod.manifest import ManifestError, read_manifest
@@ -25,7 +25,7 @@ SHARD_TOKENS = 50_000
 
 def recorded_pod_with_shards(dest: Path) -> Path:
     pod = copy_recorded_pod(dest)
-    config = load_config(pod)
+    config = load_pod_config(pod)
     for gpu in (0, 1):
         path = pod / config.shard_path(gpu, 1)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -103,7 +103,7 @@ def test_issue25_a_fifo_for_a_shard_is_named_a_fifo_never_not_found(tmp_path):
 def test_issue25_an_age_is_never_negative_when_a_file_changes_during_the_collection(
         tmp_path, monkeypatch):
     pod = recorded_pod_with_shards(tmp_path / "pod")
-    config = load_config(pod)
+    config = load_pod_config(pod)
     checkpoint = pod / read_manifest(pod / config.manifest).entries[0].checkpoint
     checkpoint.parent.mkdir(parents=True, exist_ok=True)
     checkpoint.touch()

@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from launcher.cli.main import main as cli_main
-from launcher.config.podconfig import load_config
+from launcher.config.podconfig import load_pod_config
 from launcher.dashboard.status import StatusView, collect
 from launcher.dashboard.status_table import COLUMNS
 from tests.support.dashboard import copy_recorded_pod
@@ -25,7 +25,7 @@ LONG_REASON = ("AR 7.8124 vs baseline 7.7310 (+0.0814, limit 0.2500, floor band 
 def report(tmp_path):
     """The recorded pod's report, as 8 running GPUs with every field at its widest."""
     pod = copy_recorded_pod(tmp_path / "pod")
-    report = collect(pod, load_config(pod))
+    report = collect(pod, load_pod_config(pod))
     row = report["gpus"][0]
     report["gpus"] = [{**row, "gpu": gpu, "pid": 4_190_000 + gpu, "alive": True,
                        "node": f"node-{gpu}-a1b2c3d4e5f6", "state": "running",
@@ -113,10 +113,10 @@ def test_rollback_by_hand_leaves_no_stale_verdict_and_names_both_stages(tmp_path
     from launcher.dashboard.timeline import markers
     from launcher.pod.events import read_events
     pod = copy_recorded_pod(tmp_path / "pod")
-    before = collect(pod, load_config(pod))
+    before = collect(pod, load_pod_config(pod))
     assert before["gpus"][0]["verdict"] == "Incomplete"
     assert cli_main(["--pod-dir", str(pod), "rollback", "--to-stage", "1"]) == 0
-    report = collect(pod, load_config(pod))
+    report = collect(pod, load_pod_config(pod))
     assert report["stage"] == 1
     for row in report["gpus"]:
         assert row["stage"] == 1
@@ -143,7 +143,7 @@ def test_a_workers_newer_save_is_no_replaced_checkpoint(tmp_path, worker_trained
     from launcher.worker.process import WorkerSpec, build_env, worker_command
     from tests.support.pods import copy_pod
     pod = copy_pod(worker_trained_pod, tmp_path / "pod")     # trained 3 steps
-    config = load_config(pod)
+    config = load_pod_config(pod)
     entry = read_manifest(pod / config.manifest).entries[0]
     live = pod / entry.checkpoint
     recorded_bytes = live.read_bytes()

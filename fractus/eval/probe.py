@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from fractus.config import EngineConfig, load_config
+from fractus.config import EngineConfig, load_model_config
 from fractus.continuous_engine import ContinuousThoughtEngine
 from fractus.data import ShardError, TokenShard
 from fractus.legacy import as_engine_checkpoint, describe_filled, read_checkpoint, train_head
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     try:
-        model_config = load_config(args.model) if args.model else None
+        model_config = load_model_config(args.model) if args.model else None
         result = probe_checkpoint(args.checkpoint, args.shard, ProbeConfig(rows=args.rows),
                                   args.head, args.device, model_config, args.default_head)
     except (ValueError, ShardError, FileNotFoundError) as e:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from fractus.config import EngineConfig, load_config
+from fractus.config import EngineConfig, load_model_config
 from fractus.train.checkpoint import is_full, load_checkpoint
 from fractus.train.env import MERGED_BRAIN, SettingsError, WorkerSettings
 
@@ -50,7 +50,7 @@ def resolve_device(settings: WorkerSettings) -> torch.device:
 
 def _model_config(settings: WorkerSettings, ck: dict | None) -> EngineConfig:
     try:
-        wanted = load_config(settings.model) if settings.model else None
+        wanted = load_model_config(settings.model) if settings.model else None
         stored = (EngineConfig.from_dict(ck["config"])
                   if ck is not None and ck["config"] is not None else None)
     except (ValueError, TypeError, OSError) as e:
@@ -58,7 +58,7 @@ def _model_config(settings: WorkerSettings, ck: dict | None) -> EngineConfig:
     if wanted and stored and wanted != stored:
         raise SettingsError(f"MODEL={settings.model} does not match the checkpoint's config "
                             f"({stored.to_dict()})")
-    return stored or wanted or load_config(DEFAULT_MODEL)
+    return stored or wanted or load_model_config(DEFAULT_MODEL)
 
 
 def _source(settings: WorkerSettings) -> Path | None:

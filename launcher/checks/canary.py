@@ -1,4 +1,4 @@
-"""The stage canary (issue 6): prove stage N continues stage M's curve before the pod switches.
+"""The stage canary: prove stage N continues stage M's curve before the pod switches.
 
 From one GPU's newest checkpoint, the real worker runs K steps with stage M's settings and
 K steps with stage N's, in two processes (one after the other by default: two 1B workers
@@ -19,8 +19,8 @@ Nothing here switches anything: the caller switches only when `result.passed`.
     plan, manifest = load_plan(pod_dir, ...)      # launcher/supervise/plan.py, once
     result = run_canary(plan, manifest, gpu=0, from_stage=1, to_stage=2)
 
-It takes the launch's plan (anything with the CanaryPlan fields) and manifest: the settings,
-stages and criteria it uses are the ones the launch validated, never the files again.
+It takes the pod's files as the launch read them (checks/pod_files.py PodFiles: the launch
+plan is one) and the manifest, never the files again.
 """
 
 from __future__ import annotations
@@ -31,14 +31,14 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable
 
 from fractus.train.exit_codes import WorkerExitCode
 from launcher.files import read_json_state, write_json_state
 from launcher.paths import CANARY_FILE, CANARY_SCRATCH_DIR
 from launcher import child
 from launcher.checks.canary_compare import compare_approximate, compare_exact, metrics_lines
-from launcher.checks.trusted_loss import TrustedLoss
+from launcher.checks.pod_files import PodFiles
 from launcher.errors import UserError
 from launcher.checks.health import FAILED, INCONCLUSIVE, SUCCESSFUL
 from launcher.pod.manifest import Manifest
@@ -253,15 +253,7 @@ def _clean(scratch_root: Path, run_dir: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-class CanaryPlan(Protocol):
-    """What the canary reads of the launch plan (launcher/supervise/plan.py LaunchPlan)."""
-    pod_dir: Path
-    config: PodConfig
-    stages: dict[int, Stage]
-    trusted: TrustedLoss        # its `canary:` settings and the health-check criteria
-
-
-def run_canary(plan: CanaryPlan, manifest: Manifest, gpu: int, from_stage: int,
+def run_canary(plan: PodFiles, manifest: Manifest, gpu: int, from_stage: int,
                to_stage: int, steps: int | None = None, device: str | None = None,
                timeout_s: float | None = None, parallel: bool = False,
                should_stop: Callable[[], str | None] = lambda: None) -> CanaryResult:

@@ -21,22 +21,22 @@ from launcher.config.yamlfile import read_yaml
 
 
 @dataclass(frozen=True)
-class TrustedLoss:
+class CriteriaFile:
     criteria: Criteria
     canary: CanarySettings
     probe_tolerance: ProbeTolerance
     probe_schedule: ProbeSchedule
 
 
-def load_trusted_loss(path: str | Path) -> TrustedLoss:
+def load_criteria_file(path: str | Path) -> CriteriaFile:
     """Every section of the criteria file; UserError (one line) for any mistake in any."""
     path = Path(path)
     data = with_shipped_defaults(read_yaml(path, "criteria file"))
     criteria = parse_criteria(data, str(path))      # refuses anything but a mapping
     tolerance, schedule = parse_probe(data.get("probe"), path)
-    return TrustedLoss(criteria, parse_canary(data.get("canary"), path), tolerance, schedule)
+    return CriteriaFile(criteria, parse_canary(data.get("canary"), path), tolerance, schedule)
 
 
-def shipped_trusted_loss() -> TrustedLoss:
+def shipped_criteria_file() -> CriteriaFile:
     """The shipped file's values: what a pod gets for every key its own file leaves out."""
-    return load_trusted_loss(SHIPPED_CRITERIA)
+    return load_criteria_file(SHIPPED_CRITERIA)

@@ -29,9 +29,9 @@ def test_alerts(ctx) -> None:
     from launcher.alerts.formats import pod_label, render
     from launcher.alerts.rules import Alert
     from launcher.alerts.webhooks import DeliveryError, configured_webhooks, post
-    from launcher.config.podconfig import load_config
+    from launcher.config.podconfig import load_pod_config
     pod_dir = pod_dir_of(ctx)
-    alerting = configured_webhooks(load_config(pod_dir))
+    alerting = configured_webhooks(load_pod_config(pod_dir))
     if alerting is None:
         raise UserError(f"no alerts: in {pod_dir / CONFIG_NAME}; add alerts: {{webhooks: "
                         f"[{{format: ntfy, url_env: NTFY_URL}}]}} (docs/LAUNCHER.md)")

@@ -32,14 +32,14 @@ def push(ctx, url: str) -> None:
     key alone; the rest of the file stays as written)."""
     # imported when run, not at startup: `fractus-pod --help` loads every command module
     from launcher.config.devices import parse_devices
-    from launcher.config.podconfig import load_config
+    from launcher.config.podconfig import load_pod_config
     from launcher.config.yamlfile import read_yaml, set_top_level_key
     from launcher.hub import HubError
     from launcher.hub.data_source import push_shards
     from launcher.hub.by_url import absolute_hub_url
     from launcher.hub.sync import retry_policy
     pod_dir = pod_dir_of(ctx)
-    config = load_config(pod_dir)
+    config = load_pod_config(pod_dir)
     paths = [rel for s in parse_devices(config.devices) for rel in config.shard_paths(s.gpu)]
     try:
         source, uploaded = push_shards(pod_dir, paths, absolute_hub_url(url, Path.cwd()),

@@ -42,8 +42,8 @@ def _hub_errors(fn):
 
 def _store(pod_dir: Path):
     # imported when run, not at startup: `fractus-pod --help` loads every command module
-    from launcher.config.podconfig import load_config
-    config = load_config(pod_dir)
+    from launcher.config.podconfig import load_pod_config
+    config = load_pod_config(pod_dir)
     if not config.hub:
         raise UserError("no hub configured: set `hub:` in fractus-pod.yaml "
                         "(file://DIR or hf://owner/repo)")
@@ -58,14 +58,14 @@ def _store(pod_dir: Path):
 def sync_history(ctx) -> None:
     """Revisions of the hub store, newest first."""
     # imported when run, not at startup: `fractus-pod --help` loads every command module
-    from launcher.config.podconfig import load_config
+    from launcher.config.podconfig import load_pod_config
     pod_dir = pod_dir_of(ctx)
     store = _store(pod_dir)
     entries = store.history()
     if not entries:
         click.echo(f"no revisions in {store.url} yet (`fractus-pod sync push`, or a running "
                    f"launcher pushes every sync interval)")
-    config = load_config(pod_dir)
+    config = load_pod_config(pod_dir)
     settings = config.retention_settings()
     marks: dict[str, str] = {}
     if settings is not None and entries:   # without a policy nothing is ever deleted
@@ -87,11 +87,11 @@ def sync_history(ctx) -> None:
 def sync_push(ctx, message: str) -> None:
     """Push every GPU's newest passed checkpoint and the manifest as one revision."""
     # imported when run, not at startup: `fractus-pod --help` loads every command module
-    from launcher.config.podconfig import load_config
+    from launcher.config.podconfig import load_pod_config
     from launcher.hub.sync_push import push_now
     pod_dir = pod_dir_of(ctx)
     _store(pod_dir)                        # refuses a pod without a hub
-    revision, noted, skipped = push_now(pod_dir, load_config(pod_dir), message)
+    revision, noted, skipped = push_now(pod_dir, load_pod_config(pod_dir), message)
     click.echo(f"skipped: revision {revision} already holds these checkpoints and this "
                f"manifest" if skipped
                else f"pushed revision {revision}")
@@ -135,13 +135,13 @@ def merge(ctx, out: str) -> None:
     records, one at a time. The launch's trust rules hold: each file inside the pod, the
     GPU's own (GPU, shard, run, token), every tensor finite."""
     # imported when run, not at startup: `fractus-pod --help` loads every command module
-    from launcher.config.podconfig import load_config
+    from launcher.config.podconfig import load_pod_config
     from launcher.hub import HubError
     from launcher.hub.merge import merge_checkpoints
     from launcher.pod.ckpt_trust import check_entry
     from launcher.pod.manifest import read_manifest, resolve_in_pod
     pod_dir = pod_dir_of(ctx)
-    config = load_config(pod_dir)
+    config = load_pod_config(pod_dir)
     manifest = read_manifest(pod_dir / config.manifest)
     paths, on_hub, missing, gpu_of = [], {}, [], {}
     for gpu, entry in sorted(manifest.entries.items()):

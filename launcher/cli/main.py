@@ -91,11 +91,11 @@ def init(ctx, preset: str, force: bool, no_data: bool) -> None:
 def status(ctx, as_json: bool, watch: bool, wide: bool) -> None:
     """Per GPU: liveness, stage, progress, losses, speed, memory, checkpoint, verdict."""
     # imported when run, not at startup: `fractus-pod --help` loads every command module
-    from launcher.config.podconfig import load_config
+    from launcher.config.podconfig import load_pod_config
     from launcher.dashboard.goodput_files import LedgerSource, goodput_report
     from launcher.dashboard.status import StatusView, collect
     pod_dir = pod_dir_of(ctx)
-    config = load_config(pod_dir)
+    config = load_pod_config(pod_dir)
     ledger = LedgerSource(pod_dir)      # --watch: each refresh reads only appended lines
 
     def report() -> dict:
@@ -164,10 +164,10 @@ def _keys_not_echoed():
 def stop(ctx, timeout) -> None:
     """Graceful stop: every worker checkpoints, then the launcher exits."""
     # imported when run, not at startup: `fractus-pod --help` loads every command module
-    from launcher.config.podconfig import load_config
+    from launcher.config.podconfig import load_pod_config
     from launcher.worker.process import running_workers
     pod_dir = pod_dir_of(ctx)
-    config = load_config(pod_dir)
+    config = load_pod_config(pod_dir)
     holder = read_holder(pod_dir)
     if holder is None or not holder.get("pid"):
         # A launcher may be starting and not hold the pod yet: it takes this request when it

@@ -21,7 +21,7 @@ from launcher.pod.manifest import (
     write_manifest,
 )
 from launcher.config.devices import parse_devices
-from launcher.config.podconfig import load_config
+from launcher.config.podconfig import load_pod_config
 from launcher.config.stages import get_stage, load_stages
 from launcher.pod.live_state import write_rollback_request
 from launcher.hub.sync import note_manifest_changed
@@ -35,7 +35,7 @@ from launcher.checks.probe_check import (
     run_probe_process,
 )
 from launcher.checks.probe_outcome import stage_baseline
-from launcher.checks.trusted_loss import load_trusted_loss
+from launcher.checks.trusted_loss import load_criteria_file
 
 
 def manual_rollback(pod_dir: Path, to_stage: int, gpus: list[int]) -> str:
@@ -44,7 +44,7 @@ def manual_rollback(pod_dir: Path, to_stage: int, gpus: list[int]) -> str:
     With a launcher running, it is asked to do it (same code path as an automatic
     rollback, then it relaunches at `to_stage`); otherwise the manifest is changed here,
     under the pod lock, and the next `launch` resumes from it."""
-    config = load_config(pod_dir)
+    config = load_pod_config(pod_dir)
     get_stage(load_stages(pod_dir / config.stages), to_stage)
     holder = read_holder(pod_dir)
     _refuse_going_up(pod_dir, config, to_stage, running=holder is not None)
@@ -230,14 +230,14 @@ def probe_pod(pod_dir: Path, gpu: int | None = None, checkpoint: str | None = No
     records, else that of the GPU training on `shard`, else the shard's start: said in
     `head_note`). Returns the probe's numbers plus what was probed and the verdict, or a
     hint when there is none."""
-    config = load_config(pod_dir)
+    config = load_pod_config(pod_dir)
     gpu, stage, ckpt_path, shard_path, gpu_head = _probe_files(pod_dir, config, gpu,
                                                                checkpoint, shard)
     default_head, default_what = (_shard_head(pod_dir, config, shard_path)
                                   if checkpoint is not None else (None, ""))
     if record_baseline and stage is None:
         raise UserError("--record-baseline needs --gpu of a GPU whose stage the manifest records")
-    tolerance = load_trusted_loss(pod_dir / config.criteria).probe_tolerance
+    tolerance = load_criteria_file(pod_dir / config.criteria).probe_tolerance
     try:
         result = run_probe_process(ckpt_path, shard_path, head=gpu_head if head is None
                                    else head, device=device, timeout_s=timeout_s, cwd=pod_dir,

@@ -27,9 +27,9 @@ def dashboard(ctx, port: int, host: str) -> None:
     """A live page of the pod: per-GPU curves, markers, the status table (read-only)."""
     # imported when run, not at startup: `fractus-pod --help` loads every command module
     from launcher.dashboard.server import make_server
-    from launcher.config.podconfig import load_config
+    from launcher.config.podconfig import load_pod_config
     pod_dir = pod_dir_of(ctx)
-    config = load_config(pod_dir)
+    config = load_pod_config(pod_dir)
     try:
         server = make_server(pod_dir, config, host, port)
     except OSError as exc:
@@ -83,11 +83,11 @@ def plot(ctx, out: str, width: int, height: int, x_mode: str) -> None:
 def report(ctx, markdown: bool) -> None:
     """A run's summary: goodput, GPU-hours (and money), time lost by cause, incidents."""
     # imported when run, not at startup: `fractus-pod --help` loads every command module
-    from launcher.config.podconfig import load_config
+    from launcher.config.podconfig import load_pod_config
     from launcher.dashboard.report import render_markdown, render_text
     from launcher.dashboard.goodput_files import goodput_report
     pod_dir = pod_dir_of(ctx)
-    config = load_config(pod_dir)
+    config = load_pod_config(pod_dir)
     render = render_markdown if markdown else render_text
     click.echo(render(str(pod_dir), goodput_report(pod_dir, config), read_events(pod_dir)),
                nl=not markdown)

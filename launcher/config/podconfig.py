@@ -25,7 +25,7 @@ from launcher.config.devices import parse_devices
 from launcher.config.phases import Phase, parse_phases
 from launcher.config.yamlfile import read_yaml
 from fractus.train.env import ENV_VARS
-from fractus.config import PRESETS as MODEL_PRESETS, load_config as load_model
+from fractus.config import PRESETS as MODEL_PRESETS, load_model_config
 from launcher.child import is_hub_name
 from launcher.config.retention_settings import RetentionSettings
 from launcher.config.tracker import TrackerSettings
@@ -77,7 +77,7 @@ class PodConfig:
     # workdir, resource. None: child processes of the launcher on this machine.
     ray: dict | None = None
     # Where the shards come from when they are not on disk (launcher/config/data_settings.py):
-    # url and revision, parsed by load_config; launch fetches and verifies the shards.
+    # url and revision, parsed by load_pod_config; launch fetches and verifies the shards.
     # None: the user places them.
     data: "DataSource | None" = None
     # Webhooks told of failures, rollbacks, refused pushes... (launcher/config/alerts.py).
@@ -129,7 +129,7 @@ class PodConfig:
         return dataclasses.asdict(self)
 
     def sync_settings(self) -> "SyncSettings":
-        """`sync:` parsed (once per value; load_config has checked it)."""
+        """`sync:` parsed (once per value; load_pod_config has checked it)."""
         return self._parsed("_sync", self.sync, SyncSettings.parse)
 
     def alert_settings(self) -> "AlertSettings | None":
@@ -334,7 +334,7 @@ def check_model(pod_dir: Path, config: PodConfig) -> None:
         return
     path = Path(name) if Path(name).is_absolute() else pod_dir / name
     try:
-        load_model(str(path))
+        load_model_config(str(path))
     except (ValueError, TypeError, OSError, yaml.YAMLError) as exc:
         reason = " ".join(str(exc).split())[:200]
         raise UserError(f"{pod_dir / CONFIG_NAME}: model {name!r} cannot be built ({reason}); "
@@ -368,7 +368,7 @@ def _check_pass_env(names: list, source: str) -> None:
                             f"talks to the hub); remove it from pass_env")
 
 
-def load_config(pod_dir: Path) -> PodConfig:
+def load_pod_config(pod_dir: Path) -> PodConfig:
     path = pod_dir / CONFIG_NAME
     if not path.exists():
         raise UserError(f"no {CONFIG_NAME} in {pod_dir}: run `fractus-pod init` first")

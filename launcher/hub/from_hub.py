@@ -27,7 +27,7 @@ from launcher.errors import UserError
 from launcher.config.yamlfile import read_yaml, set_top_level_key
 from launcher.hub import open_store
 from launcher.pod.manifest import read_manifest
-from launcher.config.podconfig import load_config
+from launcher.config.podconfig import load_pod_config
 from launcher.pod.setup_init import write_demo_shards
 from launcher.config.stages import load_stages
 from launcher.hub.config_trust import refusal, untrusted_config, untrusted_stages
@@ -170,7 +170,7 @@ def _rebuild_at(pod_dir: Path, url: str, store, rev: str, on_cluster: bool,
                         f"pushed by fractus-pod")
     store.pull([CONFIG_NAME], rev)
     keep_hub(pod_dir, url, f"rebuilt from {url} at revision {rev}")
-    config = load_config(pod_dir)
+    config = load_pod_config(pod_dir)
     if not trust_config and (found := untrusted_config(config, pod_dir, ray_address)):
         raise UserError(refusal(url, found))      # before anything else is pulled
     store.pull([p for p in (config.manifest, config.stages, config.criteria, config.model)

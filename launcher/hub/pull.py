@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from launcher.errors import UserError
-from launcher.config.podconfig import PodConfig, load_config
+from launcher.config.podconfig import PodConfig, load_pod_config
 from launcher.paths import CONFIG_NAME
 from launcher.pod.manifest import ManifestError, read_manifest
 from launcher.hub.integrity import matches, pod_relpath
@@ -57,7 +57,7 @@ def _refuse_untrusted(pod_dir: Path, store, revision: str, wanted: list[str], ur
     """The hub's config (and its stages file, when pulled too), read in the store's scratch
     folder, never among the pod's files: refused before anything is pulled."""
     with store.fetched(CONFIG_NAME, revision) as path:
-        config = load_config(path.parent)
+        config = load_pod_config(path.parent)
     found = untrusted_config(config, pod_dir)
     if config.stages in wanted and config.stages in store.files(revision):
         with store.fetched(config.stages, revision) as path:
@@ -71,7 +71,7 @@ def pull_into_pod(pod_dir: Path, url: str | None, revision: str | None, paths: l
     """Pull `paths` (default: every file) of `revision` (default: newest) from `url` (default:
     the pod's `hub:`). Returns (url, revision, {path: local file}). `trust_config`: the
     user's --trust-hub-config (a config from a hub the pod does not name is filtered)."""
-    config = load_config(pod_dir) if (pod_dir / CONFIG_NAME).is_file() else None
+    config = load_pod_config(pod_dir) if (pod_dir / CONFIG_NAME).is_file() else None
     if url is None:
         if config is None:
             raise UserError(f"no {CONFIG_NAME} in {pod_dir}: to pull into a new folder name "

@@ -33,11 +33,11 @@ from launcher.errors import UserError
 from launcher.pod.manifest import (Manifest, ManifestEntry, ManifestError, read_manifest,
                                     write_manifest)
 from launcher.config.devices import parse_devices
-from launcher.config.podconfig import DEFAULT_MANIFESTS, PodConfig, load_config
+from launcher.config.podconfig import DEFAULT_MANIFESTS, PodConfig, load_pod_config
 from launcher.pod.setup_init import write_config
 from launcher.pod.progress import progress
 from launcher.pod.shards import shard_length
-from fractus.config import PRESETS, EngineConfig, load_config as engine_config
+from fractus.config import PRESETS, EngineConfig, load_model_config
 from launcher.pod.setup_init import config_text
 
 # Written when the checkpoints' config is no preset: the constructor keywords, for MODEL.
@@ -169,7 +169,7 @@ def _checkpoint_config(path: Path, model: str | None):
     from fractus.legacy import state_fit
     from fractus.train.checkpoint import load_checkpoint
     ck = load_checkpoint(path)
-    config = engine_config(model or V1_MODEL) if ck.get("config") is None else \
+    config = load_model_config(model or V1_MODEL) if ck.get("config") is None else \
         EngineConfig.from_dict(ck["config"])
     state = ck["model_state"]
     return config, state_fit(config, state)[1] if isinstance(state, dict) else None
@@ -187,7 +187,7 @@ def _configs(pod_dir: Path, gpus: list[AdoptedGpu], model: str | None,
             problems.append(f"gpu {g.gpu}: cannot read checkpoint {g.checkpoint}: {reason[:200]}")
     if model:
         try:
-            wanted = engine_config(model)
+            wanted = load_model_config(model)
         except (ValueError, OSError) as exc:
             problems.append(f"--model: {exc}")
             return
@@ -268,7 +268,7 @@ def _hash_all(pod_dir: Path, gpus: list[AdoptedGpu]) -> None:
 def _pod_config(pod_dir: Path, adoption: Adoption) -> PodConfig:
     """The existing fractus-pod.yaml (its other settings kept), else the defaults, naming the
     adopted files."""
-    base = load_config(pod_dir) if (pod_dir / CONFIG_NAME).is_file() else PodConfig()
+    base = load_pod_config(pod_dir) if (pod_dir / CONFIG_NAME).is_file() else PodConfig()
     return dataclasses.replace(
         base, model=adoption.model, devices=adoption.devices, shards=adoption.shards,
         checkpoints=V1_CHECKPOINT,

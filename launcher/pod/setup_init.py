@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from launcher.config.devices import parse_devices
-from launcher.config.podconfig import DEFAULT_MANIFESTS, PRESETS, PodConfig, load_config
+from launcher.config.podconfig import DEFAULT_MANIFESTS, PRESETS, PodConfig, load_pod_config
 from launcher.config.stages import load_stages
 from launcher.errors import UserError
 from launcher.files import atomic_write_text
@@ -123,7 +123,7 @@ def create_pod(pod_dir: Path, preset: str, force: bool = False,
             atomic_write_text(root / rel, text)
         for sub in ("checkpoints", "data", "logs"):
             (root / sub).mkdir(exist_ok=True)
-        loaded = load_config(root)
+        loaded = load_pod_config(root)
         stage_file = root / loaded.stages
         if not stage_file.exists():
             stage_file = pod_dir / loaded.stages      # the user's, kept

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from launcher.cli import main as cli_main
-from launcher.config.podconfig import load_config
+from launcher.config.podconfig import load_pod_config
 from launcher.pod.ckpt_index import PASSED, CheckpointIndex
 from launcher.files import sha256_file
 from launcher.pod.manifest import apply_checkpoint, read_manifest, write_manifest
@@ -51,7 +51,7 @@ def write_checkpoint(pod: Path, index: CheckpointIndex, manifest, gpu: int, toke
 
 def add_passed(pod: Path, gpu: int, token: int) -> dict:
     """A new passed checkpoint of `gpu` at `token`, recorded in the index and manifest."""
-    config = load_config(pod)
+    config = load_pod_config(pod)
     manifest = read_manifest(pod / config.manifest)
     event = write_checkpoint(pod, CheckpointIndex(pod), manifest, gpu, token, PASSED)
     write_manifest(manifest)

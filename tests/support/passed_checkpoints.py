@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from launcher.config.podconfig import load_config
+from launcher.config.podconfig import load_pod_config
 from launcher.pod.ckpt_index import PASSED, CheckpointIndex
 from launcher.files import sha256_file
 from launcher.pod.manifest import apply_checkpoint, read_manifest, write_manifest
@@ -17,7 +17,7 @@ def new_checkpoints(pod: Path, token: int, size: int, gpus, stage: int = 1,
     """Each of `gpus` gets its next checkpoint of `size` random bytes at `token` of data
     phase `phase`, passed, in the checkpoint index and the manifest (as the launcher records
     them); every GPU of the manifest is at `stage` (a stage switch moves them all)."""
-    config = load_config(pod)
+    config = load_pod_config(pod)
     manifest = read_manifest(pod / config.manifest)
     index = CheckpointIndex(pod)
     for gpu in gpus:

@@ -14,7 +14,7 @@ from pathlib import Path
 from fractus.data import synth
 from launcher.pod.manifest import apply_checkpoint, read_manifest, write_manifest
 from launcher.config.devices import Slot
-from launcher.config.podconfig import load_config
+from launcher.config.podconfig import load_pod_config
 from launcher.pod.setup_init import init_pod
 from launcher.config.stages import load_stages
 from launcher.paths import metrics_path
@@ -24,7 +24,7 @@ from launcher.worker.process import WorkerSpec, build_env, read_records, worker_
 
 def stage1_pod(pod: Path, steps: int = 3) -> Path:
     init_pod(pod, "tiny-cpu")
-    config = load_config(pod)
+    config = load_pod_config(pod)
     synth(pod / "data", shards=1, tokens=20_000, vocab=512, seed=0)
     stages = load_stages(pod / config.stages)
     env = build_env(config, WorkerSpec(Slot(0, "cpu"), stages[1].settings, max_steps=steps))

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from launcher.cli import main as cli_main
-from launcher.config.podconfig import load_config
+from launcher.config.podconfig import load_pod_config
 from launcher.files import sha256_file
 from launcher.hub import open_store
 from launcher.hub.from_hub import rebuild_from_hub
@@ -93,7 +93,7 @@ def stored_checkpoint_bytes(store, named: set[str]) -> int:
 def rebuilds_a_pod(pod: Path, hub_url: str, revision: str) -> None:
     """`revision` rebuilds a pod: every GPU's checkpoint pulled with its recorded bytes."""
     rebuild_from_hub(pod, hub_url, revision)
-    manifest = json.loads((pod / load_config(pod).manifest).read_text())
+    manifest = json.loads((pod / load_pod_config(pod).manifest).read_text())
     for gpu in range(GPUS):
         path = pod / manifest[f"gpu_{gpu}"]["checkpoint"]
         assert sha256_file(path) == manifest[f"gpu_{gpu}"]["checkpoint_sha256"]
