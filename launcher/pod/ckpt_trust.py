@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 
 from launcher.pod.manifest import RUN_ID_KEY, Manifest, ManifestError, phase_shard
-from fractus.config import PRESETS, EngineConfig, load_config
+from fractus.config import PRESETS, EngineConfig, load_model_config
 
 
 @dataclass(frozen=True)
@@ -59,9 +59,9 @@ def _check_model_fit(ck: dict, model: str, pod_dir: Path | None) -> None:
     and its tensors must fit it (compared by shape on the meta device, no weights read)."""
     from fractus.legacy import state_mismatch      # torch (~2 s), as above
     if model in PRESETS or pod_dir is None or Path(model).is_absolute():
-        wanted = load_config(model)
+        wanted = load_model_config(model)
     else:
-        wanted = load_config(str(pod_dir / model))
+        wanted = load_model_config(str(pod_dir / model))
     stored = ck.get("config")
     if stored is not None:
         try:
