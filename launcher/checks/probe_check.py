@@ -1,4 +1,5 @@
-"""The AR probe as a health check (issue 6): its verdict against the stage's baseline AR.
+"""The AR probe as a health check: its verdict against the stage's baseline AR, from the
+probe's result alone; a probe that crashes, hangs or cannot read its files is Inconclusive.
 
 The probe itself is fractus/eval/probe.py. Here: the tolerance (the `probe:` section of
 trusted_loss.yaml, with defaults), the verdict, and a runner that probes in another
@@ -8,7 +9,7 @@ its files makes the check Inconclusive instead of taking the launcher down.
     result = run_probe_process("checkpoints/fractus_1b_gpu0.pt", "data/shard_phase2_gpu0.npy")
     status, reason = probe_verdict(result, Baseline.of(baseline_result), plan.trusted.probe_tolerance)
 
-The allowed rise is calibrated on measured noise (issue 9): the baseline was probed on R_b
+The allowed rise is calibrated on measured noise: the baseline was probed on R_b
 windows (rows) whose ARs spread with sample standard deviation s; a probe on R_c other
 windows differs from it by window noise alone with standard error
     sigma = s * sqrt(1/R_b + 1/R_c)

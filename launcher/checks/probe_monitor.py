@@ -1,4 +1,5 @@
-"""The AR probe as one of the supervisor's health checks (issue 6).
+"""The AR probe as one of the supervisor's health checks: neither the workers nor the poll
+loop ever wait for a probe, and a failed probe's checkpoint is never restored.
 
 The supervisor hands every new checkpoint to a ProbeMonitor; every `probe.every`-th one of
 a GPU is probed (launcher/checks/probe_check.py: `python -m fractus.eval.probe` in a child
@@ -28,7 +29,7 @@ replaces one still waiting to be probed. A checkpoint to probe is hard-linked un
 checkpoints/probe/ when it is queued: the worker's rotation and the index's pruning of
 retained links may delete every other name for it before its probe starts. Each hold has a
 name of its own (a counter), so a probe that ends after a rollback restarted the stage
-removes its own link and never the new stage's (issue 10, item 7).
+removes its own link and never the new stage's.
 
 On a remote backend (Ray) the checkpoints are on the nodes: `use_nodes` hands the holding
 and the running of each probe to the node that holds the file (the same probe program,
