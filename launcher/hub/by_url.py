@@ -2,7 +2,7 @@
 directory names the same store (absolute_hub_url).
 
 Its own module so that store.py (the interface) imports neither backend: local.py and hf.py
-import store.py, and open_store inside store.py closed an import circle with both.
+import store.py.
 """
 
 from __future__ import annotations

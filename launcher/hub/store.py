@@ -143,8 +143,8 @@ class Store(ABC):
             raise HubError(f"not in revision {rev[:12]} of {self.url}: {', '.join(missing)}")
         out: dict[str, Path] = {}
         # Staged, then committed: every file is fetched and verified into a scratch folder
-        # first, and moved into the pod only when all of them are. A refused checkpoint used
-        # to leave the manifest already installed, naming a file that was not.
+        # first, and moved into the pod only when all of them are: a refused checkpoint
+        # never leaves the manifest installed, naming a file that is not.
         stage = self.pod_dir / HUB_SCRATCH_DIR / f"pull-{uuid.uuid4().hex[:12]}"
         staged: dict[str, Path] = {}
         try:
