@@ -1,9 +1,8 @@
-"""How `launch --max-time T` splits between the stage canary and training (issue 16, item 6).
+"""How `launch --max-time T` splits between the stage canary and training: said before
+anything starts, and a budget the canary alone would use up is refused (exit 2).
 
 --max-time counts from the start of `launch`, so a switch that runs the canary first spends
-part of it there: a 90 s budget once went 68 s to the canary and 0 s to training. Before
-anything starts, the launch says how the budget splits, and refuses (exit 2) a budget the
-canary alone would use up.
+part of it there.
 
 The canary's time is estimated from what this pod measured, never guessed from nothing
 (judgement, see docs/CANARY.md "Budget"):

@@ -1,4 +1,5 @@
-"""The GPUs' metrics lines mirrored to trackio (`tracker:` in fractus-pod.yaml, issue 19).
+"""The GPUs' metrics lines mirrored to trackio (`tracker:` in fractus-pod.yaml); the
+tracker never delays or breaks supervision.
 
 Fed by the monitor with each metrics line it already reads (the worker writes no second
 copy) and by the event log with the launcher's key decisions (a rollback, a stage change).
