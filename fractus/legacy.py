@@ -7,7 +7,7 @@ written from the parameters alone (the user's merged brain) may lack what the mo
 construction computes: its constant buffers (`attn.level_offsets`, `moe.expert_phases`)
 and the second name of a tied weight (`output_head.weight`, the same tensor as
 `observe.weight`). Those are filled from the construction and named (`filled_keys`,
-`describe_filled`); a missing learned parameter is refused as before.
+`describe_filled`); a missing learned parameter is refused.
 
 Every file the reference trains from loads here (`as_engine_checkpoint`):
   v1 `{"model_state", "config"}` whose config holds the v1 TARGET keys and no vocab_size

@@ -5,10 +5,9 @@ people: `tensorboard --logdir logs/tb` shows one run per GPU.
 
 Written on the caller's thread, in TensorBoard's own record format (tensorboard's
 RecordWriter and Event protos), through a buffered file flushed every FLUSH_SECS and at
-close. Not torch's SummaryWriter: its writer thread does the file I/O, and on a full disk
-that thread died with an unhandled OSError (a traceback in the worker's log, outside the
-worker's disk-full exit). Here a failed write raises where the worker writes its metrics
-and handles a full disk.
+close. Not torch's SummaryWriter: its writer thread does the file I/O and dies on a full
+disk with an unhandled OSError, outside the worker's disk-full exit. Here a failed write
+raises where the worker writes its metrics and handles a full disk.
 """
 
 from __future__ import annotations
