@@ -4,7 +4,7 @@ import httpx2
 import pytest
 from huggingface_hub.errors import HfHubHTTPError
 
-from launcher.hub.retry import RetryPolicy, is_transient, with_retries
+from launcher.hub.retry import RetryPolicy, attempts, is_transient, retrying, with_retries
 
 
 def _http_error(status: int) -> HfHubHTTPError:
@@ -64,3 +64,32 @@ def test_success_after_transient_failures_and_no_retry_on_real_answers():
     with pytest.raises(HfHubHTTPError):
         with_retries(not_found, "x", RetryPolicy(), sleep=sleeps.append)
     assert len(calls) == 1
+
+
+def test_the_one_retry_loop_stops_at_a_refused_failure_or_the_last_try():
+    """`retrying` with `attempts` (downloads, a writer's conflicts, webhook posts): a failure
+    the policy refuses is raised at once, the last try's failure is raised as it is, and
+    each retry is heard of and waits its backoff."""
+    calls, sleeps, heard = [], [], []
+
+    def fails(exc):
+        def fn():
+            calls.append(exc)
+            raise exc
+        return fn
+    policy = lambda: attempts(3, lambda e: isinstance(e, KeyError), backoff=lambda n: n / 10,
+                              on_retry=lambda e, n: heard.append(n))
+    with pytest.raises(ValueError):
+        retrying(fails(ValueError("no")), policy(), sleep=sleeps.append)
+    assert len(calls) == 1 and sleeps == [] and heard == []
+    with pytest.raises(KeyError):
+        retrying(fails(KeyError("again")), policy(), sleep=sleeps.append)
+    assert len(calls) == 4 and sleeps == [0.1, 0.2] and heard == [1, 2]
+    tries = iter([KeyError("once"), None])
+
+    def flaky():
+        exc = next(tries)
+        if exc is not None:
+            raise exc
+        return "ok"
+    assert retrying(flaky, policy(), sleep=sleeps.append) == "ok"

@@ -23,6 +23,7 @@ from launcher.alerts.formats import render
 from launcher.alerts.rules import Alert, worst
 from launcher.alerts.webhooks import DeliveryError, Webhook, post
 from launcher.hub.redact import scrub
+from launcher.hub.retry import attempts, retrying
 
 _STOP = object()
 
@@ -124,22 +125,23 @@ class WebhookSender:
         facts = {"alert": batch[0].event if len(batch) == 1 else "summary",
                  "severity": worst(batch), "keys": [a.key for a in batch],
                  "webhook": self.hook.name, **({"dropped": dropped} if dropped else {})}
-        error = None
-        for attempt in range(1, self.attempts + 1):
+        tries = 0
+
+        def send() -> int:
+            nonlocal tries
+            tries += 1
             self._sent_at.append(time.monotonic())
-            try:
-                status = post(self.hook, body, headers, self.timeout_s)
-            except DeliveryError as exc:
-                error = exc
-                if not exc.retry or attempt == self.attempts:
-                    break
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
-                continue
-            self._record("alert_sent", **facts, attempts=attempt, status=status,
-                         delay_s=round(time.time() - min(a.ts for a in batch), 3))
+            return post(self.hook, body, headers, self.timeout_s)
+        try:
+            status = retrying(send, attempts(
+                self.attempts, lambda exc: isinstance(exc, DeliveryError) and exc.retry,
+                backoff=lambda failures: self.backoff_s * 2 ** (failures - 1)))
+        except DeliveryError as exc:
+            self._record("alert_failed", **facts, attempts=tries,
+                         error=scrub(str(exc)).replace(self.hook.url, "<webhook URL>"))
             return
-        self._record("alert_failed", **facts, attempts=attempt,
-                     error=scrub(str(error)).replace(self.hook.url, "<webhook URL>"))
+        self._record("alert_sent", **facts, attempts=tries, status=status,
+                     delay_s=round(time.time() - min(a.ts for a in batch), 3))
 
     def _record(self, event: str, **fields) -> None:
         try:

@@ -43,7 +43,7 @@ from launcher.pod.progress import Task, progress
 from .data_source import data_store, shard_paths_in_store, shard_records
 from .hf import HfStore
 from .integrity import HubError, IntegrityError
-from .retry import RetryPolicy, describe, http_status
+from .retry import RetryPolicy, attempts, describe, http_status, retrying
 
 FETCH_ATTEMPTS = 2      # a fetch whose bytes differ from the record is redone once, from 0
 PARTIAL_SUFFIX = ".partial"
@@ -117,21 +117,29 @@ def _fetch(store, rel: str, record: FileEntry, source: DataSource, dest: Path,
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial = dest.with_name(dest.name + PARTIAL_SUFFIX)
     what = f"{rel} at revision {source.revision[:12]} of {source.url}"
-    for attempt in range(1, FETCH_ATTEMPTS + 1):
+    log = logging.getLogger(__name__)
+
+    def fetch() -> None:
         started = task.completed
         got = _download(store, rel, record, source.revision, partial, task)
-        if got == record:
-            os.replace(partial, dest)
-            fsync_dir(dest.parent)
-            return
-        partial.unlink()
-        task.update(completed=started)
-        logging.getLogger(__name__).warning(
-            "data: %s arrived as %d bytes with sha256 %s..., not the recorded %s...%s", what,
-            got.size, got.sha256[:12], record.sha256[:12],
-            "; fetching it again" if attempt < FETCH_ATTEMPTS else "")
-    raise IntegrityError(f"data: {what} arrived twice with other bytes than recorded; "
-                         f"refused (nothing installed, never trained on)")
+        if got != record:
+            partial.unlink()
+            task.update(completed=started)
+            raise _OtherBytes(f"data: {what} arrived as {got.size} bytes with sha256 "
+                              f"{got.sha256[:12]}..., not the recorded {record.sha256[:12]}...")
+        os.replace(partial, dest)
+        fsync_dir(dest.parent)
+    try:
+        retrying(fetch, attempts(FETCH_ATTEMPTS, lambda exc: isinstance(exc, _OtherBytes),
+                                 on_retry=lambda exc, _: log.warning("%s; fetching it again", exc)))
+    except _OtherBytes as exc:
+        log.warning("%s", exc)
+        raise IntegrityError(f"data: {what} arrived twice with other bytes than recorded; "
+                             f"refused (nothing installed, never trained on)") from None
+
+
+class _OtherBytes(IntegrityError):
+    """A fetched shard's bytes are not the recorded ones (fetched again once, from 0)."""
 
 
 def _download(store: HfStore, rel: str, record: FileEntry, revision: str, partial: Path,

@@ -53,8 +53,8 @@ from .integrity import (
 )
 from .hub_rate import note_answered, note_commit, note_wait
 from .redact import scrub
-from .retry import (RATE_LIMITED_STATUS, TRANSIENT_STATUS, RetryPolicy, describe, http_status,
-                    with_retries)
+from .retry import (RATE_LIMITED_STATUS, TRANSIENT_STATUS, RetryPolicy, attempts, describe,
+                    http_status, retrying, with_retries)
 from .store import HistoryEntry, PushFiles, Store
 
 log = logging.getLogger(__name__)
@@ -267,17 +267,20 @@ class HfStore(Store):
 
     def _fetch(self, rel: str, entry: FileEntry, revision: str, dest: Path) -> None:
         what = f"{rel} at revision {revision[:12]}"
-        for attempt in range(1, DOWNLOAD_ATTEMPTS + 1):
+
+        def download() -> None:
             scratch = self._scratch()
             try:
                 install_staged(self._download(rel, revision, scratch), dest, entry, what)
-                return
-            except IntegrityError as exc:
-                if attempt == DOWNLOAD_ATTEMPTS:
-                    raise IntegrityError(f"{exc} ({attempt} downloads)") from None
-                log.warning("hub: %s; downloading again (%d/%d)", exc, attempt + 1, DOWNLOAD_ATTEMPTS)
             finally:
                 self._cleanup(scratch)
+        try:
+            retrying(download, attempts(
+                DOWNLOAD_ATTEMPTS, lambda exc: isinstance(exc, IntegrityError),
+                on_retry=lambda exc, n: log.warning("hub: %s; downloading again (%d/%d)", exc,
+                                                    n + 1, DOWNLOAD_ATTEMPTS)))
+        except IntegrityError as exc:
+            raise IntegrityError(f"{exc} ({DOWNLOAD_ATTEMPTS} downloads)") from None
 
     # -- storage -------------------------------------------------------------------------
     def stored_objects(self) -> dict[str, int]:

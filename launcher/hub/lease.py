@@ -23,6 +23,7 @@ from typing import Mapping
 
 from launcher.paths import HELD_FILE
 from launcher.hub import HubError, PushConflict
+from launcher.hub.retry import attempts, retrying
 from launcher.files import atomic_write_text
 
 LEASE_PATH = "fractus-pod.lease.json"    # in the hub: which pod writes this run
@@ -117,19 +118,20 @@ def push_as_writer(store, files: Mapping[str, Path], message: str,
     conflict. A conflict with another push of the same writer (the lease still `writer`'s:
     two first pushes each staging a new lease, several GPUs' nodes at once) is benign: the
     push is built again on the new head, up to SAME_WRITER_ATTEMPTS in all."""
-    for attempt in range(1, SAME_WRITER_ATTEMPTS + 1):
+    def push() -> str:
         base, lease = _writers_lease(store, writer)     # RunTakenOver if the lease moved
         lease_file = _stage(lease, stage_dir)
         try:
             return store.push({**files, LEASE_PATH: lease_file}, message, base=base,
                               expected=expected)
-        except PushConflict:
-            if attempt == SAME_WRITER_ATTEMPTS:
-                _writers_lease(store, writer)   # a takeover made it conflict: RunTakenOver
-                raise
         finally:
             lease_file.unlink(missing_ok=True)
-    raise AssertionError("the last attempt returns or raises")
+    try:
+        return retrying(push, attempts(SAME_WRITER_ATTEMPTS,
+                                       lambda exc: isinstance(exc, PushConflict)))
+    except PushConflict:
+        _writers_lease(store, writer)   # a takeover made it conflict: RunTakenOver
+        raise
 
 
 def take_over(store, pod_dir: Path) -> dict:

@@ -1,4 +1,6 @@
-"""Bounded retries for calls to a remote hub: never earlier than the hub asked, never for ever.
+"""Bounded retries: `retrying` is the one retry loop (hub calls, downloads whose bytes
+differ, a writer's push conflicts, webhook posts); a hub call is retried never earlier than
+the hub asked, never for ever.
 
 Only transient failures are retried: HTTP 5xx, 408 and 429 answers, timeouts and broken
 connections. Anything else (404, 401, a refused commit, a bad argument) is a real answer and
@@ -157,6 +159,39 @@ def _sleep(seconds: float) -> None:
     time.sleep(seconds)
 
 
+def retrying(fn: Callable[[], T], after_failure: Callable[[Exception], float],
+             sleep: Callable[[float], None] | None = None) -> T:
+    """The one retry loop: call `fn` until it returns. After each failure,
+    `after_failure(exc)` either raises (gives up) or says how many seconds to wait before
+    the next try."""
+    sleep = sleep or _sleep
+    while True:
+        try:
+            return fn()
+        except Exception as exc:
+            sleep(after_failure(exc))
+
+
+def attempts(tries: int, retry_if: Callable[[Exception], bool],
+             backoff: Callable[[int], float] = lambda failures: 0.0,
+             on_retry: Callable[[Exception, int], None] | None = None
+             ) -> Callable[[Exception], float]:
+    """`after_failure` for `retrying`: `tries` in all. A failure `retry_if` refuses, or the
+    last one, is raised; before each retry `on_retry(exc, failures)` hears of it, and
+    `backoff(failures)` seconds are waited."""
+    failures = 0
+
+    def after_failure(exc: Exception) -> float:
+        nonlocal failures
+        failures += 1
+        if failures >= tries or not retry_if(exc):
+            raise exc
+        if on_retry is not None:
+            on_retry(exc, failures)
+        return backoff(failures)
+    return after_failure
+
+
 def with_retries(
     fn: Callable[[], T],
     what: str,
@@ -167,43 +202,39 @@ def with_retries(
     """Call `fn` until it succeeds, fails for good, `policy.attempts` are spent, or its
     rate-limit waits would pass `policy.rate_limit_wait_s` (then RateLimited).
     `on_wait(what, seconds, told)` hears of each rate-limit wait before it is slept."""
-    sleep = sleep or _sleep
     failures = waits = 0
     waited = 0.0
-    while True:
-        try:
-            return fn()
-        except Exception as exc:
-            if not is_transient(exc):
-                raise
-            limited, told = rate_limited_wait(exc)
-            if limited:
-                waits += 1
-                wait = policy.rate_limit_delay(told, waits)
-                said = "" if told is None else f", the hub asked for {told:g}s"
-                if waited + wait > policy.rate_limit_wait_s:
-                    log.warning("hub: %s rate-limited (%s%s); gave up waiting after %.0fs "
-                                "(each wait in %s)", what, describe(exc), said, waited, HUB_LOG)
-                    raise RateLimited(f"{what}: the hub is rate-limiting (HTTP "
-                                      f"{http_status(exc)}{said}); waited {waited:.0f}s, "
-                                      f"next try in {wait:.0f}s", time.time() + wait) from None
-                log.info("hub: %s rate-limited (%s%s); retry in %.1fs (waited %.0fs of %.0fs)",
-                         what, describe(exc), said, wait, waited, policy.rate_limit_wait_s)
-                if on_wait is not None:
-                    on_wait(what, wait, told)
-                sleep(wait)
-                waited += wait
-                continue
-            failures += 1
-            if failures >= policy.attempts:
-                # The one line a person sees per failed operation (stderr); each retry
-                # before it is in logs/hub.log (INFO, launcher/cli/options.py).
-                log.warning("hub: %s failed (%s); gave up after %d attempts (each in "
-                            "%s)", what, describe(exc), failures, HUB_LOG)
-                raise
-            wait = policy.delay(failures)
-            log.info(
-                "hub: %s failed (%s); retry %d/%d in %.1fs",
-                what, describe(exc), failures, policy.attempts - 1, wait,
-            )
-            sleep(wait)
+
+    def after_failure(exc: Exception) -> float:
+        nonlocal failures, waits, waited
+        if not is_transient(exc):
+            raise exc
+        limited, told = rate_limited_wait(exc)
+        if limited:
+            waits += 1
+            wait = policy.rate_limit_delay(told, waits)
+            said = "" if told is None else f", the hub asked for {told:g}s"
+            if waited + wait > policy.rate_limit_wait_s:
+                log.warning("hub: %s rate-limited (%s%s); gave up waiting after %.0fs "
+                            "(each wait in %s)", what, describe(exc), said, waited, HUB_LOG)
+                raise RateLimited(f"{what}: the hub is rate-limiting (HTTP "
+                                  f"{http_status(exc)}{said}); waited {waited:.0f}s, "
+                                  f"next try in {wait:.0f}s", time.time() + wait) from None
+            log.info("hub: %s rate-limited (%s%s); retry in %.1fs (waited %.0fs of %.0fs)",
+                     what, describe(exc), said, wait, waited, policy.rate_limit_wait_s)
+            if on_wait is not None:
+                on_wait(what, wait, told)
+            waited += wait
+            return wait
+        failures += 1
+        if failures >= policy.attempts:
+            # The one line a person sees per failed operation (stderr); each retry
+            # before it is in logs/hub.log (INFO, launcher/cli/options.py).
+            log.warning("hub: %s failed (%s); gave up after %d attempts (each in "
+                        "%s)", what, describe(exc), failures, HUB_LOG)
+            raise exc
+        wait = policy.delay(failures)
+        log.info("hub: %s failed (%s); retry %d/%d in %.1fs",
+                 what, describe(exc), failures, policy.attempts - 1, wait)
+        return wait
+    return retrying(fn, after_failure, sleep)
