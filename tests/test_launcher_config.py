@@ -162,3 +162,30 @@ def test_the_sync_section_is_parsed_once_per_value():
     config.sync["interval"] = "1h"                  # a changed value is parsed anew
     assert config.sync_settings() == SyncSettings(interval_s=3600.0)
     assert config.to_dict()["sync"] == {"interval": "1h"}     # the user's text, kept
+
+
+def test_every_section_is_parsed_once_by_load_and_kept_typed(tmp_path, monkeypatch):
+    """load_pod_config parses alerts/tracker/retention/sync/shards once; later uses get the
+    same typed object, not a fresh parse of the raw mapping."""
+    from launcher.config import alerts, podconfig, retention_settings, tracker
+    init_pod(tmp_path, "tiny-cpu")
+    path = tmp_path / "fractus-pod.yaml"
+    path.write_text(path.read_text() + "alerts: {webhooks: [{format: ntfy, url_env: NTFY_URL}]}\n"
+                                   "tracker: {kind: trackio, project: fractus-1b}\n"
+                                   "retention: {keep: 3, budget: 800GB}\n")
+    calls = []
+    for module, cls in ((alerts, "AlertSettings"), (tracker, "TrackerSettings"),
+                        (retention_settings, "RetentionSettings"), (podconfig, "SyncSettings")):
+        parse = getattr(module, cls).parse.__func__
+        monkeypatch.setattr(getattr(module, cls), "parse", classmethod(
+            lambda c, *args, _p=parse: calls.append(c.__name__) or _p(c, *args)))
+    config = load_pod_config(tmp_path)
+    assert sorted(calls) == ["AlertSettings", "RetentionSettings", "SyncSettings",
+                             "TrackerSettings"]
+    def typed():
+        return (config.alert_settings(), config.tracker_settings(),
+                config.retention_settings(), config.sync_settings(), config.phases)
+    first = typed()
+    assert all(again is kept for again, kept in zip(typed(), first))
+    assert len(calls) == 4                        # no parse at any later use
+    assert first[0].webhooks[0].url_env == "NTFY_URL" and first[2].budget_bytes == 800 * 10**9

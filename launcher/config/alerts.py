@@ -87,10 +87,8 @@ class AlertSettings:
                    severity, **numbers)
 
 
-def check_alerts(alerts: dict | None, pass_env: list, source: str) -> None:
-    """The pod config's `alerts:` parsed (fail early, when the config is read), and no
-    webhook's variable in `pass_env:` (the workers would get the secret)."""
-    settings = AlertSettings.parse(alerts, f"{source}: alerts")
+def check_alerts(settings: "AlertSettings | None", pass_env: list, source: str) -> None:
+    """No webhook's variable in `pass_env:` (the workers would get the secret)."""
     for hook in settings.webhooks if settings else ():
         if hook.url_env in pass_env:
             raise UserError(f"{source}: pass_env: {hook.url_env} holds a webhook URL of "

@@ -73,7 +73,7 @@ class PodConfig:
     retention: dict | None = None
     # `init` writes synthetic shards with these (tiny preset); unused otherwise.
     demo_data: dict | None = None
-    # Run the workers on a Ray cluster (launcher/supervise/ray_backend.py): address,
+    # Run the workers on a Ray cluster (launcher/supervise/ray/backend.py): address,
     # workdir, resource. None: child processes of the launcher on this machine.
     ray: dict | None = None
     # Where the shards come from when they are not on disk (launcher/config/data_settings.py):
@@ -91,19 +91,22 @@ class PodConfig:
     # (launcher/dashboard/goodput.py). None: hours only.
     price_per_gpu_hour: float | None = None
 
+    # The file the config was read from (load_pod_config), named in a section's refusal.
+    _source = None
+
     @property
     def phases(self) -> tuple[Phase, ...]:
-        """`shards:` parsed (once per value: the list is the user's, kept raw for to_dict)."""
-        return self._parsed("_phases", self.shards,
-                            lambda raw: parse_phases(raw, "shards", _check_template))
+        return self._parsed("shards", lambda raw, where: parse_phases(
+            raw, self._source or "shards", _check_template))
 
-    def _parsed(self, key: str, raw, parse):
-        """parse(raw), remembered until the raw value changes: a section is parsed once,
-        not at every use, while the config keeps the user's text for to_dict."""
-        cached = self.__dict__.get(key)
+    def _parsed(self, key: str, parse):
+        """Section `key` parsed by parse(raw, where) once and kept typed until its raw value
+        changes; the config keeps the person's text for to_dict."""
+        raw, cached = getattr(self, key), self.__dict__.get("_typed_" + key)
         if cached is None or cached[0] != raw:
-            cached = (copy.deepcopy(raw), parse(raw))
-            self.__dict__[key] = cached
+            where = f"{self._source}: {key}" if self._source else key
+            cached = (copy.deepcopy(raw), parse(raw, where))
+            self.__dict__["_typed_" + key] = cached
         return cached[1]
 
     def phase(self, number: int) -> Phase:
@@ -129,17 +132,16 @@ class PodConfig:
         return dataclasses.asdict(self)
 
     def sync_settings(self) -> "SyncSettings":
-        """`sync:` parsed (once per value; load_pod_config has checked it)."""
-        return self._parsed("_sync", self.sync, SyncSettings.parse)
+        return self._parsed("sync", SyncSettings.parse)
 
     def alert_settings(self) -> "AlertSettings | None":
-        return AlertSettings.parse(self.alerts)
+        return self._parsed("alerts", AlertSettings.parse)
 
     def tracker_settings(self) -> "TrackerSettings | None":
-        return TrackerSettings.parse(self.tracker)
+        return self._parsed("tracker", TrackerSettings.parse)
 
     def retention_settings(self) -> "RetentionSettings | None":
-        return RetentionSettings.parse(self.retention)
+        return self._parsed("retention", RetentionSettings.parse)
 
 
 # Commits an hour one Hub repository takes (the Hub is reported to cap them at 128): the
@@ -303,8 +305,6 @@ def _check_types(data: dict, source: str) -> None:
                             f"{data[key]!r}; the default is {getattr(defaults, key)!r}")
     if "checkpoints" in data:
         _check_template("checkpoints", data["checkpoints"], source)
-    if "shards" in data:
-        parse_phases(data["shards"], source, _check_template)
     if "env" in data:
         _check_env(data["env"], source)
     if data.get("hub") is not None:
@@ -379,12 +379,13 @@ def load_pod_config(pod_dir: Path) -> PodConfig:
     _check_types(data, str(path))
     config = PodConfig(**data)
     config.env = {str(k): str(v) for k, v in config.env.items()}
+    config._source = str(path)
     _check_pass_env(config.pass_env, str(path))
-    SyncSettings.parse(config.sync, f"{path}: sync")    # fail early on a bad sync policy
-    RetentionSettings.parse(config.retention, f"{path}: retention")
-    TrackerSettings.parse(config.tracker, f"{path}: tracker")
+    # Each section parsed here, once, and kept typed: a mistake fails before anything runs.
+    config.phases, config.sync_settings(), config.retention_settings()
+    config.tracker_settings()
     RaySettings.check(config.ray, source=f"{path}: ray")
     config.data = DataSource.parse(config.data, f"{path}: data")
-    check_alerts(config.alerts, config.pass_env, str(path))
+    check_alerts(config.alert_settings(), config.pass_env, str(path))
     parse_devices(config.devices)      # fail early on a malformed devices string
     return config
