@@ -1,11 +1,11 @@
-"""The adoption baseline: the user's original checkpoints, kept for good.
+"""The adoption baseline: the user's original checkpoints, kept for good (nothing in
+fractus-pod deletes checkpoints/adopted/). Owner: `adopt` (setup_adopt.py) records it once.
 
-When `fractus-pod adopt` takes a run over, each GPU's checkpoint is the only copy of the
-run's weights the user trusts. The worker's rotation (`.pt.1`, `.pt.2`, pruned past
-SAVE_KEEP) and the verdict index's pruning (checkpoints/retained/, a few passed links per
-GPU) would both let it go, so it gets another name outside both:
+Each adopted GPU's checkpoint is the only copy of the run's weights the user trusts; the
+worker's rotation (`.pt.1`, `.pt.2`, pruned past SAVE_KEEP) and the verdict index's pruning
+of checkpoints/retained/ would both let it go, so it gets a name outside both:
 `checkpoints/adopted/gpu{i}-token{N}-{sha12}.pt` (a hard link: no copy, no extra disk),
-listed in `checkpoints/adopted/adoption.json`. Nothing in fractus-pod deletes that folder.
+listed in `checkpoints/adopted/adoption.json`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""The pod's event log (logs/events.jsonl): one JSON object per line, appended, never rewritten.
+"""The pod's event log (logs/events.jsonl): one JSON object per line, appended whole through
+EventLog (the launcher and the commands that act on the pod), never rewritten.
 
-Everything the launcher decides (start, restart, verdict, rollback, stop) is recorded
-here, so `status` and a person reading the file afterwards see the same story.
+Everything the launcher decides (start, restart, verdict, rollback, stop) is recorded here,
+so `status` and a person reading the file afterwards see the same story.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""The launcher's decisions as TensorBoard text entries (logs/tb/launcher), beside the GPUs'
-scalar runs (logs/tb/gpu{i}, written by the workers): `tensorboard --logdir logs/tb` then
-shows when a restart, rollback, stage switch, verdict or hub push happened.
+"""The launcher's decisions as TensorBoard text entries (logs/tb/launcher), a mirror of
+logs/events.jsonl (which stays the record), fed by EventLog as it writes.
 
-logs/events.jsonl stays the record; this is a mirror of it, fed by EventLog as it writes.
+Beside the GPUs' scalar runs (logs/tb/gpu{i}, written by the workers), `tensorboard --logdir
+logs/tb` then shows when a restart, rollback, stage switch, verdict or hub push happened.
 """
 
 from __future__ import annotations

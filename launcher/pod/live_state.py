@@ -1,8 +1,9 @@
-"""Files the launcher shares with the other commands: logs/pod_state.json (written by the
-running launcher, read by `status`), logs/rollback_request.json (written by
-`fractus-pod rollback` while a launcher runs, for that launcher: it names its launcher_id,
-and any other launcher discards it as stale) and logs/stop_request.json (written by
-`fractus-pod stop` when no launcher holds the pod yet: one still starting stops at once)."""
+"""Files the running launcher shares with the other commands, each with one writer:
+logs/pod_state.json (the running launcher's, read by `status`), logs/rollback_request.json
+(`fractus-pod rollback`'s, for the launcher whose launcher_id it names: any other discards it
+as stale) and logs/stop_request.json (`fractus-pod stop`'s when no launcher holds the pod yet:
+one still starting stops at once).
+"""
 
 from __future__ import annotations
 

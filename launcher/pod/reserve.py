@@ -1,9 +1,10 @@
-"""A little disk space the launcher keeps for its last words.
+"""A little disk space the launcher keeps for its last words. Owner: the run's ending
+(launcher/supervise/ending.py).
 
-When the disk fills, the launcher must still record why the pod stopped (a `pod_failed`
-event, logs/pod_state.json for `status`, the sync state): at 0 bytes free even those
-few lines fail. So it holds logs/.launcher_reserve (1 MiB of real blocks, written at
-launch) and deletes it when it meets a full disk, just before writing them.
+At 0 bytes free even the few lines that record why the pod stopped (a `pod_failed` event,
+logs/pod_state.json for `status`, the sync state) fail. So the launcher holds
+logs/.launcher_reserve (1 MiB of real blocks, written at launch) and deletes it when it
+meets a full disk, just before writing them.
 """
 
 from __future__ import annotations
