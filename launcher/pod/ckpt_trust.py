@@ -1,11 +1,12 @@
-"""Whether the checkpoint a manifest entry names may be trusted for its GPU.
+"""Whether the checkpoint a manifest entry names may be trusted for its GPU: nothing starts
+from, retains or pushes a file that is not what its entry says.
 
 A launch resumes GPU i from the file its manifest entry names, takes it as the launch
 baseline, hard-links it under retained/ and may push it to the hub. So before anything
 starts, each named file must load as a weights-only Fractus checkpoint and say it is what
 the entry says: written for this GPU, on this shard, by this run (when the file records
-them: v1 files and bare legacy checkpoints do not, and are accepted as before), at the
-entry's start_token (a full checkpoint records its exact next_token).
+them: v1 files and bare legacy checkpoints do not, and are accepted), at the entry's
+start_token (a full checkpoint records its exact next_token).
 
 Loading is memory-mapped: only the pickled header is read, not the weights.
 """

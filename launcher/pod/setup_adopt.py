@@ -1,20 +1,21 @@
-"""`fractus-pod adopt`: take over a run directory made by the reference trainer, unchanged.
+"""`fractus-pod adopt`: take over a run directory made by the reference trainer, unchanged:
+every problem is reported at once (one line each, exit 2) before anything is written, and
+running it again changes nothing.
 
 It reads what the run already has (docs/ADOPT.md):
-- the resume manifests, in every layout the run has used (`launcher/paths.py`'s `V1_MANIFESTS`): the
-  tracker's `checkpoints/RESUME_MANIFEST_8GPU.json` (`{"gpu_i": {"start_token"}}`) and the
-  older root `RESUME_MANIFEST*.json` (`{"gpus": {"0": {...}}}`);
+- the resume manifests, in every layout the run has used (`launcher/paths.py`'s
+  `V1_MANIFESTS`): the tracker's `checkpoints/RESUME_MANIFEST_8GPU.json`
+  (`{"gpu_i": {"start_token"}}`) and the older root `RESUME_MANIFEST*.json`
+  (`{"gpus": {"0": {...}}}`);
 - for each GPU its checkpoint (the manifest's `checkpoint`, else v1's
   `checkpoints/fractus_1b_gpu{i}.pt`), its shard (the manifest's `shard`, else v1's
   `data/shard_gpu{i}.pt`, then `.npy`) and its start token;
 - the model config from the checkpoints (a v1 config has no `vocab_size`: 50257 is implied).
 
-Every problem is collected and reported at once (one line each, exit 2) before anything is
-written. Then every file is hashed in parallel, `fractus-pod.yaml` is written naming exactly
-these files, GPUs known only to another manifest (or started by `--init-new-from`) get an
-entry in the pod's manifest (in its own layout), and the original checkpoints are recorded
-as the adoption baseline (launcher/pod/adoption_baseline.py: kept for good). Running it again changes
-nothing.
+Then every file is hashed in parallel, `fractus-pod.yaml` is written naming exactly these
+files, GPUs known only to another manifest (or started by `--init-new-from`) get an entry in
+the pod's manifest (in its own layout), and the original checkpoints are recorded as the
+adoption baseline (launcher/pod/adoption_baseline.py: kept for good).
 """
 
 from __future__ import annotations
