@@ -1,11 +1,11 @@
-"""`fractus-pod launch --from-hub URL [--revision R]`: rebuild a pod from the hub alone.
+"""`fractus-pod launch --from-hub URL [--revision R]`: rebuild a pod from the hub alone (a
+rented host can vanish); a refused rebuild leaves its directory empty and the run's lease
+where it was.
 
-The user's lesson: a rented host can vanish, so a new pod must be able to start from what
-the hub holds. One pinned revision gives the pod config, the stage and criteria files, the
-manifest and the checkpoints it names; the launch then resumes every GPU at the manifest's
-tokens exactly as if the old pod had been stopped there. The new pod takes the run's hub
-lease only after the launch has checked everything that can refuse it (shards, manifest,
-checkpoints): a refused rebuild leaves its directory empty and the run's lease where it was.
+One pinned revision gives the pod config, the stage and criteria files, the manifest and the
+checkpoints it names; the launch then resumes every GPU at the manifest's tokens exactly as
+if the old pod had been stopped there. The new pod takes the run's hub lease only after the
+launch has checked everything that can refuse it (shards, manifest, checkpoints).
 """
 
 from __future__ import annotations
