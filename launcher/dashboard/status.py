@@ -1,11 +1,12 @@
-"""`fractus-pod status`: the pod as its files describe it (works with or without a launcher).
+"""`fractus-pod status`: the pod as its files describe it; it only reads them, with or
+without a running launcher, and imports no HTTP client.
 
 Sources: logs/pod_state.json (the launcher's view: pids, verdicts), the manifest (resume
 points, hub revisions), each worker's METRICS file (latest numbers), logs/events.jsonl,
 logs/sync_state.json (the hub sync: last pushed revision and time, last error),
-logs/hub_rate.json (the hub rate-limiting, commits in the last hour),
-logs/canary.json (the last stage canary's verdict, written by `launch`), and the goodput
-ledger computed from the events and metrics (launcher/dashboard/goodput.py).
+logs/hub_rate.json (the hub rate-limiting, commits in the last hour), logs/canary.json (the
+last stage canary's verdict, written by `launch`), and the goodput ledger computed from the
+events and metrics (launcher/dashboard/goodput.py).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
-"""The store interface shared by both backends, and the URL dispatch that picks one.
+"""The store interface shared by both backends (the URL picks one: launcher/hub/by_url.py):
+each push is one commit, and a pull installs only bytes whose sha256 matches the index.
 
-A store holds revisions of a pod's files. Each push is one commit: the files it names plus an
-updated hub index recording every tracked file's sha256. A pull names a revision (pinned: a
-branch head is resolved to its commit id first, so every file comes from the same moment),
-downloads into the pod directory and only installs bytes whose sha256 matches the index.
+A store holds revisions of a pod's files. A push commits the files it names plus an updated
+hub index recording every tracked file's sha256. A pull names a revision (pinned: a branch
+head is resolved to its commit id first, so every file comes from the same moment) and
+downloads into the pod directory.
 """
 
 from __future__ import annotations
