@@ -17,6 +17,7 @@ from launcher.checks.criteria import CHECKS, Criteria, HangPolicy, RestartPolicy
 from launcher.checks.probe_check import ProbeSchedule, ProbeTolerance
 from launcher.checks.shipped_defaults import SHIPPED_CRITERIA
 from launcher.checks.trusted_loss import load_criteria_file, shipped_criteria_file
+from launcher.errors import UserError
 
 SHIPPED = yaml.safe_load(SHIPPED_CRITERIA.read_text())
 
@@ -66,3 +67,16 @@ def test_the_parsing_code_has_no_default_of_its_own(cls):
                  or f.default_factory is not dataclasses.MISSING]
     assert not defaulted, f"{cls.__name__} defaults {defaulted} in code; put them in " \
                           f"launcher/config/defaults/trusted_loss.yaml"
+
+
+@pytest.mark.parametrize("section", [{"canary": {"exact": ["cpu"]}},
+                                     {"canary": {"exact": "cpu"}},
+                                     {"probe": {"every": 1, "evry": 2}}])
+def test_a_malformed_canary_or_probe_section_is_one_line_naming_it(tmp_path, section):
+    """One typed builder for every section: a list where a mapping belongs, or a misspelt
+    key, is a UserError naming the section, never a crash."""
+    criteria = tmp_path / "trusted_loss.yaml"
+    criteria.write_text(yaml.safe_dump(section))
+    with pytest.raises(UserError, match=f"{next(iter(section))}") as raised:
+        load_criteria_file(criteria)
+    assert len(str(raised.value).splitlines()) == 1

@@ -7,11 +7,11 @@ the canary (launcher/checks/canary.py) reads it from the launch plan.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.checks.canary_compare import Tolerance
+from launcher.checks.criteria import typed_section
 from launcher.errors import UserError, refuse_unknown_keys
 
 
@@ -26,35 +26,29 @@ class CanarySettings:
 
 
 def parse_canary(section, path: Path) -> CanarySettings:
-    """The `canary:` section of the criteria file, over the shipped file's section
-    (launcher/checks/shipped_defaults.py): every key is there."""
+    """The `canary:` section of the criteria file, over the shipped file's section."""
     where = f"{path}: canary"
     if not isinstance(section, dict):
         raise UserError(f"{where}: expected a mapping")
     refuse_unknown_keys(section, {"steps", "timeout_s", "exact", "approximate"}, where)
-    exact = {}
-    for device, tol in (section.get("exact") or {}).items():
-        if device not in ("cpu", "cuda") or not isinstance(tol, dict) \
-                or set(tol) != {"rtol", "atol"}:
-            raise UserError(f"{where}.exact: expected cpu/cuda: {{rtol, atol}}, "
-                            f"got {device}: {tol!r}")
-        at = f"{where}.exact.{device}"
-        exact[device] = Tolerance(_number(f"{at}.rtol", tol["rtol"]),
-                                  _number(f"{at}.atol", tol["atol"]))
-    approx = section.get("approximate")
-    if not isinstance(approx, dict) or set(approx) != {"maxEmaTfRise"}:
-        raise UserError(f"{where}.approximate: expected {{maxEmaTfRise}}, got {approx!r}")
-    steps = section.get("steps")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
-        raise UserError(f"{where}.steps: expected an integer >= 2, got {steps!r}")
+    exact = section.get("exact") or {}
+    if not isinstance(exact, dict) or not set(exact) <= {"cpu", "cuda"}:
+        raise UserError(f"{where}.exact: expected cpu/cuda: {{rtol, atol}}, got {exact!r}")
+    approx = typed_section(_Approximate, f"{where}.approximate", section.get("approximate"))
+    times = typed_section(_Times, where, {k: section.get(k) for k in ("steps", "timeout_s")},
+                          least={"steps": 2})
     return CanarySettings(
-        steps=steps, timeout_s=_number(f"{where}.timeout_s", section.get("timeout_s")),
-        exact=exact, max_ema_tf_rise=_number(f"{where}.approximate.maxEmaTfRise",
-                                             approx["maxEmaTfRise"]))
+        times.steps, times.timeout_s, max_ema_tf_rise=approx.maxEmaTfRise,
+        exact={device: typed_section(Tolerance, f"{where}.exact.{device}", tol)
+               for device, tol in exact.items()})
 
 
-def _number(where: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            not 0 <= value < math.inf:
-        raise UserError(f"{where}: expected a finite number >= 0, got {value!r}")
-    return float(value)
+@dataclass(frozen=True)
+class _Times:
+    steps: int
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class _Approximate:
+    maxEmaTfRise: float

@@ -123,7 +123,10 @@ _SUPERVISION_CLASSES = {"restarts": RestartPolicy, "hang": HangPolicy}
 OTHER_SECTIONS = ("canary", "probe")
 
 
-def _build(cls, where: str, data) -> object:
+def typed_section(cls, where: str, data, least: dict | None = None):
+    """`cls` built from the mapping `data`: exactly cls's fields, each a finite number >= 0
+    (>= least[key] where given; NaN or inf would be a check that can never fail), an
+    integer where the field is one, null where it may be."""
     if not isinstance(data, dict):
         raise UserError(f"{where}: expected a mapping, got {type(data).__name__}")
     types = typing.get_type_hints(cls)
@@ -134,18 +137,18 @@ def _build(cls, where: str, data) -> object:
                         f"manifests/trusted_loss.yaml")
     values = {}
     for key, value in data.items():
-        optional = type(None) in typing.get_args(types[key])
-        if value is None and optional:
+        kinds = typing.get_args(types[key]) or (types[key],)
+        if value is None and type(None) in kinds:
             values[key] = None
             continue
+        low = (least or {}).get(key, 0)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise UserError(f"{where}.{key}: expected a number, got {value!r}")
-        # Finite: a NaN tolerance or an infinite band is a check that can never fail.
-        if not 0 <= value < math.inf:
-            raise UserError(f"{where}.{key}: must be a finite number >= 0, got {value}")
-        if types[key] is int and value != int(value):
+        if not low <= value < math.inf:
+            raise UserError(f"{where}.{key}: must be a finite number >= {low}, got {value}")
+        if int in kinds and value != int(value):
             raise UserError(f"{where}.{key}: expected an integer, got {value!r}")
-        values[key] = int(value) if types[key] is int else float(value)
+        values[key] = int(value) if int in kinds else float(value)
     return cls(**values)
 
 
@@ -158,7 +161,7 @@ def _peers(data, source: str) -> PeersSpec:
     if action not in PEER_ACTIONS:
         raise UserError(f"{where}.action: must be one of {', '.join(PEER_ACTIONS)}, got "
                         f"{action!r}")
-    spec = PeersSpec(**dataclasses.asdict(_build(PeersThresholds, where, given)),
+    spec = PeersSpec(**dataclasses.asdict(typed_section(PeersThresholds, where, given)),
                      action=action)
     if not 0 < spec.fraction <= 1:
         raise UserError(f"{where}.fraction: must be in (0, 1], got {spec.fraction:g}")
@@ -186,8 +189,8 @@ def parse_criteria(data: dict, source: str = "criteria") -> Criteria:
         bad = sorted(set(given) - set(known))
         if bad:
             raise UserError(f"{source}: unknown {section} {bad}; known: {sorted(known)}")
-    parts = {name: _build(cls, f"{source}: checks.{name}", checks.get(name))
+    parts = {name: typed_section(cls, f"{source}: checks.{name}", checks.get(name))
              for name, cls in CHECKS.items()}
-    parts.update({name: _build(cls, f"{source}: supervision.{name}", supervision.get(name))
+    parts.update({name: typed_section(cls, f"{source}: supervision.{name}", supervision.get(name))
                   for name, cls in _SUPERVISION_CLASSES.items()})
     return Criteria(**parts, peers=_peers(data.get("peers"), source))

@@ -32,6 +32,7 @@ Verdicts (the health checks' vocabulary):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -40,7 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher import child
-from launcher.errors import UserError
+from launcher.errors import UserError, refuse_unknown_keys
+from launcher.checks.criteria import typed_section
 from launcher.checks.health import FAILED, INCONCLUSIVE, SUCCESSFUL
 
 
@@ -138,47 +140,20 @@ class ProbeSchedule:
     rows: int | None
 
 
-_TOLERANCE_KEYS = {"band", "relativeBand", "k", "offManifoldAcc"}
-_SCHEDULE_KEYS = {"every": int, "parallel": int, "timeout_s": float, "rows": int}
-
-
 def parse_probe(section, path: Path) -> tuple[ProbeTolerance, ProbeSchedule]:
-    """The `probe:` section of the criteria file, over the shipped file's section
-    (launcher/checks/shipped_defaults.py): its verdict tolerance and its schedule."""
-    keys = _TOLERANCE_KEYS | set(_SCHEDULE_KEYS)
-    if not isinstance(section, dict) or set(section) != keys:
-        raise UserError(f"{path}: probe: expected the keys {sorted(keys)}, got {section!r}")
-    schedule = ProbeSchedule(**_schedule_values(path, section))
-    values = {}
-    for key in sorted(_TOLERANCE_KEYS):
-        value = section[key]
-        if value is None and key == "relativeBand":
-            values[key] = None
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-                not 0 <= value < math.inf:
-            raise UserError(f"{path}: probe.{key}: expected a finite number >= 0, got "
-                            f"{value!r}")
-        values[key] = float(value)
-    return ProbeTolerance(**values), schedule
-
-
-def _schedule_values(path: Path, section: dict) -> dict:
-    values = {}
-    for key, kind in _SCHEDULE_KEYS.items():
-        value = section[key]
-        if value is None and key == "rows":
-            values[key] = None          # the probe's own default number of windows
-            continue
-        least = 0 if key == "every" else 1
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-                not least <= value < math.inf \
-                or (kind is int and value != int(value)):
-            raise UserError(f"{path}: probe.{key}: expected "
-                            f"{'an integer' if kind is int else 'a number'} >= {least}, "
-                            f"got {value!r}")
-        values[key] = kind(value)
-    return values
+    """The `probe:` section of the criteria file, over the shipped file's section: its
+    verdict tolerance and its schedule."""
+    where = f"{path}: probe"
+    if not isinstance(section, dict):
+        raise UserError(f"{where}: expected a mapping, got {section!r}")
+    schedule = [f.name for f in dataclasses.fields(ProbeSchedule)]
+    refuse_unknown_keys(section, [*schedule, *(f.name for f in
+                                               dataclasses.fields(ProbeTolerance))], where)
+    return (typed_section(ProbeTolerance, where,
+                          {k: v for k, v in section.items() if k not in schedule}),
+            typed_section(ProbeSchedule, where, {k: section[k] for k in schedule
+                                                 if k in section},
+                          least={"parallel": 1, "rows": 1, "timeout_s": 1}))
 
 
 def _field(result, key: str):
