@@ -16,13 +16,6 @@ def elu1(x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
     return torch.where(x > 0, x + 1.0, alpha * (torch.exp(x) - 1.0) + 1.0)
 
 
-def stable_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """Softmax with the max subtracted first (no overflow for large logits)."""
-    shifted = x - x.amax(dim=dim, keepdim=True)
-    e = torch.exp(shifted)
-    return e / e.sum(dim=dim, keepdim=True)
-
-
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     """The tanh approximation of GELU used by the reference experts (dense and low-rank)."""
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
