@@ -44,6 +44,23 @@ def refuse_unknown_keys(data, known, where: str) -> None:
         raise UserError(f"{where}: unknown key(s) {unknown}; known: {sorted(known)}")
 
 
+def check_bool(value, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise UserError(f"{where} must be true or false, got {value!r}")
+    return value
+
+
+def check_number(value, where: str, low, high, kind: str = "an integer", why: str = ""):
+    """`value` when it is `kind` ("an integer", else any real number) from `low` to `high`
+    (NaN never is); else one line naming the value, the range and `why` it has one."""
+    integer = kind == "an integer"
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)) \
+            or not low <= value <= high:
+        low, high = (f"{x:g}" if isinstance(x, float) else x for x in (low, high))
+        raise UserError(f"{where} must be {kind} from {low} to {high}{why}, got {value!r}")
+    return value
+
+
 def optional_section(data, known, where: str, shape: str) -> dict | None:
     """An optional section of the pod config (`alerts:`, `data:`, `retention:`, `tracker:`):
     None when absent; otherwise a mapping of `known` keys only, else one line naming the

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from launcher.errors import UserError, optional_section, refuse_unknown_keys
+from launcher.errors import UserError, check_number, optional_section, refuse_unknown_keys
 
 FORMATS = ("generic", "ntfy", "slack", "discord")
 SEVERITIES = ("info", "warning", "critical")          # lowest first
@@ -71,18 +71,9 @@ class AlertSettings:
         if severity not in SEVERITIES:
             raise UserError(f"{source}.min_severity must be one of {', '.join(SEVERITIES)}, "
                             f"got {severity!r}")
-        numbers = {}
-        for key, (low, high) in cls.RANGES.items():
-            if key not in data:
-                continue
-            value = data[key]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not low <= value <= high or (key != "repeat_after_s"
-                                                    and not isinstance(value, int)):
-                kind = "a number" if key == "repeat_after_s" else "an integer"
-                raise UserError(f"{source}.{key} must be {kind} from {low:g} to {high:g}, "
-                                f"got {value!r}")
-            numbers[key] = value
+        numbers = {key: check_number(data[key], f"{source}.{key}", low, high,
+                                     "a number" if key == "repeat_after_s" else "an integer")
+                   for key, (low, high) in cls.RANGES.items() if key in data}
         return cls(tuple(_webhook(h, f"{source}.webhooks[{i}]") for i, h in enumerate(hooks)),
                    severity, **numbers)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from launcher.paths import CONFIG_NAME
-from launcher.errors import UserError, refuse_unknown_keys
+from launcher.errors import UserError, check_bool, check_number, refuse_unknown_keys
 from launcher.config.devices import parse_devices
 from launcher.config.phases import Phase, parse_phases
 from launcher.config.yamlfile import read_yaml
@@ -73,7 +73,7 @@ class PodConfig:
     retention: dict | None = None
     # `init` writes synthetic shards with these (tiny preset); unused otherwise.
     demo_data: dict | None = None
-    # Run the workers on a Ray cluster (launcher/supervise/ray/backend.py): address,
+    # Run the workers on a Ray cluster (launcher/supervise/ray/driver.py): address,
     # workdir, resource. None: child processes of the launcher on this machine.
     ray: dict | None = None
     # Where the shards come from when they are not on disk (launcher/config/data_settings.py):
@@ -160,41 +160,27 @@ class SyncSettings:
     backoff_s: float = 1.0           # wait before the second try; doubles after each failure
     commits_per_hour: int = HUB_COMMITS_PER_HOUR    # the hf:// repo's commit budget
 
-    KEYS = ("interval", "merge", "attempts", "backoff_s", "commits_per_hour")
-
     @classmethod
     def parse(cls, data: dict, source: str = "sync") -> "SyncSettings":
         data = dict(data or {})
-        if "interval_s" in data:     # the name issue 4's presets wrote
+        if "interval_s" in data:     # the older name of interval, still read
             if "interval" in data:
                 raise UserError(f"{source}: give interval or interval_s, not both")
             data["interval"] = data.pop("interval_s")
-        refuse_unknown_keys(data, cls.KEYS, source)
-        out = cls()
-        if "interval" in data:
-            out = dataclasses.replace(out, interval_s=_seconds(data["interval"], f"{source}.interval",
-                                                               minimum=INTERVAL_MIN_S))
-        if "merge" in data:
-            if not isinstance(data["merge"], bool):
-                raise UserError(f"{source}.merge must be true or false, got {data['merge']!r}")
-            out = dataclasses.replace(out, merge=data["merge"])
-        if "attempts" in data:
-            value = data["attempts"]
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100:
-                raise UserError(f"{source}.attempts must be an integer from 1 to 100, got "
-                                f"{value!r}")
-            out = dataclasses.replace(out, attempts=value)
-        if "backoff_s" in data:
-            out = dataclasses.replace(out, backoff_s=_seconds(data["backoff_s"],
-                                                              f"{source}.backoff_s", minimum=0))
-        if "commits_per_hour" in data:
-            value, (low, high) = data["commits_per_hour"], COMMITS_PER_HOUR_RANGE
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise UserError(f"{source}.commits_per_hour must be an integer from {low} to "
-                                f"{high} (the hub repo's commits an hour; the Hub's is "
-                                f"{HUB_COMMITS_PER_HOUR}), got {value!r}")
-            out = dataclasses.replace(out, commits_per_hour=value)
-        return out
+        refuse_unknown_keys(data, _SYNC_CHECKS, source)
+        return cls(**{"interval_s" if key == "interval" else key:
+                      _SYNC_CHECKS[key](value, f"{source}.{key}") for key, value in data.items()})
+
+
+# Each key of `sync:` and its check (value, where) -> the typed value.
+_SYNC_CHECKS = {
+    "interval": lambda v, at: _seconds(v, at, minimum=INTERVAL_MIN_S),
+    "merge": check_bool,
+    "attempts": lambda v, at: check_number(v, at, 1, 100),
+    "backoff_s": lambda v, at: _seconds(v, at, minimum=0),
+    "commits_per_hour": lambda v, at: check_number(
+        v, at, *COMMITS_PER_HOUR_RANGE, why=f" (the hub repo's commits an hour; the Hub's is "
+                                            f"{HUB_COMMITS_PER_HOUR})")}
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600}
@@ -320,10 +306,7 @@ DEMO_DATA_RANGES = {"tokens": (1, 10**9), "vocab": (2, 1 << 20), "seed": (0, 2**
 def _check_demo_data(demo: dict, source: str) -> None:
     refuse_unknown_keys(demo, DEMO_DATA_RANGES, f"{source}: demo_data")
     for key, (low, high) in DEMO_DATA_RANGES.items():
-        value = demo.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise UserError(f"{source}: demo_data.{key} must be an integer from {low} to "
-                            f"{high}, got {value!r}")
+        check_number(demo.get(key), f"{source}: demo_data.{key}", low, high)
 
 
 def check_model(pod_dir: Path, config: PodConfig) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from launcher.errors import UserError, optional_section
+from launcher.errors import UserError, check_bool, check_number, optional_section
 
 KEEP_RANGE = (1, 1000)
 BUDGET_RANGE = (64 << 10, 1 << 60)           # 64 KiB .. 1 EiB
@@ -40,14 +40,9 @@ class RetentionSettings:
         data = optional_section(data, cls.KEYS, source, "like {keep: 3, budget: 800GB}")
         if data is None:
             return None
-        keep = data.get("keep")
-        low, high = KEEP_RANGE
-        if isinstance(keep, bool) or not isinstance(keep, int) or not low <= keep <= high:
-            raise UserError(f"{source}.keep must be an integer from {low} to {high} (the "
-                            f"newest pushes whose checkpoints the hub keeps), got {keep!r}")
-        milestones = data.get("milestones", True)
-        if not isinstance(milestones, bool):
-            raise UserError(f"{source}.milestones must be true or false, got {milestones!r}")
+        keep = check_number(data.get("keep"), f"{source}.keep", *KEEP_RANGE,
+                            why=" (the newest pushes whose checkpoints the hub keeps)")
+        milestones = check_bool(data.get("milestones", True), f"{source}.milestones")
         pins = data.get("pins") or []
         if not isinstance(pins, list) or not all(isinstance(p, str) and _PIN.match(p.lower())
                                                  for p in pins):

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fractus.train.env import ENV_VARS
-from launcher.errors import UserError, refuse_unknown_keys
+from launcher.errors import UserError, check_bool, refuse_unknown_keys
 from launcher.config.yamlfile import read_yaml
 
 
@@ -41,9 +41,7 @@ def parse_stages(data, source: str = "stages") -> dict[int, Stage]:
         window = spec.get("window", 0)
         if isinstance(window, bool) or not isinstance(window, int) or window < 0:
             raise UserError(f"{where}: window must be an integer >= 0, got {window!r}")
-        exact = spec.get("exact", False)
-        if not isinstance(exact, bool):
-            raise UserError(f"{where}: exact must be true or false, got {exact!r}")
+        exact = check_bool(spec.get("exact", False), f"{where}: exact")
         stages[key] = Stage(number=key, name=str(spec.get("name", f"stage {key}")),
                             exact=exact, window=window,
                             settings={str(k): _env_value(v) for k, v in settings.items()})
