@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.errors import UserError, refuse_unknown_keys
+from launcher.errors import UserError, check_number, refuse_unknown_keys
 
 DEFAULT_WORKDIR = "{pod}/nodes/{node}"
 
@@ -52,12 +52,8 @@ class RaySettings:
         data = dict(data or {})
         refuse_unknown_keys(data, cls.KEYS, source)
         if "fence_s" in data:
-            low, high = cls.FENCE_RANGE_S
-            value = data["fence_s"]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not low <= value <= high:
-                raise UserError(f"{source}.fence_s must be a number of seconds from {low:g} "
-                                f"to {high:g}, got {value!r}")
+            check_number(data["fence_s"], f"{source}.fence_s", *cls.FENCE_RANGE_S,
+                         "a number of seconds")
         for key, value in data.items():
             if key in cls.TEXT_KEYS and (not isinstance(value, str) or not value):
                 raise UserError(f"{source}.{key} must be a non-empty string, got {value!r}")
