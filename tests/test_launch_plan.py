@@ -8,8 +8,10 @@ stage), so the gate runs for real in a second, with no model.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from launcher.checks.canary import read_canary_state
 from launcher.pod.ckpt_index import CheckpointIndex
 from launcher.pod.setup_init import init_pod, write_config
 from launcher.config.podconfig import SyncSettings, load_pod_config
+from launcher.errors import UserError
 from launcher.pod.events import EventLog, read_events
 from launcher.supervise.plan import load_plan
 from launcher.supervise.stage_switch import EarlyStop, canary_gate
@@ -106,3 +109,32 @@ def test_the_plan_carries_the_typed_sections_and_is_frozen(pod):
     assert plan.trusted.canary.steps == 3
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.stage = 2
+
+
+def test_faults_are_the_starters_and_the_plan_never_changes(pod):
+    """A fault goes to its GPU's first start only, kept by the starter: two supervisors of
+    one plan each inject it once, and the plan is as it was (it once popped them itself)."""
+    plan, manifest = load_plan(pod, 1, "cpu:1", None)
+    before = copy.deepcopy(plan)
+    for _ in range(2):
+        backend, clock = FakeBackend(pod), Clock()
+        sup = Supervisor(plan, manifest, CheckpointIndex(pod), EventLog(pod), backend=backend,
+                         clock=clock, faults={0: "nan@30"})
+        sup.starter.start_all()
+        backend.exit(0, 1)
+        sup.step()
+        clock.now += 120
+        sup.step()
+        assert [w.spec.fault for w in backend.started] == ["nan@30", None]
+    assert plan == before
+
+
+def test_the_supervisor_makes_its_ray_backend_when_opened_not_when_built(pod, monkeypatch):
+    """Built before a --detach fork, the supervisor of a Ray plan reaches for Ray only in
+    open_backend, after it: here Ray is missing, which is then one line (exit 2)."""
+    monkeypatch.setitem(sys.modules, "ray", None)      # as if the `ray` extra were missing
+    plan, manifest = load_plan(pod, 1, "cpu:1", None, ray_address="127.0.0.1:6379")
+    sup = Supervisor(plan, manifest, CheckpointIndex(pod), EventLog(pod))
+    assert sup.pod.backend.name == "local" and not sup.pod.custodian.on_nodes
+    with pytest.raises(UserError, match=r"^--ray needs Ray: .*pip install"):
+        sup.open_backend()

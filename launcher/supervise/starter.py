@@ -1,5 +1,6 @@
 """Starting workers: every GPU's at the start of a stage (with the stage's baseline probes),
-or one GPU's again after a crash, a rollback or a lost node, from its manifest entry."""
+or one GPU's again after a crash, a rollback or a lost node, from its manifest entry.
+Owns the per-start state the plan does not hold: each GPU's fault for its first start."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ from launcher.worker.process import WorkerSpec
 
 
 class WorkerStarter:
-    def __init__(self, pod: PodRun, ending: PodEnding, view: PodView):
+    def __init__(self, pod: PodRun, ending: PodEnding, view: PodView,
+                 faults: dict[int, str] | None = None):
         self.pod, self.ending, self.view = pod, ending, view
+        self.faults = dict(faults or {})    # gpu -> FRACTUS_FAULT, for its first start only
 
     def start_all(self) -> None:
         pod = self.pod
@@ -66,7 +69,7 @@ class WorkerStarter:
                           start_token=entry.start_token if entry else None,
                           ckpt_in=entry.checkpoint if entry else None,
                           max_steps=pod.plan.max_steps,
-                          fault=pod.plan.faults.pop(run.slot.gpu, None), stage=pod.stage,
+                          fault=self.faults.pop(run.slot.gpu, None), stage=pod.stage,
                           run_id=pod.manifest.extra.get(RUN_ID_KEY),
                           ckpt_sha256=entry.checkpoint_sha256 if entry else None,
                           ckpt_revision=entry.hub_revision if entry else None,

@@ -32,6 +32,7 @@ import time
 
 from fractus.train.disk import disk_full
 from launcher.checks.probe_monitor import ProbeMonitor
+from launcher.errors import UserError, install_hint
 from launcher.files import dir_id
 from launcher.hub.sync import HubSync
 from launcher.pod.ckpt_index import CheckpointIndex
@@ -51,6 +52,7 @@ from launcher.supervise.placement import NodePlacement
 from launcher.supervise.phase_switch import PhaseSwitch
 from launcher.supervise.pod_run import PodRun
 from launcher.supervise.pod_view import PodView, ProgressLine, warn
+from launcher.supervise.ray_reach import unreachable
 from launcher.supervise.plan import LaunchPlan
 from launcher.supervise.restart import WorkerRestarter
 from launcher.supervise.rollback import StageRollback
@@ -68,20 +70,28 @@ from launcher.supervise.local_backend import LocalBackend
 
 
 class Supervisor:
-    """`backend` runs the workers (default: LocalBackend, child processes of this launcher);
-    `custodian` keeps their checkpoints (default: LocalCustodian, on this machine);
-    `clock` is the monotonic clock of hang and backoff timing (a fake one in tests)."""
+    """`backend` runs the workers (default: the plan's, made by open_backend after any --detach
+    fork: RayBackend with `plan.ray`, else LocalBackend, child processes of this launcher);
+    `custodian` keeps their checkpoints (default: the backend's); `clock` is the monotonic
+    clock of hang and backoff timing (a fake one in tests). `faults`: gpu -> the fault of
+    its first start; `launcher_id`: the pod lock's; `relaunched`: the last launcher's final
+    saves each GPU resumes from (a rollback's target: never a copy)."""
 
     def __init__(self, plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
                  events: EventLog, backend: WorkerBackend | None = None,
-                 clock=time.monotonic, custodian: CheckpointCustodian | None = None):
+                 clock=time.monotonic, custodian: CheckpointCustodian | None = None,
+                 faults: dict[int, str] | None = None, launcher_id: str | None = None,
+                 relaunched: dict | None = None):
+        # A Ray driver does not survive a fork: its backend is made by open_backend.
+        self.connect_ray = backend is None and plan.ray is not None
         if backend is None:
             backend = LocalBackend(plan.pod_dir, plan.config)
         if custodian is None:
             custodian = LocalCustodian(plan.pod_dir, plan.config, events)
         self.pod = pod = PodRun(plan, manifest, index, events, backend, custodian, clock,
                                 runs=_gpu_runs(plan, backend), probes=_probes(plan),
-                                stage=plan.stage)
+                                stage=plan.stage, launcher_id=launcher_id)
+        pod.launch_entries.update(relaunched or {})   # a rollback's target: never a copy
         # ValueError for a malformed hub URL: the CLI reports it before anything starts.
         # The sync pushes under the custodian's lease: a refusal met by either stops both.
         self.sync = (HubSync(pod.pod_dir, plan.config, manifest, index, events,
@@ -97,7 +107,7 @@ class Supervisor:
         self.monitor = WorkerMonitor(pod)
         self.ending = PodEnding(pod, self.monitor, self.view)
         self.final = FinalVerdicts(pod, self.monitor, self.view)
-        self.starter = WorkerStarter(pod, self.ending, self.view)
+        self.starter = WorkerStarter(pod, self.ending, self.view, faults)
         self.restarts = WorkerRestarter(pod)
         self.placement = NodePlacement(pod, self.starter)
         self.exits = ExitHandlers(pod, self.monitor, self.restarts, self.placement, self.ending,
@@ -141,6 +151,14 @@ class Supervisor:
             pod.events.emit("probes_off", reason=f"the {backend.name} backend cannot "
                             f"probe the checkpoints on its nodes")
 
+    def open_backend(self) -> None:
+        """The plan's Ray backend and its checkpoints on the nodes, made once, after any
+        --detach fork (a Ray driver does not survive one); UserError when Ray is missing or
+        the cluster cannot be reached."""
+        if self.connect_ray:
+            self.connect_ray = False
+            self.use_backend(*_ray_backend(self.pod.plan, self.pod.events))
+
     def gate(self, check) -> None:
         """Run `check` (the stage canary) in the CANARY state: it passes, or its refusal is
         raised on with the pod STOPPED (nothing switched, nothing started)."""
@@ -165,8 +183,14 @@ class Supervisor:
         self.rollback.refuse_request(refusal)
 
     # ---- run -> monitor -> restart, until the pod ends -----------------------------------
-    def run(self) -> int:
+    def run(self, started_at: float | None = None, stop_reason: str | None = None,
+            progress: ProgressLine | None = None) -> int:
+        """`started_at`: the launcher process's start (the ledger's start-up checks);
+        `stop_reason`: a stop that came before supervision; `progress`: the foreground's line."""
         pod = self.pod
+        self.open_backend()
+        self.started_at, self.progress = started_at, progress
+        self.stop_reason = stop_reason
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         # startup_s: the launcher's checks before this (its canary apart): paid GPU time.
@@ -309,3 +333,17 @@ def _gpu_runs(plan: LaunchPlan, backend: WorkerBackend) -> dict[int, GpuRun]:
 
 def _probes(plan: LaunchPlan) -> ProbeMonitor | None:
     return ProbeMonitor.from_trusted_loss(plan.pod_dir, plan.trusted, model=plan.config.model)
+
+
+def _ray_backend(plan: LaunchPlan, events: EventLog):
+    """The Ray pod's workers (RayBackend) and its checkpoints on the nodes (RayCustodian)."""
+    try:
+        # imported when run: only a Ray pod needs them (RayBackend imports the `ray` extra)
+        from launcher.supervise.ray_backend import RayBackend
+        from launcher.supervise.ray_custodian import RayCustodian
+        backend = RayBackend(plan.pod_dir, plan.config, plan.ray, events, len(plan.slots))
+        return backend, RayCustodian(backend)
+    except ImportError:
+        raise UserError(f"--ray needs Ray: {install_hint('ray')}") from None
+    except ConnectionError as exc:
+        raise UserError(unreachable(plan.ray.address, exc)) from None
