@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from launcher.cli.options import pod_dir_of, pod_dir_option
+from launcher.pod.setup_adopt import adopt_run, table
 
 
 @click.command()
@@ -24,9 +25,6 @@ def adopt(ctx, devices, model, init_new_from, manifest) -> None:
     """Take over this run directory unchanged: find its manifests, checkpoints and shards,
     hash them, write fractus-pod.yaml naming them, keep the originals as the adoption
     baseline. Exit 2, one line per problem and nothing written, if a GPU cannot resume."""
-    # imported when run, not at startup: `fractus-pod --help` loads every command module
-    from launcher.pod.setup_adopt import adopt_run
-    from launcher.pod.setup_adopt import table
     pod_dir = pod_dir_of(ctx)
     adoption = adopt_run(pod_dir, devices, model, init_new_from, manifest)
     for line in table(adoption):

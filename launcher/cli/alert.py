@@ -1,7 +1,6 @@
 """`fractus-pod alert test`: a test message to each webhook of the pod config's `alerts:`,
 one line per webhook (named by its variable, never its URL); exit 0 when every one took
-it, 1 when one failed, 2 when there is nothing to test or a URL is missing or not http(s).
-Registered on the `fractus-pod` group by launcher/cli/main.py."""
+it, 1 when one failed, 2 when there is nothing to test or a URL is missing or not http(s)."""
 
 from __future__ import annotations
 
@@ -11,6 +10,10 @@ import time
 import click
 
 from launcher.cli.options import pod_dir_of, pod_dir_option
+from launcher.alerts.formats import pod_label, render
+from launcher.alerts.rules import Alert
+from launcher.alerts.webhooks import DeliveryError, configured_webhooks, post
+from launcher.config.podconfig import load_pod_config
 from launcher.errors import UserError
 from launcher.paths import CONFIG_NAME
 
@@ -25,11 +28,6 @@ def alert() -> None:
 @click.pass_context
 def test_alerts(ctx) -> None:
     """Send a test message to each configured webhook."""
-    # imported when run, not at startup: `fractus-pod --help` loads every command module
-    from launcher.alerts.formats import pod_label, render
-    from launcher.alerts.rules import Alert
-    from launcher.alerts.webhooks import DeliveryError, configured_webhooks, post
-    from launcher.config.podconfig import load_pod_config
     pod_dir = pod_dir_of(ctx)
     alerting = configured_webhooks(load_pod_config(pod_dir))
     if alerting is None:

@@ -11,6 +11,13 @@ from pathlib import Path
 import click
 
 from launcher.cli.options import pod_dir_of, pod_dir_option
+from launcher.config.devices import parse_devices
+from launcher.config.podconfig import load_pod_config
+from launcher.config.yamlfile import read_yaml, set_top_level_key
+from launcher.hub import HubError
+from launcher.hub.by_url import absolute_hub_url
+from launcher.hub.data_source import push_shards
+from launcher.hub.sync import retry_policy
 from launcher.errors import UserError
 from launcher.paths import CONFIG_NAME
 from launcher.files import atomic_write_text
@@ -30,14 +37,6 @@ def push(ctx, url: str) -> None:
     """Upload the shards the store does not hold yet (compared by sha256; rerunning uploads
     nothing) in one revision, and write that revision into fractus-pod.yaml's data: (that
     key alone; the rest of the file stays as written)."""
-    # imported when run, not at startup: `fractus-pod --help` loads every command module
-    from launcher.config.devices import parse_devices
-    from launcher.config.podconfig import load_pod_config
-    from launcher.config.yamlfile import read_yaml, set_top_level_key
-    from launcher.hub import HubError
-    from launcher.hub.data_source import push_shards
-    from launcher.hub.by_url import absolute_hub_url
-    from launcher.hub.sync import retry_policy
     pod_dir = pod_dir_of(ctx)
     config = load_pod_config(pod_dir)
     paths = [rel for s in parse_devices(config.devices) for rel in config.shard_paths(s.gpu)]

@@ -1,6 +1,5 @@
 """`fractus-pod sync push|pull|history` and `fractus-pod merge`: thin wrappers, the work
-lives in launcher.hub, launcher.hub.sync(_push), launcher.hub.pull and launcher.hub.merge. Registered on
-the `fractus-pod` group by launcher/cli/main.py."""
+lives in launcher.hub, launcher.hub.sync(_push), launcher.hub.pull and launcher.hub.merge."""
 
 from __future__ import annotations
 
@@ -12,7 +11,16 @@ import click
 
 from launcher.cli.options import (check_trust_flag, pod_dir_of, pod_dir_option,
                                   trust_hub_config_option)
+from launcher.config.podconfig import load_pod_config
 from launcher.errors import UserError
+from launcher.hub import HubError, open_store
+from launcher.hub.merge import merge_checkpoints
+from launcher.hub.pull import pull_into_pod
+from launcher.hub.retention import history_marks
+from launcher.hub.sync import store_for
+from launcher.hub.sync_push import push_now
+from launcher.pod.ckpt_trust import check_entry
+from launcher.pod.manifest import read_manifest, resolve_in_pod
 from launcher.paths import MERGED_PATH
 
 
@@ -27,8 +35,6 @@ def _hub_errors(fn):
     there (404) is a user error (exit 2), a network or integrity failure exit 1. The hub's messages never contain the token."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        # imported when run, not at startup: `fractus-pod --help` loads every command module
-        from launcher.hub import HubError
         try:
             return fn(*args, **kwargs)
         except HubError as exc:
@@ -41,13 +47,10 @@ def _hub_errors(fn):
 
 
 def _store(pod_dir: Path):
-    # imported when run, not at startup: `fractus-pod --help` loads every command module
-    from launcher.config.podconfig import load_pod_config
     config = load_pod_config(pod_dir)
     if not config.hub:
         raise UserError("no hub configured: set `hub:` in fractus-pod.yaml "
                         "(file://DIR or hf://owner/repo)")
-    from launcher.hub import open_store
     return open_store(config.hub, pod_dir)
 
 
@@ -57,8 +60,6 @@ def _store(pod_dir: Path):
 @_hub_errors
 def sync_history(ctx) -> None:
     """Revisions of the hub store, newest first."""
-    # imported when run, not at startup: `fractus-pod --help` loads every command module
-    from launcher.config.podconfig import load_pod_config
     pod_dir = pod_dir_of(ctx)
     store = _store(pod_dir)
     entries = store.history()
@@ -69,7 +70,6 @@ def sync_history(ctx) -> None:
     settings = config.retention_settings()
     marks: dict[str, str] = {}
     if settings is not None and entries:   # without a policy nothing is ever deleted
-        from launcher.hub.retention import history_marks
         marks, storage = history_marks(store, settings, pod_dir, config.manifest)
         click.echo(storage)
     for entry in entries:
@@ -86,9 +86,6 @@ def sync_history(ctx) -> None:
 @_hub_errors
 def sync_push(ctx, message: str) -> None:
     """Push every GPU's newest passed checkpoint and the manifest as one revision."""
-    # imported when run, not at startup: `fractus-pod --help` loads every command module
-    from launcher.config.podconfig import load_pod_config
-    from launcher.hub.sync_push import push_now
     pod_dir = pod_dir_of(ctx)
     _store(pod_dir)                        # refuses a pod without a hub
     revision, noted, skipped = push_now(pod_dir, load_pod_config(pod_dir), message)
@@ -114,8 +111,6 @@ def sync_push(ctx, message: str) -> None:
 @_hub_errors
 def sync_pull(ctx, revision, from_url, force, trust_hub_config, paths) -> None:
     """Pull files (default: all) from the hub store, verified by sha256."""
-    # imported when run, not at startup: `fractus-pod --help` loads every command module
-    from launcher.hub.pull import pull_into_pod
     check_trust_flag(trust_hub_config, from_url, "--from",
                      "a pull from the pod's own `hub:` takes its config as it is")
     url, rev, pulled = pull_into_pod(pod_dir_of(ctx), from_url, revision, list(paths), force,
@@ -134,12 +129,6 @@ def merge(ctx, out: str) -> None:
     this machine (a Ray pod's are on its nodes) is read from the hub revision the manifest
     records, one at a time. The launch's trust rules hold: each file inside the pod, the
     GPU's own (GPU, shard, run, token), every tensor finite."""
-    # imported when run, not at startup: `fractus-pod --help` loads every command module
-    from launcher.config.podconfig import load_pod_config
-    from launcher.hub import HubError
-    from launcher.hub.merge import merge_checkpoints
-    from launcher.pod.ckpt_trust import check_entry
-    from launcher.pod.manifest import read_manifest, resolve_in_pod
     pod_dir = pod_dir_of(ctx)
     config = load_pod_config(pod_dir)
     manifest = read_manifest(pod_dir / config.manifest)
@@ -170,7 +159,6 @@ def merge(ctx, out: str) -> None:
         raise UserError("the manifest names no checkpoint to merge")
     store = None
     if on_hub:
-        from launcher.hub.sync import store_for
         try:
             store = store_for(config, pod_dir)
         except ValueError as exc:

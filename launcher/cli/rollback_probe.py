@@ -1,11 +1,16 @@
-"""Commands a person runs against a pod: rollback by hand, and the AR probe of a GPU."""
+"""`fractus-pod rollback` (the automatic rollback, by hand) and `fractus-pod probe` (the AR
+probe of a GPU's checkpoint), and their bodies."""
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
+import click
+
+from launcher.cli.options import pod_dir_of, pod_dir_option
 from launcher.files import atomic_write_text, read_json_state
 from launcher.paths import BASELINES_FILE
 from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex
@@ -279,3 +284,60 @@ def probe_pod(pod_dir: Path, gpu: int | None = None, checkpoint: str | None = No
                           + f" in {BASELINES_FILE}: the launcher and later probes of this "
                             f"stage are judged against it")
     return report
+
+
+@click.command()
+@pod_dir_option
+@click.option("--to-stage", type=click.IntRange(min=1), required=True,
+              help="The stage to go back to (a stage of manifests/stages.yaml below the "
+                   "pod's; the next launch runs it).")
+@click.option("--gpu", "gpus", type=int, multiple=True,
+              help="Restore this GPU's newest passed checkpoint (repeatable). Without it, "
+                   "only the stage changes and every GPU keeps its progress.")
+@click.pass_context
+def rollback(ctx, to_stage: int, gpus: tuple[int, ...]) -> None:
+    """The automatic rollback, by hand: restore GPU checkpoints and switch stage."""
+    click.echo(manual_rollback(pod_dir_of(ctx), to_stage, list(gpus)))
+
+
+@click.command()
+@pod_dir_option
+@click.option("--gpu", type=int, default=None,
+              help="Probe this GPU's newest checkpoint on its shard (default: GPU 0).")
+@click.option("--checkpoint", default=None, help="Probe this checkpoint file instead.")
+@click.option("--shard", default=None, help="Token shard (default: the GPU's).")
+@click.option("--head", type=click.IntRange(min=0), default=None,
+              help="Shard position the probe windows start at (default: the GPU's manifest "
+                   "head; for --checkpoint, the head it records, else the manifest head of "
+                   "the GPU training on --shard, else 0).")
+@click.option("--baseline-ar", type=float, default=None,
+              help="Judge AR against this (default: the baseline recorded for the GPU's stage).")
+@click.option("--record-baseline", is_flag=True,
+              help="Record this AR as the baseline of the GPU's current stage.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--timeout", type=float, default=900, show_default=True, help="Seconds.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def probe(ctx, gpu, checkpoint, shard, head, baseline_ar, record_baseline, device, timeout,
+          as_json) -> None:
+    """The trusted-loss AR probe in a child process: AR, ARacc, cold TF (and a verdict)."""
+    try:
+        report = probe_pod(pod_dir_of(ctx), gpu, checkpoint, shard, baseline_ar, record_baseline,
+                           device, timeout, head)
+    except ProbeFailed as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(report))
+    else:
+        click.echo(f"{report['checkpoint']} on {report['shard']} (positions {report['start']:,}+, "
+                   f"{report['rows']} rows): AR={report['ar']:.4f} ARacc={report['ar_acc']:.3f} "
+                   f"cold_tf={report['cold_tf']:.4f}")
+        if "verdict" in report:
+            click.echo(f"{report['verdict']}: {report['reason']} "
+                       f"(baseline {report['baseline_source']})")
+        for line in (report.get("filled"), report.get("head_note"), report.get("hint"),
+                     report.get("note")):
+            if line:
+                click.echo(line)
+    if report.get("verdict") == "Failed":
+        sys.exit(1)

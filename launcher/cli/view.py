@@ -1,18 +1,102 @@
-"""`fractus-pod dashboard` and `fractus-pod plot`: the pod's curves, read from its files
-(launcher/dashboard/). Registered on the `fractus-pod` group by launcher/cli/main.py."""
+"""`fractus-pod status`, `dashboard`, `plot` and `report`: the pod read from its files
+(launcher/dashboard/)."""
 
 from __future__ import annotations
 
 import errno
+import json
+import os
+import sys
+import termios
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
+from rich.console import Console
+from rich.live import Live
 
 from launcher.cli.options import pod_dir_of, pod_dir_option
+from launcher.config.podconfig import load_pod_config
+from launcher.dashboard.goodput_files import LedgerSource, goodput_report
+from launcher.dashboard.plot import plot_pod
+from launcher.dashboard.report import render_markdown, render_text
+from launcher.dashboard.server import make_server
+from launcher.dashboard.status import StatusView, collect
 from launcher.errors import UserError
 from launcher.pod.events import read_events
 
 DEFAULT_PORT = 8765
+
+
+@click.command()
+@pod_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--watch", is_flag=True, help="Refresh every 2 s until Ctrl-C.")
+@click.option("--wide", is_flag=True,
+              help="Every column in full, however wide (default: the columns that fit the "
+                   "terminal, one line per GPU).")
+@click.pass_context
+def status(ctx, as_json: bool, watch: bool, wide: bool) -> None:
+    """Per GPU: liveness, stage, progress, losses, speed, memory, checkpoint, verdict."""
+    pod_dir = pod_dir_of(ctx)
+    config = load_pod_config(pod_dir)
+    ledger = LedgerSource(pod_dir)      # --watch: each refresh reads only appended lines
+
+    def report() -> dict:
+        return collect(pod_dir, config, goodput=goodput_report(pod_dir, config, ledger))
+    if as_json:
+        while True:
+            click.echo(json.dumps(report(), default=str))
+            if not watch:
+                return
+            time.sleep(2)
+    console = Console(width=_output_width())
+
+    def view() -> StatusView:
+        shown = StatusView(report(), wide=wide)
+        if wide:       # past the terminal's edge, as `kubectl get -o wide` does
+            console.width = max(console.width, shown.natural_width())
+        return shown
+    if not watch:
+        console.print(view())
+        return
+    try:
+        with _keys_not_echoed(), Live(view(), console=console, refresh_per_second=1) as live:
+            while True:
+                time.sleep(2)
+                live.update(view())
+    except KeyboardInterrupt:
+        pass
+
+
+def _output_width() -> int | None:
+    """The width `status` fits: $COLUMNS when it is set (a pipe too), else the terminal's
+    (None: rich asks it), else 200 (a pipe or a file)."""
+    columns = os.environ.get("COLUMNS", "").strip()
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    return None if sys.stdout.isatty() else 200
+
+
+@contextmanager
+def _keys_not_echoed():
+    """`status --watch` on a terminal: the keys typed (Ctrl-C's `^C`) are not echoed into
+    the live frame; an echo that wrapped the frame's last line put the final redraw a line
+    low, under a copy of its first line. The terminal's settings come back on the way out."""
+    try:
+        fd = sys.stdin.fileno()
+        saved = termios.tcgetattr(fd)
+    except (OSError, ValueError, termios.error):      # not a terminal
+        yield
+        return
+    quiet = list(saved)
+    quiet[3] &= ~(termios.ECHO | termios.ECHOCTL)      # the local modes
+    termios.tcsetattr(fd, termios.TCSANOW, quiet)
+    try:
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSANOW, saved)
 
 
 @click.command()
@@ -25,9 +109,6 @@ DEFAULT_PORT = 8765
 @click.pass_context
 def dashboard(ctx, port: int, host: str) -> None:
     """A live page of the pod: per-GPU curves, markers, the status table (read-only)."""
-    # imported when run, not at startup: `fractus-pod --help` loads every command module
-    from launcher.dashboard.server import make_server
-    from launcher.config.podconfig import load_pod_config
     pod_dir = pod_dir_of(ctx)
     config = load_pod_config(pod_dir)
     try:
@@ -62,8 +143,6 @@ def dashboard(ctx, port: int, host: str) -> None:
 @click.pass_context
 def plot(ctx, out: str, width: int, height: int, x_mode: str) -> None:
     """The dashboard's curves as one PNG (ema_tf, lb, tok/s per GPU, stages, markers)."""
-    # imported when run, not at startup: `fractus-pod --help` loads every command module
-    from launcher.dashboard.plot import plot_pod
     pod_dir = pod_dir_of(ctx)
     target = Path(out) if Path(out).is_absolute() else Path.cwd() / out
     if not target.parent.is_dir():
@@ -82,10 +161,6 @@ def plot(ctx, out: str, width: int, height: int, x_mode: str) -> None:
 @click.pass_context
 def report(ctx, markdown: bool) -> None:
     """A run's summary: goodput, GPU-hours (and money), time lost by cause, incidents."""
-    # imported when run, not at startup: `fractus-pod --help` loads every command module
-    from launcher.config.podconfig import load_pod_config
-    from launcher.dashboard.report import render_markdown, render_text
-    from launcher.dashboard.goodput_files import goodput_report
     pod_dir = pod_dir_of(ctx)
     config = load_pod_config(pod_dir)
     render = render_markdown if markdown else render_text
