@@ -3,39 +3,32 @@ loop ever wait for a probe, and a failed probe's checkpoint is never restored.
 
 The supervisor hands every new checkpoint to a ProbeMonitor; every `probe.every`-th one of
 a GPU is probed (launcher/checks/probe_check.py: `python -m fractus.eval.probe` in a child
-process, one thread waiting on it), so neither the training workers nor the supervisor's
-poll loop ever wait for a probe. Each poll collects the probes that finished.
+process, one thread waiting on it); each poll collects the probes that finished.
 
 The stage's baseline on a GPU (its AR and the ARs of the windows it was measured on, whose
-spread is the noise the verdict is calibrated on), first found wins:
-  1. the baseline recorded for the stage and GPU in logs/probe_baselines.json
+spread calibrates the verdict), first found wins:
+  1. the one recorded for the stage and GPU in logs/probe_baselines.json
      (`fractus-pod probe --gpu i --record-baseline`; launcher/checks/probe_outcome.py),
   2. a probe of the checkpoint the GPU resumed from when the stage started (at the
      manifest's start token: a v1 file or the merged brain may record another head, or none),
-  3. on a fresh GPU (nothing to resume from), its first probed checkpoint.
-A baseline holds for the shard it was measured on, so for one data phase: a GPU keeps one
-per shard its probes read. At a phase switch (`start_phase`) the new phase's baseline is a
-probe of the checkpoint that ended the phase before, on the new phase's shard (as 2. at a
-stage start); failing that, the first probe on that shard. An AR of one phase's data is
-never judged against another's.
+  3. on a fresh GPU, its first probed checkpoint.
+A baseline holds for one shard, so one data phase: at a phase switch (`start_phase`) the new
+phase's baseline is a probe of the checkpoint that ended the phase before on the new shard
+(as 2.), else the first probe on that shard; no AR is judged against another phase's.
 A probe that cannot run is Inconclusive; one whose AR exceeds the baseline by more than the
-`probe:` tolerance (launcher/checks/probe_check.py) is Failed: the GPU fails its stage like any
-other check (rollback path), and the probed checkpoint and every newer one are marked
-failed so rollback never restores them.
+`probe:` tolerance is Failed: the GPU fails its stage like any other check (rollback path),
+and the probed checkpoint and every newer one are marked failed.
 
 At most one probe per GPU is in flight, and at most `probe.parallel` across the pod (a CPU
 probe of a large model holds its weights in host memory); a GPU's newer checkpoint
-replaces one still waiting to be probed. A checkpoint to probe is hard-linked under
-checkpoints/probe/ when it is queued: the worker's rotation and the index's pruning of
-retained links may delete every other name for it before its probe starts. Each hold has a
-name of its own (a counter), so a probe that ends after a rollback restarted the stage
-removes its own link and never the new stage's.
+replaces one still waiting. A queued checkpoint is hard-linked under checkpoints/probe/
+(rotation and the index's pruning may delete every other name for it first), each hold
+under a name of its own (a counter), so a probe that ends after a rollback restarted the
+stage removes its own link and never the new stage's.
 
-On a remote backend (Ray) the checkpoints are on the nodes: `use_nodes` hands the holding
-and the running of each probe to the node that holds the file (the same probe program,
-launcher/checks/probe_check.py, run there); the results come back here and are judged
-exactly as local ones. A GPU whose node is lost has its probes abandoned (`abandon`): no
-verdict, a late answer is ignored.
+On Ray (`use_nodes`) the node that holds the file holds and runs its probe (the same probe
+program); the results come back here and are judged exactly as local ones. A GPU whose node
+is lost has its probes abandoned (`abandon`): no verdict, a late answer is ignored.
 """
 
 from __future__ import annotations
