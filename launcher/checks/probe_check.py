@@ -3,8 +3,7 @@ probe's result alone; a probe that crashes, hangs or cannot read its files is In
 
 The probe itself is fractus/eval/probe.py. Here: the tolerance (the `probe:` section of
 trusted_loss.yaml, with defaults), the verdict, and a runner that probes in another
-process, so training never waits for it and a probe that crashes, hangs or cannot read
-its files makes the check Inconclusive instead of taking the launcher down.
+process, so training never waits for it and no probe takes the launcher down.
 
     result = run_probe_process("checkpoints/fractus_1b_gpu0.pt", "data/shard_phase2_gpu0.npy")
     status, reason = probe_verdict(result, Baseline.of(baseline_result), plan.trusted.probe_tolerance)
