@@ -1,7 +1,9 @@
-"""Errors the CLI turns into one clear line and an exit code (no traceback)."""
+"""Errors the CLI turns into one clear line and an exit code (no traceback), and `warn`: a
+line on stderr that stops nothing."""
 
 import importlib.metadata
 import shlex
+import sys
 
 
 class UserError(Exception):
@@ -71,3 +73,12 @@ def optional_section(data, known, where: str, shape: str) -> dict | None:
         raise UserError(f"{where} must be a mapping {shape}, got {data!r}")
     refuse_unknown_keys(data, known, where)
     return data
+
+
+def warn(message: str) -> None:
+    """One line on the launcher's stderr, which may itself be a log on a full disk: a line
+    that cannot be written is dropped, never raised."""
+    try:
+        print(f"fractus-pod: {message}", file=sys.stderr, flush=True)
+    except OSError:
+        pass

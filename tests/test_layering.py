@@ -7,6 +7,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 LAUNCHER = Path(__file__).resolve().parents[1] / "launcher"
 LAYERS = ["cli", "dashboard", "supervise", "alerts", "checks", "worker", "hub", "pod", "config"]
 BASE = {"errors", "paths", "files", "child"}     # launcher/*.py, importing no sub-package
@@ -38,15 +40,16 @@ def _type_checking_only(tree) -> set[int]:
     return lines
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(type_level: bool = False) -> dict[str, set[str]]:
     """module -> the launcher modules it imports, at module level or in a function, relative
     imports included (`from .store import x`, `from launcher.hub import open_store`: the
-    package's __init__, `from launcher import child`: the module)."""
+    package's __init__, `from launcher import child`: the module); with `type_level`, those
+    under `if TYPE_CHECKING:` too."""
     paths = {module_name(p): p for p in LAUNCHER.rglob("*.py")}
     graph = {}
     for name, path in paths.items():
         tree = ast.parse(path.read_text())
-        skip, found = _type_checking_only(tree), set()
+        skip, found = set() if type_level else _type_checking_only(tree), set()
         package = name if path.stem == "__init__" else name.rpartition(".")[0]
         for node in ast.walk(tree):
             if getattr(node, "lineno", None) in skip:
@@ -119,6 +122,28 @@ def test_no_import_circles():
     moves that import to the top of its module; it also says the two modules are one."""
     found = cycles(import_graph())
     assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+# The circles left at type level, each to be cut (then this list goes, and the xfail with it).
+TYPE_LEVEL_CIRCLES = [["launcher.supervise.launch_shards", "launcher.supervise.plan"],
+                      ["launcher.supervise.ray_adopt", "launcher.supervise.ray_backend"]]
+
+
+class KnownCircles(Exception):
+    """Only circles TYPE_LEVEL_CIRCLES lists are left: the test is xfailed until they go."""
+
+
+@pytest.mark.xfail(strict=True, raises=KnownCircles,
+                   reason=f"type-level import circles left: {TYPE_LEVEL_CIRCLES}")
+def test_no_import_circles_at_type_level_either():
+    """An import under `if TYPE_CHECKING:` never runs, but a circle through one still says
+    the two modules are one (and a type checker walks it): pod_run -> tracker_sink ->
+    pod_view -> pod_run (through `warn`) was one. A circle not listed fails the test."""
+    found = cycles(import_graph(type_level=True))
+    new = [c for c in found if c not in TYPE_LEVEL_CIRCLES]
+    assert not new, "type-level import circles:\n" + "\n".join(" <-> ".join(c) for c in new)
+    if found:
+        raise KnownCircles(found)
 
 
 def test_the_circle_finder_sees_function_level_and_relative_imports():

@@ -13,7 +13,7 @@ import shutil
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
-def disk_full(exc: BaseException | None) -> OSError | None:
+def no_space_error(exc: BaseException | None) -> OSError | None:
     """The no-space OSError behind `exc` (itself, its cause or its context), else None."""
     seen = set()
     while exc is not None and id(exc) not in seen:

@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from fractus.train.disk import disk_full
+from fractus.train.disk import no_space_error
 
 METRIC_FIELDS = ("step", "next_token", "tf", "ema_tf", "ss", "ema_ss", "lb", "grad_norm",
                  "tok_s", "mem_gb")
@@ -78,7 +78,7 @@ class MetricsWriter:
             try:
                 output.close()      # a file is closed even when its last flush fails
             except OSError as exc:
-                if disk_full(exc) is None:
+                if no_space_error(exc) is None:
                     raise
 
 

@@ -27,7 +27,7 @@ from fractus.nn import attention
 from fractus.train.async_save import AsyncCheckpointer, SaveTiming
 from fractus.train.checkpoint import (NonFiniteCheckpointError, capture_rng, remove_stale_temps,
                                       restore_rng, save_checkpoint, training_payload)
-from fractus.train.disk import describe_disk_full, disk_full
+from fractus.train.disk import describe_disk_full, no_space_error
 from fractus.train.env import PARENT_DEATH_ENV, SettingsError, WorkerSettings
 from fractus.train.exit_codes import WorkerExitCode
 from fractus.train.faults import FaultInjector, parse_fault
@@ -376,7 +376,7 @@ class Worker:
             return WorkerExitCode.SETTINGS
         except Exception as e:
             self._settle_saves()
-            full = disk_full(e)
+            full = no_space_error(e)
             if full is not None:
                 return self._disk_full(full)
             self.log.event("error", message=f"{type(e).__name__}: {e}"[:2000], exit_code=WorkerExitCode.CRASH)

@@ -3,8 +3,9 @@ disk among the causes), and stopping the workers for either or for a rollback.""
 
 from __future__ import annotations
 
-from fractus.train.disk import disk_full
+from fractus.train.disk import no_space_error
 from launcher.checks.health import FAILED
+from launcher.errors import warn
 from launcher.pod.ckpt_index import FAILED as CK_FAILED
 from launcher.files import dir_id
 from launcher.pod.failed_resume import restore_passed
@@ -12,7 +13,7 @@ from launcher.pod.manifest import write_manifest
 from launcher.pod.reserve import DiskReserve
 from launcher.supervise.monitor import WorkerMonitor
 from launcher.supervise.pod_run import PodRun
-from launcher.supervise.pod_view import PodView, warn
+from launcher.supervise.pod_view import PodView
 from launcher.supervise.state import GpuEvent, PodEvent, PodState
 
 LOGS_MOVED = "logs/ was moved, replaced or deleted while the pod ran"
@@ -87,7 +88,7 @@ class PodEnding:
                             fix=f"move away what stands at {exc.filename} now (and put "
                                 f"the file back there if you have it)")
             return
-        if disk_full(exc) is None:
+        if no_space_error(exc) is None:
             raise exc
         self.disk_full(f"the launcher could not write ({exc.strerror})")
 

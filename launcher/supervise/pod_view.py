@@ -8,7 +8,8 @@ from __future__ import annotations
 import sys
 import time
 
-from fractus.train.disk import disk_full
+from fractus.train.disk import no_space_error
+from launcher.errors import warn
 from launcher.pod.live_state import GpuSnapshot, PodSnapshot, write_pod_state
 from launcher.supervise.gpu_run import GpuRun
 from launcher.supervise.pod_run import PodRun
@@ -58,7 +59,7 @@ class PodView:
         try:
             write_pod_state(self.pod.pod_dir, snapshot(self.pod))
         except OSError as exc:      # a view for `status`: the next write tries again
-            if disk_full(exc) is None:
+            if no_space_error(exc) is None:
                 raise
             if not self.write_failed:
                 warn(f"logs/pod_state.json not written: {exc}")
@@ -103,11 +104,3 @@ def _gpu_progress(gpu: int, run: GpuRun) -> str:
         numbers.append(f"ema_tf {m['ema_tf']:.4f}")
     state = "" if run.state is GpuState.RUNNING else f" ({run.state})"
     return f"gpu{gpu} " + " ".join(numbers) + state
-
-
-def warn(message: str) -> None:
-    """A line on the launcher's stderr, which may itself be a log on the full disk."""
-    try:
-        print(f"fractus-pod: {message}", file=sys.stderr, flush=True)
-    except OSError:
-        pass

@@ -30,9 +30,9 @@ from __future__ import annotations
 import signal
 import time
 
-from fractus.train.disk import disk_full
+from fractus.train.disk import no_space_error
 from launcher.checks.probe_monitor import ProbeMonitor
-from launcher.errors import UserError, install_hint
+from launcher.errors import UserError, install_hint, warn
 from launcher.files import dir_id
 from launcher.hub.sync import HubSync
 from launcher.pod.ckpt_index import CheckpointIndex
@@ -51,7 +51,7 @@ from launcher.supervise.tracker_sink import TrackerSink
 from launcher.supervise.placement import NodePlacement
 from launcher.supervise.phase_switch import PhaseSwitch
 from launcher.supervise.pod_run import PodRun
-from launcher.supervise.pod_view import PodView, ProgressLine, warn
+from launcher.supervise.pod_view import PodView, ProgressLine
 from launcher.supervise.ray_reach import unreachable
 from launcher.supervise.plan import LaunchPlan
 from launcher.supervise.restart import WorkerRestarter
@@ -317,7 +317,7 @@ class Supervisor:
                 self.sync.finish(abandoned=lambda: self.cut_short,
                                  signalled=self.stop_reason is not None)
         except OSError as exc:
-            if disk_full(exc) is None:
+            if no_space_error(exc) is None:
                 raise
             warn(f"the end of the run could not be recorded: {exc}")
 

@@ -22,8 +22,8 @@ import threading
 from pathlib import Path
 
 from launcher.config.tracker import TrackerSettings
+from launcher.errors import warn
 from launcher.paths import TRACKIO_DIR
-from launcher.supervise.pod_view import warn
 
 QUEUE_LINES = 10_000          # ~ an hour of 8 GPUs logging every few seconds
 _NOT_METRICS = ("type", "ts", "gpu", "step")
