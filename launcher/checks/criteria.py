@@ -1,11 +1,10 @@
-"""The trusted-loss criteria file (manifests/trusted_loss.yaml) as typed config objects.
+"""The criteria file's (manifests/trusted_loss.yaml) `checks:`, `supervision:` and `peers:`
+typed, and `typed_section`, the one builder every section of that file is parsed with.
 
-Every threshold the health checks use comes from here; the check logic lives in
-launcher/checks/health.py. No field has a default in code: a key a pod's file leaves out
-takes the shipped file's value (launcher/checks/shipped_defaults.py). Unknown keys are refused so a typo never silently disables a check.
-The `canary:` and `probe:` sections belong to the stage canary and the AR probe verdict:
-they are parsed (and their keys checked) by launcher/checks/canary_settings.py and
-launcher/checks/probe_check.py.
+No field has a default in code (a key a pod's file leaves out takes the shipped file's
+value, shipped_defaults.py) and unknown keys are refused, so a typo never disables a check.
+The checks themselves run in health.py; `canary:` and `probe:` are typed by
+canary_settings.py and probe_check.py.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
-"""The criteria file (manifests/trusted_loss.yaml) parsed once into one object.
+"""The criteria file (manifests/trusted_loss.yaml) parsed once into one CriteriaFile.
 
-Each section is parsed by the module that owns it, over the shipped file's values (the only
-defaults, launcher/checks/shipped_defaults.py): `checks:` and `supervision:` by
-criteria.py (whose CHECKS is the one registry of checks), `canary:` by canary_settings.py,
-`probe:` by probe_check.py; none of them reads a file or imports this module. `launch`
-parses the file once (launcher/supervise/plan.py LaunchPlan.trusted) and hands it to the
+Each section is typed by the module that owns it, over the shipped file's values (the only
+defaults, shipped_defaults.py), all with criteria.typed_section: `checks:`, `supervision:`
+and `peers:` by criteria.py, `canary:` by canary_settings.py, `probe:` by probe_check.py;
+none of them reads a file. `launch` reads the file once (LaunchPlan.trusted) for the
 supervisor, the canary gate and the probe monitor.
 """
 

@@ -1,4 +1,4 @@
-"""`alerts:` of the pod config: where the pod tells a person what it decided (issue 19).
+"""`alerts:` of the pod config: where the pod tells a person what it decided.
 
     alerts:
       min_severity: warning          # info | warning | critical

@@ -1,10 +1,9 @@
-"""The pod config (fractus-pod.yaml in the pod directory) and the `init` presets.
+"""The pod config (fractus-pod.yaml): how this pod runs, checked whole when it is read.
 
-Writing a new pod (init, demo shards) lives in launcher/pod/setup_init.py.
-
-One file says how this pod runs: model preset, where shards/checkpoints/manifest live,
-which devices, the stage and criteria files, worker cadence, and the hub store. Paths are
-relative to the pod directory. Unknown keys are refused (a typo must not be ignored).
+load_pod_config refuses an unknown key or a bad value in one line (exit 2) before anything
+runs and parses each section once into its typed object, kept beside the person's text
+(to_dict). Paths are relative to the pod directory; `init` (launcher/pod/setup_init.py)
+writes a new one from PRESETS.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`tracker:` of the pod config: the GPUs' metrics mirrored to a tracker the user can share
-(issue 19; launcher/supervise/tracker_sink.py).
+(launcher/supervise/tracker_sink.py).
 
     tracker:
       kind: trackio          # Hugging Face's local-first tracker (the `tracker` extra)
