@@ -104,9 +104,9 @@ def test_a_push_refused_by_a_takeover_is_alerted_once_as_critical(hooked, server
     passed_checkpoint(sup, backend, 0)
     new = tmp_path / "elsewhere"
     new.mkdir()
-    lease = take_over(open_store(sup.sync.store.url, new), new)
-    sup.sync.finish()                 # the run's last push: refused, the run is not ours
-    sup.sync.finish()
+    lease = take_over(open_store(sup.pod.custodian.sync.store.url, new), new)
+    sup.pod.custodian.sync.finish()      # the run's last push: refused, the run is not ours
+    sup.pod.custodian.sync.finish()
     (refused,) = events(sup, "hub_taken_over")
     (alert,) = all_delivered(router, server, fmt)
     assert "hub push REFUSED" in alert["title"] and lease["pod_id"] in alert["title"]
@@ -142,7 +142,7 @@ def test_a_lost_node_is_alerted_with_where_its_gpu_resumed(hooked, server, fmt):
     sup, backend, clock, router = hooked(fmt, nodes={"node-a": 1, "node-b": 2})
     sup.starter.start_all()
     on_hub = passed_checkpoint(sup, backend, 0)
-    sup.pod.custodian.hub[0] = {**on_hub, "path": "checkpoints/fractus_1b_gpu0.pt",
+    sup.pod.custodian.copies.hub[0] = {**on_hub, "path": "checkpoints/fractus_1b_gpu0.pt",
                       "hub_revision": "rev-1"}
     backend.lose_node("node-a")
     sup.step()

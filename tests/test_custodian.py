@@ -74,11 +74,11 @@ def test_the_run_has_one_lease_a_refused_node_push_stops_the_sync_at_once(make):
     """A node's push refused by a takeover is recorded once, in the lease the hub sync
     reads: the sync pushes nothing more, with no reconciling turn of the loop between."""
     sup, backend, nodes, custodian = ray_pod(make)
-    assert sup.sync.lease is custodian.lease
+    assert sup.pod.custodian.sync.lease is custodian.lease
     nodes.actors[0].answer = RunTakenOver("run taken over by pod B")
     passed_checkpoint(sup, backend, 0)
     custodian.pump(force=True)
-    assert sup.sync.taken_over == "run taken over by pod B"
+    assert sup.pod.custodian.sync.taken_over == "run taken over by pod B"
     (taken,) = events(sup, "hub_taken_over")
     assert taken["reason"] == "node push"
     assert read_sync_state(sup.pod.pod_dir)["taken_over"] == "run taken over by pod B"
@@ -93,7 +93,7 @@ def test_the_run_has_one_lease_a_refused_node_push_stops_the_sync_at_once(make):
 def test_a_sync_push_refused_stops_the_node_pushes_too(make):
     sup, backend, nodes, custodian = ray_pod(make)
     passed_not_pushed(sup, backend)
-    sup.sync.lease.refused("run taken over by pod B", "manifest")
+    sup.pod.custodian.sync.lease.refused("run taken over by pod B", "manifest")
     custodian.pump(force=True)
     assert nodes.actors[0].pushes == [] and not custodian.queued
     (taken,) = events(sup, "hub_taken_over")

@@ -56,7 +56,7 @@ def test_a_damaged_newest_checkpoint_mid_run_goes_back_to_the_newest_passed_one(
     restarted = backend.current(0)
     assert restarted.spec.start_token == good["next_token"]
     assert restarted.spec.ckpt_sha256 == good["sha256"] and restarted.spec.stage == 3
-    assert sup.pod.index.records[(0, newest["sha256"])]["verdict"] == FAILED
+    assert sup.pod.custodian.index.records[(0, newest["sha256"])]["verdict"] == FAILED
     # Written: the next launch, and the user's own relaunch, resume there too.
     written = read_manifest(pod_dir / sup.pod.plan.config.manifest).entries[0]
     assert (written.start_token, written.checkpoint_sha256) == (good["next_token"],

@@ -18,7 +18,7 @@ from launcher.hub import retry
 from launcher.hub.hub_rate import (commits_last_hour, note_wait, rate_line, rate_report,
                                      read_hub_rate)
 from launcher.hub.retry import RateLimited, told_wait, with_retries
-from launcher.hub.sync import HubSync
+from launcher.hub.sync import HubSync, RunLease
 from launcher.hub.sync_state import read_sync_state
 from launcher.config.podconfig import load_pod_config
 from launcher.pod.ckpt_index import CheckpointIndex
@@ -160,8 +160,9 @@ def test_a_sync_push_the_hub_keeps_limiting_is_delayed_to_its_retry_time_then_la
     config_file.write_text(config_file.read_text().replace("hub: file://hub", f"hub: hf://{REPO}"))
     add_passed(pod, 0, 100)
     config = load_pod_config(pod)
+    log = EventLog(pod)
     sync = HubSync(pod, config, read_manifest(pod / config.manifest), CheckpointIndex(pod),
-                   EventLog(pod))                 # sync interval: 600 s (tiny-cpu)
+                   log, RunLease(pod, log))       # sync interval: 600 s (tiny-cpu)
     test_hub.faults.add("commit", "status", count=10**6, status=429,
                         headers={"Retry-After": "30"})
     sync.next_due = time.monotonic()              # the interval push is due now

@@ -13,7 +13,7 @@ from launcher.cli import main as cli_main
 from launcher.config.podconfig import load_pod_config
 from launcher.files import sha256_file
 from launcher.hub import open_store
-from launcher.hub.sync import HubSync
+from launcher.hub.sync import HubSync, RunLease
 from launcher.hub.sync_state import read_sync_state
 from launcher.pod.ckpt_index import PASSED, CheckpointIndex
 from launcher.pod.events import EventLog, read_events
@@ -44,7 +44,8 @@ def test_a_push_over_the_budget_is_refused_in_one_line_and_an_event(tmp_path, ca
     # The launcher's push: refused the same way, recorded, and never raised into the loop.
     config = load_pod_config(pod)
     manifest = read_manifest(pod / config.manifest)
-    sync = HubSync(pod, config, manifest, CheckpointIndex(pod), EventLog(pod))
+    log = EventLog(pod)
+    sync = HubSync(pod, config, manifest, CheckpointIndex(pod), log, RunLease(pod, log))
     sync.finish()
     assert store.head() == before
     state = read_sync_state(pod)

@@ -84,14 +84,15 @@ def test_a_gpu_rolled_back_to_token_0_keeps_its_stage_on_the_hub(pod):
 def test_the_next_launcher_pushes_a_rollback_made_while_none_ran_at_its_first_tick(pod):
     """No launcher ran to push the rollback by hand, and no `sync push` followed: the next
     launcher's sync pushes it at its first tick, not an interval later."""
-    from launcher.hub.sync import HubSync
+    from launcher.hub.sync import HubSync, RunLease
     from launcher.pod.events import EventLog, read_events
     pod_at_stage_3(pod)
     config = load_pod_config(pod)
     push_now(pod, config, "at stage 3")
     assert cli_main(["--pod-dir", str(pod), "rollback", "--to-stage", "2"]) == 0
+    log = EventLog(pod)
     sync = HubSync(pod, config, read_manifest(pod / config.manifest), CheckpointIndex(pod),
-                   EventLog(pod))                  # sync interval: one hour
+                   log, RunLease(pod, log))        # sync interval: one hour
     sync.tick()
     assert sync.busy, "the rollback waits for the interval"
     sync.finish()                                  # waits for it; the stop push: skipped

@@ -26,10 +26,11 @@ def test_vanished_file_store_is_an_error_not_recreated(tmp_path, capsys):
     from launcher.pod.ckpt_index import CheckpointIndex
     from launcher.pod.events import EventLog
     from launcher.pod.manifest import read_manifest
-    from launcher.hub.sync import HubSync
+    from launcher.hub.sync import HubSync, RunLease
     config = load_pod_config(pod)
-    HubSync(pod, config, read_manifest(pod / config.manifest), CheckpointIndex(pod),
-            EventLog(pod))
+    log = EventLog(pod)
+    HubSync(pod, config, read_manifest(pod / config.manifest), CheckpointIndex(pod), log,
+            RunLease(pod, log))
     (failed,) = [e for e in read_events(pod) if e["event"] == "sync_failed"]
     assert failed["reason"] == "launch" and "held this pod's revisions" in failed["error"]
     assert not (pod / "hub").exists()

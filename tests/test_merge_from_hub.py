@@ -119,7 +119,7 @@ def test_a_ray_pods_last_push_carries_the_merged_brain_read_back_from_the_nodes_
     import yaml
 
     from launcher.config.podconfig import load_pod_config
-    from launcher.hub.sync import HubSync
+    from launcher.hub.sync import HubSync, RunLease
     from launcher.paths import MERGED_PATH
     from launcher.pod.ckpt_index import CheckpointIndex
     from launcher.pod.events import EventLog, read_events
@@ -139,7 +139,8 @@ def test_a_ray_pods_last_push_carries_the_merged_brain_read_back_from_the_nodes_
     on_hub = {gpu: {"gpu": gpu, "sha256": sha, "hub_revision": revision, "next_token": 4096,
                     "step": 64, "ema_tf": 5.0, "lb": 2.0, "path": rel}
               for gpu, (rel, (revision, sha)) in enumerate(pushed.items())}
-    sync = HubSync(pod, config, manifest, CheckpointIndex(pod), EventLog(pod))
+    log = EventLog(pod)
+    sync = HubSync(pod, config, manifest, CheckpointIndex(pod), log, RunLease(pod, log))
     sync.nodes_push(lambda: on_hub)
 
     sync.tick()                                  # a node pushed: the manifest follows

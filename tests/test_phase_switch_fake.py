@@ -41,7 +41,7 @@ def phased(make, tmp_path, pod_template):
 def test_the_end_of_phase_one_switches_the_gpu_and_the_end_of_the_last_is_done(phased):
     sup, backend, clock = phased(stage=1)
     told = []
-    sup.pod.on_manifest_change = told.append        # the hub sync's hook
+    sup.pod.custodian.manifest_changed = told.append   # the hub sync's hook
     sup.starter.start_all()
     probes = sup.pod.probes = ProbeRecorder()
     backend.train(0, 10)

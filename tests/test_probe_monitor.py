@@ -16,7 +16,6 @@ import time
 import pytest
 import yaml
 
-from launcher.pod.ckpt_index import CheckpointIndex
 from launcher.checks.criteria import parse_criteria
 from launcher.errors import UserError
 from launcher.checks.health import FAILED, INCONCLUSIVE, SUCCESSFUL, GpuHealth
@@ -275,7 +274,7 @@ def test_a_probe_that_cannot_run_is_inconclusive_and_holds_the_stage(tmp_path):
         health.feed({"type": "metrics", "step": step, "tf": 5.0, "ema_tf": 5.0, "ss": 5.0,
                      "ema_ss": 5.0, "lb": 14.0, "grad_norm": 1.0})
     assert health.verdict().phase == SUCCESSFUL
-    apply_outcome(outcome, health, CheckpointIndex(tmp_path))
+    apply_outcome(outcome, health)
     assert health.verdict().phase == INCONCLUSIVE and "boom" in health.verdict().reason
 
 

@@ -30,7 +30,7 @@ def fail_gpu0_before_anything_of_it_passed(sup, backend) -> tuple[dict, dict]:
     backend.train(0, 10)
     unjudged = backend.checkpoint(0)
     sup.step()
-    assert sup.pod.index.records[(0, unjudged["sha256"])]["verdict"] == "pending"
+    assert sup.pod.custodian.index.records[(0, unjudged["sha256"])]["verdict"] == "pending"
     backend.event(0, "nan", step=11)
     return unjudged, healthy
 

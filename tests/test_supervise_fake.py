@@ -198,7 +198,7 @@ def test_nan_rolls_the_gpu_back_to_its_passed_checkpoint_and_the_pod_down_a_stag
     assert manifest.entries[0]["start_token"] == good["next_token"]
     assert manifest.entries[0]["stage"] == 2
     assert manifest.entries[1]["start_token"] == 30 * TOKENS_PER_STEP    # kept its progress
-    assert [r["verdict"] for r in sup.pod.index.for_gpu(0)] == [PASSED, FAILED]
+    assert [r["verdict"] for r in sup.pod.custodian.index.for_gpu(0)] == [PASSED, FAILED]
     assert backend.current(0).spec.start_token == good["next_token"]
     assert backend.current(0).spec.stage == 2 and len(backend.started) == 4
 
@@ -272,7 +272,7 @@ def test_the_monitor_turns_a_workers_lines_into_records(make):
     early = backend.checkpoint(0, ema_tf=None)       # stopped before its first step
     backend.event(1, "error", message="E" * 400)
     sup.step()
-    record = sup.pod.index.records[(0, early["sha256"])]
+    record = sup.pod.custodian.index.records[(0, early["sha256"])]
     assert (record["verdict"], record["reason"]) == (FAILED, "no training step behind it")
     assert pod_state(sup)["gpus"]["1"]["last_error"] == "E" * 300
     backend.train(0, 10)
@@ -295,7 +295,7 @@ def test_a_checkpoint_written_after_its_gpu_failed_is_failed(make):
     backend.event(0, "nan", step=5)
     after = backend.checkpoint(0)
     sup.step()
-    record = sup.pod.index.records[(0, after["sha256"])]
+    record = sup.pod.custodian.index.records[(0, after["sha256"])]
     assert (record["verdict"], record["reason"]) == (FAILED, "written after its GPU failed")
     assert sup.pod.state is PodState.FAILED
 
@@ -324,7 +324,7 @@ def test_a_failed_gpu_whose_passed_checkpoints_are_all_gone_fails_the_pod(make):
     sup, backend, clock = make(stage=3)
     sup.starter.start_all()
     event = passed_checkpoint(sup, backend, 0)
-    record = sup.pod.index.records[(0, event["sha256"])]
+    record = sup.pod.custodian.index.records[(0, event["sha256"])]
     for rel in (record["retained"], record["path"]):
         (sup.pod.pod_dir / rel).unlink()
     backend.event(0, "nan", step=105)
@@ -347,12 +347,12 @@ def test_a_clean_stop_judges_each_gpus_last_checkpoint(make):
     sup.stop_reason = "SIGTERM received"
     sup.step()                             # SIGTERM: each worker checkpoints at step 131
     assert sup.pod.state is PodState.STOPPED
-    last = {g: sup.pod.index.pending(g)[-1] for g in (0, 1)}
+    last = {g: sup.pod.custodian.index.pending(g)[-1] for g in (0, 1)}
     assert {r["step"] for r in last.values()} == {131}
     sup.final.judge()
     (final,) = events(sup, "final_verdicts")
     assert {g: v["verdict"] for g, v in final["verdicts"].items()} == {"0": PASSED, "1": PASSED}
-    assert [sup.pod.index.records[(g, r["sha256"])]["verdict"] for g, r in last.items()] \
+    assert [sup.pod.custodian.index.records[(g, r["sha256"])]["verdict"] for g, r in last.items()] \
         == [PASSED, PASSED]
 
 
@@ -370,10 +370,10 @@ def test_a_checkpoint_rotated_away_before_its_event_was_read_is_never_probed_und
     sup.step()
     assert [sha for _, _, sha in probes.requests] == [newer["sha256"]]
     (_, name, _), = probes.requests
-    record = sup.pod.index.records[(0, newer["sha256"])]
+    record = sup.pod.custodian.index.records[(0, newer["sha256"])]
     assert name == record["retained"]          # the pinned link, not the worker's name
     assert hashlib.sha256((sup.pod.pod_dir / name).read_bytes()).hexdigest() == newer["sha256"]
-    assert sup.pod.index.records[(0, older["sha256"])]["retained"] is None
+    assert sup.pod.custodian.index.records[(0, older["sha256"])]["retained"] is None
 
 
 

@@ -17,7 +17,7 @@ from launcher.hub.sync_state import read_sync_state
 from launcher.pod.ckpt_index import PASSED
 from launcher.pod.events import read_events
 from launcher.pod.manifest import read_manifest
-from launcher.supervise.ray_node import push_as_pod
+from launcher.supervise.ray.node_checkpoints import push_as_pod
 from tests.support.fake_supervisor import (  # noqa: F401 (fixtures)
     events,
     make,
@@ -32,7 +32,7 @@ def test_a_node_push_notes_its_hub_revision_where_the_manifest_names_those_bytes
     sup, backend, clock = make(nodes={"node-a": 1, "node-b": 1})
     sup.starter.start_all()
     good = passed_checkpoint(sup, backend, 0)
-    custodian = sup.pod.custodian
+    custodian = sup.pod.custodian.copies
     record = [r for g, r in custodian.kept if g == 0][-1]
     custodian.push(0, record, "rev-7")
     custodian.push(1, {**record, "sha256": "f" * 64}, "rev-8")    # bytes no entry names
@@ -51,7 +51,7 @@ def test_on_a_remote_backend_the_manifest_follows_each_node_push_to_the_hub(make
     resumes at the pushed tokens, the weights left on the hub."""
     sup, backend, clock = make(stage=1)
     custodian = on_nodes(sup, backend)  # a remote backend: its nodes push the checkpoints
-    assert sup.sync is not None
+    assert sup.pod.custodian.sync is not None
     sup.starter.start_all()
     store = open_store(sup.pod.plan.config.hub, sup.pod.pod_dir)
     hub_path = sup.pod.plan.config.checkpoint_path(0)
@@ -59,7 +59,7 @@ def test_on_a_remote_backend_the_manifest_follows_each_node_push_to_the_hub(make
     hub_url = sup.pod.plan.config.hub.replace("file://hub", f"file://{sup.pod.pod_dir / 'hub'}")
 
     def node_push(event) -> str:
-        """What GPU 0's node does with its passed checkpoint (ray_node.NodeWorker.push)."""
+        """What GPU 0's node does with its passed checkpoint (ray.node_checkpoints.NodeCheckpoints.push)."""
         revision = store.push({hub_path: sup.pod.pod_dir / hub_path}, "node push",
                               expected={hub_path: event["sha256"]})
         (record,) = [r for g, r in custodian.kept if g == 0 and r["sha256"] == event["sha256"]]
@@ -73,7 +73,7 @@ def test_on_a_remote_backend_the_manifest_follows_each_node_push_to_the_hub(make
 
     for _ in range(5):          # a push started would show as busy before its event
         sup.step()
-        assert not sup.sync.busy
+        assert not sup.pod.custodian.sync.busy
     assert not events(sup, "sync_pushed")          # nothing on the hub yet: nothing pushed
     assert not events(sup, "sync_skipped")         # ...and no event about it on every poll
     first = passed_checkpoint(sup, backend, 0)
@@ -82,7 +82,7 @@ def test_on_a_remote_backend_the_manifest_follows_each_node_push_to_the_hub(make
     assert pushed["tokens"] == {"0": first["next_token"]} and pushed["hub_revision_for"] == [0]
     for _ in range(5):
         sup.step()                                  # no new node push: no new manifest push
-        assert not sup.sync.busy                    # (none started, not just none finished)
+        assert not sup.pod.custodian.sync.busy      # (none started, not just none finished)
     assert len(events(sup, "sync_pushed", reason="manifest")) == 1
     head = store.head()
     assert head == pushed["revision"]
@@ -130,7 +130,7 @@ def test_on_a_remote_backend_the_manifest_follows_each_node_push_to_the_hub(make
 
 def test_a_node_push_refused_by_a_takeover_stops_every_push_and_is_recorded(make, tmp_path):
     """After `launch --from-hub` took the run over elsewhere, a node's push (as the head's
-    pod: launcher/supervise/ray_node.py push_as_pod) is refused; the custodian hears it
+    pod: launcher/supervise/ray/node_checkpoints.py push_as_pod) is refused; the custodian hears it
     (RayCustodian._harvest_pushes) and records it in the run's one lease, and from then on no
     passed checkpoint is handed to the nodes to push, the launcher's manifest push stops too,
     and events and status say so."""
@@ -178,7 +178,7 @@ def test_a_node_push_refused_by_a_takeover_stops_every_push_and_is_recorded(make
     custodian.hub[0] = {**custodian.kept[1][1], "path": hub_path, "hub_revision": taken}
     for _ in range(5):
         sup.step()
-    assert sup.pod.index.records[(0, third["sha256"])]["verdict"] == PASSED
+    assert sup.pod.custodian.index.records[(0, third["sha256"])]["verdict"] == PASSED
     assert len(custodian.kept) == 2                  # no further checkpoint goes to a node
     assert len(events(sup, "sync_pushed", reason="manifest")) == 1
     assert store.head() == taken                     # the manifest push stopped too
@@ -207,7 +207,7 @@ def test_on_a_remote_backend_a_failed_manifest_push_is_retried_at_the_interval_n
     step_until(sup, lambda: events(sup, "sync_failed"), "the failed manifest push", 30)
     for _ in range(20):                 # no push (thread) started again before the interval
         sup.step()
-        assert not sup.sync.busy
+        assert not sup.pod.custodian.sync.busy
     (failed,) = events(sup, "sync_failed")
     assert failed["reason"] == "manifest" and failed["retry"] == "at the next interval"
     assert "hub unreachable" in failed["error"] and len(sent) == 1

@@ -33,7 +33,7 @@ from tests.support.fake_supervisor import (  # noqa: F401 (fixtures)
 
 def test_a_lost_node_resumes_its_gpu_on_a_free_node_from_the_hub_copy(make):
     sup, backend, clock = make(nodes={"node-a": 1, "node-b": 2})
-    custodian = sup.pod.custodian
+    custodian = sup.pod.custodian.copies
     sup.starter.start_all()
     assert [w.node for w in backend.started] == ["node-a", "node-b"]
     on_hub = passed_checkpoint(sup, backend, 0)
@@ -56,7 +56,7 @@ def test_a_lost_node_resumes_its_gpu_on_a_free_node_from_the_hub_copy(make):
     spec = backend.current(0).spec
     assert (spec.start_token, spec.ckpt_sha256, spec.ckpt_revision) == \
         (on_hub["next_token"], on_hub["sha256"], "rev-1")
-    assert sup.pod.index.pending(0) == []      # the lost node's unjudged checkpoint
+    assert sup.pod.custodian.index.pending(0) == []      # the lost node's unjudged checkpoint
     manifest = read_manifest(sup.pod.pod_dir / sup.pod.plan.config.manifest)
     assert manifest.entries[0]["start_token"] == on_hub["next_token"]
     assert manifest.entries[0]["hub_revision"] == "rev-1"
@@ -182,7 +182,7 @@ def test_on_a_remote_backend_a_rollback_with_nothing_newer_passed_restores_the_l
 
 def test_on_a_remote_backend_a_checkpoint_its_node_could_not_retain_is_never_probed(make):
     """A node read the event after its worker had rotated those bytes away (its poll
-    stalled): it says so (`retained: false`, launcher/supervise/ray_node.py) and the head
+    stalled): it says so (`retained: false`, launcher/supervise/ray/node.py) and the head
     asks no probe of it, which would only come back "not retained" without a verdict (CI
     saw that as the first probe of a GPU); the next checkpoint, retained, is probed."""
     sup, backend, clock = make(nodes={"node-a": 1, "node-b": 1}, on_nodes=True)  # node files
@@ -194,7 +194,7 @@ def test_on_a_remote_backend_a_checkpoint_its_node_could_not_retain_is_never_pro
     kept = backend.checkpoint_line(0, retained=True)
     sup.step()
     assert [sha for _, _, sha in probes.requests] == [kept["sha256"]]
-    assert lost["sha256"] in {sha for (_g, sha) in sup.pod.index.records}
+    assert lost["sha256"] in {sha for (_g, sha) in sup.pod.custodian.index.records}
 
 
 def test_status_of_a_ray_pod_shows_what_a_waiting_gpu_resumes_from(make):
@@ -206,7 +206,7 @@ def test_status_of_a_ray_pod_shows_what_a_waiting_gpu_resumes_from(make):
     sup, backend, clock = make(nodes={"node-a": 1, "node-b": 1}, on_nodes=True)
     sup.starter.start_all()
     on_hub = passed_checkpoint(sup, backend, 0)
-    sup.pod.custodian.hub[0] = {**on_hub, "path": "checkpoints/fractus_1b_gpu0.pt",
+    sup.pod.custodian.copies.hub[0] = {**on_hub, "path": "checkpoints/fractus_1b_gpu0.pt",
                       "hub_revision": "rev-1"}
     backend.train(0, 20)
     for gpu in (0, 1):            # on the nodes' disks only

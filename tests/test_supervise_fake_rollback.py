@@ -155,7 +155,7 @@ def test_rollback_by_hand_of_a_gpu_none_of_whose_checkpoints_passed_starts_it_ov
     assert "starts over at token 0" in manual_rollback(pod_dir, 2, [0])
     entry = read_manifest(pod_dir / sup.pod.plan.config.manifest).entries[0]
     assert (entry.start_token, entry.checkpoint, entry.stage) == (0, None, 2)
-    assert sup.pod.index.__class__(pod_dir).records[(0, unjudged["sha256"])]["verdict"] == FAILED
+    assert CheckpointIndex(pod_dir).records[(0, unjudged["sha256"])]["verdict"] == FAILED
     assert (pod_dir / "checkpoints" / "fractus_1b_gpu0.pt.failed").is_file()
     assert not (pod_dir / "checkpoints" / "fractus_1b_gpu0.pt").exists()
 
@@ -173,8 +173,8 @@ def test_an_automatic_rollback_is_pushed_to_the_hub_at_once_not_at_the_interval(
     backend.event(0, "nan", step=102)
     sup.step()
     assert sup.pod.stage == 2 and events(sup, "rollback", gpu=0)
-    assert sup.sync.busy, "the rollback asked for no push"
-    sup.sync._thread.join(120)                       # the push it asked for
+    assert sup.pod.custodian.sync.busy, "the rollback asked for no push"
+    sup.pod.custodian.sync._thread.join(120)                       # the push it asked for
     sup.step()
     (pushed,) = events(sup, "sync_pushed")
     assert pushed["reason"] == "rollback"
@@ -197,7 +197,7 @@ def test_a_stage_switch_at_launch_is_pushed_to_the_hub_at_once(make):
         passed_checkpoint(sup, backend, gpu)
     sup.stop_reason = "SIGTERM received"
     sup.step()
-    sup.sync.finish()
+    sup.pod.custodian.sync.finish()
     (at_stage_2,) = events(sup, "sync_pushed")
 
     plan, manifest = load_plan(pod_dir, 3, "cpu:2", None)

@@ -93,7 +93,7 @@ def test_a_tracker_that_fails_turns_off_with_one_warning_and_supervision_goes_on
     sup.step()
     assert sup.pod.state == PodState.RUNNING
     assert sup.pod.runs[1].last_metrics["step"] == 120
-    assert sup.pod.index.records[(0, good["sha256"])]["verdict"] == "passed"
+    assert sup.pod.custodian.index.records[(0, good["sha256"])]["verdict"] == "passed"
     assert all(run.state == GpuState.RUNNING for run in sup.pod.runs.values())
     sup.pod.tracker.close()
     warnings = [line for line in capfd.readouterr().err.splitlines() if "tracker" in line]

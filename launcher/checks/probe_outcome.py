@@ -1,6 +1,6 @@
 """One AR probe: what was asked (ProbeRequest), what it found (ProbeOutcome), and what its
-verdict does to its GPU (apply_outcome): a Failed probe fails the GPU's stage and marks the
-probed checkpoint and every newer one failed, so rollback never restores them. And the one
+verdict does to its GPU's checks (apply_outcome): a Failed probe fails the GPU's stage (the
+checkpoint custodian then fails the probed checkpoint and every newer one). And the one
 lookup of a GPU's baseline at a stage on a shard that the launcher's probes and
 `fractus-pod probe --gpu` both use (stage_baseline): the one recorded in
 logs/probe_baselines.json, else the one the launcher's probes set (its `probe` event)."""
@@ -16,9 +16,7 @@ from launcher.checks.health import FAILED, SUCCESSFUL, CheckState, GpuHealth, Me
 from launcher.checks.probe_check import Baseline
 from launcher.files import read_json_state
 from launcher.paths import BASELINES_FILE
-from launcher.pod.ckpt_index import FAILED as CK_FAILED
 from launcher.pod.events import read_events
-from launcher.pod.manifest import event_position
 
 BASELINE = "baseline"          # an outcome that set the baseline (no verdict)
 CHECK_NAME = "probe"           # its name among the GPU's health checks
@@ -61,31 +59,20 @@ class ProbeOutcome:
                 "seconds": round(self.seconds, 2), **numbers}
 
 
-def apply_outcome(outcome: ProbeOutcome, health: GpuHealth, index) -> None:
-    """A probe's verdict joins the GPU's health checks. Failed: the GPU fails its stage
-    and the probed checkpoint and every newer one of that GPU are marked failed.
+def apply_outcome(outcome: ProbeOutcome, health: GpuHealth) -> str | None:
+    """A probe's verdict joins the GPU's health checks. Failed: the GPU fails its stage;
+    returns why (the probed checkpoint and every newer one are to be failed too).
     Inconclusive/Successful: a measurement of the `probe` check, so a stage whose probes
-    never ran is held Inconclusive instead of passing."""
+    never ran is held Inconclusive instead of passing; None."""
     if outcome.status == BASELINE:
-        return
+        return None
     reason = f"{outcome.reason} ({outcome.request.checkpoint})"
     if outcome.status == FAILED:
         health.fail(CHECK_NAME, reason)
-        _fail_from(outcome.request, index, reason)
-        return
+        return reason
     check = health.checks.setdefault(CHECK_NAME, CheckState(CHECK_NAME, AT_ONCE))
     check.record(Measurement(True if outcome.status == SUCCESSFUL else None, reason))
-
-
-def _fail_from(request: ProbeRequest, index, reason: str) -> None:
-    rows = index.for_gpu(request.gpu)
-    probed = next((r for r in rows if r["sha256"] == request.sha256), None)
-    if probed is None:
-        return
-    for record in rows:
-        if event_position(record) >= event_position(probed) and \
-                record["verdict"] != CK_FAILED:
-            index.mark(request.gpu, record["sha256"], CK_FAILED, f"AR probe failed: {reason}")
+    return None
 
 
 def recorded_baseline(pod_dir: Path, stage: int, gpu: int) -> Baseline | None:

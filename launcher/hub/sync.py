@@ -99,7 +99,7 @@ class HubSync:
     blocks), `finish()` once the workers have stopped (blocks until the last push is done)."""
 
     def __init__(self, pod_dir: Path, config: PodConfig, manifest: Manifest,
-                 index: CheckpointIndex, events: EventLog, lease: RunLease | None = None):
+                 index: CheckpointIndex, events: EventLog, lease: RunLease):
         self.pod_dir, self.config, self.manifest = pod_dir, config, manifest
         self.index, self.events = index, events
         self.settings = config.sync_settings()
@@ -113,9 +113,9 @@ class HubSync:
         self.retention = config.retention_settings()
         self._last_key: tuple | None = None       # of the last push that landed
         self._tried_key: tuple | None = None      # of the last manifest push started
-        # Whether this pod still writes the run: owned by the checkpoint custodian, whose
-        # node pushes meet the same lease (launcher/supervise/custodian.py).
-        self.lease = lease if lease is not None else RunLease(pod_dir, events)
+        # Whether this pod still writes the run: the checkpoint custodian's, whose node
+        # pushes meet the same lease (launcher/supervise/custodian.py).
+        self.lease = lease
         # A manifest change (rollback, stage or phase switch) not yet in a landed push: why,
         # how many changes were asked, and how many the last push started held (a push
         # taken at change N lands changes up to N only).

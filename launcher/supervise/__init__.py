@@ -7,14 +7,14 @@
   signal, kill, stop, close, where its files are).
 - `local_backend`: `LocalBackend`, the workers as child processes of the launcher (launcher/child.py).
 - `ray_backend`: `RayBackend`, the workers as Ray actors across the nodes of a Ray cluster.
-- `custodian`: `CheckpointCustodian`, a checkpoint once written (probe name, what a pass
-  sets off, restore, hub copies, rollback points, node pushes and probes) and the run's hub
-  lease: `LocalCustodian` (files on this machine), `NodeCustodian`; `ray_custodian`:
-  `RayCustodian`, the files on the Ray nodes.
+- `custodian`: `CheckpointCustodian`, the one owner of a checkpoint from its event to its
+  last copy (index, verdicts, pushes, restore, rollback target, the run's hub lease), with
+  where the copies are: `LocalCopies` (this machine), `NodeCopies` (the workers' nodes);
+  `ray_custodian`: `RayCustodian`, the files on the Ray nodes.
 
 The supervisor (launcher/supervise/supervisor.py) runs the loop and composes the policy, one
 component per job over a shared PodRun (pod_run.py): monitor.py (a worker's lines into health,
-checkpoint index, manifest), exits.py (one handler per exit event), restart.py (crash,
+the custodian, the manifest), exits.py (one handler per exit event), restart.py (crash,
 backoff, give up; hang), starter.py, placement.py (node loss), rollback.py, ending.py (stop,
 failure, full disk), final_verdicts.py, pod_view.py (logs/pod_state.json for `status`).
 """

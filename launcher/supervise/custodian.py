@@ -1,76 +1,222 @@
-"""The checkpoint custodian: everything about a checkpoint once a worker wrote it.
+"""The checkpoint custodian: the one owner of a checkpoint from its worker's `checkpoint`
+event to its last copy. The supervisor's components call it; nothing else touches these facts.
 
-The worker backend (launcher/supervise/backend.py) only runs processes. What becomes of a
-checkpoint after its `checkpoint` event is the custodian's: which name a probe reads it
-under (retained, pinned), what a passed verdict sets off (a push from its node), the bytes
-recovered before a restart, what a lost GPU or a rollback resumes from (its hub copy, or
-where it stood at launch), the pushes its nodes made, where probes run, and the run's hub
-lease (`lease`: one per launcher; the hub sync reads the same one).
-
-Two implementations behind this one interface, which the supervisor's components call:
-`LocalCustodian` (the files are on this machine) and, for a Ray pod, `RayCustodian`
-(launcher/supervise/ray_custodian.py: the files are on the nodes, which push and probe
-them; `NodeCustodian` below holds what does not need Ray).
+`CheckpointCustodian` holds, as private parts, the checkpoint index (records, verdicts,
+retained links: launcher/pod/ckpt_index.py), the hub sync (pushes of checkpoints and of the
+manifest: launcher/hub/sync.py), the run's one hub lease (`RunLease`, made here only), and
+where the copies are: `LocalCopies` (this machine) or `NodeCopies` (the workers' nodes,
+which retain, push and probe their own; on Ray `RayCustodian`). Local and Ray pods differ
+only by that part. An operation on checkpoints to come (a merge round) is one more method.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from launcher.config.podconfig import PodConfig
 from launcher.hub.recover import recover_entry
-from launcher.hub.sync import RunLease
-from launcher.pod.ckpt_index import CheckpointIndex
+from launcher.hub.sync import HubSync, RunLease
+from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex
 from launcher.pod.events import EventLog
-from launcher.pod.manifest import Manifest, ManifestEntry, resolve_in_pod
+from launcher.pod.failed_resume import restore_passed, starts_over
+from launcher.pod.manifest import (Manifest, ManifestEntry, event_position, resolve_in_pod,
+                                   write_manifest)
 
 
 class CheckpointCustodian:
-    """The checkpoints of a pod whose files are on this machine (LocalCustodian); a
-    subclass for other places overrides what differs."""
-    # Whether the checkpoints are on the workers' nodes rather than on this machine (for
-    # `status`: none is "missing" from the head then).
+    """`gpus`: the pod's GPUs; `copies`: where the checkpoints are (default: this machine).
+    ValueError for a malformed hub URL (the CLI reports it before anything starts)."""
+
+    def __init__(self, pod_dir: Path, config: PodConfig, gpus: list[int], manifest: Manifest,
+                 index: CheckpointIndex, events: EventLog, copies: LocalCopies | None = None):
+        self.pod_dir, self.config, self.gpus = pod_dir, config, list(gpus)
+        self.manifest, self.index, self.events = manifest, index, events
+        self.lease = RunLease(pod_dir, events)      # every push, the sync's or a node's, asks it
+        self.sync = (HubSync(pod_dir, config, manifest, index, events, self.lease)
+                     if config.hub else None)
+        self.use_copies(copies or LocalCopies(pod_dir, config, events))
+
+    def use_copies(self, copies: LocalCopies) -> None:
+        """The checkpoints are where `copies` says from now on (a Ray pod's nodes: chosen
+        after a --detach fork, before anything is pushed). Checkpoints kept on the nodes are
+        pushed by their nodes; the hub sync then pushes the manifest that names them."""
+        copies.attach(self.lease)
+        self.copies = copies
+        if copies.on_nodes and self.sync is not None:
+            self.sync.nodes_push(lambda: {g: c for g in self.gpus
+                                          if (c := copies.hub_copy(g)) is not None})
+
+    @property
+    def on_nodes(self) -> bool:
+        return self.copies.on_nodes
+
+    @property
+    def taken_over(self) -> str | None:
+        """Another pod writes the run (the refusal's one line): nothing is pushed any more."""
+        return self.lease.taken_over
+
+    # ---- a checkpoint's record and verdict --------------------------------------------------
+    @property
+    def changes(self) -> int:
+        """A counter that moves with every record written (cheap change detection)."""
+        return self.index.size
+
+    def record(self, gpu: int, event: dict, stage: int, rel: str) -> dict:
+        """A worker's checkpoint event (`rel`: its path relative to the pod): its record,
+        pending, with its bytes retained."""
+        return self.index.add(gpu, event, stage, rel)
+
+    def pending(self, gpu: int) -> list[dict]:
+        return self.index.pending(gpu)
+
+    def record_of(self, gpu: int, sha256: str) -> dict:
+        return self.index.records[(gpu, sha256)]
+
+    def fail(self, gpu: int, sha256: str, reason: str) -> None:
+        self.index.mark(gpu, sha256, FAILED, reason)
+
+    def fail_pending(self, gpu: int, reason: str) -> None:
+        """Every checkpoint of `gpu` not judged yet is failed (its GPU failed or was lost)."""
+        for record in self.index.pending(gpu):
+            self.index.mark(gpu, record["sha256"], FAILED, reason)
+
+    def fail_from(self, gpu: int, sha256: str, reason: str) -> None:
+        """Checkpoint `sha256` of `gpu` and every newer one are failed (an AR probe failed
+        it): a rollback never restores them."""
+        rows = self.index.for_gpu(gpu)
+        probed = next((r for r in rows if r["sha256"] == sha256), None)
+        if probed is None:
+            return
+        for record in rows:
+            if event_position(record) >= event_position(probed) and record["verdict"] != FAILED:
+                self.index.mark(gpu, record["sha256"], FAILED, reason)
+
+    def passed(self, gpu: int, sha256: str, reason: str) -> None:
+        """A checkpoint of `gpu` passed its checks: its node pushes it (the hub sync takes it
+        on this machine), unless another pod writes the run."""
+        record = self.index.mark(gpu, sha256, PASSED, reason)
+        if self.lease.taken_over is None:
+            self.copies.keep(gpu, record)
+
+    def never_passed(self, gpu: int) -> bool:
+        return not any(r["verdict"] == PASSED for r in self.index.for_gpu(gpu))
+
+    def starts_over(self, gpu: int) -> bool:
+        """Whether `gpu`'s worker starts over at token 0 (launcher/pod/failed_resume.py)."""
+        return starts_over(self.manifest, self.index, gpu)
+
+    def restore_passed(self, gpus: list[int]) -> None:
+        """A failed pod's manifest names no failed checkpoint (the next launch checks
+        again: launcher/pod/failed_resume.py); written when it changed."""
+        if restore_passed(self.manifest, self.index, self.events, gpus, refuse=False,
+                          own_file_of=self.config.checkpoint_path):
+            write_manifest(self.manifest)
+
+    # ---- what a GPU resumes from ------------------------------------------------------------
+    def probe_name(self, record: dict, event: dict, rel: str) -> str | None:
+        """The name an AR probe reads checkpoint `record` under (None: it cannot be probed)."""
+        return self.copies.probe_name(record, event, rel)
+
+    def restore(self, gpu: int) -> bool:
+        """Before a restart: the entry of `gpu` names a file holding its recorded bytes.
+        True when the entry changed (the caller writes the manifest); RecoveryError when the
+        bytes are nowhere."""
+        return self.copies.restore(gpu, self.manifest, self.index)
+
+    def rollback_target(self, gpu: int, launch: ManifestEntry | None) -> dict | None:
+        """The passed checkpoint a failed `gpu` goes back to (None: none is left); `launch`:
+        its entry at launch."""
+        return self.index.newest_passed(gpu) or self.copies.restore_point(gpu, launch)
+
+    def resume_copy(self, gpu: int) -> dict | None:
+        """What a GPU whose node was lost resumes from (its newest trustworthy hub copy)."""
+        return self.copies.resume_copy(gpu)
+
+    def node_probes(self):
+        """Where AR probes run when the checkpoints are not here (None: on this machine)."""
+        return self.copies.node_probes()
+
+    # ---- pushes -----------------------------------------------------------------------------
+    def manifest_changed(self, reason: str) -> None:
+        """What the manifest says changed (a rollback, a stage or phase switch): the hub's
+        copy is pushed at the next tick."""
+        if self.sync is not None:
+            self.sync.manifest_changed(reason)
+
+    def pump(self) -> None:
+        """Once per poll, after the backend's: the nodes' pushes started and collected, and
+        noted in the manifest."""
+        self.copies.pump()
+        self.note_pushed()
+
+    def tick(self) -> None:
+        """Once per poll, last: the hub sync's turn (it pushes in a thread, never blocking)."""
+        if self.sync is not None:
+            self.sync.tick()
+
+    def note_pushed(self) -> None:
+        """A node pushed a passed checkpoint: the manifest notes its hub revision where the
+        entry still names those bytes (as the hub sync does for its own pushes)."""
+        noted = []
+        for copy in self.copies.take_pushed():
+            gpu = copy["gpu"]
+            if self.manifest.note_hub_revision(gpu, copy["hub_revision"], copy["sha256"]):
+                noted.append(gpu)
+            self.events.emit("sync_pushed", reason="node", gpu=gpu, node=copy.get("node"),
+                             revision=copy["hub_revision"],
+                             tokens={gpu: int(copy["next_token"])}, files=1,
+                             hub_revision_for=[gpu] if gpu in noted else [])
+        if noted:
+            write_manifest(self.manifest)
+
+    def close(self, abandoned: Callable[[], bool] = lambda: False) -> None:
+        """The run ended, before the backend closes: the nodes' last pushes go up (a second
+        signal, `abandoned()`, gives them up)."""
+        self.copies.close(abandoned)
+
+    def finish(self, abandoned: Callable[[], bool] = lambda: False,
+               signalled: bool = False) -> None:
+        """After the backend closed: the nodes' last pushes noted, then the hub sync's last
+        push, whatever ended the run (its manifest names them)."""
+        self.note_pushed()
+        if self.sync is not None:
+            self.sync.finish(abandoned=abandoned, signalled=signalled)
+
+
+class LocalCopies:
+    """The checkpoints are on this machine: retained links in the pod, recovered from a
+    rotated copy or the hub before a restart, pushed by the custodian's hub sync."""
     on_nodes = False
 
     def __init__(self, pod_dir: Path, config: PodConfig, events: EventLog):
         self.pod_dir, self.config, self.events = pod_dir, config, events
-        self.lease = RunLease(pod_dir, events)
+        self.lease: RunLease | None = None
+
+    def attach(self, lease: RunLease) -> None:
+        """The run's lease, the custodian's: every push asks it, every refusal ends there."""
+        self.lease = lease
 
     def probe_name(self, record: dict, event: dict, rel: str) -> str | None:
-        """The name an AR probe reads checkpoint `record` under (None: it cannot be probed);
-        `event` is its checkpoint event, `rel` its path relative to the pod."""
         return probe_name(record, self.pod_dir)
 
-    def passed(self, gpu: int, record: dict) -> None:
-        """A checkpoint of `gpu` passed its checks. Once another pod writes the run, a
-        passed checkpoint sets nothing off any more."""
-        if self.lease.taken_over is None:
-            self.keep(gpu, record)
-
     def keep(self, gpu: int, record: dict) -> None:
-        """What a passed checkpoint sets off (a node pushes it); on this machine the hub
-        sync's next push takes it (launcher/hub/sync.py)."""
+        """What a passed checkpoint sets off: here nothing (the hub sync's next push takes it)."""
 
     def restore(self, gpu: int, manifest: Manifest, index: CheckpointIndex) -> bool:
-        """Before a restart: make the entry of `gpu` name a file holding its recorded bytes
-        (launcher/hub/recover.py). True when the entry changed (the caller writes the
-        manifest); raises RecoveryError when the bytes are nowhere."""
         return recover_entry(self.pod_dir, gpu, manifest, index, self.events,
                              self.config.hub, self.config.checkpoint_path(gpu))
 
     def hub_copy(self, gpu: int) -> dict | None:
-        """The newest passed checkpoint of `gpu` its node pushed to the hub, as a
-        checkpoint-index record plus `hub_revision` (None: none)."""
+        """The newest passed checkpoint of `gpu` its node pushed, as a checkpoint-index
+        record plus `hub_revision` (None: none)."""
         return None
 
     def restore_point(self, gpu: int, launch: ManifestEntry | None) -> dict | None:
-        """What a failed GPU rolls back to when no checkpoint of it passed here: its hub
-        copy (None: nothing). `launch`: its entry at launch."""
+        """What a failed GPU rolls back to when no checkpoint of it passed here."""
         return self.hub_copy(gpu)
 
     def resume_copy(self, gpu: int) -> dict | None:
-        """What a GPU whose node was lost resumes from: its hub copy, unless a newer
-        trustworthy one is on the hub (Ray: its recovery copy, RayCustodian)."""
         return self.hub_copy(gpu)
 
     def take_pushed(self) -> list[dict]:
@@ -78,24 +224,16 @@ class CheckpointCustodian:
         return []
 
     def node_probes(self):
-        """Where AR probes run when the checkpoints are not on this machine (an object for
-        ProbeMonitor.use_nodes); None: on this machine."""
         return None
 
     def pump(self, force: bool = False) -> None:
-        """Once per poll, after the backend's: start and collect the nodes' pushes."""
+        """Once per poll: start and collect the nodes' pushes."""
 
     def close(self, abandoned=lambda: False) -> None:
-        """The run ended, before the backend closes: the last pushes go up (a second
-        signal, `abandoned()`, gives them up)."""
+        """The run ended: the nodes' last pushes go up."""
 
 
-class LocalCustodian(CheckpointCustodian):
-    """The checkpoints are on this machine: retained links in the pod, recovered from a
-    rotated copy or the hub before a restart, pushed by the launcher's hub sync."""
-
-
-class NodeCustodian(CheckpointCustodian):
+class NodeCopies(LocalCopies):
     """The checkpoints are on the workers' nodes: each node retains, recovers, pushes and
     probes its own."""
     on_nodes = True
@@ -106,14 +244,12 @@ class NodeCustodian(CheckpointCustodian):
         return rel if event.get("retained", True) else None
 
     def restore(self, gpu: int, manifest: Manifest, index: CheckpointIndex) -> bool:
-        # The node does it as it starts the worker: the entry's recorded bytes from its own
-        # copy, or the hub's, or the start fails (launcher/supervise/ray_node.py).
+        # The node does it as it starts the worker (launcher/supervise/ray/node.py).
         return False
 
     def restore_point(self, gpu: int, launch: ManifestEntry | None) -> dict | None:
         # The passed file is on a node's disk: its hub copy serves, else the checkpoint the
-        # GPU resumed from at launch when the hub holds it (launched with --from-hub onto a
-        # cluster: the head never held that file).
+        # GPU resumed from at launch when the hub holds it.
         return self.hub_copy(gpu) or launch_point(launch)
 
 
@@ -129,11 +265,8 @@ def launch_point(entry: ManifestEntry | None) -> dict | None:
 
 def probe_name(record: dict, pod_dir) -> str | None:
     """The name under which a running worker's checkpoint can be probed: its retained link
-    (bytes pinned). None when it has none although it lies in the pod: its event was read
-    after the worker had saved past SAVE_KEEP, so its own name now holds newer bytes and a
-    probe there would judge another checkpoint under this one's sha256 (a later
-    checkpoint's probe vouches instead). A file outside the pod is never linked: its own
-    name is all there is."""
+    (bytes pinned). None when it has none although it lies in the pod (its own name may hold
+    newer bytes by now). A file outside the pod is never linked: its own name is all there is."""
     if record.get("retained"):
         return record["retained"]
     try:

@@ -6,15 +6,12 @@ from __future__ import annotations
 from fractus.train.disk import no_space_error
 from launcher.checks.health import FAILED
 from launcher.errors import warn
-from launcher.pod.ckpt_index import FAILED as CK_FAILED
 from launcher.files import dir_id
-from launcher.pod.failed_resume import restore_passed
-from launcher.pod.manifest import write_manifest
 from launcher.pod.reserve import DiskReserve
 from launcher.supervise.monitor import WorkerMonitor
 from launcher.supervise.pod_run import PodRun
 from launcher.supervise.pod_view import PodView
-from launcher.supervise.state import GpuEvent, PodEvent, PodState
+from launcher.supervise.state import PodEvent, PodState
 
 LOGS_MOVED = "logs/ was moved, replaced or deleted while the pod ran"
 
@@ -22,7 +19,11 @@ LOGS_MOVED = "logs/ was moved, replaced or deleted while the pod ran"
 class PodEnding:
     def __init__(self, pod: PodRun, monitor: WorkerMonitor, view: PodView):
         self.pod, self.monitor, self.view = pod, monitor, view
-        self.reserve: DiskReserve | None = None    # made by Supervisor.run(): it writes a file
+        self.reserve: DiskReserve | None = None    # made by `begin`: it writes a file
+
+    def begin(self) -> None:
+        """The run begins: the disk reserve a full disk's failure is recorded with."""
+        self.reserve = DiskReserve(self.pod.pod_dir)
 
     def stop_workers(self, kill_gpus: set[int]) -> None:
         """Kill the workers of `kill_gpus` (their progress since the last passed checkpoint
@@ -41,8 +42,7 @@ class PodEnding:
             if run.proc is not None:
                 pod.events.emit("worker_exit", gpu=run.slot.gpu,
                                 code=exits[run.slot.gpu].code, stage=pod.stage)
-            run.proc = None
-            run.apply(GpuEvent.STOPPED)
+            run.stopped()
 
     def stop(self, reason: str) -> None:
         pod = self.pod
@@ -61,13 +61,10 @@ class PodEnding:
                   if r.health and r.health.phase() == FAILED}
         self.stop_workers(kill_gpus=failed)
         for gpu in failed:
-            for record in pod.index.pending(gpu):
-                pod.index.mark(gpu, record["sha256"], CK_FAILED, "its GPU failed")
+            pod.custodian.fail_pending(gpu, "its GPU failed")
         # The manifest must not name what was just marked failed: the user's own relaunch
-        # reads it too (the next launch checks again: launcher/pod/failed_resume.py).
-        if restore_passed(pod.manifest, pod.index, pod.events, list(pod.runs), refuse=False,
-                          own_file_of=pod.plan.config.checkpoint_path):
-            write_manifest(pod.manifest)
+        # reads it too.
+        pod.custodian.restore_passed(list(pod.runs))
         pod.events.emit("pod_failed", stage=pod.stage, reason=reason)
         pod.move(PodEvent.FAILED)
         pod.exit_code = exit_code
@@ -110,8 +107,7 @@ class PodEnding:
         pod.backend.stop([r.proc for r in pod.runs.values() if r.proc is not None],
                          pod.plan.config.stop_grace_s)
         for run in pod.runs.values():
-            run.proc = None
-            run.apply(GpuEvent.STOPPED)
+            run.stopped()
         pod.move(PodEvent.FAIL)
         pod.move(PodEvent.FAILED)
         pod.reason, pod.exit_code = reason, 1
@@ -142,7 +138,6 @@ class PodEnding:
             pod.move(PodEvent.FAILED)            # fail() made it FAILING first
             pod.reason, pod.exit_code = reason, 1
             for run in pod.runs.values():
-                run.proc = None
-                run.apply(GpuEvent.STOPPED)
+                run.stopped()
             warn(f"{reason} (not recorded: {exc.strerror})")
         self.view.write(force=True)

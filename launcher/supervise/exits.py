@@ -34,7 +34,7 @@ class ExitHandlers:
 
     def on_exit(self, run: GpuRun, ended: WorkerExit) -> None:
         """`run`'s worker ended on its own (its last lines already read)."""
-        run.proc, run.exit_code = None, ended.code
+        run.ended(ended)
         if ended.node_lost:
             self.placement.on_node_lost(run)
             return
@@ -61,7 +61,7 @@ class ExitHandlers:
                              silent_s=round(silent_s, 2), limit_s=limit_s, phase=phase)
         ended = self.pod.backend.kill(run.proc)
         self.monitor.drain(run)
-        run.proc, run.exit_code = None, ended.code
+        run.ended(ended)
         if ended.node_lost:
             self.placement.on_node_lost(run)
             return

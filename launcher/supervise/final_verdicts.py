@@ -27,7 +27,7 @@ class FinalVerdicts:
         a second signal: the probes are then not waited for."""
         pod, last = self.pod, {}
         for gpu, run in pod.runs.items():
-            pending = pod.index.pending(gpu)
+            pending = pod.custodian.pending(gpu)
             if run.health is None or run.health.failed() or not pending:
                 continue
             run.health.close_out()
@@ -45,7 +45,8 @@ class FinalVerdicts:
             self.monitor.mark_verified(run)
         pod.events.emit("final_verdicts", stage=pod.stage, verdicts={
             gpu: {"step": r.get("step"), "next_token": r.get("next_token"),
-                  **{k: pod.index.records[(gpu, r["sha256"])][k] for k in ("verdict", "reason")}}
+                  **{k: pod.custodian.record_of(gpu, r["sha256"])[k]
+                     for k in ("verdict", "reason")}}
             for gpu, r in last.items()})
 
     def wait_for_probes(self, last: dict[int, dict], cut_short) -> None:

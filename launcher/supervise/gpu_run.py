@@ -1,4 +1,10 @@
-"""One GPU's slot in the supervisor: its worker, health, restart history and state."""
+"""One GPU's slot in the supervisor: its worker, health, restart history and state.
+Owner: the supervisor's components, through these methods only.
+
+Its worker's handle moves with its state: only `started` (with a handle) enters RUNNING,
+and no event leaves a state while a worker is still held (`ended` or `stopped` lets go of
+it first); a move the transition table (launcher/supervise/state.py) lacks is raised.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +13,8 @@ from dataclasses import dataclass, field
 
 from launcher.checks.health import GpuHealth
 from launcher.config.devices import Slot
-from launcher.supervise.backend import WorkerHandle
-from launcher.supervise.state import GpuEvent, GpuState, transition
+from launcher.supervise.backend import WorkerExit, WorkerHandle
+from launcher.supervise.state import GpuEvent, GpuState, IllegalTransition, transition
 from launcher.worker.process import MetricsTail
 
 
@@ -17,7 +23,7 @@ class GpuRun:
     slot: Slot
     tail: MetricsTail
     health: GpuHealth | None = None
-    proc: WorkerHandle | None = None     # the running worker, from the backend
+    proc: WorkerHandle | None = None     # the running worker (started, ended, stopped)
     state: GpuState = GpuState.PENDING
     node: str | None = None              # where its worker runs or last ran (Ray)
     started_at: float = 0.0
@@ -34,6 +40,34 @@ class GpuRun:
     announced_wait: bool = False         # its gpu_waiting event is out
     peer_marks: dict = field(default_factory=dict)   # kind -> why it is off its peers now
 
+    def started(self, handle: WorkerHandle, now: float) -> None:
+        """A worker was started for this GPU: RUNNING, with its handle; this start's facts
+        begin anew."""
+        self.state = transition(self.state, GpuEvent.STARTED)
+        self.proc, self.node, self.exit_code = handle, handle.node, None
+        self.done_reason, self.done_at = None, None
+        self.started_at, self.last_line_at, self.error_reported = now, None, False
+
+    def placed(self) -> None:
+        """Where its worker runs, once a remote backend placed it."""
+        if self.proc is not None and self.proc.node:
+            self.node = self.proc.node
+
+    def ended(self, ended: WorkerExit) -> None:
+        """Its worker ended (its exit read, or killed): the handle goes, its exit code stays.
+        The event the exit means is applied next."""
+        self.proc, self.exit_code = None, ended.code
+
+    def stopped(self) -> None:
+        """The pod stopped its worker (or it had none): STOPPED."""
+        self.proc = None
+        self.apply(GpuEvent.STOPPED)
+
     def apply(self, event: GpuEvent) -> GpuState:
+        if event is GpuEvent.STARTED:
+            raise IllegalTransition("a GPU starts only with its worker's handle (started)")
+        if self.proc is not None:
+            raise IllegalTransition(f"GPU {self.slot.gpu} still holds a running worker: "
+                                    f"{event.name} needs it ended first")
         self.state = transition(self.state, event)
         return self.state

@@ -1,18 +1,16 @@
 """The monitor: what each worker wrote since the last poll, turned into the pod's records.
+Owner: the supervisor, once per poll.
 
-Metrics lines feed the GPU's health checks; checkpoint events become checkpoint-index
-records and manifest entries (and AR probe requests); a checkpoint is marked passed once the
-checks (and the probe, when probes are on) vouch for its step; finished probes are applied;
-checkpoints a remote node pushed to the hub are noted in the manifest. It reads and records,
-it never starts or stops a worker.
+Metrics lines feed the GPU's health checks; checkpoint events go to the checkpoint custodian
+and the manifest (and AR probe requests); the custodian passes a checkpoint once the checks
+(and the probe, when probes are on) vouch for its step; finished probes are applied. It
+reads and records, it never starts or stops a worker.
 """
 
 from __future__ import annotations
 
 from launcher.checks.peers import PeersCheck
 from launcher.checks.probe_outcome import apply_outcome
-from launcher.pod.ckpt_index import FAILED as CK_FAILED
-from launcher.pod.ckpt_index import PASSED as CK_PASSED
 from launcher.pod.manifest import (BackwardsError, apply_checkpoint, event_phase,
                                    relative_to_pod, write_manifest)
 from launcher.supervise.gpu_run import GpuRun
@@ -78,12 +76,12 @@ class WorkerMonitor:
     def on_checkpoint(self, run: GpuRun, event: dict) -> None:
         pod, gpu = self.pod, run.slot.gpu
         rel = relative_to_pod(event["path"], pod.pod_dir)
-        record = pod.index.add(gpu, event, pod.stage, rel)
+        record = pod.custodian.record(gpu, event, pod.stage, rel)
         if run.health.failed():
-            pod.index.mark(gpu, record["sha256"], CK_FAILED, "written after its GPU failed")
+            pod.custodian.fail(gpu, record["sha256"], "written after its GPU failed")
             return
         if event.get("ema_tf") is None:   # stopped before its first step: nothing to resume
-            pod.index.mark(gpu, record["sha256"], CK_FAILED, "no training step behind it")
+            pod.custodian.fail(gpu, record["sha256"], "no training step behind it")
             return
         try:
             changed = apply_checkpoint(pod.manifest, gpu, event, pod.stage, pod.pod_dir,
@@ -106,36 +104,22 @@ class WorkerMonitor:
         if pod.probes is not None and verified is not None:    # the AR probe vouches too
             vouched = pod.probes.vouched_step(run.slot.gpu)
             verified = None if vouched is None else min(verified, vouched)
-        if verified is None or (verified, pod.index.size) == run.verified_seen:
+        if verified is None or (verified, pod.custodian.changes) == run.verified_seen:
             return          # nothing new to judge: the common case, once per metrics line
-        run.verified_seen = (verified, pod.index.size)
-        for record in pod.index.pending(run.slot.gpu):
+        run.verified_seen = (verified, pod.custodian.changes)
+        for record in pod.custodian.pending(run.slot.gpu):
             if record.get("step") is not None and record["step"] <= verified:
-                passed = pod.index.mark(run.slot.gpu, record["sha256"], CK_PASSED,
-                                        f"checks passed through step {verified} at stage "
-                                        f"{pod.stage}")
-                pod.custodian.passed(run.slot.gpu, passed)
+                pod.custodian.passed(run.slot.gpu, record["sha256"],
+                                     f"checks passed through step {verified} at stage "
+                                     f"{pod.stage}")
 
     def collect_probes(self) -> None:
         pod = self.pod
         for outcome in pod.probes.poll() if pod.probes is not None else ():
             pod.events.emit("probe", stage=pod.stage, **outcome.event_fields())
             run = pod.runs[outcome.request.gpu]
-            apply_outcome(outcome, run.health, pod.index)
+            failed = apply_outcome(outcome, run.health)
+            if failed is not None:     # never restored: the probed one and every newer one
+                pod.custodian.fail_from(run.slot.gpu, outcome.request.sha256,
+                                        f"AR probe failed: {failed}")
             self.mark_verified(run)
-
-    def note_pushed(self) -> None:
-        """A node pushed a passed checkpoint: the manifest notes its hub revision where the
-        entry still names those bytes (as launcher/hub/sync.py does for the launcher's pushes)."""
-        pod, noted = self.pod, []
-        for copy in pod.custodian.take_pushed():
-            gpu = copy["gpu"]
-            if pod.manifest.note_hub_revision(gpu, copy["hub_revision"], copy["sha256"]):
-                noted.append(gpu)
-            pod.events.emit("sync_pushed", reason="node", gpu=gpu, node=copy.get("node"),
-                            revision=copy["hub_revision"],
-                            tokens={gpu: int(copy["next_token"])}, files=1,
-                            hub_revision_for=[gpu] if gpu in noted else [])
-        if noted:
-            write_manifest(pod.manifest)
-

@@ -55,7 +55,7 @@ class PhaseSwitch:
                         name=pod.plan.config.phase(phase).name, ended_at_token=ended_at,
                         shard=shard, start_token=0, checkpoint=entry.checkpoint,
                         checkpoint_sha256=entry.checkpoint_sha256)
-        pod.on_manifest_change("phase switch")            # the hub gets it at once
+        pod.custodian.manifest_changed("phase switch")            # the hub gets it at once
         if pod.probes is not None:      # the new phase's AR baseline: this checkpoint, new data
             pod.probes.start_phase(gpu, entry.checkpoint, shard)
         run.apply(GpuEvent.FINISHED)                      # done with the old phase ...

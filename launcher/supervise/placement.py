@@ -6,7 +6,6 @@ waits, visibly."""
 
 from __future__ import annotations
 
-from launcher.pod.ckpt_index import FAILED as CK_FAILED
 from launcher.pod.manifest import ManifestEntry, apply_rollback, write_manifest
 from launcher.supervise.gpu_run import GpuRun
 from launcher.supervise.pod_run import PodRun
@@ -25,8 +24,7 @@ class NodePlacement:
         for request in pod.probes.abandon(gpu) if pod.probes is not None else ():
             pod.events.emit("probe_abandoned", gpu=gpu, node=run.node, role=request.role,
                             sha256=request.sha256, reason="its node was lost")
-        for record in pod.index.pending(gpu):     # never judged; their disk is gone
-            pod.index.mark(gpu, record["sha256"], CK_FAILED, f"lost with node {run.node}")
+        pod.custodian.fail_pending(gpu, f"lost with node {run.node}")   # never judged; disk gone
         lost = pod.manifest.entries.get(gpu)
         from_token = lost.start_token if lost else None
         target = pod.custodian.resume_copy(gpu)     # the newest trustworthy copy on the hub

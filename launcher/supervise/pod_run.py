@@ -1,10 +1,9 @@
-"""What the supervisor's components share about the run in progress: its collaborators
-(plan, manifest, checkpoint index, event log, backend, custodian, clock, probes) and its mutable facts
-(the stage, the pod's state, each GPU's GpuRun, why it ended and with which exit code).
+"""What the supervisor's components share about the run in progress. Owner: the supervisor.
 
-One object, passed to every component, so no component reads another's attributes: each
-reads and moves the pod through this, and the pod's state only through `move`, which goes
-through the one transition table (launcher/supervise/state.py).
+Its collaborators (plan, manifest, event log, backend, checkpoint custodian, clock, probes,
+tracker) and its facts (the stage, the pod's state, each GPU's GpuRun, why it ended and with
+which exit code). The pod's state moves only through `move` (the transition table of
+launcher/supervise/state.py); a checkpoint's facts only through the custodian.
 """
 
 from __future__ import annotations
@@ -12,10 +11,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from launcher.checks.probe_monitor import ProbeMonitor
-from launcher.pod.ckpt_index import CheckpointIndex
 from launcher.pod.events import EventLog
 from launcher.pod.manifest import Manifest, ManifestEntry
 from launcher.supervise.backend import WorkerBackend
@@ -32,10 +30,9 @@ if TYPE_CHECKING:           # tracker_sink imports nothing of the supervisor's a
 class PodRun:
     plan: LaunchPlan
     manifest: Manifest
-    index: CheckpointIndex
     events: EventLog
     backend: WorkerBackend               # runs the workers' processes
-    custodian: CheckpointCustodian       # their checkpoints once written, and the hub lease
+    custodian: CheckpointCustodian       # their checkpoints: index, pushes, copies, lease
     clock: object                        # the monotonic clock of hang and backoff timing
     runs: dict[int, GpuRun]
     probes: ProbeMonitor | None
@@ -52,9 +49,6 @@ class PodRun:
     # Where each GPU stood at launch (the checkpoint it resumed from): on a remote backend
     # the resume point after a lost node, or of a rollback, when nothing newer passed.
     launch_entries: dict[int, ManifestEntry] = field(default_factory=dict)
-    # Told why, each time what the manifest says changed (a rollback, a stage or phase
-    # switch): the hub sync pushes it at once (launcher/hub/sync.py HubSync.manifest_changed).
-    on_manifest_change: Callable[[str], None] = lambda reason: None
     # The metrics mirrored to trackio (`tracker:`, launcher/supervise/tracker_sink.py).
     tracker: "TrackerSink | None" = None
 

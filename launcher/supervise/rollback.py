@@ -17,7 +17,6 @@ are all gone stops the pod: FAILED, exit 1. It never loops.
 from __future__ import annotations
 
 from launcher.checks.health import INCONCLUSIVE, SUCCESSFUL
-from launcher.pod.ckpt_index import FAILED as CK_FAILED, PASSED as CK_PASSED
 from launcher.pod.decided_rollback import clear_decision, record_decision
 from launcher.pod.failed_resume import start_over
 from launcher.pod.live_state import take_rollback_request
@@ -64,11 +63,13 @@ class StageRollback:
         # Durable before anything is stopped: a launcher killed from here on leaves the
         # decision for the next launch to complete by the same rule
         # (launcher/pod/decided_rollback.py), and the event log says what it is.
-        targets = {r.slot.gpu: self.target(r.slot.gpu) for r in failed}
+        targets = {r.slot.gpu: pod.custodian.rollback_target(r.slot.gpu,
+                                                           pod.launch_entries.get(r.slot.gpu))
+                   for r in failed}
         why = "; ".join(f"GPU {r.slot.gpu}: {r.health.verdict().reason}"
                         for r in failed) or "rollback requested by hand"
         record_decision(pod.pod_dir, list(targets), from_stage, target_stage, why, auto)
-        start_over = [g for g, t in targets.items() if t is None and self.never_passed(g)]
+        start_over = [g for g, t in targets.items() if t is None and pod.custodian.never_passed(g)]
         pod.events.emit("rollback_decided", gpus=list(targets), from_stage=from_stage,
                         to_stage=target_stage, reason=why, automatic=auto,
                         start_over=start_over,     # None in to_tokens: nothing left, it fails
@@ -87,19 +88,10 @@ class StageRollback:
         pod.rolled_back = pod.rolled_back or auto
         pod.events.emit("stage_change", from_stage=from_stage, to_stage=target_stage,
                         reason="rollback")
-        pod.on_manifest_change("rollback")
+        pod.custodian.manifest_changed("rollback")
         pod.stage, self.announced = target_stage, None
         self.starter.start_all()
         pod.events.emit("pod_running", stage=pod.stage, after="rollback")
-
-    def target(self, gpu: int) -> dict | None:
-        """The passed checkpoint a failed `gpu` goes back to (None: none is left)."""
-        pod = self.pod
-        return (pod.index.newest_passed(gpu)
-                or pod.custodian.restore_point(gpu, pod.launch_entries.get(gpu)))
-
-    def never_passed(self, gpu: int) -> bool:
-        return not any(r["verdict"] == CK_PASSED for r in self.pod.index.for_gpu(gpu))
 
     def restore(self, run: GpuRun, from_stage: int, target_stage: int, auto: bool,
                 target: dict | None) -> bool:
@@ -107,10 +99,9 @@ class StageRollback:
         token 0 when nothing it wrote ever passed; False (the pod failed) when it had passed
         checkpoints and none is left."""
         pod, gpu = self.pod, run.slot.gpu
-        for record in pod.index.pending(gpu):
-            pod.index.mark(gpu, record["sha256"], CK_FAILED,
-                           f"GPU failed at stage {from_stage} before this was verified")
-        if target is None and not self.never_passed(gpu):
+        pod.custodian.fail_pending(gpu, f"GPU failed at stage {from_stage} before this was "
+                                        f"verified")
+        if target is None and not pod.custodian.never_passed(gpu):
             self.ending.fail(f"GPU {gpu} failed and none of its passed checkpoints is left "
                              f"intact to restore (see logs/checkpoints.jsonl)", exit_code=1)
             return False

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from launcher.checks.health import GpuHealth
 from launcher.hub.recover import RecoveryError
-from launcher.pod.failed_resume import starts_over
 from launcher.pod.manifest import RUN_ID_KEY, ManifestEntry, write_manifest
 from launcher.supervise.ending import PodEnding
 from launcher.supervise.gpu_run import GpuRun
@@ -54,10 +53,7 @@ class WorkerStarter:
             run.health.start(resume_ema)
         spec = self.spec(run)
         run.tail.read()                      # skip anything older than this start
-        run.proc = pod.backend.start(spec)
-        run.apply(GpuEvent.STARTED)
-        run.exit_code, run.node, run.done_reason, run.done_at = None, run.proc.node, None, None
-        run.started_at, run.last_line_at, run.error_reported = pod.clock(), None, False
+        run.started(pod.backend.start(spec), pod.clock())
         pod.events.emit("worker_start", gpu=gpu, pid=run.proc.pid, stage=pod.stage,
                         start_token=spec.start_token, phase=spec.phase, checkpoint=spec.ckpt_in,
                         fault=spec.fault, **({"node": run.node} if run.node else {}))
@@ -74,7 +70,7 @@ class WorkerStarter:
                           ckpt_sha256=entry.checkpoint_sha256 if entry else None,
                           ckpt_revision=entry.hub_revision if entry else None,
                           phase=entry.at_phase if entry else 1,
-                          start_over=starts_over(pod.manifest, pod.index, run.slot.gpu))
+                          start_over=pod.custodian.starts_over(run.slot.gpu))
 
     def recover(self, gpu: int) -> bool:
         """Before a restart: the entry's checkpoint must hold its recorded bytes (a worker
@@ -83,7 +79,7 @@ class WorkerStarter:
         the pod is failed, clearly."""
         pod = self.pod
         try:
-            if pod.custodian.restore(gpu, pod.manifest, pod.index):
+            if pod.custodian.restore(gpu):
                 write_manifest(pod.manifest)
         except RecoveryError as exc:
             pod.runs[gpu].apply(GpuEvent.GAVE_UP)

@@ -1,18 +1,19 @@
-"""A CheckpointCustodian for the fake backend (tests/support/fake_backend.py): no node, no
-hub of its own; the test says what the hub holds and what the nodes pushed.
+"""Where the fake backend's checkpoints are (tests/support/fake_backend.py), for the real
+CheckpointCustodian: no node, no hub of its own; the test says what the hub holds and what
+the nodes pushed.
 
-By default its checkpoints are on this machine, as LocalCustodian keeps them; with
-`on_nodes` they are on the workers' nodes, as RayCustodian keeps them (NodeCustodian's
-probe names, restore and rollback points). Passed checkpoints it would have a node push
-are recorded in `kept`.
+By default its checkpoints are on this machine, as LocalCopies keeps them; with `on_nodes`
+they are on the workers' nodes, as RayCustodian keeps them (NodeCopies' probe names,
+restore and rollback points). Passed checkpoints it would have a node push are recorded in
+`kept`.
 """
 
 from __future__ import annotations
 
-from launcher.supervise.custodian import CheckpointCustodian, NodeCustodian
+from launcher.supervise.custodian import LocalCopies, NodeCopies
 
 
-class FakeCustodian(CheckpointCustodian):
+class FakeCopies(LocalCopies):
     def __init__(self, pod_dir, config, events, backend, on_nodes: bool = False):
         super().__init__(pod_dir, config, events)
         self.backend, self.on_nodes = backend, on_nodes
@@ -22,7 +23,7 @@ class FakeCustodian(CheckpointCustodian):
         self.closed = False
 
     def _where(self):
-        return NodeCustodian if self.on_nodes else CheckpointCustodian
+        return NodeCopies if self.on_nodes else LocalCopies
 
     def probe_name(self, record, event, rel):
         return self._where().probe_name(self, record, event, rel)

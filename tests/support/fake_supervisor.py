@@ -15,7 +15,7 @@ from launcher.supervise.plan import load_plan
 from launcher.supervise.prepare import complete_decided_rollback, never_resume_failed, reconcile
 from launcher.supervise.supervisor import Supervisor
 from tests.support.fake_backend import FakeBackend
-from tests.support.fake_custodian import FakeCustodian
+from tests.support.fake_custodian import FakeCopies
 
 __all__ = ["Clock", "LauncherKilled", "ProbeRecorder", "events", "killed_mid_rollback", "make",
            "on_nodes", "passed_checkpoint", "pod_state", "pod_template", "prepare_relaunch",
@@ -46,26 +46,26 @@ def make(tmp_path, pod_template):
     def build(stage=3, nodes=None, max_time=None, mirror=None, devices="cpu:2",
               on_nodes=False):
         """`on_nodes`: the checkpoints are on the nodes (as on Ray), not on this machine;
-        the custodian is `sup.pod.custodian` (tests/support/fake_custodian.py)."""
+        where they are is `sup.pod.custodian.copies` (tests/support/fake_custodian.py)."""
         pod = tmp_path / "pod"
         if not pod.exists():
             shutil.copytree(pod_template, pod)
         plan, manifest = load_plan(pod, stage, devices, None, max_time=max_time)
         backend, clock, events = FakeBackend(pod, nodes), Clock(), EventLog(pod, mirror=mirror)
-        custodian = FakeCustodian(pod, plan.config, events, backend, on_nodes=on_nodes)
+        copies = FakeCopies(pod, plan.config, events, backend, on_nodes=on_nodes)
         sup = Supervisor(plan, manifest, CheckpointIndex(pod), events,
-                         backend=backend, clock=clock, custodian=custodian)
+                         backend=backend, clock=clock, copies=copies)
         return sup, backend, clock
     return build
 
 
-def on_nodes(sup, backend) -> FakeCustodian:
+def on_nodes(sup, backend) -> FakeCopies:
     """Switch `sup` to checkpoints kept on the nodes, as the launcher does for a Ray pod
     (Supervisor.use_backend): the nodes push them, the hub sync pushes the manifest."""
-    custodian = FakeCustodian(sup.pod.pod_dir, sup.pod.plan.config, sup.pod.events, backend,
-                              on_nodes=True)
-    sup.use_backend(backend, custodian)
-    return custodian
+    copies = FakeCopies(sup.pod.pod_dir, sup.pod.plan.config, sup.pod.events, backend,
+                        on_nodes=True)
+    sup.use_backend(backend, copies)
+    return copies
 
 
 def events(sup, name, **match):
@@ -137,7 +137,7 @@ def passed_checkpoint(sup, backend, gpu) -> dict:
     event = backend.checkpoint(gpu)
     backend.train(gpu, 51)
     sup.step()
-    record = sup.pod.index.records[(gpu, event["sha256"])]
+    record = sup.pod.custodian.index.records[(gpu, event["sha256"])]
     assert record["verdict"] == PASSED
     return event
 

@@ -1,0 +1,43 @@
+"""A GPU's worker handle moves with its state: only a start with a handle enters RUNNING, no
+event leaves a state while the GPU still holds a worker, and an exit or a stop lets go of it
+(launcher/supervise/gpu_run.py). No process: a GpuRun over a handle."""
+
+import pytest
+
+from launcher.config.devices import Slot
+from launcher.supervise.backend import WorkerExit, WorkerHandle
+from launcher.supervise.gpu_run import GpuRun
+from launcher.supervise.state import GpuEvent, GpuState, IllegalTransition
+from launcher.worker.process import MetricsTail
+
+
+def gpu_run(tmp_path) -> GpuRun:
+    return GpuRun(Slot(0, "cpu"), MetricsTail(tmp_path / "metrics_gpu0.jsonl"))
+
+
+def test_a_start_holds_its_handle_and_an_exit_lets_go_before_the_next_state(tmp_path):
+    run = gpu_run(tmp_path)
+    run.exit_code, run.done_reason = 1, "end_of_shard"     # the last start's facts
+    run.started(WorkerHandle(0, 1234, node="node-a"), now=5.0)
+    assert (run.state, run.proc.pid, run.node, run.started_at) == \
+        (GpuState.RUNNING, 1234, "node-a", 5.0)
+    assert run.exit_code is None and run.done_reason is None
+    with pytest.raises(IllegalTransition, match="still holds a running worker"):
+        run.apply(GpuEvent.CRASHED)
+    assert run.state is GpuState.RUNNING and run.proc is not None
+    run.ended(WorkerExit(1))
+    assert run.proc is None and run.exit_code == 1 and run.node == "node-a"
+    assert run.apply(GpuEvent.CRASHED) is GpuState.BACKOFF
+
+
+def test_a_start_only_comes_with_a_handle_and_a_stop_lets_go_of_it(tmp_path):
+    run = gpu_run(tmp_path)
+    with pytest.raises(IllegalTransition, match="handle"):
+        run.apply(GpuEvent.STARTED)
+    assert run.state is GpuState.PENDING
+    run.started(WorkerHandle(0, 1), now=0.0)
+    with pytest.raises(IllegalTransition, match="RUNNING has no transition on GpuEvent.STARTED"):
+        run.started(WorkerHandle(0, 2), now=1.0)
+    assert run.proc.pid == 1                 # the refused start changed nothing
+    run.stopped()
+    assert run.state is GpuState.STOPPED and run.proc is None
