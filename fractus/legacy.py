@@ -29,8 +29,8 @@ from .config import EngineConfig
 
 COMPILED_PREFIX = "_orig_mod."
 # torch.save writes every record of its zip stored (uncompressed); only a foreign or hostile
-# file deflates one. A deflated record may declare at most this many bytes: a 6 MB file
-# whose pickle record inflated to 6 GiB passed the launcher's pre-start check.
+# file deflates one. A deflated record may declare at most this many bytes, so a small
+# file cannot inflate its pickle record to gigabytes in the launcher's pre-start check.
 MAX_INFLATED_RECORD = 64 << 20
 
 

@@ -104,8 +104,8 @@ def checkpoint_problem(pod_dir: Path, gpu: int, entry: ManifestEntry,
     if newer_save(pod_dir, gpu, actual, (entry.at_phase, entry.start_token or 0)):
         # The worker's own save past the recorded one, read between its rotation and the
         # launcher's record of it (index and manifest were read before the hashing): no
-        # replacement. 10 of 25 polls of a healthy pod warned here. An older checkpoint
-        # put back (`sync pull --force` of an old revision) still warns.
+        # replacement (a healthy pod's polls meet it often). An older checkpoint put back
+        # (`sync pull --force` of an old revision) still warns.
         return None
     return (f"{rel} does not hold the bytes the manifest records (sha256 {actual[:12]}..., "
             f"manifest {recorded[:12]}...): it was replaced after the launcher recorded it")
