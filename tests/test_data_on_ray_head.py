@@ -24,7 +24,7 @@ from launcher.hub.data_source import push_shards
 from launcher.pod.manifest import read_manifest
 from launcher.supervise.launch_shards import fetch_shards, shards_on_nodes
 from launcher.supervise.plan import load_plan
-from launcher.supervise.prepare import on_the_hub
+from launcher.supervise.plan import on_the_hub
 from launcher.supervise.stage_switch import ensure_canary_inputs
 
 MANIFEST = "checkpoints/RESUME_MANIFEST_8GPU.json"

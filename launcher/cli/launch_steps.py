@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path

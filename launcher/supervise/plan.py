@@ -96,7 +96,7 @@ def on_the_hub(plan: LaunchPlan, manifest: Manifest) -> set[int]:
     """For a launch onto a Ray cluster: the GPUs whose checkpoint the hub holds (a hub
     revision and sha256 recorded) and this machine does not (a pod rebuilt from the hub,
     whose weights stayed there). Their node pulls and verifies it before the worker
-    starts (launcher/supervise/ray_node.py), and the worker checks it is its own at its
+    starts (launcher/supervise/ray/node.py), and the worker checks it is its own at its
     start token: the head neither pulls nor reads it (but the one its stage canary starts
     from: stage_switch.ensure_canary_inputs)."""
     held = set()

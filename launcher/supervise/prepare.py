@@ -1,12 +1,6 @@
-"""Everything `launch` checks and settles before it starts a single worker.
-
-Order: the plan (launcher/supervise/plan.py: every file a person writes, the devices) -> the
-pod lock -> the hub still takes this pod's pushes (no other pod took the run over) -> no
-worker already on a requested GPU -> the shards -> manifest (reconcile with checkpoint
-events a dead launcher missed, never resume from a checkpoint marked failed, recover the
-exact bytes each entry names, validate paths, types and each checkpoint's identity) ->
-verdict baseline. Any problem raises UserError (one line, exit 2) and nothing is started.
-A pod rebuilt with `launch --from-hub` takes the run's hub lease only after all of these.
+"""What `launch` checks and settles before it starts a single worker: the bodies of the
+steps launcher/cli/launch_steps.py runs in order. Any problem raises UserError (one line,
+exit 2) and no worker starts.
 """
 
 from __future__ import annotations
@@ -161,22 +155,6 @@ def never_resume_failed(plan: LaunchPlan, manifest: Manifest, index: CheckpointI
     if restore_passed(manifest, index, events, [s.gpu for s in plan.slots], refuse=True,
                       own_file_of=plan.config.checkpoint_path):
         write_manifest(manifest)
-
-
-def on_the_hub(plan: LaunchPlan, manifest: Manifest) -> set[int]:
-    """For a launch onto a Ray cluster: the GPUs whose checkpoint the hub holds (a hub
-    revision and sha256 recorded) and this machine does not (a pod rebuilt from the hub,
-    whose weights stayed there). Their node pulls and verifies it before the worker
-    starts (launcher/supervise/ray_node.py), and the worker checks it is its own at its
-    start token: the head neither pulls nor reads it (but the one its stage canary starts
-    from: stage_switch.ensure_canary_inputs)."""
-    held = set()
-    for slot in plan.slots:
-        entry = manifest.entries.get(slot.gpu)
-        if entry and entry.checkpoint and entry.checkpoint_sha256 and entry.hub_revision \
-                and not (plan.pod_dir / entry.checkpoint).is_file():
-            held.add(slot.gpu)
-    return held
 
 
 def recover_checkpoints(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,

@@ -103,7 +103,7 @@ def ensure_canary_inputs(plan, manifest) -> None:
     Refused (exit 1, one line) when it cannot be had."""
     # Here, as in canary_gate: launch imports this module before EarlyStop is installed.
     from launcher.supervise.launch_shards import canary_shard, ensure_shards_here
-    from launcher.supervise.prepare import on_the_hub
+    from launcher.supervise.plan import on_the_hub
     if plan.config.data is not None:
         ensure_shards_here(plan, [canary_shard(plan, manifest)])
     gpu = plan.slots[0].gpu
