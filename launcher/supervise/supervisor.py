@@ -1,28 +1,13 @@
 """The pod supervisor: one worker per GPU, health checks, restarts, hang detection, rollback.
+Owner: `launch`, which builds it and calls `run`.
 
-A single-threaded poll loop (every `poll_interval_s`), TorchElastic's agent read top to
-bottom: run (start every worker), then each turn monitor (read each worker's new metrics
-and events into health, checkpoint index and manifest), react (an exit, a hang or a lost
-node, each to its handler), restart (a crash's backoff is over, a lost GPU has a node), then
-judge the pod (roll back, stop, done) and write logs/pod_state.json for `status`. Decisions
-go to logs/events.jsonl before they act.
-
-Processes are the WorkerBackend's (backend.py); a checkpoint once written, and the hub
-lease, the CheckpointCustodian's (custodian.py). The jobs are components sharing one PodRun
-(launcher/supervise/pod_run.py):
-WorkerMonitor (monitor.py), WorkerStarter (starter.py), WorkerRestarter (restart.py),
-NodePlacement (placement.py), ExitHandlers (exits.py), StageRollback (rollback.py),
-PodEnding (ending.py), FinalVerdicts (final_verdicts.py), PodView (pod_view.py), DiskWatch
-(disk_watch.py: `disk_low` before the disk is full).
-
-Hub sync (issue 5, launcher/hub/sync.py): with a `hub:` configured, every poll gives the sync
-policy a tick (it pushes in a background thread, never blocking this loop), and when the
-loop ends the last push is made before the launcher exits, after a clean end's judgement
-of each GPU's last checkpoint, whatever ended the run.
-
-AR probe (issue 6, launcher/checks/probe_monitor.py): with `probe.every` > 0 in the criteria, new
-checkpoints are probed in background processes; each poll collects finished probes, and a
-Failed one fails its GPU's stage like any other check. The pod is not done while a probe runs.
+A single-threaded poll loop, TorchElastic's agent read top to bottom: start every worker,
+then each turn monitor (each worker's new lines), react (an exit, a hang, a lost node, each
+to its handler), restart, judge the pod (roll back, stop, done), give the checkpoint
+custodian its turn (pushes in the background) and write logs/pod_state.json. Decisions go
+to logs/events.jsonl before they act. Processes are the WorkerBackend's (backend.py); a
+checkpoint once written, its pushes and the hub lease the CheckpointCustodian's
+(custodian.py); the jobs are components sharing one PodRun (pod_run.py).
 """
 
 from __future__ import annotations
@@ -30,17 +15,15 @@ from __future__ import annotations
 import signal
 import time
 
-from fractus.train.disk import disk_full
+from fractus.train.disk import no_space_error
 from launcher.checks.probe_monitor import ProbeMonitor
-from launcher.errors import UserError, install_hint
+from launcher.errors import UserError, install_hint, warn
 from launcher.files import dir_id
-from launcher.hub.sync import HubSync
 from launcher.pod.ckpt_index import CheckpointIndex
 from launcher.pod.events import EventLog
 from launcher.pod.manifest import Manifest
-from launcher.pod.reserve import DiskReserve
 from launcher.supervise.backend import WorkerBackend
-from launcher.supervise.custodian import CheckpointCustodian, LocalCustodian
+from launcher.supervise.custodian import CheckpointCustodian, LocalCopies
 from launcher.supervise.disk_watch import DiskWatch
 from launcher.supervise.ending import LOGS_MOVED, PodEnding
 from launcher.supervise.exits import ExitHandlers
@@ -51,7 +34,7 @@ from launcher.supervise.tracker_sink import TrackerSink
 from launcher.supervise.placement import NodePlacement
 from launcher.supervise.phase_switch import PhaseSwitch
 from launcher.supervise.pod_run import PodRun
-from launcher.supervise.pod_view import PodView, ProgressLine, warn
+from launcher.supervise.pod_view import PodView, ProgressLine
 from launcher.supervise.ray_reach import unreachable
 from launcher.supervise.plan import LaunchPlan
 from launcher.supervise.restart import WorkerRestarter
@@ -72,37 +55,30 @@ from launcher.supervise.local_backend import LocalBackend
 class Supervisor:
     """`backend` runs the workers (default: the plan's, made by open_backend after any --detach
     fork: RayBackend with `plan.ray`, else LocalBackend, child processes of this launcher);
-    `custodian` keeps their checkpoints (default: the backend's); `clock` is the monotonic
+    `copies`: where their checkpoints are (default: the backend's); `clock` is the monotonic
     clock of hang and backoff timing (a fake one in tests). `faults`: gpu -> the fault of
     its first start; `launcher_id`: the pod lock's; `relaunched`: the last launcher's final
     saves each GPU resumes from (a rollback's target: never a copy)."""
 
     def __init__(self, plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
                  events: EventLog, backend: WorkerBackend | None = None,
-                 clock=time.monotonic, custodian: CheckpointCustodian | None = None,
+                 clock=time.monotonic, copies: LocalCopies | None = None,
                  faults: dict[int, str] | None = None, launcher_id: str | None = None,
                  relaunched: dict | None = None):
         # A Ray driver does not survive a fork: its backend is made by open_backend.
         self.connect_ray = backend is None and plan.ray is not None
         if backend is None:
             backend = LocalBackend(plan.pod_dir, plan.config)
-        if custodian is None:
-            custodian = LocalCustodian(plan.pod_dir, plan.config, events)
-        self.pod = pod = PodRun(plan, manifest, index, events, backend, custodian, clock,
-                                runs=_gpu_runs(plan, backend), probes=_probes(plan),
-                                stage=plan.stage, launcher_id=launcher_id)
-        pod.launch_entries.update(relaunched or {})   # a rollback's target: never a copy
-        # ValueError for a malformed hub URL: the CLI reports it before anything starts.
-        # The sync pushes under the custodian's lease: a refusal met by either stops both.
-        self.sync = (HubSync(pod.pod_dir, plan.config, manifest, index, events,
-                             lease=custodian.lease)
-                     if plan.config.hub else None)
-        if self.sync is not None:
-            pod.on_manifest_change = self.sync.manifest_changed
+        custodian = CheckpointCustodian(plan.pod_dir, plan.config, [s.gpu for s in plan.slots],
+                                        manifest, index, events, copies)
         tracking = plan.config.tracker_settings()
-        if tracking is not None:
-            pod.tracker = TrackerSink(pod.pod_dir, tracking)
-            events.taps.append(pod.tracker)
+        tracker = TrackerSink(plan.pod_dir, tracking) if tracking is not None else None
+        if tracker is not None:
+            events.taps.append(tracker)
+        self.pod = pod = PodRun(plan, manifest, events, backend, custodian, clock,
+                                runs=_gpu_runs(plan, backend), probes=_probes(plan),
+                                stage=plan.stage, tracker=tracker, launcher_id=launcher_id)
+        pod.launch_entries.update(relaunched or {})   # a rollback's target: never a copy
         self.view = PodView(pod)
         self.monitor = WorkerMonitor(pod)
         self.ending = PodEnding(pod, self.monitor, self.view)
@@ -127,26 +103,19 @@ class Supervisor:
         self.gate_s = 0.0                        # start-up checks: to `launch`, less the gate)
         self.final_probes_s = 0.0
 
-    def use_backend(self, backend: WorkerBackend, custodian: CheckpointCustodian) -> None:
-        """Run the workers on `backend` and keep their checkpoints with `custodian` instead
-        (chosen after a --detach fork, before anything is pushed). Checkpoints kept on the
-        nodes are pushed by their nodes: the launcher's hub sync pushes the manifest that
-        names them."""
+    def use_backend(self, backend: WorkerBackend, copies: LocalCopies) -> None:
+        """Run the workers on `backend`, their checkpoints kept where `copies` says (chosen
+        after a --detach fork, before anything is pushed)."""
         pod = self.pod
-        pod.backend, pod.custodian = backend, custodian
-        pod.runs = {g: GpuRun(r.slot, MetricsTail(backend.metrics_file(g)))
-                    for g, r in pod.runs.items()}
-        if self.sync is not None:
-            self.sync.lease = custodian.lease
-        if not custodian.on_nodes:
+        pod.backend = backend
+        pod.runs = _gpu_runs(pod.plan, backend)
+        pod.custodian.use_copies(copies)
+        if not copies.on_nodes or pod.probes is None:
             return
-        if self.sync is not None:
-            self.sync.nodes_push(lambda: {g: c for g in pod.runs
-                                          if (c := custodian.hub_copy(g)) is not None})
-        nodes = custodian.node_probes()
-        if pod.probes is not None and nodes is not None:   # where the checkpoints are
+        nodes = pod.custodian.node_probes()
+        if nodes is not None:       # where the checkpoints are
             pod.probes.use_nodes(nodes)
-        elif pod.probes is not None:
+        else:
             pod.probes = None
             pod.events.emit("probes_off", reason=f"the {backend.name} backend cannot "
                             f"probe the checkpoints on its nodes")
@@ -199,11 +168,11 @@ class Supervisor:
         pod.events.emit("launch", stage=pod.stage, gpus=list(pod.runs),
                         devices=sorted({r.slot.device for r in pod.runs.values()}),
                         startup_s=startup_s)
-        self.ending.reserve = DiskReserve(pod.pod_dir)
+        self.ending.begin()
         pod.logs_id = dir_id(pod.pod_dir / "logs")
         try:
             if record_stage(pod.manifest, list(pod.runs), pod.stage, pod.events):
-                pod.on_manifest_change("stage switch")
+                pod.custodian.manifest_changed("stage switch")
             self.starter.start_all()
         except OSError as exc:
             self.ending.on_write_error(exc)
@@ -236,8 +205,7 @@ class Supervisor:
         self._tend_workers()
         self._judge_pod()
         self.disk.check()
-        if self.sync is not None:
-            self.sync.tick()
+        self.pod.custodian.tick()
         self.view.write()
         if self.progress is not None:
             self.progress.show()
@@ -252,11 +220,9 @@ class Supervisor:
         pod = self.pod
         pod.backend.pump()
         pod.custodian.pump()
-        self.monitor.note_pushed()
         now = pod.clock()
         for run in pod.runs.values():
-            if run.proc is not None and run.proc.node:
-                run.node = run.proc.node        # known once a remote backend placed it
+            run.placed()
             self.monitor.drain(run)
             ended = pod.backend.poll(run.proc) if run.proc is not None else None
             if ended is not None:
@@ -312,12 +278,10 @@ class Supervisor:
             self.final_probes_s = time.time() - judging
             pod.custodian.close(abandoned=lambda: self.cut_short)   # the nodes' last pushes
             pod.backend.close()
-            self.monitor.note_pushed()
-            if self.sync is not None:     # after them: the last push's manifest names them
-                self.sync.finish(abandoned=lambda: self.cut_short,
+            pod.custodian.finish(abandoned=lambda: self.cut_short,   # the hub sync's last push
                                  signalled=self.stop_reason is not None)
         except OSError as exc:
-            if disk_full(exc) is None:
+            if no_space_error(exc) is None:
                 raise
             warn(f"the end of the run could not be recorded: {exc}")
 
