@@ -22,9 +22,9 @@ from launcher.errors import UserError
 from launcher.hub import RetryPolicy
 from launcher.hub.data_source import push_shards
 from launcher.pod.manifest import read_manifest
-from launcher.supervise.launch_shards import fetch_shards, shards_on_nodes
+from launcher.supervise.launch_shards import fetch_shards
 from launcher.supervise.plan import load_plan
-from launcher.supervise.plan import on_the_hub
+from launcher.supervise.plan import on_the_hub, shards_on_nodes
 from launcher.supervise.stage_switch import ensure_canary_inputs
 
 MANIFEST = "checkpoints/RESUME_MANIFEST_8GPU.json"

@@ -125,8 +125,7 @@ def test_no_import_circles():
 
 
 # The circles left at type level, each to be cut (then this list goes, and the xfail with it).
-TYPE_LEVEL_CIRCLES = [["launcher.supervise.launch_shards", "launcher.supervise.plan"],
-                      ["launcher.supervise.ray_adopt", "launcher.supervise.ray_backend"]]
+TYPE_LEVEL_CIRCLES = [["launcher.supervise.ray_adopt", "launcher.supervise.ray_backend"]]
 
 
 class KnownCircles(Exception):

@@ -2,14 +2,12 @@
 
 Per GPU its current data phase's shard and every later phase's (so a phase never ends on a
 shard that is not there hours into the run), except, on a Ray pod with `data:`, the GPUs
-whose nodes fetch their own (shards_on_nodes); then this machine (the head) holds only the
+whose nodes fetch their own (plan.shards_on_nodes); then this machine (the head) holds only the
 one shard its stage canary reads, since the canary runs here before any actor exists.
 Fetched and verified through launcher/hub/fetch.py; missing ones refused in one line.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 from launcher.errors import Refused, UserError
 from launcher.pod.manifest import Manifest, phase_shard
@@ -19,17 +17,7 @@ from launcher.hub.fetch import check_recorded
 from launcher.hub.sync import retry_policy
 from launcher.hub import HubError
 from launcher.hub.fetch import ensure_shards
-
-if TYPE_CHECKING:
-    from launcher.supervise.plan import LaunchPlan
-
-
-def shards_on_nodes(plan: LaunchPlan, on_ray: bool) -> set[int]:
-    """The GPUs whose shards this machine neither fetches nor needs: on a Ray cluster with
-    `data:`, each node fetches (verified) the shards of the GPUs placed on it into its own
-    workdir before their workers start (launcher/supervise/ray_node.py), and which node a
-    GPU lands on is only known at placement."""
-    return {s.gpu for s in plan.slots} if on_ray and plan.config.data else set()
+from launcher.supervise.plan import LaunchPlan
 
 
 def shard_paths(plan: LaunchPlan, manifest: Manifest,

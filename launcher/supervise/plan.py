@@ -25,7 +25,6 @@ from launcher.config.stages import Stage, get_stage, load_stages
 from launcher.errors import UserError
 from launcher.hub.commit_budget import check_commit_budget
 from launcher.pod.manifest import Manifest, name_default_checkpoints, read_manifest
-from launcher.supervise.launch_shards import shards_on_nodes
 from fractus.train.env import SettingsError, WorkerSettings
 
 
@@ -106,3 +105,11 @@ def on_the_hub(plan: LaunchPlan, manifest: Manifest) -> set[int]:
                 and not (plan.pod_dir / entry.checkpoint).is_file():
             held.add(slot.gpu)
     return held
+
+
+def shards_on_nodes(plan: LaunchPlan, on_ray: bool) -> set[int]:
+    """The GPUs whose shards this machine neither fetches nor needs: on a Ray cluster with
+    `data:`, each node fetches (verified) the shards of the GPUs placed on it into its own
+    workdir before their workers start (launcher/supervise/ray/node.py), and which node a
+    GPU lands on is only known at placement."""
+    return {s.gpu for s in plan.slots} if on_ray and plan.config.data else set()

@@ -170,7 +170,7 @@ def recover_checkpoints(plan: LaunchPlan, manifest: Manifest, index: CheckpointI
 def validate(plan: LaunchPlan, manifest: Manifest, on_hub: set[int] = frozenset(),
              on_nodes: set[int] = frozenset()) -> None:
     """`on_hub`: GPUs whose node fetches their checkpoint; `on_nodes`: GPUs whose node
-    fetches their shards (shards_on_nodes): neither is looked for on this machine."""
+    fetches their shards (plan.shards_on_nodes): neither is looked for on this machine."""
     refuse_missing_shards(plan, manifest, on_nodes)
     validate_for_launch(manifest, plan.pod_dir, [s.gpu for s in plan.slots],
                         plan.config.shard_path, shard_length, on_hub=on_hub,
