@@ -46,21 +46,30 @@ def docstring_lines(tree: ast.Module) -> int:
 
 
 def function_imports(tree: ast.Module, lines: list[str]) -> list[tuple[int, str, str]]:
-    """(line, module, the comment on it or on the line above) of each import in a function."""
-    found = []
+    """(line, module, why) of each import in a function: why is the comment on it or on the
+    line above, else that of the function's first import that has one (the one comment
+    tests/test_layering.py asks of a function)."""
+    found: dict[int, tuple[str, str]] = {}
     for fn in ast.walk(tree):
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
-        for node in ast.walk(fn):      # an inner function's imports: once, by the set
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                module = node.module if isinstance(node, ast.ImportFrom) else \
-                    ", ".join(a.name for a in node.names)
-                module = "." * getattr(node, "level", 0) + (module or "")
-                here, above = lines[node.lineno - 1], lines[node.lineno - 2].strip()
-                why = here.split("#", 1)[1].strip() if "#" in here else \
-                    above[1:].strip() if above.startswith("#") else ""
-                found.append((node.lineno, module, why))
-    return sorted(set(found))
+        imports = sorted((n for n in ast.walk(fn) if isinstance(n, (ast.Import, ast.ImportFrom))),
+                         key=lambda n: n.lineno)
+        reasons = []
+        for node in imports:
+            here, above, i = lines[node.lineno - 1], [], node.lineno - 2
+            while i >= 0 and lines[i].strip().startswith("#"):     # the comment block above
+                above.insert(0, lines[i].strip()[1:].strip())
+                i -= 1
+            reasons.append(here.split("#", 1)[1].strip() if "#" in here else " ".join(above))
+        first = next((why for why in reasons if why), "")
+        for node, why in zip(imports, reasons):
+            module = node.module if isinstance(node, ast.ImportFrom) else \
+                ", ".join(a.name for a in node.names)
+            module = "." * getattr(node, "level", 0) + (module or "")
+            if node.lineno not in found or not found[node.lineno][1]:   # inner function: once
+                found[node.lineno] = (module, why or first)
+    return sorted((line, module, why) for line, (module, why) in found.items())
 
 
 def shape(root: Path) -> dict:
