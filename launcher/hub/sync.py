@@ -1,35 +1,17 @@
-"""The hub sync policy: what goes up, when, and what the pod remembers about it.
+"""The hub sync policy: what goes up, when, and what the pod remembers about it. Owner: the
+checkpoint custodian (launcher/supervise/custodian.py), whose private part it is.
 
-Every `sync.interval` while the launcher runs, and once more when it ends (graceful stop,
-end of a bounded run, or a failed pod: what passed is still worth keeping), ONE commit
-carries:
-- each GPU's newest checkpoint whose verdict is *passed* (never pending or failed), under
-  the config's checkpoint path (`checkpoints/fractus_1b_gpu{i}.pt`),
-- a manifest naming exactly those files (written for the push, so the hub never shows a
-  manifest pointing at bytes from another moment),
-- the pod config, stage and criteria files (so `launch --from-hub` can rebuild the pod),
-- optionally (`sync.merge: true`) the mean-merged brain.
-
-A change of what the manifest says (a rollback, a stage switch; `HubSync.manifest_changed`)
-is pushed at the next poll, whatever the interval, and recorded in logs/sync_state.json
-until a push lands it (a change made with no launcher running: `note_manifest_changed`, and
-the next launcher pushes it first). A push is skipped only when its checkpoints AND its
-manifest are those of the last one.
-
-The supervision loop only takes a *snapshot* (hard links to the immutable retained files:
-no copy, no hashing); a background thread verifies, pushes and retries (the retries live in
-the store). The loop picks the result up on a later poll: the revision is written into the
-manifest (`hub_revision`, only for GPUs whose manifest entry names the pushed bytes) and
-into logs/sync_state.json, which `status` shows. A failed sync is recorded (error text
-scrubbed of any token) and retried at the next interval; training never waits for it. A
-push the hub kept rate-limiting past the store's bounded wait (RateLimited) is delayed, not
-given up: recorded as `sync_delayed` and tried again at the moment the hub named, and no
-push starts before it (a manifest change waits for it too).
-
-On a remote backend (Ray: `nodes_push`) each node pushes its own passed checkpoints; this
-sync then pushes, after every node push it has not yet followed, ONE commit of the manifest
-naming each GPU's newest pushed checkpoint plus the pod's small files (no weights), through
-the same `send`, so the hub's newest revision is a pod `launch --from-hub` can resume.
+ONE commit at a time carries each GPU's newest *passed* checkpoint, a manifest naming
+exactly those files, and the pod's small files (optionally the merged brain): every
+`sync.interval`, at once after a change of what the manifest says (a rollback, a stage or
+phase switch; recorded in logs/sync_state.json until a push lands it), and once more when
+the launcher ends. The loop only takes a snapshot (hard links); a background thread pushes
+and the loop harvests the result: the revision goes into the manifest (`hub_revision`,
+where the entry names the pushed bytes) and logs/sync_state.json. A failure is recorded
+(scrubbed of tokens) and retried at the next interval; a rate-limited push is delayed to
+the moment the hub named. On a remote backend (`nodes_push`) the nodes push the
+checkpoints and this sync pushes the manifest naming them. Every push asks the run's one
+lease (`RunLease`) first.
 """
 
 from __future__ import annotations

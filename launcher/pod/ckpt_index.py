@@ -1,15 +1,12 @@
 """Checkpoint verdicts (logs/checkpoints.jsonl) and a retained copy of each checkpoint.
+Owner: the checkpoint custodian (launcher/supervise/custodian.py) while a launcher runs;
+the launch's preparation before it.
 
-Every checkpoint event a worker emits becomes a record here with verdict "pending". It
-turns "passed" once the GPU's health checks have measured past its step without failing,
-or "failed" if the GPU fails first. Appended lines only; the newest line for a
-(gpu, sha256) wins. Rollback restores the newest passed checkpoint of a GPU.
-
-The worker keeps only SAVE_KEEP rotated files, so the newest passed checkpoint could be
-rotated away by later (pending, maybe bad) saves. Each checkpoint is therefore hard-linked
-under checkpoints/retained/ when its event arrives (no copy: the worker replaces files
-atomically, so a link keeps the old bytes); failed ones are dropped, and only the two
-newest passed ones per GPU are kept.
+Each checkpoint event is a record, "pending" until the GPU's checks measured past its step
+("passed") or the GPU failed first ("failed"). Appended lines only; the newest line for a
+(gpu, sha256) wins. Each checkpoint is hard-linked under checkpoints/retained/ when its event
+arrives (the worker's SAVE_KEEP rotation cannot take its bytes); failed links are dropped,
+and the KEEP_PASSED newest passed ones per GPU are kept.
 """
 
 from __future__ import annotations
@@ -60,10 +57,8 @@ class CheckpointIndex:
         self.path = pod_dir / INDEX_FILE
         self.records: dict[tuple[int, str], dict] = {}
         self.size = 0           # lines appended by this process: a cheap change counter
-        # logs/ is made only for an index that found none (a fresh directory): one that was
-        # there goes away only under a running launcher, which reports it (a pod error) and
-        # must not find it made anew. Deciding at the first append instead made it anew
-        # when logs/ was moved before the launcher's first checkpoint record (CI, once).
+        # logs/ is made only for an index that found none (a fresh directory): one that
+        # goes away under a running launcher is a pod error, never made anew.
         self._make_logs = not self.path.parent.is_dir()
         if self.path.is_file():
             for line in self.path.read_text().splitlines():
@@ -162,7 +157,7 @@ class CheckpointIndex:
         return sha256_file(path)
 
     def _retain(self, record: dict, size: int | None, mtime_ns: int | None = None) -> str | None:
-        """Hard-link the checkpoint's file under checkpoints/passed/gpu{i}/ at once.
+        """Hard-link the checkpoint's file under checkpoints/retained/gpu{i}/ at once.
 
         The worker rotates its files every SAVE_EVERY steps; linking when the event
         arrives keeps these exact bytes whatever rotation does later. The link is checked
@@ -191,10 +186,8 @@ class CheckpointIndex:
                     continue
                 st = pin.stat()
                 # Cheap first: the size and the mtime the worker reported (a hard link keeps
-                # the mtime; a copy, where links are refused, has its own). A late event's
-                # bytes sit far down the names: hashing each newer save's file to find them
-                # made every late event costlier than the last, and a node's poll never
-                # caught up again (CI: a worker killed as hung, its poll waited on for ever).
+                # the mtime; a copy, where links are refused, has its own), so a late
+                # event's search down the rotated names hashes only its own candidate.
                 if (size is not None and st.st_size != size) or (
                         mtime_ns is not None and st.st_nlink >= 2
                         and st.st_mtime_ns != mtime_ns):

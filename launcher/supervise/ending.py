@@ -46,8 +46,7 @@ class PodEnding:
 
     def stop(self, reason: str) -> None:
         pod = self.pod
-        pod.move(PodEvent.STOP)
-        pod.reason = reason
+        pod.move(PodEvent.STOP, reason=reason)
         self.view.write(force=True)
         self.stop_workers(kill_gpus=set())
         pod.events.emit("pod_stopped", stage=pod.stage, reason=reason)
@@ -55,8 +54,7 @@ class PodEnding:
 
     def fail(self, reason: str, exit_code: int) -> None:
         pod = self.pod
-        pod.move(PodEvent.FAIL)
-        pod.reason = reason
+        pod.move(PodEvent.FAIL, reason=reason)
         failed = {r.slot.gpu for r in pod.runs.values()
                   if r.health and r.health.phase() == FAILED}
         self.stop_workers(kill_gpus=failed)
@@ -66,8 +64,7 @@ class PodEnding:
         # reads it too.
         pod.custodian.restore_passed(list(pod.runs))
         pod.events.emit("pod_failed", stage=pod.stage, reason=reason)
-        pod.move(PodEvent.FAILED)
-        pod.exit_code = exit_code
+        pod.move(PodEvent.FAILED, exit_code=exit_code)
 
     def on_write_error(self, exc: OSError) -> None:
         """One of the launcher's own reads or writes failed. A full disk fails the pod,
@@ -108,9 +105,8 @@ class PodEnding:
                          pod.plan.config.stop_grace_s)
         for run in pod.runs.values():
             run.stopped()
-        pod.move(PodEvent.FAIL)
-        pod.move(PodEvent.FAILED)
-        pod.reason, pod.exit_code = reason, 1
+        pod.move(PodEvent.FAIL, reason=reason)
+        pod.move(PodEvent.FAILED, exit_code=1)
         if self.reserve is not None:
             self.reserve.release()
         try:       # into the pod's own logs/ only: a new empty one would be in the way
@@ -135,8 +131,7 @@ class PodEnding:
         try:
             self.fail(reason, exit_code=1)
         except OSError as exc:         # not even the reserve's space was enough
-            pod.move(PodEvent.FAILED)            # fail() made it FAILING first
-            pod.reason, pod.exit_code = reason, 1
+            pod.move(PodEvent.FAILED, reason=reason, exit_code=1)  # fail() made it FAILING
             for run in pod.runs.values():
                 run.stopped()
             warn(f"{reason} (not recorded: {exc.strerror})")

@@ -60,8 +60,15 @@ class PodRun:
     def pod_dir(self) -> Path:
         return self.plan.pod_dir
 
-    def move(self, event: PodEvent) -> PodState:
+    def move(self, event: PodEvent, reason: str | None = None,
+             exit_code: int | None = None) -> PodState:
+        """The pod's state after `event` (IllegalTransition for a move the table lacks), with
+        why (`status`) and the launcher's exit code where the move sets them."""
         self.state = transition(self.state, event)
+        if reason is not None:
+            self.reason = reason
+        if exit_code is not None:
+            self.exit_code = exit_code
         return self.state
 
     def running(self) -> bool:

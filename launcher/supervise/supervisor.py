@@ -142,8 +142,7 @@ class Supervisor:
             check()
         except BaseException as exc:
             self.gate_s = time.time() - gate_started
-            self.pod.reason = str(getattr(exc, "message", exc))
-            self.pod.move(PodEvent.CANARY_REFUSED)
+            self.pod.move(PodEvent.CANARY_REFUSED, reason=str(getattr(exc, "message", exc)))
             self.view.write(force=True)
             self.rollback.refuse_request(refusal)
             raise
