@@ -82,7 +82,7 @@ def test_a_lost_node_with_no_free_device_waits_visibly_until_a_node_joins(make):
 
 def test_a_lost_node_whose_checkpoint_the_hub_lacks_fails_that_gpu(make):
     sup, backend, clock = make(stage=1, nodes={"node-a": 1, "node-b": 1})
-    sup.pod.launch_entries[0] = ManifestEntry(start_token=640,
+    sup.pod.custodian.launch_entries[0] = ManifestEntry(start_token=640,
                                               checkpoint="checkpoints/x.pt")
     sup.starter.start_all()
     backend.lose_node("node-a")
@@ -161,7 +161,7 @@ def test_on_a_remote_backend_a_rollback_with_nothing_newer_passed_restores_the_l
                            checkpoint_sha256="ab" * 32, hub_revision="f" * 40, stage=3,
                            ema_tf=5.0, lb=2.0)
     sup.pod.manifest.entries[0] = launch.copy()
-    sup.pod.launch_entries[0] = launch.copy()
+    sup.pod.custodian.launch_entries[0] = launch.copy()
     sup.starter.start_all()
     assert backend.current(0).spec.start_token == launch.start_token
     backend.train(0, 5)

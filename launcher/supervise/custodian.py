@@ -25,13 +25,19 @@ from launcher.pod.manifest import (Manifest, ManifestEntry, event_position, reso
 
 
 class CheckpointCustodian:
-    """`gpus`: the pod's GPUs; `copies`: where the checkpoints are (default: this machine).
-    ValueError for a malformed hub URL (the CLI reports it before anything starts)."""
+    """`gpus`: the pod's GPUs; `copies`: where the checkpoints are (default: this machine);
+    `relaunched`: the entries a relaunch replaced by newer recovery copies (a rollback goes
+    back to those, never to a copy). ValueError for a malformed hub URL."""
 
     def __init__(self, pod_dir: Path, config: PodConfig, gpus: list[int], manifest: Manifest,
-                 index: CheckpointIndex, events: EventLog, copies: LocalCopies | None = None):
+                 index: CheckpointIndex, events: EventLog, copies: LocalCopies | None = None,
+                 relaunched: dict[int, ManifestEntry] | None = None):
         self.pod_dir, self.config, self.gpus = pod_dir, config, list(gpus)
         self.manifest, self.index, self.events = manifest, index, events
+        # Where each GPU stood at launch: its resume point after a lost node, or a
+        # rollback's, when nothing newer passed.
+        self.launch_entries = {g: e.copy() for g, e in manifest.entries.items()}
+        self.launch_entries.update(relaunched or {})
         self.lease = RunLease(pod_dir, events)      # every push, the sync's or a node's, asks it
         self.sync = (HubSync(pod_dir, config, manifest, index, events, self.lease)
                      if config.hub else None)
@@ -124,10 +130,10 @@ class CheckpointCustodian:
         bytes are nowhere."""
         return self.copies.restore(gpu, self.manifest, self.index)
 
-    def rollback_target(self, gpu: int, launch: ManifestEntry | None) -> dict | None:
-        """The passed checkpoint a failed `gpu` goes back to (None: none is left); `launch`:
-        its entry at launch."""
-        return self.index.newest_passed(gpu) or self.copies.restore_point(gpu, launch)
+    def rollback_target(self, gpu: int) -> dict | None:
+        """The passed checkpoint a failed `gpu` goes back to (None: none is left)."""
+        return (self.index.newest_passed(gpu)
+                or self.copies.restore_point(gpu, self.launch_entries.get(gpu)))
 
     def resume_copy(self, gpu: int) -> dict | None:
         """What a GPU whose node was lost resumes from (its newest trustworthy hub copy)."""

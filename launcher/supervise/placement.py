@@ -32,7 +32,7 @@ class NodePlacement:
             apply_rollback(pod.manifest, gpu, target, pod.stage)
             pod.manifest.note_hub_revision(gpu, target["hub_revision"], target["sha256"])
         else:      # where it stood at launch; no entry then: nothing kept, a fresh start
-            pod.manifest.reset_entry(gpu, pod.launch_entries.get(gpu))
+            pod.manifest.reset_entry(gpu, pod.custodian.launch_entries.get(gpu))
         entry = pod.manifest.entries.get(gpu) or ManifestEntry()   # none: token 0, no file
         if entry.checkpoint and not entry.hub_revision:
             run.apply(GpuEvent.GAVE_UP)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from launcher.checks.probe_monitor import ProbeMonitor
 from launcher.pod.events import EventLog
-from launcher.pod.manifest import Manifest, ManifestEntry
+from launcher.pod.manifest import Manifest
 from launcher.supervise.backend import WorkerBackend
 from launcher.supervise.custodian import CheckpointCustodian
 from launcher.supervise.gpu_run import GpuRun
@@ -46,15 +46,8 @@ class PodRun:
     launcher_id: str | None = None       # the pod lock's: requests made to this launcher
     logs_id: tuple | None = None         # logs/ as the run began (device, inode)
     files_lost: bool = False             # logs/ or a file in it went away: nothing more written
-    # Where each GPU stood at launch (the checkpoint it resumed from): on a remote backend
-    # the resume point after a lost node, or of a rollback, when nothing newer passed.
-    launch_entries: dict[int, ManifestEntry] = field(default_factory=dict)
     # The metrics mirrored to trackio (`tracker:`, launcher/supervise/tracker_sink.py).
     tracker: "TrackerSink | None" = None
-
-    def __post_init__(self):
-        if not self.launch_entries:
-            self.launch_entries = {g: e.copy() for g, e in self.manifest.entries.items()}
 
     @property
     def pod_dir(self) -> Path:

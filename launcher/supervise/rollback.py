@@ -63,9 +63,7 @@ class StageRollback:
         # Durable before anything is stopped: a launcher killed from here on leaves the
         # decision for the next launch to complete by the same rule
         # (launcher/pod/decided_rollback.py), and the event log says what it is.
-        targets = {r.slot.gpu: pod.custodian.rollback_target(r.slot.gpu,
-                                                           pod.launch_entries.get(r.slot.gpu))
-                   for r in failed}
+        targets = {r.slot.gpu: pod.custodian.rollback_target(r.slot.gpu) for r in failed}
         why = "; ".join(f"GPU {r.slot.gpu}: {r.health.verdict().reason}"
                         for r in failed) or "rollback requested by hand"
         record_decision(pod.pod_dir, list(targets), from_stage, target_stage, why, auto)

@@ -70,7 +70,7 @@ class Supervisor:
         if backend is None:
             backend = LocalBackend(plan.pod_dir, plan.config)
         custodian = CheckpointCustodian(plan.pod_dir, plan.config, [s.gpu for s in plan.slots],
-                                        manifest, index, events, copies)
+                                        manifest, index, events, copies, relaunched)
         tracking = plan.config.tracker_settings()
         tracker = TrackerSink(plan.pod_dir, tracking) if tracking is not None else None
         if tracker is not None:
@@ -78,7 +78,6 @@ class Supervisor:
         self.pod = pod = PodRun(plan, manifest, events, backend, custodian, clock,
                                 runs=_gpu_runs(plan, backend), probes=_probes(plan),
                                 stage=plan.stage, tracker=tracker, launcher_id=launcher_id)
-        pod.launch_entries.update(relaunched or {})   # a rollback's target: never a copy
         self.view = PodView(pod)
         self.monitor = WorkerMonitor(pod)
         self.ending = PodEnding(pod, self.monitor, self.view)
