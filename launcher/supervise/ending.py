@@ -101,19 +101,23 @@ class PodEnding:
         reason = (f"{what}; the workers were stopped (each checkpointed): {fix}, then "
                   f"launch again")
         pod.files_lost = True
-        pod.backend.stop([r.proc for r in pod.runs.values() if r.proc is not None],
-                         pod.plan.config.stop_grace_s)
+        self._stop_all()
         for run in pod.runs.values():
             run.stopped()
         pod.move(PodEvent.FAIL, reason=reason)
         pod.move(PodEvent.FAILED, exit_code=1)
-        if self.reserve is not None:
-            self.reserve.release()
         try:       # into the pod's own logs/ only: a new empty one would be in the way
             if logs_id is None or dir_id(pod.events.path.parent) == logs_id:
                 pod.events.emit("pod_failed", stage=pod.stage, reason=reason)
         except OSError:
             pass
+
+    def _stop_all(self) -> None:
+        """Every worker stopped gracefully (each checkpoints), the disk reserve freed."""
+        self.pod.backend.stop([r.proc for r in self.pod.runs.values() if r.proc is not None],
+                              self.pod.plan.config.stop_grace_s)
+        if self.reserve is not None:
+            self.reserve.release()
 
     def disk_full(self, what: str) -> None:
         """The disk is full (a worker's or the launcher's own write failed): nothing can
@@ -124,10 +128,7 @@ class PodEnding:
         if pod.state in (PodState.FAILING, PodState.FAILED):
             return
         reason = f"disk full: {what}; free space on {pod.pod_dir}, then launch again"
-        pod.backend.stop([r.proc for r in pod.runs.values() if r.proc is not None],
-                         pod.plan.config.stop_grace_s)
-        if self.reserve is not None:
-            self.reserve.release()
+        self._stop_all()
         try:
             self.fail(reason, exit_code=1)
         except OSError as exc:         # not even the reserve's space was enough
