@@ -105,6 +105,8 @@ def test_repository_stages_follow_the_users_ramp():
     ({"stages": {1: {"settings": {"BATCHSIZE": 4}}}}, "not worker settings"),
     ({"stages": {1: {}, 3: {}}}, "without gaps"),
     ({"stages": {1: {"window": -1}}}, "window"),
+    ({"stages": {1: {"window": 10**30}}}, "stage 1: window must be an integer from 0 to "
+                                          "1000000000"),
     ({"stages": {1: {"exact": "yes"}}}, "exact"),
     ({"stages": {"one": {}}}, "integer"),
     ({"stages": {1: {"settngs": {}}}}, r"unknown key\(s\) \['settngs'\]; known: \['exact', 'name', 'settings', 'window'\]"),

@@ -6,8 +6,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fractus.train.env import ENV_VARS
-from launcher.errors import UserError, check_bool, refuse_unknown_keys
+from launcher.errors import UserError, check_bool, check_number, refuse_unknown_keys
 from launcher.config.yamlfile import read_yaml
+
+
+MAX_WINDOW = 10**9          # steps; as the pod config's save_every and log_every
 
 
 @dataclass(frozen=True)
@@ -38,9 +41,7 @@ def parse_stages(data, source: str = "stages") -> dict[int, Stage]:
         if bad:
             raise UserError(f"{where}: settings {bad} are not worker settings; use the "
                             f"names in docs/WORKER.md (e.g. BATCH, CE_CHUNK)")
-        window = spec.get("window", 0)
-        if isinstance(window, bool) or not isinstance(window, int) or window < 0:
-            raise UserError(f"{where}: window must be an integer >= 0, got {window!r}")
+        window = check_number(spec.get("window", 0), f"{where}: window", 0, MAX_WINDOW)
         exact = check_bool(spec.get("exact", False), f"{where}: exact")
         stages[key] = Stage(number=key, name=str(spec.get("name", f"stage {key}")),
                             exact=exact, window=window,
