@@ -70,10 +70,10 @@ MERGED_PATH = "checkpoints/FRACTUS_1B_8GPU_MERGED.pt"
 HUB_SCRATCH_DIR = ".fractus_hub"     # the store's downloads in progress
 HELD_FILE = "logs/hub_lease.json"    # the hub writer lease this pod took
 NODE_LEASE_DIR = "logs/.node_lease"  # on a Ray node: the lease file of a push in flight
-# On the hub: a Ray node's save pushed before its probe (launcher/supervise/ray_recovery.py)
+# On the hub: a Ray node's save pushed before its probe (launcher/supervise/ray/recovery.py)
 RECOVERY_HUB_DIR = "recovery"      # recovery/<its path>
 RECOVERY_STAGING_DIR = "checkpoints/recovery"   # on the node: links of saves waiting to go
-# In RECOVERY_STAGING_DIR (launcher/supervise/ray_recovery.py): each GPU's newest checked save
+# In RECOVERY_STAGING_DIR (launcher/supervise/ray/recovery.py): each GPU's newest checked save
 # waiting for the node's commit (`posted-gpu{i}-{attempt}-{sha}.pt` and `.json`), each
 # running pusher (`pusher-gpu{i}-{attempt}.json`), the lock one committing pusher holds, the
 # last commit, the links a commit in flight sends (removed after it).
@@ -83,5 +83,5 @@ RECOVERY_COMMIT_LOCK = ".commit.lock"
 RECOVERY_COMMIT_STATE = ".committed.json"
 RECOVERY_SENDING_PREFIX = ".sending-"
 # On the head of a Ray pod: each GPU's last worker start, whose recovery copies continue its
-# manifest entry (launcher/supervise/ray_backend.py)
+# manifest entry (launcher/supervise/ray/starts.py)
 RAY_LINEAGE_FILE = "logs/ray_lineage.json"

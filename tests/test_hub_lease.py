@@ -27,7 +27,7 @@ from launcher.hub import open_store
 from launcher.hub.lease import (LEASE_PATH, RunTakenOver, hub_lease, pod_id, push_as_writer,
                                 take_over)
 from launcher.paths import HELD_FILE
-from launcher.supervise.ray_node import push_as_pod
+from launcher.supervise.ray.node_checkpoints import push_as_pod
 from tests.support.hub_server import test_hub  # noqa: F401  (pytest fixture)
 from tests.support.e2e import REPO, events_of, make_pod
 from tests.support.hub_pod import FAST_PASS, add_passed
@@ -193,7 +193,7 @@ def test_concurrent_pushes_of_one_writer_both_land(tmp_path):
 
 
 def test_a_node_pushes_as_its_heads_pod_and_is_refused_after_a_takeover(tmp_path):
-    """A Ray node (ray_node.push_as_pod, what NodeWorker.push sends) pushes as the head's pod,
+    """A Ray node (ray.node_checkpoints.push_as_pod, what NodeCheckpoints.push sends) pushes as the head's pod,
     whose id is not on the node's disk: the commit carries the head's lease; once another
     pod took the run over, the node's push is refused and nothing is committed."""
     url = f"file://{tmp_path / 'hub'}"

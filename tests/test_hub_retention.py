@@ -171,7 +171,7 @@ def test_only_the_newest_recovery_copy_is_kept_and_it_evicts_no_push(tmp_path, c
     evicted by them), and of the recovery copies only those the newest revision names stay,
     and those of checkpoints not judged yet."""
     from launcher.hub.lease import pod_id, push_as_writer
-    from launcher.supervise.ray_recovery import recovery_path
+    from launcher.supervise.ray.recovery import recovery_path
     hub_url = f"file://{tmp_path / 'store'}"
     pod = make_pod(tmp_path, hub_url, {"keep": 3})
     store = open_store(hub_url, pod)

@@ -7,8 +7,6 @@ import ast
 import re
 from pathlib import Path
 
-import pytest
-
 LAUNCHER = Path(__file__).resolve().parents[1] / "launcher"
 LAYERS = ["cli", "dashboard", "supervise", "alerts", "checks", "worker", "hub", "pod", "config"]
 BASE = {"errors", "paths", "files", "child"}     # launcher/*.py, importing no sub-package
@@ -124,25 +122,12 @@ def test_no_import_circles():
     assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
 
 
-# The circles left at type level, each to be cut (then this list goes, and the xfail with it).
-TYPE_LEVEL_CIRCLES = [["launcher.supervise.ray_adopt", "launcher.supervise.ray_backend"]]
-
-
-class KnownCircles(Exception):
-    """Only circles TYPE_LEVEL_CIRCLES lists are left: the test is xfailed until they go."""
-
-
-@pytest.mark.xfail(strict=True, raises=KnownCircles,
-                   reason=f"type-level import circles left: {TYPE_LEVEL_CIRCLES}")
 def test_no_import_circles_at_type_level_either():
     """An import under `if TYPE_CHECKING:` never runs, but a circle through one still says
     the two modules are one (and a type checker walks it): pod_run -> tracker_sink ->
-    pod_view -> pod_run (through `warn`) was one. A circle not listed fails the test."""
+    pod_view -> pod_run (through `warn`) and ray_adopt <-> ray_backend were two."""
     found = cycles(import_graph(type_level=True))
-    new = [c for c in found if c not in TYPE_LEVEL_CIRCLES]
-    assert not new, "type-level import circles:\n" + "\n".join(" <-> ".join(c) for c in new)
-    if found:
-        raise KnownCircles(found)
+    assert not found, "type-level import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
 
 
 def test_the_circle_finder_sees_function_level_and_relative_imports():

@@ -25,8 +25,9 @@ from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex
 from launcher.pod.events import EventLog, read_events
 from launcher.pod.manifest import apply_checkpoint, read_manifest, write_manifest
 from launcher.pod.setup_init import init_pod
-from launcher.supervise.ray_backend import RayBackend
-from launcher.supervise.ray_custodian import RayCustodian
+from launcher.supervise.ray.driver import RayBackend
+from launcher.supervise.ray.copies import RayCustodian
+from launcher.supervise.ray.starts import GpuStarts
 from launcher.worker.process import WorkerSpec
 from tests.support.saves import write_save
 
@@ -42,7 +43,7 @@ WORKER = ("import hashlib, json, os; p = os.environ['CKPT_IN']; json.dump({'path
 def node(tmp_path, monkeypatch):
     import ray
 
-    from launcher.supervise.ray_node import NodeWorker
+    from launcher.supervise.ray.node import NodeWorker
     monkeypatch.setattr(ray, "get_runtime_context", lambda: SimpleNamespace(
         get_node_id=lambda: "a1b2c3d4e5f6" * 4))
     return NodeWorker(0, str(tmp_path / "node"), str(tmp_path / "pod"), None, None,
@@ -68,16 +69,16 @@ def launcher_of(pod, node) -> tuple[RayBackend, RayCustodian]:
             raise answers[ref]
         return answers[ref]
     backend = object.__new__(RayBackend)
-    backend.pod_dir, backend.handles, backend.slots, backend.lineage = pod, {}, {}, {}
-    backend.config, backend.data, backend.events = load_pod_config(pod), None, EventLog(pod)
-    backend.bytes_gone = {}
+    backend.pod_dir, backend.handles, backend.slots = pod, {}, {}
+    backend.config, backend.events = load_pod_config(pod), EventLog(pod)
+    backend.starts = GpuStarts(pod, backend.config)
     backend.heartbeat = SimpleNamespace(heard=lambda actor: None)
     backend.ray = SimpleNamespace(wait=lambda refs, num_returns=1, timeout=None: (refs, []),
                                   get=get, exceptions=ray.exceptions)
     backend.actors = {0: SimpleNamespace(start=SimpleNamespace(remote=start))}
     custodian = object.__new__(RayCustodian)
     custodian.backend, custodian.events, custodian.pod_dir = backend, backend.events, pod
-    custodian.config, custodian.on_hub = backend.config, {}
+    custodian.config, custodian.on_hub, custodian.starts = backend.config, {}, backend.starts
     return backend, custodian
 
 
@@ -85,7 +86,7 @@ def start_gpu0(backend, node, pod) -> dict | None:
     """GPU 0's start from its manifest entry (as WorkerStarter.spec makes it): what its
     worker resumed from, or None when the start failed on its node."""
     entry = read_manifest(pod / load_pod_config(pod).manifest).entries[0]
-    node.proc = None
+    node.host.proc = None
     handle = backend.start(WorkerSpec(Slot(0, "cpu"), {}, start_token=entry.start_token,
                                       ckpt_in=entry.checkpoint, stage=entry.stage,
                                       ckpt_sha256=entry.checkpoint_sha256,
@@ -93,7 +94,7 @@ def start_gpu0(backend, node, pod) -> dict | None:
     backend._placed([handle])
     if handle.ended is not None:
         return None
-    assert node.proc.wait(timeout=60) == 0
+    assert node.host.proc.wait(timeout=60) == 0
     return json.loads((node.workdir / "resumed.json").read_text())
 
 
@@ -107,7 +108,7 @@ def damaged(tmp_path, node):
     manifest, index = read_manifest(pod / config.manifest), CheckpointIndex(pod)
     for token, verdict in ((160, PASSED), (320, "pending")):
         event = write_save(node.workdir, 0, token)
-        node._seen(json.dumps(event).encode())                # retained on the node
+        node.ckpts.seen(json.dumps(event).encode())                # retained on the node
         index.add(0, event, 3, CKPT, verdict=verdict)          # its event on the launcher
         apply_checkpoint(manifest, 0, event, 3, pod, config.shard_path(0))
     write_manifest(manifest)

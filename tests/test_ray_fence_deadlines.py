@@ -1,6 +1,6 @@
 """The fence's deadlines derive from what the launcher measured (launcher/supervise/
-ray_fence.py: Heartbeat, Measured, derive_deadlines), and never two workers of a GPU: a
-node keeps the deadlines its heartbeats carry (ray_node.NodeWorker.heartbeat, its own
+ray/fence.py: Heartbeat, Measured, derive_deadlines), and never two workers of a GPU: a
+node keeps the deadlines its heartbeats carry (ray.node_process.ProcessHost.heartbeat, its own
 code over a stub of its state), and the launcher declares the node lost only after the
 largest deadline the node may keep, counted from the newest heartbeat it may have heard.
 
@@ -14,9 +14,9 @@ import json
 import time
 from dataclasses import dataclass, field
 
-from launcher.supervise.ray_fence import (FENCE_FLOOR_S, GRACE_FLOOR_S, Deadlines, Heartbeat,
+from launcher.supervise.ray.fence import (FENCE_FLOOR_S, GRACE_FLOOR_S, Deadlines, Heartbeat,
                                           derive_deadlines)
-from launcher.supervise.ray_node import FENCE_CHECK_S, NodeWorker
+from launcher.supervise.ray.node_process import FENCE_CHECK_S, ProcessHost
 from tests.support.ray_stub import HeartbeatRay as StubRay, HeartbeatRef as Ref
 
 CAPS = (60.0, 120.0)              # the defaults: ray.fence_s, stop_grace_s
@@ -24,7 +24,7 @@ CAPS = (60.0, 120.0)              # the defaults: ray.fence_s, stop_grace_s
 
 @dataclass(eq=False)
 class Node:
-    """A node actor's fence state; its heartbeat() is NodeWorker's own."""
+    """A node actor's fence state; its heartbeat() is ProcessHost's own."""
     fence_s: float
     fence_grace_s: float
     heard: float = field(default_factory=time.monotonic)
@@ -46,7 +46,7 @@ class Actor:
 
     def remote(self, fence_s, grace_s):
         if self.delivers:
-            NodeWorker.heartbeat(self.node, fence_s, grace_s)
+            ProcessHost.heartbeat(self.node, fence_s, grace_s)
         return Ref(self.delivers and self.answers)
 
 

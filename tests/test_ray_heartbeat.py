@@ -1,4 +1,4 @@
-"""The launcher's heartbeats to its Ray nodes (launcher/supervise/ray_fence.py: Heartbeat),
+"""The launcher's heartbeats to its Ray nodes (launcher/supervise/ray/fence.py: Heartbeat),
 over stub actors and a stub `ray` whose answers the test controls (the heartbeat thread's
 own logic; the real cluster's fencing is in tests/test_ray_pod.py).
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from launcher.supervise.ray_fence import Heartbeat
+from launcher.supervise.ray.fence import Heartbeat
 from tests.support.ray_stub import HeartbeatRay as StubRay, HeartbeatRef as Ref
 
 PERIOD_S = 0.25

@@ -114,9 +114,8 @@ def test_a_call_that_fails_on_a_node_crashes_its_worker_not_the_launcher(tmp_pat
     from launcher.pod.ckpt_index import CheckpointIndex
     from launcher.pod.events import EventLog
     from launcher.supervise.plan import load_plan
-    from launcher.supervise.ray_backend import RayBackend
-    from launcher.supervise.ray_custodian import RayCustodian
-    from launcher.supervise.ray_node import NodeWorker
+    from launcher.supervise.ray.copies import open_ray
+    from launcher.supervise.ray.node import NodeWorker
     from launcher.supervise.supervisor import Supervisor
 
     class FailsOnce(NodeWorker):
@@ -134,10 +133,10 @@ def test_a_call_that_fails_on_a_node_crashes_its_worker_not_the_launcher(tmp_pat
     plan, manifest = load_plan(pod, 1, None, "0")
     events = EventLog(pod)
     supervisor = Supervisor(plan, manifest, CheckpointIndex(pod), events)
-    backend = RayBackend(pod, plan.config, plan.ray, events)
+    backend, custodian = open_ray(plan, events)
     try:
         backend.actor_class = ray.remote(FailsOnce)
-        supervisor.use_backend(backend, RayCustodian(backend))
+        supervisor.use_backend(backend, custodian)
         supervisor.starter.start_all()
 
         def step_until(condition, what):

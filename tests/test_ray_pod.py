@@ -153,7 +153,7 @@ def recovery_copies(pod: Path, gpu: int, node: str) -> list[int]:
     commit order, one per commit that changed the copy (a commit of another GPU's save
     carries this one's unchanged)."""
     from launcher.hub import open_store
-    from launcher.supervise.ray_recovery import record_path, recovery_path
+    from launcher.supervise.ray.recovery import record_path, recovery_path
     store = open_store("file://hub", pod)
     copy = recovery_path(f"checkpoints/fractus_1b_gpu{gpu}.pt")
     record = record_path(f"checkpoints/fractus_1b_gpu{gpu}.pt")

@@ -40,7 +40,7 @@ def test_an_unreachable_cluster_is_refused_before_anything_is_written(tmp_path):
 
 
 def test_only_a_host_port_address_is_checked_here():
-    from launcher.supervise.ray_reach import gcs_endpoint
+    from launcher.supervise.ray.reach import gcs_endpoint
     assert gcs_endpoint("10.0.0.1:6379") == ("10.0.0.1", 6379)
     assert gcs_endpoint("[::1]:6379") == ("::1", 6379)
     # Ray resolves these itself: `auto` (the cluster started on this machine), a client URL.

@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 
 from launcher.paths import RAY_LINEAGE_FILE
-from launcher.supervise.ray_recovery import read_recovery_copy, recovery_path
+from launcher.supervise.ray.recovery import read_recovery_copy, recovery_path
 from tests.support.e2e import (Launcher, events_of, launchers, make_pod, manifest_json,
                                wait_for, worker_records)
 from tests.support.ray_cluster import RESOURCE, local_cluster

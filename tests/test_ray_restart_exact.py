@@ -28,9 +28,10 @@ from launcher.pod.events import EventLog, read_events
 from launcher.pod.manifest import apply_checkpoint, read_manifest, write_manifest
 from launcher.pod.setup_init import init_pod
 from launcher.supervise.plan import load_plan
-from launcher.supervise.ray_backend import RayBackend, RayHandle, read_lineage
-from launcher.supervise.ray_custodian import resume_newer_copies
-from launcher.supervise.ray_recovery import RecoveryPusher, recovery_path
+from launcher.supervise.ray.driver import RayBackend, RayHandle
+from launcher.supervise.ray.starts import GpuStarts
+from launcher.supervise.ray.copies import resume_newer_copies
+from launcher.supervise.ray.recovery import RecoveryPusher, recovery_path
 from launcher.worker.process import WorkerSpec
 
 CKPT = "checkpoints/fractus_1b_gpu{gpu}.pt"
@@ -58,7 +59,7 @@ def node(tmp_path, monkeypatch):
     checkpoint it was told to resume from, with that file's sha256."""
     import ray
 
-    from launcher.supervise.ray_node import NodeWorker
+    from launcher.supervise.ray.node import NodeWorker
     monkeypatch.setattr(ray, "get_runtime_context", lambda: SimpleNamespace(
         get_node_id=lambda: "a1b2c3d4e5f6" * 4))
     worker = ("import hashlib, json, os; p = os.environ['CKPT_IN']; json.dump({'path': p, "
@@ -74,7 +75,7 @@ def start_from(node, entry: dict, token: int) -> dict:
     settings = {"METRICS": "logs/metrics_gpu0.jsonl", "START_TOKEN": str(token),
                 "CKPT_IN": entry["path"], "RUN_ID": "run-a"}
     info = node.start(settings, entry, False)
-    node.proc.wait(timeout=60)
+    node.host.proc.wait(timeout=60)
     return {**info, **json.loads((node.workdir / "resumed.json").read_text())}
 
 
@@ -86,9 +87,9 @@ def test_a_restart_after_a_final_save_over_its_file_starts_from_the_recorded_byt
     refused the older start token on it and the pod failed. It now starts from the node's
     copy of exactly the recorded bytes, as one machine does."""
     older = save(node.workdir, 0, 1_971_200)
-    node._seen(json.dumps(older).encode())            # its event read: retained on the node
+    node.ckpts.seen(json.dumps(older).encode())            # its event read: retained on the node
     final = save(node.workdir, 0, 1_972_096)            # the final save on SIGTERM, same name
-    node._seen(json.dumps(final).encode())
+    node.ckpts.seen(json.dumps(final).encode())
     entry = {"path": CKPT.format(gpu=0), "sha256": older["sha256"], "revision": None}
     started = start_from(node, entry, 1_971_200)
     assert started["sha256"] == older["sha256"]
@@ -107,7 +108,7 @@ def test_a_restart_whose_recorded_bytes_are_nowhere_fails_its_start_in_one_line(
                     "CKPT_IN": entry["path"]}, entry, False)
     (line,) = str(refused.value).splitlines()
     assert CKPT.format(gpu=0) in line and "holds other bytes" in line
-    assert node.proc is None                            # no worker started
+    assert node.host.proc is None                       # no worker started
 
 
 # ---- the launcher: a relaunch after kill -9 resumes from the newest copy -----------------
@@ -128,14 +129,15 @@ def first_launcher(pod: Path, placed: dict[int, str]) -> RayBackend:
     """The bookkeeping of the launcher that was killed: each GPU's start answered with the
     attempt its node gave it (RayBackend._placed), as on the cluster."""
     backend = object.__new__(RayBackend)
-    backend.pod_dir, backend.handles, backend.lineage = pod, {}, {}
+    backend.pod_dir, backend.handles = pod, {}
+    backend.starts = GpuStarts(pod, load_pod_config(pod))
     backend.events = EventLog(pod)
     backend.heartbeat = SimpleNamespace(heard=lambda actor: None)
     backend.ray = PlacingRay({f"start-{g}": {"pid": 100 + g, "node": f"node-{g}",
                                              "node_id": f"id-{g}", "workdir": "w",
                                              "fetched": [], "pulled": False, "attempt": a}
                               for g, a in placed.items()})
-    handles = [RayHandle(g, None, None, start_ref=f"start-{g}") for g in placed]
+    handles = [RayHandle(g, None, None, call=f"start-{g}") for g in placed]
     backend.handles = {h.gpu: h for h in handles}
     backend._placed(handles)
     return backend
@@ -206,11 +208,10 @@ def test_a_relaunch_after_kill_9_resumes_each_gpu_from_its_newer_recovery_copy(k
     # resumes from that copy again, not from the older passed one).
     backend = object.__new__(RayBackend)
     backend.pod_dir, backend.handles, backend.slots = plan.pod_dir, {}, {}
-    backend.config, backend.data = plan.config, None
-    backend.lineage = read_lineage(plan.pod_dir)
+    backend.config, backend.starts = plan.config, GpuStarts(plan.pod_dir, plan.config)
     backend.actors = {0: SimpleNamespace(start=SimpleNamespace(remote=lambda *a: object()))}
     backend.start(WorkerSpec(Slot(0, "cpu"), {}, start_token=40_000, ckpt_in=entry.checkpoint))
-    assert backend.attempt(0) == "start-a0"
+    assert backend.starts.attempt(0) == "start-a0"
 
 
 def test_a_relaunch_never_takes_a_copy_of_a_decided_rollback_or_one_marked_failed(killed_pod):

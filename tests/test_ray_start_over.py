@@ -20,7 +20,8 @@ import torch
 
 from launcher.paths import worker_log_path
 from launcher.pod.events import EventLog, read_events
-from launcher.supervise.ray_backend import RayBackend
+from launcher.supervise.ray.driver import RayBackend
+from launcher.supervise.ray.starts import GpuStarts
 from tests.support.fake_supervisor import (  # noqa: F401 (fixtures)
     killed_mid_rollback,
     make,
@@ -55,7 +56,7 @@ def node(tmp_path, monkeypatch):
     rotated once), the checkpoint the head is about to judge failed."""
     import ray
 
-    from launcher.supervise.ray_node import NodeWorker
+    from launcher.supervise.ray.node import NodeWorker
     monkeypatch.setattr(ray, "get_runtime_context", lambda: SimpleNamespace(
         get_node_id=lambda: "a1b2c3d4e5f6" * 4))
     worker = NodeWorker(0, str(tmp_path / "node"), str(tmp_path / "pod"), None, None,
@@ -74,8 +75,9 @@ def start_on_node(node, sup, spec) -> dict:
     import ray
     backend = object.__new__(RayBackend)
     pod = sup.pod.pod_dir
-    backend.pod_dir, backend.handles, backend.slots, backend.lineage = pod, {}, {}, {}
-    backend.config, backend.data, backend.events = sup.pod.plan.config, None, EventLog(pod)
+    backend.pod_dir, backend.handles, backend.slots = pod, {}, {}
+    backend.config, backend.events = sup.pod.plan.config, EventLog(pod)
+    backend.starts = GpuStarts(pod, backend.config)
     backend.heartbeat = SimpleNamespace(heard=lambda actor: None)
     answers = {}
 
@@ -87,7 +89,7 @@ def start_on_node(node, sup, spec) -> dict:
     backend.actors = {0: SimpleNamespace(start=SimpleNamespace(remote=remote))}
     handle = backend.start(spec)
     backend._placed([handle])
-    assert node.proc.wait(timeout=120) == 0, \
+    assert node.host.proc.wait(timeout=120) == 0, \
         (node.workdir / worker_log_path(0)).read_text()      # exit 2: it refused its file
     return json.loads((node.workdir / "resumed.json").read_text())
 

@@ -1,4 +1,4 @@
-"""Recovery copies of a Ray node's GPUs go up batched (launcher/supervise/ray_recovery.py):
+"""Recovery copies of a Ray node's GPUs go up batched (launcher/supervise/ray/recovery.py):
 one commit per node for every GPU's newest checked save, at a cadence derived from the
 hub's commit budget, and a worker's final save at once; driven step by step, without a
 cluster, with the real huggingface_hub client against the local test hub.
@@ -23,8 +23,8 @@ from launcher.hub.lease import pod_id
 from launcher.paths import (RECOVERY_COMMIT_STATE, RECOVERY_SENDING_PREFIX,
                             RECOVERY_STAGING_DIR)
 from launcher.hub.commit_budget import HUB_COMMITS_PER_HOUR, recovery_commits_per_hour
-from launcher.supervise.ray_recovery import RecoveryPusher, read_recovery_copy
-from launcher.supervise.ray_recovery_staging import commit_every_s, gpu_commit_every_s
+from launcher.supervise.ray.recovery import RecoveryPusher, read_recovery_copy
+from launcher.supervise.ray.recovery_staging import commit_every_s, gpu_commit_every_s
 from tests.support.hub_server import test_hub  # noqa: F401  (pytest fixture)
 from tests.support.saves import write_save
 

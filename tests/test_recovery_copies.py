@@ -1,4 +1,4 @@
-"""Recovery copies of a Ray pod (launcher/supervise/ray_recovery.py) without a cluster: the
+"""Recovery copies of a Ray pod (launcher/supervise/ray/recovery.py) without a cluster: the
 node's pusher pushes each save of its worker at once, and the final one written after the
 worker ended, then exits; the launcher takes only its lost worker's copy, checked."""
 
@@ -18,7 +18,7 @@ import torch
 from launcher.hub import open_store
 from launcher.hub.lease import pod_id
 from launcher.files import sha256_file
-from launcher.supervise.ray_recovery import (RecoveryPusher, check_save, check_save_apart,
+from launcher.supervise.ray.recovery import (RecoveryPusher, check_save, check_save_apart,
                                              read_recovery_copy, recovery_path)
 from tests.support.e2e import wait_for
 
@@ -130,7 +130,7 @@ def test_a_lost_gpu_resumes_from_the_newer_of_its_passed_and_its_recovery_copy(t
     from types import SimpleNamespace
 
     from launcher.pod.events import EventLog, read_events
-    from launcher.supervise.ray_custodian import RayCustodian
+    from launcher.supervise.ray.copies import RayCustodian
     from tests.support.ray_stub import StubRayBackend
     hub, workdir, pod = f"file://{tmp_path / 'hub'}", tmp_path / "node", tmp_path / "pod"
     pusher = RecoveryPusher({"gpu": 0, "workdir": str(workdir), "metrics": "m.jsonl",
@@ -143,7 +143,7 @@ def test_a_lost_gpu_resumes_from_the_newer_of_its_passed_and_its_recovery_copy(t
     pod.mkdir(exist_ok=True)
     backend = StubRayBackend(pod, SimpleNamespace(checkpoint_path=lambda gpu: CKPT),
                              EventLog(pod), hub_url=hub)
-    custodian = RayCustodian(backend)
+    custodian = RayCustodian(backend, backend)
     backend.attempts[0] = "attempt-1"
     for passed_token, served in ((320, 480), (640, 640), (None, 480)):
         custodian.on_hub = {0: {"next_token": passed_token, "sha256": "p" * 64,
@@ -162,7 +162,8 @@ def test_a_start_lost_before_it_answers_keeps_the_lineage_it_resumed(tmp_path):
     from launcher.config.devices import Slot
     from launcher.config.podconfig import load_pod_config
     from launcher.pod.setup_init import init_pod
-    from launcher.supervise.ray_backend import RayBackend, RayHandle
+    from launcher.supervise.ray.driver import RayBackend
+    from launcher.supervise.ray.starts import GpuStarts
     from launcher.worker.process import WorkerSpec
 
     class Actor:                         # start() only submits: the answer never comes
@@ -175,16 +176,17 @@ def test_a_start_lost_before_it_answers_keeps_the_lineage_it_resumed(tmp_path):
     pod = tmp_path / "pod"
     init_pod(pod, "tiny-cpu")
     backend = object.__new__(RayBackend)             # RayBackend.start's bookkeeping only
-    backend.config, backend.data, backend.slots = load_pod_config(pod), None, {}
-    backend.pod_dir, backend.lineage = pod, {}
+    backend.config, backend.slots, backend.pod_dir, backend.handles = \
+        load_pod_config(pod), {}, pod, {}
+    backend.starts = GpuStarts(pod, backend.config)
+    backend.starts.started(0, "attempt-1")             # the lost worker's start answered
     backend.actors = {0: Actor()}
-    backend.handles = {0: RayHandle(0, None, None, attempt="attempt-1")}   # the lost worker
     recovery = WorkerSpec(Slot(0, "cpu"), {}, start_token=72192,
                           ckpt_in="recovery/checkpoints/fractus_1b_gpu0.pt")
     backend.start(recovery)
-    assert backend.attempt(0) == "attempt-1"           # not answered: still that lineage
+    assert backend.starts.attempt(0) == "attempt-1"    # not answered: still that lineage
     backend.start(recovery)                            # and again, lost once more
-    assert backend.attempt(0) == "attempt-1"
+    assert backend.starts.attempt(0) == "attempt-1"
     backend.start(WorkerSpec(Slot(0, "cpu"), {}, start_token=31680,   # a rollback's start
                              ckpt_in="checkpoints/fractus_1b_gpu0.pt"))
-    assert backend.attempt(0) is None
+    assert backend.starts.attempt(0) is None

@@ -21,7 +21,7 @@ class RaySettings:
     # The resource one worker takes: none means one GPU (cuda devices) or one CPU (cpu);
     # a custom resource (`ray start --resources='{"fractus_gpu": 8}'`) for the CPU demo.
     resource: str | None = None
-    # Fencing (launcher/supervise/ray_fence.py): the longest a node that has not heard from
+    # Fencing (launcher/supervise/ray/fence.py): the longest a node that has not heard from
     # the launcher waits before it stops its worker (it saves; SIGKILL after its grace, at
     # most stop_grace_s). The launcher's heartbeats tell each node a shorter fence and grace
     # derived from what it measured; a lost node's GPUs are placed again only after the

@@ -12,7 +12,7 @@ Commits an hour, by source:
 - on one machine, the launcher's sync: one per `sync.interval` (3600 / interval);
 - on Ray the sync pushes no interval commits: each GPU's passed checkpoint is pushed by its
   node (a commit) and the manifest naming it follows (another), so these follow the
-  training; and the recovery copies (launcher/supervise/ray_recovery.py) take at most
+  training; and the recovery copies (launcher/supervise/ray/recovery.py) take at most
   `recovery_commits_per_hour(budget)`, a RECOVERY_SHARE of the budget (or what the caller
   passes). What the budget leaves bounds how often each GPU may pass a checkpoint
   (`CommitPlan.node_pass_every_s`).

@@ -64,7 +64,7 @@ def local_copy(pod_dir: Path, gpu: int, named: Path, sha256: str, index: Checkpo
                canonical: str) -> Path | None:
     """A file other than `named` that holds the bytes `sha256` (verified): a retained link
     first, then a rotated copy; None when there is none. `pod_dir`: the pod directory, or a
-    Ray node's own (launcher/supervise/ray_node.py restores from there the same way)."""
+    Ray node's own (launcher/supervise/ray/node.py restores from there the same way)."""
     return next((copy for copy in _local_copies(pod_dir, gpu, named, sha256, index, canonical)
                  if holds(copy, sha256)), None)
 

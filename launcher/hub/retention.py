@@ -11,7 +11,7 @@ launcher/config/retention_settings.py) keeps:
 - the objects the pushed manifest and the pod's own manifest name (after a rollback it
   names older bytes, which a recovery pulls from the hub), whatever else the policy says,
 - of the recovery copies a Ray pod's nodes push at every save (`recovery/...`,
-  launcher/supervise/ray_recovery.py), only those the newest revision names: the newest
+  launcher/supervise/ray/recovery.py), only those the newest revision names: the newest
   per GPU, and those of checkpoints a node may still push as passed (`awaiting_push`).
   They are no pushes of their own (a revision that only adds one names the same
   checkpoints as its parent), so they never push a passed checkpoint out of `keep`.

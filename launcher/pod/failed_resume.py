@@ -70,7 +70,7 @@ def starts_over(manifest: Manifest, index: CheckpointIndex, gpu: int) -> bool:
     """Whether `gpu` starts over (start_over, or restore_passed's start-over at launch): its
     entry at token 0 naming no checkpoint, and every checkpoint it wrote marked failed. Its
     own files then hold only failed work: a worker must not resume from them, wherever they
-    are (a Ray node sets its own aside as it starts the worker: ray_node.py)."""
+    are (a Ray node sets its own aside as it starts the worker: ray/node_checkpoints.py)."""
     entry = manifest.entries.get(gpu)
     records = index.for_gpu(gpu)
     return (entry is not None and not entry.checkpoint and entry.start_token == 0

@@ -124,8 +124,8 @@ def spawn_worker(config: PodConfig, pod_dir: Path, spec: WorkerSpec) -> subproce
 class MetricsTail:
     """Reads complete new lines appended to a worker's METRICS file: the one tail, for the
     supervisor (JSON records), the goodput sweep (dashboard/goodput_files.py) and, on a Ray
-    node, the actor forwarding lines (supervise/ray_node.py) and the recovery pusher
-    (supervise/ray_recovery.py)."""
+    node, the actor forwarding lines (supervise/ray/node.py) and the recovery pusher
+    (supervise/ray/recovery.py)."""
 
     def __init__(self, path: Path, from_end: bool = True, offset: int | None = None):
         """Start at `offset`, else at the file's end (`from_end`) or its beginning."""

@@ -137,7 +137,7 @@ class FakeBackend(WorkerBackend):
 
     def checkpoint_line(self, gpu: int, retained: bool) -> dict:
         """A checkpoint event as a Ray node hands it to the head: no file here, and whether
-        the node could retain its bytes (launcher/supervise/ray_node.py NodeWorker._seen)."""
+        the node could retain its bytes (launcher/supervise/ray/node.py NodeWorker._seen)."""
         worker = self.current(gpu)
         payload = f"gpu{gpu} token{worker.next_token} on a node".encode()
         event = {"type": "event", "event": "checkpoint", "sha256": hashlib.sha256(payload)

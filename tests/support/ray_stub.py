@@ -51,8 +51,8 @@ class StubActor:
 
 
 class StubRayBackend:
-    """RayBackend's accessor for its custodian: `actor(gpu)`, `node(gpu)`, `attempt(gpu)`,
-    `on_lost`."""
+    """RayBackend's accessor for its custodian (`actor(gpu)`, `node(gpu)`, `on_lost`), and
+    GpuStarts's (`hub_url`, `attempt(gpu)`): RayCustodian(stub, stub)."""
 
     def __init__(self, pod_dir, config, events, gpus=(0, 1), hub_url="file://hub"):
         self.pod_dir, self.config, self.events = pod_dir, config, events

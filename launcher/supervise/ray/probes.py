@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from launcher.supervise.ray_backend import CALL_TIMEOUT_S, RayBackend, remote_error
-from launcher.supervise.ray_node import RESUME
+from launcher.supervise.ray.driver import CALL_TIMEOUT_S, RayBackend, remote_error
+from launcher.supervise.ray.node_checkpoints import RESUME
 from launcher.checks.probe_check import ProbeLost, ProbeUnavailable
 
 
 class NodeProbes:
     """ProbeMonitor.use_nodes for Ray: each AR probe runs on the node of its GPU's actor,
-    which holds the checkpoint (launcher/supervise/ray_node.py: NodeWorker.probe)."""
+    which holds the checkpoint (launcher/supervise/ray/node_checkpoints.py: NodeCheckpoints.probe)."""
 
     def __init__(self, backend: RayBackend):
         self.backend = backend

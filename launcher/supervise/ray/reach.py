@@ -1,10 +1,9 @@
 """Is the Ray cluster there? Asked before `launch` writes anything to the pod.
 
-`ray.init(address=...)` to an address where nothing listens does not fail: it retries for
-ever, after the launcher took the pod lock, made the run id and wrote its state files. A
-refusal must leave the pod byte for byte as it was (issue 16, item 19), so the launcher
-first opens a plain TCP connection to the cluster's GCS address (no Ray import: fork-safe,
-the driver itself is made after a --detach fork) and refuses in one line when it fails.
+Invariant: a refusal leaves the pod byte for byte as it was. `ray.init(address=...)` where
+nothing listens retries for ever (after the pod lock, the run id and the state files), so
+the launcher first opens a plain TCP connection to the cluster's GCS address (no Ray import:
+fork-safe) and refuses in one line when it fails. Owner: `refuse_unreachable`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Invariant: a node commits every GPU's newest posted save together, no more often than its
 share of the hub's commit budget allows (a file:// store has none), and a worker's final
-save at once. Owner: the node's recovery pushers (ray_recovery.RecoveryPusher), which post
+save at once. Owner: the node's recovery pushers (recovery.RecoveryPusher), which post
 into the folder and commit from it one at a time under the node's lock.
 """
 from __future__ import annotations

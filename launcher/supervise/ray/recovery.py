@@ -1,43 +1,22 @@
-"""Recovery copies on a Ray pod: every GPU's newest save reaches the hub, batched per node.
+"""Recovery copies on a Ray pod: every save of a node's workers reaches the hub at once.
 
-The invariant: the hub holds, for each GPU of a node, a recovery copy no older than the
-node's last commit, and the pod's recovery commits stay within their share of the hub's
-commit budget (launcher/hub/commit_budget.py: a quarter of a repository's 128 an hour).
-Owner: the node's
-pushers (`RecoveryPusher`, this module); the launcher reads the copies (`read_recovery_copy`).
+Invariant: the hub holds, for each GPU of a node, a recovery copy no older than the node's
+last commit, within the pod's share of the hub's commit budget (launcher/hub/commit_budget.py);
+the launcher takes a copy only of the worker start it lost (`attempt`), never of an earlier
+lineage. Owner: the node's pushers (`RecoveryPusher`); the launcher reads the copies
+(`read_recovery_copy`).
 
-A checkpoint reaches the hub's normal location (`checkpoints/...`, what the manifest names)
-only once its AR probe passed, and probes can trail the saves by many save intervals: a
-node lost then cost everything trained since its newest passed push (18-32 save intervals
-measured). So beside that, each save of a node's worker that passes the cheap checks (it
-loads weights-only, it says it is this GPU's, of this run, at the event's token, and its
-weights are finite) goes to a separate hub location before any probe, `recovery/<its
-path>` (with `recovery/<its path>.json`, the record below), as the head's pod (the run's
-lease: nothing is committed once the run was taken over). The passed copy stays where it
-is; a recovery copy is never in a manifest the hub holds.
-
-The pusher is a process of its own on the node (`python -m launcher.supervise.ray_recovery
-SPEC`), one per worker start, started by the GPU's actor with the worker and in a session
-of its own: it outlives the actor, so the final save a worker writes on SIGTERM when its
-node is removed gracefully (the actor dies first) goes up too. It tails the worker's
-metrics file, hard-links each checkpoint the moment its event is read (the worker's
-rotation cannot take it away), checks the newest one and posts it in the node's staging
-directory (replacing the GPU's older posted one). One commit carries every GPU's newest
-posted save: whichever pusher of the node finds it due makes it, under a lock (one at a
-time): on the Hub, at the node's cadence (`commit_every_s`: the pod's share of the budget
-divided by its GPUs, `gpu_commit_every_s`, times the node's), once each of the node's GPUs
-posted or GATHER_S after the first did; on a file:// store (no commit budget) as soon as
-the last commit is done; a worker's final save at once. The pusher exits once its worker
-has ended and its posted saves are committed (or after FINAL_PUSH_S of failed attempts).
-
-Bound: a GPU whose node is lost resumes from the newer of its newest passed hub copy and
-its recovery copy (`read_recovery_copy`, launcher/supervise/ray_pushes.py). What it
-retrains is what its worker trained after the newest save whose commit had landed: at most
-the node's cadence plus GATHER_S plus one save interval plus one commit's upload.
-
-The record names the worker's start (`attempt`, a new one at each start of a worker): the
-launcher takes a recovery copy only from the start of the worker it lost, never one of an
-earlier lineage (a rolled-back one, or a partitioned node's late push).
+Each save that passes the cheap checks (weights-only, this GPU's, this run's, at the event's
+token, finite: `check_save`) goes to `recovery/<its path>` with its record (`.json`) before
+any probe, as the head's pod (the run's lease); a recovery copy is never in a manifest the
+hub holds. The pusher (`python -m launcher.supervise.ray.recovery SPEC`, one per worker
+start, in a session of its own: it outlives the actor, so a graceful removal's final save
+goes up too) tails the worker's metrics, links each save at once, checks the newest and
+posts it in the node's staging folder; one commit carries every GPU's newest posted save, at
+the node's cadence (launcher/supervise/ray/recovery_staging.py), a final save at once. A GPU
+whose node is lost resumes from the newer of its passed hub copy and its recovery copy
+(RayCustodian.resume_copy): it retrains at most the node's cadence plus GATHER_S plus one
+save interval plus one commit's upload.
 """
 
 from __future__ import annotations
@@ -68,14 +47,14 @@ from launcher.hub import HubError, open_store
 from launcher.hub.integrity import IntegrityError
 from launcher.hub.lease import RunTakenOver, push_as_writer
 from launcher.paths import NODE_LEASE_DIR
-from launcher.supervise.ray_recovery_staging import (DUE_CHECK_S, commit_due, gpu_commit_every_s,
+from launcher.supervise.ray.recovery_staging import (DUE_CHECK_S, commit_due, gpu_commit_every_s,
                                                      newest_per_gpu, posted, remove_entry)
 
 RECORD_FORMAT = "fractus-recovery/1"
 TAIL_S = 0.2       # how often the pusher reads the metrics file: part of the recovery point
 FINAL_PUSH_S = 600.0                      # after its worker ended: the final push's time
 RETRY_S = (2.0, 30.0)                     # a failed push is tried again: first, longest wait
-CHECK_FLAG = "--check"                    # `python -m ...ray_recovery --check SPEC`: check_save
+CHECK_FLAG = "--check"                    # `python -m ...ray.recovery --check SPEC`: check_save
 CHECK_TIMEOUT_S = 600.0                   # a 1B save loaded weights-only from a slow disk
 
 
@@ -127,7 +106,7 @@ def check_save_apart(path: Path, gpu: int, run_id: str | None, next_token: int |
     scrubbed of the hub's token and other secrets, which a check needs none of)."""
     spec = {"path": str(path), "gpu": gpu, "run_id": run_id, "next_token": next_token}
     try:
-        done = child.run(child.python_command("-m", "launcher.supervise.ray_recovery",
+        done = child.run(child.python_command("-m", "launcher.supervise.ray.recovery",
                                               CHECK_FLAG, json.dumps(spec)),
                          cwd=path.parent, env=_launcher_env(), timeout_s=timeout_s)
     except subprocess.TimeoutExpired:
@@ -172,7 +151,7 @@ def start_pusher(spec: dict, workdir: Path, log_path: Path) -> subprocess.Popen:
     """The pusher of one worker start (`spec`: see RecoveryPusher), in a session of its own:
     neither a signal to the actor's group nor the actor's death ends it."""
     with open(log_path, "ab") as log:
-        return subprocess.Popen([sys.executable, "-m", "launcher.supervise.ray_recovery",
+        return subprocess.Popen([sys.executable, "-m", "launcher.supervise.ray.recovery",
                                  json.dumps(spec)], cwd=workdir, env=_launcher_env(),
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -180,7 +159,7 @@ def start_pusher(spec: dict, workdir: Path, log_path: Path) -> subprocess.Popen:
 
 def _launcher_env() -> dict[str, str]:
     """This node's environment, with the launcher package's home on PYTHONPATH."""
-    root = str(Path(__file__).resolve().parents[2])
+    root = str(Path(__file__).resolve().parents[3])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     return env

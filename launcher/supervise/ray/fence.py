@@ -1,28 +1,20 @@
-"""The launcher's side of fencing the Ray nodes (the node's side: ray_node.NodeWorker._fence).
+"""The launcher's side of fencing the Ray nodes (the node's: node_process.ProcessHost._fence).
 
-The invariant: a GPU never has two workers. A node that hears nothing from the launcher for
-its fence stops its worker (SIGTERM: it saves; SIGKILL after its grace) and exits; the
-launcher places that node's GPUs elsewhere only once the same deadline, counted from its
-side, has passed for certain (`lost_after`). Owner: `Heartbeat` here, for RayBackend.
+Invariant: a GPU never has two workers. A node that hears nothing from the launcher for its
+fence stops its worker (SIGTERM: it saves; SIGKILL after its grace) and exits; the launcher
+places that node's GPUs elsewhere only once the same deadline, counted from its side, has
+passed for certain (`lost_after`). Owner: `Heartbeat`, for RayBackend.
 
-`Heartbeat`: a thread that calls every actor's heartbeat() every HEARTBEAT_S (one call in
-flight per actor, never waiting for an answer) and notes when each one last answered. Each
-heartbeat carries the deadlines the node is to keep (`Deadlines`: `fence_s`, the silence
-after which it fences, and `grace_s`, its worker's time to stop), derived from what this
-launcher measured (`Measured`): the fence from the longest gap between an actor's answers
-(a node late to answer must not fence a healthy worker), the grace from the longest step
-plus save its workers took (a SIGTERMed worker ends its step, then saves), each within a
-floor and under its cap (the config's `ray.fence_s` and `stop_grace_s`, which a node keeps
-until it hears otherwise). The node heard the launcher at the latest when the launcher sent
-its newest heartbeat, and keeps at most the larger of the deadlines its last answered and
-its newest heartbeat carried: so once those deadlines plus FENCE_MARGIN_S have passed since
-then, its worker has stopped for certain, whatever Ray reports; only then is the GPU's node
-declared lost and the GPU placed elsewhere. A thread of its own, not the supervisor's poll:
-a long stop or rollback in the main loop must not fence healthy nodes.
-
-`end_orphans`: the actors are detached (they outlive a launcher killed with -9, so that
-their workers get their final save); a launcher started on the same pod before they fenced
-themselves stops them first (each worker saves), so that a GPU never has two workers.
+`Heartbeat`, a thread of its own (a long stop in the main loop must not fence healthy
+nodes), calls every actor's heartbeat() every HEARTBEAT_S (one call in flight per actor)
+with the deadlines the node is to keep (`Deadlines`), derived from what it measured
+(`Measured`): the fence from the longest gap between an actor's answers, the grace from the
+longest step plus save, each within a floor and under the config's cap (`ray.fence_s`,
+`stop_grace_s`). A node keeps at most the larger of the deadlines its last answered and its
+newest heartbeat carried: once those plus FENCE_MARGIN_S have passed since the newest
+heartbeat, its worker has stopped for certain. `end_orphans`: a launcher started on the same
+pod before its predecessor's detached actors fenced themselves stops them first (each
+worker saves).
 """
 
 from __future__ import annotations
