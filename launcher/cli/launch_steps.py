@@ -153,8 +153,8 @@ def get_the_shards(launch: Launch) -> None:
 
 
 def open_the_records(launch: Launch) -> None:
-    """The event log (mirrored to TensorBoard and the alerts) and the checkpoint index:
-    nothing is written before this step."""
+    """The event log (mirrored to TensorBoard and the alerts) and the checkpoint index,
+    which the steps after this one record to."""
     launch.events = EventLog(launch.plan.pod_dir,
                              mirror=_mirrors(launch.plan.pod_dir, launch.alerting))
     launch.index = CheckpointIndex(launch.plan.pod_dir)
@@ -176,6 +176,8 @@ def finish_decided_rollback(launch: Launch) -> None:
 
 
 def reconcile_the_manifest(launch: Launch) -> None:
+    """Checkpoints written after the last launcher died adopted, none marked failed resumed
+    from, each entry's recorded bytes recovered (the hub-only ones are their nodes')."""
     reconcile(launch.plan, launch.manifest, launch.index, launch.events)
     never_resume_failed(launch.plan, launch.manifest, launch.index, launch.events)
     recover_checkpoints(launch.plan, launch.manifest, launch.index, launch.events,
