@@ -10,7 +10,7 @@ import inspect
 from launcher.hub.lease import RunTakenOver
 from launcher.hub.sync_state import read_sync_state
 from launcher.supervise.backend import WorkerBackend
-from launcher.supervise.ray_custodian import RayCustodian
+from launcher.supervise.ray.copies import RayCustodian
 from tests.support.fake_supervisor import (  # noqa: F401 (fixtures)
     events,
     make,
@@ -33,7 +33,7 @@ def ray_pod(make):
     """A real supervisor whose checkpoints are kept by RayCustodian over stub nodes."""
     sup, backend, clock = make(stage=1)
     nodes = StubRayBackend(sup.pod.pod_dir, sup.pod.plan.config, sup.pod.events)
-    custodian = RayCustodian(nodes)
+    custodian = RayCustodian(nodes, nodes)
     sup.use_backend(backend, custodian)
     sup.starter.start_all()
     return sup, backend, nodes, custodian

@@ -35,7 +35,7 @@ from launcher.supervise.placement import NodePlacement
 from launcher.supervise.phase_switch import PhaseSwitch
 from launcher.supervise.pod_run import PodRun
 from launcher.supervise.pod_view import PodView, ProgressLine
-from launcher.supervise.ray_reach import unreachable
+from launcher.supervise.ray.reach import unreachable
 from launcher.supervise.plan import LaunchPlan
 from launcher.supervise.restart import WorkerRestarter
 from launcher.supervise.rollback import StageRollback
@@ -301,10 +301,8 @@ def _ray_backend(plan: LaunchPlan, events: EventLog):
     """The Ray pod's workers (RayBackend) and its checkpoints on the nodes (RayCustodian)."""
     try:
         # imported when run: only a Ray pod needs them (RayBackend imports the `ray` extra)
-        from launcher.supervise.ray_backend import RayBackend
-        from launcher.supervise.ray_custodian import RayCustodian
-        backend = RayBackend(plan.pod_dir, plan.config, plan.ray, events, len(plan.slots))
-        return backend, RayCustodian(backend)
+        from launcher.supervise.ray.copies import open_ray
+        return open_ray(plan, events)
     except ImportError:
         raise UserError(f"--ray needs Ray: {install_hint('ray')}") from None
     except ConnectionError as exc:
