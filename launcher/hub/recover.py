@@ -1,4 +1,5 @@
-"""Get back the exact bytes a manifest entry names before a worker starts from them.
+"""A worker starts only from the exact bytes its manifest entry names: found and verified
+here before each launch and restart, or refused.
 
 The manifest names a checkpoint by path and sha256. The file at that path can hold other
 bytes: a worker killed between renaming a newer checkpoint into place and reporting it

@@ -1,8 +1,8 @@
-"""Bounded hub storage: which revisions keep their checkpoints, what the hub holds, the budget.
+"""Bounded hub storage: after each push the hub holds only the checkpoint objects the policy
+keeps (else every revision's, forever: ~70 GB per push at the 1B preset), and an object no
+revision names yet (a concurrent push's upload) is never touched.
 
-After every push the hub would otherwise keep each revision's checkpoint objects forever
-(~70 GB per push at the 1B preset). The policy (`retention:` of the pod config, parsed in
-launcher/config/retention_settings.py) keeps:
+The policy (`retention:` of the pod config, launcher/config/retention_settings.py) keeps:
 - the newest `keep` pushes (a push: a revision whose checkpoints differ from its parent's;
   a lease takeover or a manifest-only commit names the same objects as the push before it),
 - with `milestones`, the last push of every stage and of every data phase (the stages or
@@ -16,9 +16,7 @@ launcher/config/retention_settings.py) keeps:
   They are no pushes of their own (a revision that only adds one names the same
   checkpoints as its parent), so they never push a passed checkpoint out of `keep`.
 Every other checkpoint object that some revision names is deleted for real through the
-store (hf://: one `permanently_delete_lfs_files` call; file://: unlink). Only
-objects some revision names are candidates: an object a concurrent push uploaded but has not
-committed yet is never touched.
+store (hf://: one `permanently_delete_lfs_files` call; file://: unlink).
 
 What each revision names, in order, and what the hub held after the last step are kept in
 the ledger `logs/hub_ledger.json` (launcher/hub/retention_ledger.py): after a push that
