@@ -4,6 +4,7 @@ event leaves a state while the GPU still holds a worker, and an exit or a stop l
 
 import pytest
 
+from launcher.checks.criteria import RestartPolicy
 from launcher.config.devices import Slot
 from launcher.supervise.backend import WorkerExit, WorkerHandle
 from launcher.supervise.gpu_run import GpuRun
@@ -41,3 +42,23 @@ def test_a_start_only_comes_with_a_handle_and_a_stop_lets_go_of_it(tmp_path):
     assert run.proc.pid == 1                 # the refused start changed nothing
     run.stopped()
     assert run.state is GpuState.STOPPED and run.proc is None
+
+
+def test_a_crash_backs_off_with_its_restart_time_and_past_the_budget_gives_up(tmp_path):
+    policy = RestartPolicy(max_restarts=2, window_s=100.0, backoff_s=5.0, backoff_max_s=8.0)
+    run = gpu_run(tmp_path)
+    delays = []
+    for now in (0.0, 10.0):
+        run.started(WorkerHandle(0, 1), now=now)
+        run.ended(WorkerExit(1))
+        delays.append(run.crashed(now + 1, policy))
+        assert run.state is GpuState.BACKOFF and run.restart_at == now + 1 + delays[-1]
+    assert delays == [5.0, 8.0]                    # doubles, capped
+    run.started(WorkerHandle(0, 1), now=200.0)      # the first two crashes left the window
+    run.ended(WorkerExit(1))
+    assert run.crashed(201.0, policy) == 5.0
+    for now in (202.0, 203.0):
+        run.started(WorkerHandle(0, 1), now=now)
+        run.ended(WorkerExit(1))
+        last = run.crashed(now + 0.5, policy)
+    assert last is None and run.state is GpuState.FAILED and len(run.restarts) == 3

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from launcher.checks.criteria import RestartPolicy
 from launcher.checks.health import GpuHealth
 from launcher.config.devices import Slot
 from launcher.supervise.backend import WorkerExit, WorkerHandle
@@ -57,6 +58,20 @@ class GpuRun:
         """Its worker ended (its exit read, or killed): the handle goes, its exit code stays.
         The event the exit means is applied next."""
         self.proc, self.exit_code = None, ended.code
+
+    def crashed(self, now: float, policy: RestartPolicy) -> float | None:
+        """Its worker crashed at `now` (handle already let go): BACKOFF until its delay,
+        returned, is over; past `policy`'s budget FAILED (None)."""
+        self.restarts.append(now)
+        while self.restarts and self.restarts[0] < now - policy.window_s:
+            self.restarts.popleft()
+        if len(self.restarts) > policy.max_restarts:
+            self.apply(GpuEvent.GAVE_UP)
+            return None
+        delay = policy.backoff(len(self.restarts))
+        self.apply(GpuEvent.CRASHED)
+        self.restart_at = now + delay
+        return delay
 
     def stopped(self) -> None:
         """The pod stopped its worker (or it had none): STOPPED."""

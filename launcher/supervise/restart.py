@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from launcher.supervise.gpu_run import GpuRun
 from launcher.supervise.pod_run import PodRun
-from launcher.supervise.state import GpuEvent, GpuState
+from launcher.supervise.state import GpuState
 
 
 class WorkerRestarter:
@@ -17,19 +17,12 @@ class WorkerRestarter:
         """`run`'s worker ended badly (an exit code, a signal, a hang): BACKOFF with its
         delay, or FAILED (a failed `restarts` check) past the budget."""
         policy = self.pod.plan.criteria.restarts
-        now = self.pod.clock()
-        run.restarts.append(now)
-        while run.restarts and run.restarts[0] < now - policy.window_s:
-            run.restarts.popleft()
-        if len(run.restarts) > policy.max_restarts:
-            run.apply(GpuEvent.GAVE_UP)
+        delay = run.crashed(self.pod.clock(), policy)
+        if delay is None:
             why = f"{len(run.restarts)} crashes within {policy.window_s:g}s (last: {reason})"
             self.pod.events.emit("gpu_given_up", gpu=run.slot.gpu, reason=why)
             run.health.fail("restarts", why)
             return
-        delay = policy.backoff(len(run.restarts))
-        run.apply(GpuEvent.CRASHED)
-        run.restart_at = now + delay
         self.pod.events.emit("worker_crash", gpu=run.slot.gpu, reason=reason,
                              restart_in_s=delay, restarts=len(run.restarts))
 
