@@ -1,5 +1,7 @@
 """The retention ledger `logs/hub_ledger.json`: what the hub's revisions name, in order, and
-which checkpoint objects the hub held after the last retention step.
+which checkpoint objects the hub held after the last retention step. A cache of the hub,
+written only through launcher/hub/retention.py (after a push, and by `sync history`); the
+hub stays the truth.
 
 What each revision names (its checkpoint objects, stage, merged brain) never changes, so it
 is read from the hub once and kept here (a cache: a pod rebuilt with `launch --from-hub`
