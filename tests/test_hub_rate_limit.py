@@ -1,7 +1,7 @@
 """The hub rate-limiting the pod: waits never shorter than the hub asked, bounded in all,
 recorded (logs/hub.log, events, logs/hub_rate.json for `status`); a commit whose answer was
 lost is looked for on the hub before it is sent again. Real HfApi against the test hub; the
-waits are recorded, not slept (launcher.hub.retry._sleep)."""
+waits are recorded, not slept (launcher.hub.retry_loop._sleep)."""
 
 import json
 import logging
@@ -14,7 +14,7 @@ import pytest
 from huggingface_hub.errors import HfHubHTTPError
 
 from launcher.hub import RetryPolicy, open_store
-from launcher.hub import retry
+from launcher.hub import retry_loop
 from launcher.hub.hub_rate import (commits_last_hour, note_wait, rate_line, rate_report,
                                      read_hub_rate)
 from launcher.hub.retry import RateLimited, told_wait, with_retries
@@ -44,7 +44,7 @@ def _answer(status: int, headers: dict) -> HfHubHTTPError:
 @pytest.fixture
 def slept(monkeypatch):
     waits: list[float] = []
-    monkeypatch.setattr(retry, "_sleep", waits.append)
+    monkeypatch.setattr(retry_loop, "_sleep", waits.append)
     return waits
 
 

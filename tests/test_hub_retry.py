@@ -4,7 +4,8 @@ import httpx2
 import pytest
 from huggingface_hub.errors import HfHubHTTPError
 
-from launcher.hub.retry import RetryPolicy, attempts, is_transient, retrying, with_retries
+from launcher.hub.retry import RetryPolicy, is_transient, with_retries
+from launcher.hub.retry_loop import attempts, retrying
 
 
 def _http_error(status: int) -> HfHubHTTPError:

@@ -23,7 +23,7 @@ from launcher.alerts.formats import render
 from launcher.alerts.rules import Alert, worst
 from launcher.alerts.webhooks import DeliveryError, Webhook, post
 from launcher.hub.redact import scrub
-from launcher.hub.retry import attempts, retrying
+from launcher.hub.retry_loop import attempts, retrying
 
 _STOP = object()
 

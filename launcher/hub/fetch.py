@@ -43,7 +43,8 @@ from launcher.pod.progress import Task, progress
 from .data_source import data_store, shard_paths_in_store, shard_records
 from .hf import HfStore
 from .integrity import HubError, IntegrityError
-from .retry import RetryPolicy, attempts, describe, http_status, retrying
+from .retry import RetryPolicy, describe, http_status
+from .retry_loop import attempts, retrying
 
 FETCH_ATTEMPTS = 2      # a fetch whose bytes differ from the record is redone once, from 0
 PARTIAL_SUFFIX = ".partial"

@@ -53,8 +53,9 @@ from .integrity import (
 )
 from .hub_rate import note_answered, note_commit, note_wait
 from .redact import scrub
-from .retry import (RATE_LIMITED_STATUS, TRANSIENT_STATUS, RetryPolicy, attempts, describe,
-                    http_status, retrying, with_retries)
+from .retry import (RATE_LIMITED_STATUS, TRANSIENT_STATUS, RetryPolicy, describe, http_status,
+                    with_retries)
+from .retry_loop import attempts, retrying
 from .store import HistoryEntry, PushFiles, Store
 
 log = logging.getLogger(__name__)

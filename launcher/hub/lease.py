@@ -23,7 +23,7 @@ from typing import Mapping
 
 from launcher.paths import HELD_FILE
 from launcher.hub import HubError, PushConflict
-from launcher.hub.retry import attempts, retrying
+from launcher.hub.retry_loop import attempts, retrying
 from launcher.files import atomic_write_text
 
 LEASE_PATH = "fractus-pod.lease.json"    # in the hub: which pod writes this run

@@ -1,5 +1,4 @@
-"""Bounded retries: `retrying` is the one retry loop (hub calls, downloads whose bytes
-differ, a writer's push conflicts, webhook posts); a hub call is retried never earlier than
+"""A hub call's retries (`with_retries`, on the one loop of retry_loop.py): never earlier than
 the hub asked, never for ever.
 
 Only transient failures are retried: HTTP 5xx, 408 and 429 answers, timeouts and broken
@@ -31,6 +30,7 @@ from huggingface_hub.utils import parse_ratelimit_headers
 from launcher.paths import HUB_LOG
 
 from .integrity import HubError
+from .retry_loop import retrying
 
 log = logging.getLogger(__name__)
 
@@ -153,43 +153,6 @@ def describe(exc: BaseException) -> str:
         return f"HTTP {status}"
     first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {first_line[:200]}" if first_line else type(exc).__name__
-
-
-def _sleep(seconds: float) -> None:
-    time.sleep(seconds)
-
-
-def retrying(fn: Callable[[], T], after_failure: Callable[[Exception], float],
-             sleep: Callable[[float], None] | None = None) -> T:
-    """The one retry loop: call `fn` until it returns. After each failure,
-    `after_failure(exc)` either raises (gives up) or says how many seconds to wait before
-    the next try."""
-    sleep = sleep or _sleep
-    while True:
-        try:
-            return fn()
-        except Exception as exc:
-            sleep(after_failure(exc))
-
-
-def attempts(tries: int, retry_if: Callable[[Exception], bool],
-             backoff: Callable[[int], float] = lambda failures: 0.0,
-             on_retry: Callable[[Exception, int], None] | None = None
-             ) -> Callable[[Exception], float]:
-    """`after_failure` for `retrying`: `tries` in all. A failure `retry_if` refuses, or the
-    last one, is raised; before each retry `on_retry(exc, failures)` hears of it, and
-    `backoff(failures)` seconds are waited."""
-    failures = 0
-
-    def after_failure(exc: Exception) -> float:
-        nonlocal failures
-        failures += 1
-        if failures >= tries or not retry_if(exc):
-            raise exc
-        if on_retry is not None:
-            on_retry(exc, failures)
-        return backoff(failures)
-    return after_failure
 
 
 def with_retries(
