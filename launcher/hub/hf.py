@@ -1,25 +1,14 @@
 """hf:// backend: the Hugging Face Hub through the real `huggingface_hub.HfApi`.
 
-A push is ONE commit: large files go up first with `preupload_lfs_files`, then a single
-`create_commit` carries every file plus the updated hub index and names `parent_commit`.
-If the branch moved meanwhile, the Hub refuses the commit (HTTP 409/412); the push then
-re-reads the head and either re-applies itself on top (the other writer touched other paths)
-or stops with PushConflict (it touched ours). `upload_large_folder` is not used: it splits
-an upload into several commits.
+A push is ONE commit: `preupload_lfs_files`, then one `create_commit` naming
+`parent_commit`; on 409/412 (the branch moved) it re-applies on top if the other writer
+touched other paths, else PushConflict. Not `upload_large_folder`: it splits an upload into
+several commits. A commit whose answer was lost may have landed: the head is read for the
+push's id before committing again, so a landed commit is never sent twice (each counts
+against the Hub's hourly budget). Downloads pin the commit id and are verified in scratch.
 
-A commit whose answer is lost (a timeout, a dropped connection, a 5xx) may have landed
-anyway: before committing again the push reads the head, and a head that moved is read for
-the push's id, so a landed commit is never sent twice (each commit counts against the Hub's
-hourly budget). The hub rate-limiting a call is waited out (launcher/hub/retry.py) and
-recorded with every landed commit in logs/hub_rate.json (launcher/hub/hub_rate.py).
-
-Downloads pin the commit id (`hf_hub_download(..., revision=sha)`) into a staging directory
-inside the pod, are checked against the index, and only then moved into place.
-
-Transport notes: with `hf_xet` installed the client uploads through Xet storage, which the
-real Hub supports; a plain LFS endpoint (such as the test hub) needs the documented switch
-`HF_HUB_DISABLE_XET=1`. The token is never passed to our own log lines or error messages;
-messages from the client are additionally scrubbed of it.
+A plain LFS endpoint (the test hub) needs `HF_HUB_DISABLE_XET=1` when `hf_xet` is installed.
+The token never reaches our log lines or errors; the client's messages are scrubbed of it.
 """
 
 from __future__ import annotations
@@ -68,10 +57,8 @@ DOWNLOAD_ATTEMPTS = 3  # downloads whose bytes fail verification are fetched aga
 
 
 class _ClientLines(logging.Handler):
-    """The client's own lines (its retries on the upload routes: "Rate limited. Waiting
-    ...s before retry", "HTTP Error 429 thrown while requesting ...") become lines of the
-    store's logger, scrubbed of the token: they land in the pod's logs/hub.log with the
-    store's own retries (launcher/cli/options.py), as retries, not on the terminal."""
+    """The client's own lines (its upload retries) go, scrubbed, to the store's logger, so
+    to logs/hub.log with the store's retries, not to the terminal."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -83,8 +70,7 @@ class _ClientLines(logging.Handler):
 
 
 def _route_client_log() -> None:
-    """huggingface_hub's logger writes through _ClientLines only: the stderr handler the
-    client adds to it at import goes (its lines are not scrubbed). Once per process."""
+    """Replace the client's stderr handler (unscrubbed) with _ClientLines; once per process."""
     client = logging.getLogger("huggingface_hub")
     if any(isinstance(h, _ClientLines) for h in client.handlers):
         return
@@ -127,8 +113,7 @@ class HfStore(Store):
         self._repo_ready = False
         # A commit's index never changes: read (or pushed) once per revision, kept here.
         self._indexes: dict[str, tuple[dict[str, FileEntry], str | None]] = {}
-        # An incident may be open (a wait not yet followed by an answer; None: perhaps one
-        # an earlier process left in logs/hub_rate.json): the next answer closes it.
+        # None: an earlier process may have left an incident open; the next answer closes it.
         self._limited: bool | None = None
         self._push_id: str | None = None  # of the push in progress: its delay is counted
         _install_client_timeouts()
@@ -189,9 +174,7 @@ class HfStore(Store):
         return Path(got)
 
     def download_request(self, rel: str, revision: str) -> tuple[str, dict[str, str]]:
-        """The resolve URL of `rel` at `revision` and the client's own headers (its auth
-        included), for a download the caller streams itself: a shard fetch that resumes
-        across processes from its .partial file (launcher/hub/fetch.py)."""
+        """URL and auth headers of `rel` at `revision`, for a resumable stream (fetch.py)."""
         url = hf_hub_url(self.repo_id, rel, repo_type=self.repo_type, revision=revision,
                          endpoint=self._api.endpoint)
         return url, build_hf_headers(token=self._api.token)
@@ -297,11 +280,8 @@ class HfStore(Store):
     def delete_objects(self, shas: list[str]) -> None:
         if not shas:
             return
-        # The deletion call reads one field of each LFSFileInfo, `file_oid` ("the identifier
-        # to pass when permanently deleting the file", the client's docs): the caller knows
-        # the objects' sha256 (the LFS oid) from the revisions' indexes, so no listing first.
-        # rewrite_history=False: the commits stay (their small files, `sync history`); only
-        # the objects go. The Hub's documented call for freeing LFS storage.
+        # The call reads only `file_oid` (the sha256) of each item, so no listing first.
+        # rewrite_history=False: the commits stay (their small files, `sync history`).
         self._call(lambda: self._api.permanently_delete_lfs_files(
             self.repo_id, [LfsObject(sha) for sha in shas], rewrite_history=False,
             repo_type=self.repo_type), "deleting LFS files")
@@ -380,11 +360,8 @@ class HfStore(Store):
 
 
     def _commit(self, operations: list, message: str, parent: str) -> str | None:
-        """One commit on `parent`: its id, or None when the branch is no longer at `parent`
-        (the hub refused it, 409/412, or a try whose answer was lost moved the head: the
-        caller reads which). A try that failed other than by rate limiting (a 429 is a
-        refusal: nothing landed) is followed by a read of the head, never by the same
-        commit sent blind."""
+        """One commit on `parent`: its id, or None when the branch is no longer there. After
+        a failed try (not a 429: nothing landed) the head is read, never the commit resent."""
         unsure = False
 
         def attempt() -> str | None:
@@ -407,8 +384,7 @@ class HfStore(Store):
 
 
 class LfsObject(NamedTuple):
-    """An LFS object to delete, as `HfApi.permanently_delete_lfs_files` reads its
-    `LFSFileInfo` items: by `file_oid` (sha256) alone."""
+    """Stands in for `LFSFileInfo` in `permanently_delete_lfs_files`: only `file_oid` is read."""
     file_oid: str
 
 

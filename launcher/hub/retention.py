@@ -1,28 +1,7 @@
-"""Bounded hub storage: after each push the hub holds only the checkpoint objects the policy
-keeps (else every revision's, forever: ~70 GB per push at the 1B preset), and an object no
-revision names yet (a concurrent push's upload) is never touched.
-
-The policy (`retention:` of the pod config, launcher/config/retention_settings.py) keeps:
-- the newest `keep` pushes (a push: a revision whose checkpoints differ from its parent's;
-  a lease takeover or a manifest-only commit names the same objects as the push before it),
-- with `milestones`, the last push of every stage and of every data phase (the stages or
-  phases the pushed manifest records differ in the next push) and every merged brain object,
-- every revision named in `pins`,
-- the objects the pushed manifest and the pod's own manifest name (after a rollback it
-  names older bytes, which a recovery pulls from the hub), whatever else the policy says,
-- of the recovery copies a Ray pod's nodes push at every save (`recovery/...`,
-  launcher/supervise/ray/recovery.py), only those the newest revision names: the newest
-  per GPU, and those of checkpoints a node may still push as passed (`awaiting_push`).
-  They are no pushes of their own (a revision that only adds one names the same
-  checkpoints as its parent), so they never push a passed checkpoint out of `keep`.
-Every other checkpoint object that some revision names is deleted for real through the
-store (hf://: one `permanently_delete_lfs_files` call; file://: unlink).
-
-What each revision names, in order, and what the hub held after the last step are kept in
-the ledger `logs/hub_ledger.json` (launcher/hub/retention_ledger.py): after a push that
-built on the newest revision the ledger knew, the step decides from it alone, with no
-listing, and deletes with one call, none when nothing fell out of the policy.
-"""
+"""Bounded hub storage, run after every push (launcher and `sync push`): the hub keeps only
+the checkpoint objects the `retention:` policy keeps (plus whatever the pushed and the pod's
+own manifest name), and an object no revision names yet (a concurrent push's upload) is never
+touched. Policy, deletion and ledger: docs/LAUNCHER.md "Bounded storage on the hub"."""
 
 from __future__ import annotations
 
@@ -49,13 +28,11 @@ class BudgetRefused(HubError):
 
 @dataclass
 class Plan:
-    """The policy applied to the hub's history (newest first)."""
     revisions: list[str]                              # every revision, newest first
     kept: dict[str, str] = field(default_factory=dict)    # revision -> why it is kept
     needed: set[str] = field(default_factory=set)         # objects no deletion may touch
     delete: dict[str, int] = field(default_factory=dict)  # sha256 -> size, to delete now
-    # The checkpoint objects some revision names that the hub holds before the deletion.
-    stored: dict[str, int] = field(default_factory=dict)
+    stored: dict[str, int] = field(default_factory=dict)  # named objects held before deletion
     facts: dict[str, RevisionFacts] = field(default_factory=dict)
 
     @property
@@ -104,11 +81,9 @@ def plan(history: History, settings: RetentionSettings, pod_dir: Path,
 
 
 def awaiting_push(pod_dir: Path) -> set[str]:
-    """sha256 of the checkpoints a Ray pod's node may still push as passed (the launcher's
-    checkpoint index: every one not judged yet, and each GPU's two newest passed ones, the
-    queued one and one whose push may be in flight). Their bytes went up before as recovery
-    copies, and a push finds them there and sends nothing (both stores keep an object once):
-    deleted meanwhile, the push would commit a name for bytes the hub no longer holds."""
+    """sha256 a Ray node may still push as passed (unjudged, or a GPU's two newest passed:
+    queued and in flight). Their recovery copies are on the hub and the push sends no bytes:
+    deleted meanwhile, it would commit a name for bytes the hub no longer holds."""
     index = CheckpointIndex(pod_dir)
     live = set()
     for gpu in {g for g, _sha in index.records}:
@@ -129,15 +104,13 @@ def _pushes(revisions: list[str], facts: dict[str, RevisionFacts]) -> list[str]:
 
 
 def deleted_revisions(todo: Plan) -> set[str]:
-    """Revisions some of whose checkpoint objects the hub no longer holds (or will not,
-    once `todo.delete` is applied): they cannot rebuild a pod any more."""
+    """Revisions missing some checkpoint object once `todo.delete` is applied."""
     held = set(todo.stored) - set(todo.delete)
     return {rev for rev, f in todo.facts.items() if any(sha not in held for sha in f.objects)}
 
 
 def refuse_deleted(store, revision: str, tracked: dict, paths: list[str]) -> None:
-    """`launch --from-hub --revision R` on a revision whose checkpoints the retention policy
-    deleted: one line (UserError), before anything is pulled."""
+    """UserError before any pull when retention deleted the revision's checkpoints."""
     wanted = {tracked[p].sha256 for p in paths if p in tracked}
     if not wanted:
         return
@@ -151,7 +124,6 @@ def refuse_deleted(store, revision: str, tracked: dict, paths: list[str]) -> Non
 # ---- around a push ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Pushed:
-    """A push under the policy: its revision, then what retention did after it."""
     revision: str
     storage: dict | None = None          # the figures for sync_state + the event's fields
     retention_error: str | None = None   # a failed retention step (the push still landed)
@@ -159,9 +131,8 @@ class Pushed:
 
 def push_with_retention(store, settings: RetentionSettings | None, snap, message: str,
                         manifest_path: str) -> Pushed:
-    """`send` the snapshot under the policy: the budget checked first (BudgetRefused, nothing
-    sent), then what it no longer keeps deleted. Without a policy: a plain `send`. A failed
-    deletion never fails the push: it is done again after the next one."""
+    """`send` under the policy: budget first (BudgetRefused, nothing sent), then delete what
+    it no longer keeps. A failed deletion never fails the push (retried after the next)."""
     if settings is None:
         return Pushed(snapshot.send(store, snap, message))
     check_budget(store, settings, {sha: snap.files[path].stat().st_size
@@ -180,8 +151,7 @@ def push_with_retention(store, settings: RetentionSettings | None, snap, message
 
 
 def named_by_pod_manifest(path: Path) -> set[str]:
-    """The checkpoints the pod's own manifest names (it may name older bytes than the push,
-    after a rollback): their hub copies are what a recovery pulls, never deleted."""
+    """sha256 the pod's manifest names (older bytes after a rollback; a recovery pulls them)."""
     try:
         manifest = read_manifest(path)
     except (ManifestError, OSError):
@@ -191,9 +161,8 @@ def named_by_pod_manifest(path: Path) -> set[str]:
 
 def apply_retention(store, settings: RetentionSettings, pod_dir: Path, history: History,
                     protected: set[str], started: float) -> dict:
-    """Delete what the policy no longer keeps (one call; none when nothing fell out), then
-    record the ledger. Returns the storage figures (for sync_state) and the
-    `hub_retention` event's fields; `started`: when the step began (time.monotonic)."""
+    """Delete what the policy drops (one call, or none), record the ledger; return the storage
+    figures and `hub_retention` fields. `started`: time.monotonic() at the step's start."""
     todo = plan(history, settings, pod_dir, protected)
     held = None              # a deletion that fails leaves what the hub holds unknown
     try:
@@ -229,10 +198,8 @@ def pushes_until_budget(kept: int, per_push: int, settings: RetentionSettings | 
 
 
 def check_budget(store, settings: RetentionSettings | None, sizes: dict[str, int]) -> None:
-    """Before a push of checkpoint objects `sizes` (sha256 -> bytes): BudgetRefused when the
-    hub would hold more than the budget. A budget smaller than one push is named as such
-    (known at the first push, when the checkpoints' size is; a launch whose manifest names
-    checkpoints refuses it before: prepare.refuse_budget_below_one_push)."""
+    """BudgetRefused when pushing `sizes` (sha256 -> bytes) would exceed the budget; one
+    smaller than a push is named as such (a launch refuses it earlier, when it can)."""
     if settings is None or settings.budget_bytes is None:
         return
     budget = settings.budget_bytes
@@ -254,14 +221,12 @@ STATE_KEYS = ("hub_bytes_kept", "hub_bytes_per_push", "hub_budget_bytes",
 
 
 def storage_state(pushed: Pushed) -> dict:
-    """After a push under a policy: the storage figures sync_state keeps (status shows them),
-    written with the push's own sync_state update (one write per push, not two)."""
+    """The storage figures for the push's own sync_state write (one write per push)."""
     return {} if pushed.storage is None else {k: pushed.storage[k] for k in STATE_KEYS}
 
 
 def retention_events(pushed: Pushed) -> list[tuple[str, dict]]:
-    """The retention's outcome as events, appended with the push's own `sync_pushed` (one
-    fsync'd append per push, not two)."""
+    """Retention's events, appended with the push's `sync_pushed` (one fsync per push)."""
     out = []
     if pushed.storage is not None:
         out.append(("hub_retention", {k: v for k, v in pushed.storage.items()
@@ -282,8 +247,7 @@ def record_budget_refused(pod_dir: Path, events, message: str, reason: str, retr
 # ---- `sync history` ------------------------------------------------------------------------
 def history_marks(store, settings: RetentionSettings, pod_dir: Path,
                   manifest_path: str) -> tuple[dict[str, str], str]:
-    """Per revision: why the policy keeps it, or that its checkpoints were deleted; and one
-    line of the hub's storage (bytes kept, per push, pushes until the budget)."""
+    """Per revision: why it is kept, or that its checkpoints are gone; and the storage line."""
     history = read_history(store, pod_dir, manifest_path)
     todo = plan(history, settings, pod_dir)
     todo.delete = {}             # what the hub holds now, not what the next push frees

@@ -1,28 +1,13 @@
-"""The retention ledger `logs/hub_ledger.json`: what the hub's revisions name, in order, and
-which checkpoint objects the hub held after the last retention step. A cache of the hub,
-written only through launcher/hub/retention.py (after a push, and by `sync history`); the
-hub stays the truth.
+"""The retention ledger `logs/hub_ledger.json`: what the hub's revisions name (fixed once
+committed), in order, and the checkpoint objects the hub held after the last retention step
+(`held`, written only when the deletion completed). A cache of the hub, written only through
+launcher/hub/retention.py (after a push, and by `sync history`); the hub stays the truth.
 
-What each revision names (its checkpoint objects, stage, merged brain) never changes, so it
-is read from the hub once and kept here (a cache: a pod rebuilt with `launch --from-hub`
-reads it again from the revisions themselves). The revisions' order lets a push walk back
-from the head only to the newest revision it knew. `held` (sha256 -> size) is what the step
-left on the hub: written only when its deletion completed.
-
-The file is a cache, rewritten in place after every push (no fsync, no temp file: replacing
-the file frees the old one, and on a disk mounted with `discard` that unlink alone cost
-~0.45 ms, more than the rest of the step; an in-place write ~4 us). Its first line is the
-sha256 of the rest: a write a crash or a concurrent `sync history` tore reads as no ledger,
-and the hub is read again (what a revision names is on the hub, never only here).
-
-Two ways to the history a retention step decides on:
-- after a push whose parent is the newest revision the ledger knows (this pod wrote every
-  revision since the last step: no other pod, node or takeover committed in between) and
-  with `held` recorded, the ledger alone, plus the push: no listing of commits or objects;
-- otherwise (no ledger, another hub's, a damaged one, a failed deletion, another writer's
-  commit), the hub is read: its revisions down to the newest one the ledger knew, and the
-  objects it holds (hf://: `list_commits`, `list_lfs_files`).
-"""
+Rewritten in place, no fsync, no temp file: replacing it frees the old file, and on a disk
+mounted with `discard` that unlink alone cost ~0.45 ms, more than the rest of the step (an
+in-place write ~4 us). Its first line is the sha256 of the rest: a torn write reads as no
+ledger, and the hub is read again. A push whose parent is the ledger's newest revision,
+with `held` recorded, decides from the ledger alone; anything else reads the hub."""
 
 from __future__ import annotations
 
@@ -40,7 +25,6 @@ CHECKPOINT_SUFFIXES = (".pt", ".safetensors", ".bin")
 
 @dataclass(frozen=True)
 class RevisionFacts:
-    """What one revision names: fixed once committed."""
     objects: dict[str, int]         # sha256 -> size of each checkpoint file it names
     stages: tuple[int, ...]         # the distinct stages its manifest's GPUs record
     merged: str | None              # sha256 of the merged brain it names, if any
@@ -58,9 +42,7 @@ class RevisionFacts:
 
     @classmethod
     def from_json(cls, doc: dict) -> "RevisionFacts":
-        """KeyError for an entry without a key (a ledger written before phases were
-        recorded): it is read again from the hub, as a damaged one. One without recovery
-        copies names none (entries before them were of revisions without any)."""
+        """KeyError on a missing key: the caller reads the revision from the hub again."""
         objects = {str(k): int(v) for k, v in dict(doc["objects"]).items()}
         recovery = {str(k): int(v) for k, v in dict(doc.get("recovery") or {}).items()}
         return cls(objects, tuple(int(s) for s in doc["stages"]), doc.get("merged"),
@@ -69,8 +51,7 @@ class RevisionFacts:
 
 @dataclass
 class History:
-    """The hub's revisions (newest first), their facts, and the checkpoint objects the hub
-    holds that some revision names (sha256 -> size)."""
+    """Revisions newest first; `stored`: held objects some revision names (sha256 -> size)."""
     revisions: list[str]
     facts: dict[str, RevisionFacts]
     stored: dict[str, int]
@@ -104,15 +85,13 @@ def revision_facts(store, revision: str, manifest_path: str) -> RevisionFacts:
 
 
 def pushed_facts(store, revision: str, manifest) -> RevisionFacts:
-    """The facts of a revision this pod just pushed: its index (the store kept it from the
-    push: nothing read back, not even resolved) and the stages of the manifest it sent."""
+    """Facts of a revision this pod just pushed, nothing read back from the hub."""
     return _facts(store.files_at(revision), tuple(manifest.recorded_stages()),
                   tuple(manifest.recorded_phases()))
 
 
 def read_ledger(pod_dir: Path) -> dict:
-    """The ledger as written; {} when it is missing, torn (its checksum line does not match)
-    or not a mapping."""
+    """The ledger; {} when missing, torn (checksum mismatch) or not a mapping."""
     try:
         raw = (pod_dir / HUB_LEDGER).read_bytes()
     except FileNotFoundError:
@@ -128,7 +107,6 @@ def read_ledger(pod_dir: Path) -> dict:
 
 
 def _write_ledger(pod_dir: Path, doc: dict) -> None:
-    """In place (see the module's docstring): the checksum line, then the document."""
     body = json.dumps(doc, separators=(",", ":")).encode()
     data = hashlib.sha256(body).hexdigest().encode() + b"\n" + body
     path = pod_dir / HUB_LEDGER
@@ -158,8 +136,7 @@ def _read(store, pod_dir: Path) -> tuple[list[str], dict, dict | None]:
 
 def after_push(store, pod_dir: Path, manifest_path: str, revision: str,
                facts: RevisionFacts) -> History:
-    """The history right after this pod pushed `revision`: from the ledger alone when it
-    knew the push's parent (see the module's docstring), else read from the hub."""
+    """The history after this pod pushed `revision`: the ledger alone if it knew the parent."""
     order, stored, held = _read(store, pod_dir)
     parent = store.parents.get(revision)
     if held is not None and order and parent == order[0]:
@@ -176,9 +153,8 @@ def after_push(store, pod_dir: Path, manifest_path: str, revision: str,
 
 def read_history(store, pod_dir: Path, manifest_path: str,
                  new: dict[str, RevisionFacts] | None = None) -> History:
-    """Read from the hub: the revisions above the newest one the ledger knew (all of them
-    when it knew none; a revision's ancestors never change), the facts of those it does not
-    know (`new`: given), and the objects the hub holds."""
+    """From the hub: revisions above the ledger's newest known one, facts the ledger lacks
+    (`new`: given) and the objects held."""
     order, stored, _held = _read(store, pod_dir)
     walked = store.revisions_until(set(order))
     revisions = walked
@@ -199,9 +175,8 @@ def read_history(store, pod_dir: Path, manifest_path: str,
 
 
 def record(store, pod_dir: Path, history: History, held: dict[str, int] | None) -> None:
-    """Write the ledger: the history's revisions and facts (only those the hub still lists:
-    the ledger stays the size of the history) and `held`, what the hub holds now (None: not
-    known, a deletion failed; the next step reads the hub)."""
+    """Write the ledger (only revisions the hub still lists); `held` None: unknown after a
+    failed deletion, so the next step reads the hub."""
     doc = {"hub": store.url, "order": history.revisions,
            "revisions": {rev: history.facts[rev].to_json() for rev in history.revisions}}
     if held is not None:

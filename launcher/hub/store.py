@@ -1,11 +1,6 @@
 """The store interface shared by both backends (the URL picks one: launcher/hub/by_url.py):
-each push is one commit, and a pull installs only bytes whose sha256 matches the index.
-
-A store holds revisions of a pod's files. A push commits the files it names plus an updated
-hub index recording every tracked file's sha256. A pull names a revision (pinned: a branch
-head is resolved to its commit id first, so every file comes from the same moment) and
-downloads into the pod directory.
-"""
+each push is one commit of the files plus the hub index (every tracked file's sha256), and a
+pull installs only bytes whose sha256 matches the index, all from one resolved commit id."""
 
 from __future__ import annotations
 
@@ -52,26 +47,19 @@ class Store(ABC):
 
     def __init__(self, pod_dir: Path):
         self.pod_dir = Path(pod_dir).absolute()
-        # revision -> its parent, for each commit this store object made (a commit's parent
-        # never changes): the retention step knows whether another writer committed in
-        # between without listing the history (launcher/hub/retention_ledger.py).
+        # revision -> parent of each commit made here: retention learns whether another
+        # writer committed in between without listing the history.
         self.parents: dict[str, str | None] = {}
 
     # -- to implement --------------------------------------------------------------------
     @abstractmethod
     def push(self, files: PushFiles, message: str, *, base: str | None = None,
              expected: Mapping[str, str] | None = None) -> str:
-        """Commit `files` (pod-relative path -> local file, or pod-relative paths) in ONE revision.
+        """Commit `files` (pod-relative path -> local file, or paths) in ONE revision; return it.
 
-        `base` is the revision the caller's view of the store comes from (default: the head
-        when the push starts). If another writer changed any of the pushed paths since
-        `base`, PushConflict is raised and nothing is overwritten; changes to other paths
-        are kept and the push is re-applied on top of them. Returns the new revision id.
-
-        `expected` maps pushed paths to the sha256 their bytes must have (a checkpoint's
-        recorded hash). Each file is read for hashing once, and a file whose bytes differ
-        raises IntegrityError with nothing committed.
-        """
+        PushConflict (nothing overwritten) if another writer changed a pushed path since
+        `base` (default: the head at the start); other paths' changes are kept. `expected`:
+        path -> required sha256; a mismatch raises IntegrityError, nothing committed."""
 
     @abstractmethod
     def head(self) -> str | None:
@@ -82,10 +70,7 @@ class Store(ABC):
         """Commits, newest first."""
 
     def revisions_until(self, known) -> list[str]:
-        """Revision ids newest first, down to and including the first one in `known` (all of
-        them when none is). A revision's ancestors never change, so a caller that knows the
-        history below that one need not read it again; a store that walks commit by commit
-        stops there (local.py), one that lists them in one call cuts its listing."""
+        """Revision ids newest first, down to and including the first in `known` (else all)."""
         out = []
         for entry in self.history():
             out.append(entry.revision)
@@ -116,26 +101,20 @@ class Store(ABC):
 
     # -- shared behaviour ----------------------------------------------------------------
     def files(self, revision: str | None = None) -> dict[str, FileEntry]:
-        """The hub index at `revision` (default head): every tracked path with sha256 and size."""
+        """The hub index at `revision` (default head)."""
         if revision is None:
             head = self.head()
             return {} if head is None else self._index(head)
         return self._index(self.resolve(revision))
 
     def files_at(self, revision: str) -> dict[str, FileEntry]:
-        """The hub index at a full revision id, as a push or the history returned it: not
-        resolved again (on hf:// that is one request fewer; the index of a revision this
-        store pushed is at hand)."""
+        """The hub index at a full revision id, not resolved again (one request fewer)."""
         return self._index(revision)
 
     def pull(self, paths: Iterable[str] | None = None, revision: str | None = None) -> dict[str, Path]:
-        """Download `paths` (default: every tracked file) as of `revision` (default: head).
-
-        Returns {pod-relative path: local path}, in request order. A local file that already
-        has the recorded bytes is kept as is. Any other file is replaced only by bytes whose
-        sha256 and size match the index; on mismatch IntegrityError is raised and the local
-        path is left untouched.
-        """
+        """Download `paths` (default: all tracked) at `revision` (default: head); return
+        {pod-relative path: local path} in request order. Files already matching are kept;
+        on any mismatch IntegrityError and nothing is installed."""
         rev = self.resolve(revision)
         index = self._index(rev)
         wanted = list(index) if paths is None else [pod_relpath(p) for p in paths]
@@ -143,9 +122,8 @@ class Store(ABC):
         if missing:
             raise HubError(f"not in revision {rev[:12]} of {self.url}: {', '.join(missing)}")
         out: dict[str, Path] = {}
-        # Staged, then committed: every file is fetched and verified into a scratch folder
-        # first, and moved into the pod only when all of them are: a refused checkpoint
-        # never leaves the manifest installed, naming a file that is not.
+        # All verified in scratch before any is moved in: a refused checkpoint never
+        # leaves the manifest installed, naming a file that is not.
         stage = self.pod_dir / HUB_SCRATCH_DIR / f"pull-{uuid.uuid4().hex[:12]}"
         staged: dict[str, Path] = {}
         try:
@@ -173,8 +151,7 @@ class Store(ABC):
         return out
 
     def read_bytes(self, rel: str, revision: str) -> bytes | None:
-        """The verified bytes of a small tracked file at a full revision id, without
-        touching the pod's own files (None: the revision does not track it)."""
+        """Verified bytes of a small tracked file at a full revision id (None: untracked)."""
         entry = self._index(revision).get(rel)      # one index read (a download on hf://)
         if entry is None:
             return None
@@ -183,10 +160,8 @@ class Store(ABC):
 
     def fetched(self, rel: str, revision: str,
                 sha256: str | None = None) -> ContextManager[Path]:
-        """One tracked file of `revision` (a full id) in a scratch folder of its own, never
-        among the pod's files, deleted on exit: a merge of checkpoints that are only on the
-        hub reads them this way, one at a time. Verified against the revision's index, and
-        against `sha256` when given (IntegrityError: the revision holds other bytes)."""
+        """One verified file of `revision` (a full id) in its own scratch folder, deleted on
+        exit; IntegrityError if `sha256` is given and the revision holds other bytes."""
         entry = self._index(revision).get(rel)
         if entry is None:
             raise HubError(f"not in revision {revision[:12]} of {self.url}: {rel}")
@@ -250,8 +225,7 @@ class Store(ABC):
 
 
 def remove_empty_dirs(path: Path, upto: Path) -> None:
-    """Remove `path` and its parents below `upto` while they are empty (scratch folders an
-    operation made; one another operation still uses stays)."""
+    """Remove `path` and its parents below `upto` while they are empty."""
     while path != upto and upto in path.parents:
         try:
             path.rmdir()

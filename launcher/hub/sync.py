@@ -1,18 +1,10 @@
 """The hub sync policy: what goes up, when, and what the pod remembers about it. Owner: the
 checkpoint custodian (launcher/supervise/custodian.py), whose private part it is.
 
-ONE commit at a time carries each GPU's newest *passed* checkpoint, a manifest naming
-exactly those files, and the pod's small files (optionally the merged brain): every
-`sync.interval`, at once after a change of what the manifest says (a rollback, a stage or
-phase switch; recorded in logs/sync_state.json until a push lands it), and once more when
-the launcher ends. The loop only takes a snapshot (hard links); a background thread pushes
-and the loop harvests the result: the revision goes into the manifest (`hub_revision`,
-where the entry names the pushed bytes) and logs/sync_state.json. A failure is recorded
-(scrubbed of tokens) and retried at the next interval; a rate-limited push is delayed to
-the moment the hub named. On a remote backend (`nodes_push`) the nodes push the
-checkpoints and this sync pushes the manifest naming them. Every push asks the run's one
-lease (`RunLease`) first.
-"""
+ONE push in flight at a time: the loop only takes a snapshot (hard links) and never blocks;
+a background thread pushes and the loop harvests the result into the manifest and
+logs/sync_state.json. Every push asks the run's one lease (`RunLease`) first. What and when:
+docs/LAUNCHER.md "Hub" ("What a sync pushes", "When")."""
 
 from __future__ import annotations
 
@@ -42,17 +34,14 @@ from launcher.hub.retry import RateLimited
 
 # ---- the sync state file (read by status) ------------------------------------------------
 def note_manifest_changed(pod_dir: Path, reason: str) -> None:
-    """The manifest changed where no launcher's sync can push it now (a rollback by hand,
-    a decided rollback completed at launch): recorded, so the next launcher pushes it at its
-    first poll and `sync push` by hand clears it. Durable: a launcher killed before the
-    push leaves it for the next."""
+    """Record (durably) a manifest change no running sync can push now: the next launcher
+    pushes it at its first poll, a `sync push` by hand clears it."""
     update_sync_state(pod_dir, manifest_unpushed={"reason": reason, "at": time.time()})
 
 
 def refuse_vanished_store(store, pod_dir: Path, hub: str) -> None:
-    """A store this pod pushed revisions to and that is now empty (a deleted file:// DIR,
-    a deleted repo) is an error: pushing would recreate it empty, and the revisions the
-    manifest records could never be pulled again. HubError, one line."""
+    """HubError if a store this pod pushed to is now empty: a push would recreate it empty,
+    and the revisions the manifest records could never be pulled again."""
     state = read_sync_state(pod_dir)
     last = state.get("last_revision")
     if not last or state.get("last_revision_hub") != hub or store.head() is not None:
@@ -68,8 +57,7 @@ def store_for(config: PodConfig, pod_dir: Path):
 
 
 def retry_policy(config: PodConfig):
-    """How hard one hub call insists (the config's sync: attempts and backoff_s); the
-    data store's reads use it too."""
+    """How hard one hub call insists (sync: attempts, backoff_s); data store reads too."""
     settings = config.sync_settings()
     return RetryPolicy(attempts=settings.attempts, base_delay_s=settings.backoff_s,
                        max_delay_s=max(settings.backoff_s, 30.0))
@@ -77,8 +65,7 @@ def retry_policy(config: PodConfig):
 
 # ---- the policy, driven by the supervisor --------------------------------------------------
 class HubSync:
-    """Interval and final pushes for a running launcher. `tick()` on every poll (never
-    blocks), `finish()` once the workers have stopped (blocks until the last push is done)."""
+    """`tick()` on every poll (never blocks); `finish()` once the workers stopped (blocks)."""
 
     def __init__(self, pod_dir: Path, config: PodConfig, manifest: Manifest,
                  index: CheckpointIndex, events: EventLog, lease: RunLease):
@@ -95,12 +82,8 @@ class HubSync:
         self.retention = config.retention_settings()
         self._last_key: tuple | None = None       # of the last push that landed
         self._tried_key: tuple | None = None      # of the last manifest push started
-        # Whether this pod still writes the run: the checkpoint custodian's, whose node
-        # pushes meet the same lease (launcher/supervise/custodian.py).
-        self.lease = lease
-        # A manifest change (rollback, stage or phase switch) not yet in a landed push: why,
-        # how many changes were asked, and how many the last push started held (a push
-        # taken at change N lands changes up to N only).
+        self.lease = lease           # shared with the custodian's node pushes
+        # A manifest change not yet landed: a push taken at change N lands changes up to N only.
         unpushed = read_sync_state(pod_dir).get("manifest_unpushed") or {}
         self.unpushed_change: str | None = unpushed.get("reason")
         self._changes = 1 if self.unpushed_change else 0
@@ -128,15 +111,12 @@ class HubSync:
         return self.lease.taken_over
 
     def nodes_push(self, on_hub: Callable[[], dict[int, dict]]) -> None:
-        """The checkpoints are on a remote backend's nodes, which push them (`on_hub()`:
-        gpu -> its newest pushed checkpoint-index record). From now on this sync pushes
-        the manifest naming them (and the pod's small files), once per change."""
+        """Nodes push the checkpoints (`on_hub()`: gpu -> newest pushed index record); this
+        sync pushes only the manifest naming them, once per change."""
         self.node_pushes = on_hub
 
     def manifest_changed(self, reason: str) -> None:
-        """What the manifest says changed (a rollback, a stage switch, a phase switch): the
-        hub's copy is pushed at the next tick, whatever the interval, so `launch --from-hub`
-        resumes where the pod is. Recorded in the sync state until a push lands it."""
+        """Push the manifest at the next tick, whatever the interval (recorded until landed)."""
         self.unpushed_change, self._changes = reason, self._changes + 1
         note_manifest_changed(self.pod_dir, reason)
 
@@ -168,18 +148,15 @@ class HubSync:
         return self._last_key[0] if self._last_key else None
 
     def _pushed_key(self, on_hub: dict[int, dict]) -> tuple:
-        """Snapshot.checkpoints_key() of the manifest push that names `on_hub`: checked on
-        every poll without building the snapshot (a manifest change asks for its push)."""
+        """Snapshot.checkpoints_key() of the push naming `on_hub`, without a snapshot."""
         return tuple(sorted((gpu, (self.config.checkpoint_path(gpu), r["sha256"]))
                             for gpu, r in on_hub.items())), False
 
     def finish(self, abandoned: Callable[[], bool] = lambda: False,
                signalled: bool = False) -> None:
-        """The launcher is ending: wait for a push in flight, then push once more. A dead hub
-        can hold this for minutes of retries; when `abandoned()` turns true (a second
-        signal) the push in flight is given up, recorded as failed, and finish returns.
-        `signalled`: a signal stopped the run (only then does the line say another one
-        abandons the push)."""
+        """Wait for a push in flight, then push once more. A dead hub can hold this for
+        minutes: once `abandoned()` (a second signal) the push is given up and recorded as
+        failed. `signalled`: only then does the line say a signal abandons it."""
         if not self._wait(abandoned) or self.taken_over:
             return
         if abandoned():
@@ -314,32 +291,28 @@ class HubSync:
                              retry="none" if reason == "stop" else "at the next interval")
 
     def _landed(self, changes: int) -> None:
-        """The hub holds the manifest as of change number `changes`: a change asked since
-        is still to push."""
+        """The hub holds the manifest as of change number `changes`."""
         if self.unpushed_change is not None and changes == self._changes:
             self.unpushed_change = None
             update_sync_state(self.pod_dir, manifest_unpushed=None)
 
 
 class RunLease:
-    """What this launcher knows of the run's hub lease (launcher/hub/lease.py): None while
-    it may push, the refusal's one line once another pod took the run over. One per
-    launcher, held by its checkpoint custodian; every push refused (the sync's own, a
-    node's) ends up here, recorded once, and every pusher asks it before pushing."""
+    """The run's hub lease as this launcher knows it (launcher/hub/lease.py): `taken_over`
+    None while it may push, else the refusal's line, recorded once. One per launcher."""
 
     def __init__(self, pod_dir: Path, events: EventLog):
         self.pod_dir, self.events = pod_dir, events
         self.taken_over: str | None = None
 
     def refused(self, message: str, reason: str) -> None:
-        """A push (`reason`: which) was refused because another pod holds the lease."""
         if self.taken_over is None:
             self.taken_over = message
             record_taken_over(self.pod_dir, self.events, message, reason)
 
 
 def record_taken_over(pod_dir: Path, events: EventLog, message: str, reason: str) -> None:
-    """Another pod holds the run's lease (launcher/hub/lease.py): said in events and status."""
+    """Another pod holds the run's lease: said in events and status."""
     update_sync_state(pod_dir, in_flight=False, taken_over=message, last_error=message,
                       last_error_at=time.time(), last_result="taken_over")
     events.emit("hub_taken_over", reason=reason, error=message, retry="none: pushes stop")
