@@ -1,11 +1,7 @@
 """The adoption baseline: the user's original checkpoints, kept for good (nothing in
 fractus-pod deletes checkpoints/adopted/). Owner: `adopt` (setup_adopt.py) records it once.
-
-Each adopted GPU's checkpoint is the only copy of the run's weights the user trusts; the
-worker's rotation (`.pt.1`, `.pt.2`, pruned past SAVE_KEEP) and the verdict index's pruning
-of checkpoints/retained/ would both let it go, so it gets a name outside both:
-`checkpoints/adopted/gpu{i}-token{N}-{sha12}.pt` (a hard link: no copy, no extra disk),
-listed in `checkpoints/adopted/adoption.json`.
+Each is hard-linked outside the worker's rotation and retained/'s pruning, which would both
+let it go, and listed in checkpoints/adopted/adoption.json.
 """
 
 from __future__ import annotations
@@ -30,8 +26,7 @@ def read_adoption(pod_dir: Path) -> list[dict]:
 
 
 def record_adoption(pod_dir: Path, gpus: list[tuple[int, str, str, int, str, str]]) -> None:
-    """Keep each (gpu, checkpoint, sha256, start_token, shard, shard_sha256) as a baseline;
-    one already recorded (same GPU and bytes) is left as it is."""
+    """Keep each (gpu, checkpoint, sha256, start_token, shard, shard_sha256) not yet kept."""
     records = read_adoption(pod_dir)
     changed = False
     for gpu, checkpoint, sha256, start_token, shard, shard_sha256 in gpus:

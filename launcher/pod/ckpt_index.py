@@ -1,12 +1,7 @@
 """Checkpoint verdicts (logs/checkpoints.jsonl) and a retained copy of each checkpoint.
 Owner: the checkpoint custodian (launcher/supervise/custodian.py) while a launcher runs;
-the launch's preparation before it.
-
-Each checkpoint event is a record, "pending" until the GPU's checks measured past its step
-("passed") or the GPU failed first ("failed"). Appended lines only; the newest line for a
-(gpu, sha256) wins. Each checkpoint is hard-linked under checkpoints/retained/ when its event
-arrives (the worker's SAVE_KEEP rotation cannot take its bytes); failed links are dropped,
-and the KEEP_PASSED newest passed ones per GPU are kept.
+the launch's preparation before it. Appended lines only; the newest per (gpu, sha256) wins.
+Verdicts and retention: docs/LAUNCHER.md, Checkpoint verdicts.
 """
 
 from __future__ import annotations
@@ -28,8 +23,7 @@ PENDING, PASSED, FAILED = "pending", "passed", "failed"
 
 
 def rotated_names(source: Path) -> list[Path]:
-    """The worker's rotated copies of `source` (name.1, name.2, ... as many as SAVE_KEEP
-    keeps), oldest bytes last: an event read late may find its bytes far down the line."""
+    """The worker's rotated copies of `source` (name.1, name.2, ...), oldest bytes last."""
     rotated = []
     for path in source.parent.glob(f"{glob.escape(source.name)}.*"):
         suffix = path.name[len(source.name) + 1:]
@@ -39,8 +33,7 @@ def rotated_names(source: Path) -> list[Path]:
 
 
 def link_or_copy(source: Path, target: Path) -> None:
-    """`target` becomes another name for `source`'s bytes: a hard link (no copy, and the
-    bytes stay whatever later renames or deletes do to `source`), else a copy; atomic."""
+    """Atomically make `target` a hard link to `source` (bytes pinned), else a copy."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp")
     tmp.unlink(missing_ok=True)
@@ -57,8 +50,7 @@ class CheckpointIndex:
         self.path = pod_dir / INDEX_FILE
         self.records: dict[tuple[int, str], dict] = {}
         self.size = 0           # lines appended by this process: a cheap change counter
-        # logs/ is made only for an index that found none (a fresh directory): one that
-        # goes away under a running launcher is a pod error, never made anew.
+        # logs/ vanishing under a running launcher is a pod error, never made anew.
         self._make_logs = not self.path.parent.is_dir()
         if self.path.is_file():
             for line in self.path.read_text().splitlines():
@@ -120,11 +112,8 @@ class CheckpointIndex:
 
     def newest_passed(self, gpu: int, verify: bool = True) -> dict | None:
         """The newest passed checkpoint whose file still holds the recorded bytes.
-
-        verify=False reads no file and trusts only retained links: their bytes are pinned
-        (nothing writes a retained link in place). The worker's own name is not: a record
-        without a link is one whose event arrived after the worker had saved again past
-        SAVE_KEEP, so that name now holds newer bytes (a push of it would be refused)."""
+        verify=False hashes nothing and trusts only retained links (their bytes are pinned;
+        the worker's own name may hold newer bytes by now)."""
         for record in reversed(self.for_gpu(gpu)):
             if record["verdict"] != PASSED:
                 continue
@@ -143,10 +132,9 @@ class CheckpointIndex:
         return None
 
     def file_sha256(self, gpu: int, path: Path, recorded_sha256: str) -> str:
-        """The sha256 of the bytes at `path`, which a GPU's manifest says are
-        `recorded_sha256`. Cheap in the usual case: the same inode as the retained link of
-        that checkpoint holds those bytes (files are only ever replaced by rename, never
-        written in place); anything else (a pulled or copied file) is hashed."""
+        """The sha256 at `path`: `recorded_sha256` without hashing when it is the same inode
+        as that checkpoint's retained link (files are replaced by rename, never written in
+        place); else hashed."""
         record = self.records.get((gpu, recorded_sha256)) or {}
         retained = self.pod_dir / record["retained"] if record.get("retained") else None
         try:
@@ -157,21 +145,12 @@ class CheckpointIndex:
         return sha256_file(path)
 
     def _retain(self, record: dict, size: int | None, mtime_ns: int | None = None) -> str | None:
-        """Hard-link the checkpoint's file under checkpoints/retained/gpu{i}/ at once.
+        """Hard-link the checkpoint under checkpoints/retained/gpu{i}/ now, before rotation.
 
-        The worker rotates its files every SAVE_EVERY steps; linking when the event
-        arrives keeps these exact bytes whatever rotation does later. The link is checked
-        against the event: by sha256 for small files, by size for large ones (hashing a
-        1B checkpoint every save would cost the launcher seconds of CPU); all of a run's
-        large files have one size, so a large one must also have the `mtime_ns` the worker
-        reported (rename and hard links keep it; a newer save of the same size has its own),
-        except where this filesystem copies instead of linking. A path outside the pod is
-        never linked.
-
-        Rotation may run while we look (name.k -> name.k+1, on a node that reads its
-        worker's lines late): each candidate is pinned first (linked to a temporary
-        name, so the inode cannot change under us) and checked through that pin; a name
-        that vanished meanwhile is skipped, its bytes now sit under the next name."""
+        Checked by sha256 below VERIFY_BELOW_BYTES, else by size and the worker's mtime_ns
+        (hashing a 1B checkpoint every save costs seconds of CPU; a link keeps the mtime, a
+        copy does not). Each candidate is pinned (linked to a temporary name) before it is
+        checked, so a rotation under us cannot swap its inode."""
         try:
             source = resolve_in_pod(record["path"], self.pod_dir)
         except ValueError:          # never link (nor later push) a file outside the pod
@@ -185,9 +164,8 @@ class CheckpointIndex:
                 except FileNotFoundError:
                     continue
                 st = pin.stat()
-                # Cheap first: the size and the mtime the worker reported (a hard link keeps
-                # the mtime; a copy, where links are refused, has its own), so a late
-                # event's search down the rotated names hashes only its own candidate.
+                # Cheap first, so a late event's search down the rotated names hashes only
+                # its own candidate.
                 if (size is not None and st.st_size != size) or (
                         mtime_ns is not None and st.st_nlink >= 2
                         and st.st_mtime_ns != mtime_ns):
@@ -205,15 +183,13 @@ class CheckpointIndex:
                 / f"token{int(next_token):012d}-{sha256[:12]}.pt")
 
     def retain_file(self, gpu: int, next_token: int, sha256: str, source: Path) -> str:
-        """Hard-link `source` (bytes already known to be `sha256`) as the retained copy of
-        that checkpoint; returns its pod-relative path."""
+        """Retain `source` (known to be `sha256`); returns its pod-relative path."""
         target = self._retained_path(gpu, next_token, sha256)
         link_or_copy(source, target)
         return str(target.relative_to(self.pod_dir))
 
     def copies_of(self, gpu: int, sha256: str) -> list[Path]:
-        """Retained files that should hold these bytes (unverified): the record's link and
-        any retained file named after the sha."""
+        """Retained files that should hold these bytes (unverified)."""
         found = []
         record = self.records.get((gpu, sha256))
         if record and record.get("retained"):

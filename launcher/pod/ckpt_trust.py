@@ -1,13 +1,6 @@
 """Whether the checkpoint a manifest entry names may be trusted for its GPU: nothing starts
-from, retains or pushes a file that is not what its entry says.
-
-A launch resumes GPU i from the file its manifest entry names, takes it as the launch
-baseline, hard-links it under retained/ and may push it to the hub. So before anything
-starts, each named file must load as a weights-only Fractus checkpoint and say it is what
-the entry says: written for this GPU, on this shard, by this run (when the file records
-them: v1 files and bare legacy checkpoints do not, and are accepted), at the entry's
-start_token (a full checkpoint records its exact next_token).
-
+from, retains or pushes a file that is not what its entry says (this GPU, shard, run, phase
+and start_token, each where the file records it; v1 and bare legacy files record none).
 Loading is memory-mapped: only the pickled header is read, not the weights.
 """
 
@@ -27,15 +20,14 @@ class CheckpointIdentity:
     shard: str | None
     run_id: str | None
     next_token: int | None     # full (v2) checkpoints only: the exact resume token
-    phase: int | None = None   # the data phase it was trained in (None: not recorded)
+    phase: int | None = None
 
 
 def read_identity(path: Path, model: str | None = None,
                   pod_dir: Path | None = None) -> CheckpointIdentity:
     """Load the file weights-only and read its identity. ValueError (one line) when it is
-    not a loadable Fractus checkpoint, or, given the pod's `model` (its preset or file,
-    relative to `pod_dir`), when its config or its tensors' names and shapes are not that
-    model's (the worker would refuse it after starting)."""
+    not a loadable Fractus checkpoint, or does not fit the pod's `model` (preset or file
+    relative to `pod_dir`)."""
     # torch (~2 s): paid only when a checkpoint is read, not by every importer of this module
     from fractus.train.checkpoint import is_full, load_checkpoint
     ck = load_checkpoint(path)
@@ -56,8 +48,7 @@ def read_identity(path: Path, model: str | None = None,
 
 
 def _check_model_fit(ck: dict, model: str, pod_dir: Path | None) -> None:
-    """The worker builds `model` and loads the file into it: its config must be that model's
-    and its tensors must fit it (compared by shape on the meta device, no weights read)."""
+    """Its config must be `model`'s and its tensors fit it (by shape on the meta device)."""
     from fractus.legacy import state_mismatch      # torch (~2 s), as above
     if model in PRESETS or pod_dir is None or Path(model).is_absolute():
         wanted = load_model_config(model)
@@ -81,9 +72,8 @@ def _check_model_fit(ck: dict, model: str, pod_dir: Path | None) -> None:
 
 
 def _phase_start(manifest: Manifest, gpu: int, found: CheckpointIdentity, shard_of) -> bool:
-    """Whether the entry is a phase switch the launcher recorded (launcher/supervise/
-    phase_switch.py): at token 0 of phase N > 1, its own shard that phase's, resuming from a
-    checkpoint of phase N-1 trained on phase N-1's shard. Nothing else passes for one."""
+    """Whether the entry is a recorded phase switch: token 0 of phase N > 1 on that phase's
+    shard, from a checkpoint of phase N-1 trained on phase N-1's shard."""
     entry = manifest.entries[gpu]
     if entry.at_phase < 2 or entry.start_token != 0:
         return False
@@ -103,9 +93,8 @@ def check_entry(manifest: Manifest, pod_dir: Path, gpu: int, shard_of,
                 model: str | None = None, path: Path | None = None) -> None:
     """Refuse (ManifestError, one line) a named checkpoint that is not GPU `gpu`'s own at
     the entry's start_token (or the end of the phase before, at a phase's token 0).
-    `shard_of(gpu, phase)` is the config's shard path; `model`, the
-    pod's model, which the file's tensors must fit; `path` the file to read when it is not
-    the named one in the pod (a hub copy fetched for a merge)."""
+    `shard_of(gpu, phase)`: the config's shard path; `path`: the file to read if not the
+    named one (a hub copy fetched for a merge)."""
     entry = manifest.entries.get(gpu)
     name = entry.checkpoint if entry else None
     if not name:
@@ -116,10 +105,8 @@ def check_entry(manifest: Manifest, pod_dir: Path, gpu: int, shard_of,
     except ValueError as exc:
         raise ManifestError(f"{where} is not usable ({exc}); restore the file or roll the "
                             f"GPU back") from None
-    # At token 0 another GPU's weights are an initialisation, not a resume (the user's own
-    # practice: a new GPU starts from the merged brain, whose config names GPU 0; adopt
-    # --init-new-from): nothing of this GPU's shard has been trained yet. Token 0 of a later
-    # data phase is a resume of the GPU's own run.
+    # At (phase 1, token 0) another GPU's weights are an initialisation, not a resume (a new
+    # GPU starts from the merged brain, whose config names GPU 0: adopt --init-new-from).
     if found.gpu is not None and found.gpu != gpu and entry.position > (1, 0):
         raise ManifestError(f"{where} was written by GPU {found.gpu}, not GPU {gpu}; point "
                             f"gpu_{gpu} at its own checkpoint")

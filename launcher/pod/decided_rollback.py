@@ -1,13 +1,7 @@
 """A rollback the launcher decided is recorded before it is carried out, so a launcher
-killed meanwhile never loses the failed check.
-
-The decision (which GPUs, from which stage to which, why) is written atomically to
-logs/rollback_decided.json before anything is stopped (launcher/supervise/rollback.py), and
-removed once the manifest records the rollback. A launch that finds the file completes the
-rollback first, as the launcher would have: each failed GPU's unjudged
-checkpoints are marked failed, its entry goes to its newest passed checkpoint at the target
-stage (or, with nothing it wrote ever passed, back to token 0: failed_resume.py), and the
-launch resumes at the target stage.
+killed meanwhile never loses the failed check. Owner: launcher/supervise/rollback.py writes
+logs/rollback_decided.json atomically before anything is stopped and removes it once the
+manifest records the rollback; a launch that finds it completes the rollback first.
 """
 
 from __future__ import annotations
@@ -37,8 +31,8 @@ def clear_decision(pod_dir: Path) -> None:
 
 
 def read_decision(pod_dir: Path) -> dict | None:
-    """The decided rollback left by a launcher that died carrying it out, else None. A file
-    that is not a decision (damaged by hand) is refused: guessing could resume a failed GPU."""
+    """The decided rollback a dead launcher left, else None. A damaged file is refused:
+    guessing could resume a failed GPU."""
     path = pod_dir / DECIDED_ROLLBACK_FILE
     if not path.exists():
         return None
@@ -55,8 +49,8 @@ def read_decision(pod_dir: Path) -> dict | None:
 
 def complete_decision(pod_dir: Path, manifest: Manifest, index: CheckpointIndex,
                       events: EventLog, own_file_of) -> int | None:
-    """Carry out a decided rollback a dead launcher left. Returns its target stage (None:
-    there was none). The caller writes the manifest, then calls clear_decision."""
+    """Carry out a decided rollback a dead launcher left; its target stage, None if none.
+    The caller writes the manifest, then calls clear_decision."""
     decision = read_decision(pod_dir)
     if decision is None:
         return None

@@ -1,8 +1,6 @@
 """The pod's event log (logs/events.jsonl): one JSON object per line, appended whole through
-EventLog (the launcher and the commands that act on the pod), never rewritten.
-
-Everything the launcher decides (start, restart, verdict, rollback, stop) is recorded here,
-so `status` and a person reading the file afterwards see the same story.
+EventLog (the launcher and the commands that act on the pod), never rewritten. Every decision
+the launcher makes is recorded here.
 """
 
 from __future__ import annotations
@@ -17,15 +15,14 @@ from launcher.paths import EVENTS_FILE
 
 
 class Mirrors:
-    """Several mirrors of one EventLog (the TensorBoard run, the alerts), each called with
-    every record in order; `close` closes each."""
+    """Several mirrors of one EventLog (the TensorBoard run, the alerts), called in order."""
 
     def __init__(self, *mirrors):
         self.mirrors = [m for m in mirrors if m is not None]
 
     def __call__(self, record: dict) -> None:
-        # Each mirror sees the record even when one before it fails: a full disk that
-        # fails the TensorBoard write is exactly when the alert of it must still go out.
+        # Each mirror sees the record even when one before it fails: a full disk failing the
+        # TensorBoard write is exactly when the alert must still go out.
         error = None
         for mirror in self.mirrors:
             try:
@@ -41,9 +38,7 @@ class Mirrors:
 
 
 class EventLog:
-    """`mirror`, if given, is called with each record after it is written (the launcher's
-    TensorBoard run, launcher/pod/events_tensorboard.py, and its alerts,
-    launcher/alerts/router.py, together in a Mirrors)."""
+    """`mirror`, if given, is called with each record after it is written (a Mirrors)."""
 
     def __init__(self, pod_dir: Path, mirror=None):
         self.path = pod_dir / EVENTS_FILE
@@ -57,8 +52,7 @@ class EventLog:
         return self.emit_all([(event, fields)])[0]
 
     def emit_all(self, events: list[tuple[str, dict]]) -> list[dict]:
-        """Several events (name, fields) recorded in order with one append and one fsync: a
-        push and what its retention step did cost one durable write, not two."""
+        """Several (name, fields) events recorded in order with one append and one fsync."""
         now = time.time()
         records = [{"ts": now, "event": event, **fields} for event, fields in events]
         data = "".join(json.dumps(record, default=str) + "\n" for record in records)

@@ -1,8 +1,5 @@
 """The launcher's decisions as TensorBoard text entries (logs/tb/launcher), a mirror of
 logs/events.jsonl (which stays the record), fed by EventLog as it writes.
-
-Beside the GPUs' scalar runs (logs/tb/gpu{i}, written by the workers), `tensorboard --logdir
-logs/tb` then shows when a restart, rollback, stage switch, verdict or hub push happened.
 """
 
 from __future__ import annotations
@@ -15,15 +12,12 @@ from launcher.paths import TENSORBOARD_RUN
 
 
 class EventsToTensorBoard:
-    """Called with each event record EventLog writes; the step is the event's second (a
-    launcher-wide clock that never goes back across launches, unlike a counter). Written on
-    the caller's thread (fractus/train/tensorboard.py's EventFile): a full disk raises in
-    the launcher's own write, never on a writer thread of its own."""
+    """The step is the event's second (never goes back across launches, unlike a counter).
+    Written on the caller's thread, so a full disk raises in the launcher's own write."""
 
     def __init__(self, pod_dir: Path):
         self._run_dir = pod_dir / TENSORBOARD_RUN
-        # Opened at the first event: a launch refused before it records anything leaves no
-        # empty event file behind (a refusal leaves the pod as it was).
+        # Opened at the first event: a refused launch leaves no empty event file behind.
         self._file: EventFile | None = None
 
     def __call__(self, record: dict) -> None:
@@ -31,7 +25,6 @@ class EventsToTensorBoard:
         from tensorboard.compat.proto.event_pb2 import Event
         from torch.utils.tensorboard.summary import text as text_summary
         fields = {k: v for k, v in record.items() if k not in ("ts", "event")}
-        # Markdown: the event name in bold, its fields as inline code.
         text = f"**{record['event']}** `{json.dumps(fields, default=str)}`"
         if self._file is None:
             self._file = EventFile(self._run_dir)

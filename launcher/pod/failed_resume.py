@@ -1,13 +1,7 @@
-"""A GPU never resumes from a checkpoint marked failed (logs/checkpoints.jsonl).
-
-A GPU that fails its stage for good stops the pod with its manifest entry naming a failed
-checkpoint. When the pod fails, and again before every launch, such an entry moves to the
-GPU's newest passed checkpoint (the exact bytes, verified by sha256), keeping its stage; a
-`manifest_restored` event says from where to where. A GPU with no passed checkpoint ever
-goes back to token 0 with no checkpoint, and its own checkpoint file (with the worker's
-rotated copies), which both the launch and the worker would resume from, is renamed aside
-(`NAME.failed`), never deleted. One whose passed checkpoints are all gone from disk cannot
-resume: the launch is refused (UserError, one line).
+"""A GPU never resumes from a checkpoint marked failed (logs/checkpoints.jsonl): when the
+pod fails, and before every launch, such an entry moves to the GPU's newest passed checkpoint,
+or back to token 0 with its own files set aside (renamed, never deleted). docs/LAUNCHER.md,
+Checkpoint verdicts.
 """
 
 from __future__ import annotations
@@ -23,8 +17,8 @@ from launcher.pod.manifest import Manifest, apply_rollback, event_position
 
 
 def failed_record(manifest: Manifest, index: CheckpointIndex, gpu: int) -> dict | None:
-    """The index's failed record of the checkpoint `gpu`'s entry names, else None. An entry
-    without a sha256 is hashed only when a failed record matches its path and token."""
+    """The failed record of the checkpoint `gpu`'s entry names, else None (an entry without
+    a sha256 is hashed only when a failed record matches its path and token)."""
     entry = manifest.entries.get(gpu)
     path = entry.checkpoint if entry else None
     if not path:
@@ -42,8 +36,7 @@ def failed_record(manifest: Manifest, index: CheckpointIndex, gpu: int) -> dict 
 
 
 def set_aside(pod_dir: Path, own_file: str) -> list[str]:
-    """Rename a GPU's own checkpoint file and its rotated copies to `NAME.failed` (kept for
-    a person to look at; nothing resumes from that name). Returns the names moved."""
+    """Rename a GPU's own checkpoint file and rotated copies to `NAME.failed`; the names moved."""
     moved = []
     source = pod_dir / own_file
     for path in [source, *rotated_names(source)]:
@@ -55,8 +48,8 @@ def set_aside(pod_dir: Path, own_file: str) -> list[str]:
 
 def start_over(pod_dir: Path, manifest: Manifest, gpu: int, own_file: str,
                stage: int | None = None) -> list[str]:
-    """Send `gpu`, none of whose checkpoints passed, back to where it began: token 0 with no
-    checkpoint (at `stage` when given), its own files set aside. Returns the names moved."""
+    """Send `gpu` back to token 0 with no checkpoint (at `stage` if given), its own files set
+    aside; the names moved."""
     moved = set_aside(pod_dir, own_file)
     entry = manifest.entries.get(gpu)
     if entry is not None:
@@ -67,10 +60,8 @@ def start_over(pod_dir: Path, manifest: Manifest, gpu: int, own_file: str,
 
 
 def starts_over(manifest: Manifest, index: CheckpointIndex, gpu: int) -> bool:
-    """Whether `gpu` starts over (start_over, or restore_passed's start-over at launch): its
-    entry at token 0 naming no checkpoint, and every checkpoint it wrote marked failed. Its
-    own files then hold only failed work: a worker must not resume from them, wherever they
-    are (a Ray node sets its own aside as it starts the worker: ray/node_checkpoints.py)."""
+    """Whether `gpu` starts over: at token 0 naming no checkpoint, everything it wrote failed.
+    A worker must then not resume from its own files, wherever they are."""
     entry = manifest.entries.get(gpu)
     records = index.for_gpu(gpu)
     return (entry is not None and not entry.checkpoint and entry.start_token == 0
@@ -79,11 +70,10 @@ def starts_over(manifest: Manifest, index: CheckpointIndex, gpu: int) -> bool:
 
 def restore_passed(manifest: Manifest, index: CheckpointIndex, events: EventLog,
                    gpus, refuse: bool, own_file_of) -> bool:
-    """Move every entry of `gpus` that names a failed checkpoint to where it may resume.
-    True when the manifest changed (the caller writes it). A GPU with nothing to resume
-    from raises UserError when `refuse` (at launch), else keeps its entry (the next launch
-    refuses it) and records a `manifest_unrestorable` event. `own_file_of(gpu)`: the GPU's
-    own checkpoint file (the pod config's), set aside when the GPU starts over."""
+    """Move every entry of `gpus` naming a failed checkpoint to where it may resume; True when
+    the manifest changed (the caller writes it). A GPU with nothing to resume from raises
+    UserError when `refuse`, else records `manifest_unrestorable`. `own_file_of(gpu)`: its
+    own checkpoint file, set aside when it starts over."""
     changed = False
     for gpu in gpus:
         failed = failed_record(manifest, index, gpu)

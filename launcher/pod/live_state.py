@@ -1,8 +1,7 @@
 """Files the running launcher shares with the other commands, each with one writer:
 logs/pod_state.json (the running launcher's, read by `status`), logs/rollback_request.json
-(`fractus-pod rollback`'s, for the launcher whose launcher_id it names: any other discards it
-as stale) and logs/stop_request.json (`fractus-pod stop`'s when no launcher holds the pod yet:
-one still starting stops at once).
+(`rollback`'s, for the launcher whose launcher_id it names) and logs/stop_request.json
+(`stop`'s when no launcher holds the pod yet).
 """
 
 from __future__ import annotations
@@ -35,8 +34,7 @@ class GpuSnapshot:
 
 @dataclass(frozen=True)
 class PodSnapshot:
-    """The running pod as `status` shows it, taken by the supervisor
-    (launcher/supervise/pod_view.py): this module knows the file, not the supervisor."""
+    """The running pod as `status` shows it (taken by launcher/supervise/pod_view.py)."""
     pod_state: str
     stage: int
     stage_name: str
@@ -58,9 +56,8 @@ def pod_state_dict(snapshot: PodSnapshot) -> dict:
 
 
 def _fields(gpu: GpuSnapshot) -> dict:
-    """Its fields as they are: the snapshot is taken fresh for each write and holds plain
-    values, so no deep copy (dataclasses.asdict's took 0.2 s of a 90 s profile on Ray with
-    16 GPUs; docs/BENCHMARKS.md)."""
+    """Shallow: the snapshot is fresh and plain (asdict's deep copy took 0.2 s of a 90 s
+    profile on Ray with 16 GPUs; docs/BENCHMARKS.md)."""
     return {f.name: getattr(gpu, f.name) for f in fields(gpu)}
 
 
@@ -101,9 +98,7 @@ def write_stop_request(pod_dir: Path) -> None:
 
 
 def take_stop_request(pod_dir: Path, since: float) -> bool:
-    """Whether `fractus-pod stop` asked for a stop at or after `since` (this launcher's
-    process start) before it could find the launcher; the file is consumed either way (an
-    older one was for no launcher that still runs)."""
+    """Whether `stop` asked at or after `since` (this process's start); consumed either way."""
     path = pod_dir / STOP_REQUEST_FILE
     request = read_json_state(path)
     path.unlink(missing_ok=True)

@@ -1,7 +1,6 @@
 """One launcher per pod: an exclusive flock on logs/launcher.lock, held for the launcher's life.
-
-The kernel releases the lock when the holder dies (even by SIGKILL), so a stale lock file
-never blocks a new launch; the file's content (pid, start time) is for messages only.
+The kernel releases it when the holder dies (even by SIGKILL); the file's content is for
+messages only.
 """
 
 from __future__ import annotations
@@ -64,9 +63,7 @@ class PodLock:
                                         "launcher_id": self.launcher_id}).encode(), 0)
 
     def release(self, restore: bool = False) -> None:
-        """Unlock. `restore`: a refused launch leaves the pod byte for byte as it was, so
-        the lock file gets back what it held (or goes, with a logs/ made for it) first,
-        while still locked."""
+        """Unlock; `restore` (a refused launch) first puts the lock file back as it was."""
         if self._fd is not None and restore:
             if self._before is None:
                 self.path.unlink(missing_ok=True)
@@ -99,8 +96,7 @@ def _same_file(fd: int, path: Path) -> bool:
 
 
 def read_holder(pod_dir: Path) -> dict | None:
-    """The live launcher's {"pid", "since", "launcher_id"}, or None when no launcher holds
-    the pod."""
+    """The live launcher's {"pid", "since", "launcher_id"}; None when none holds the pod."""
     path = pod_dir / LOCK_FILE
     if not path.is_file():
         return None

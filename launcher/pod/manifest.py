@@ -1,18 +1,10 @@
 """The resume manifest (checkpoints/RESUME_MANIFEST_8GPU.json): read, validate, update, write.
 
-Always: written atomically, only from the workers' checkpoint events (and recorded
-rollbacks, restores); a GPU's start_token never moves backwards except through a recorded
-rollback.
-
-Two layouts are read:
-    current  {"gpu_0": {"start_token": ..., ...}, "gpu_1": {...}, ...}
-    older    {"gpus": {"0": {"start_token", "tokens_processed", "last_loss", ...}}}
-and each is written back in the layout it was read in, keeping every field we do not know
-where it was, so the user's own readers keep working at every write: the tracker's
-one-liner `json.load(open(p))['gpu_3']['start_token']`, or `m['gpus']['3']['start_token']`.
-A foreign field that means the same as start_token (`tokens_processed`) is kept equal to it.
-Each entry is a ManifestEntry (launcher/pod/manifest_entry.py), typed when read; the pod's
-recorded stage is derived here only (Manifest.recorded_stage, current_stage).
+Always: written atomically, only from the workers' checkpoint events, recorded rollbacks
+and restores; a GPU's start_token never moves backwards except through a recorded rollback.
+Both layouts (current {"gpu_0": {...}}, older {"gpus": {"0": {...}}}) are written back as
+read, unknown fields in place, so the user's own readers keep working (docs/LAUNCHER.md,
+The manifest). The pod's recorded stage is derived here only.
 """
 
 from __future__ import annotations
@@ -29,8 +21,7 @@ from launcher.pod.manifest_entry import ENTRY_FIELDS, EntryError, ManifestEntry 
 
 _CURRENT_KEY = re.compile(r"gpu_([0-9]+)", re.ASCII)
 _ASCII_INDEX = re.compile(r"[0-9]+", re.ASCII)
-# A manifest is a few small objects per GPU; deeper nesting is a mistake, and a very deep one
-# overflowed the stack (RecursionError) in the parser or in a later copy of the entry.
+# Deeper nesting is a mistake, and a very deep one overflows the stack (RecursionError).
 MAX_DEPTH = 32
 # Top-level field naming this run; every checkpoint a worker of the run writes records it.
 RUN_ID_KEY = "run_id"
@@ -79,8 +70,7 @@ class Manifest:
         return sorted({e.at_phase for e in self.entries.values()})
 
     def recorded_stage(self, gpus=None) -> int | None:
-        """The pod's stage as the manifest records it: the lowest of the GPUs' (of `gpus` if
-        given), so no GPU runs above a stage it reached. None: nothing recorded (a new pod)."""
+        """The lowest stage the GPUs record, so no GPU runs above a stage it reached; None: none."""
         stages = self.recorded_stages(gpus)
         return stages[0] if stages else None
 
@@ -92,8 +82,7 @@ class Manifest:
     # ---- the other named updates ---------------------------------------------------------
     def note_hub_revision(self, gpu: int, revision: str, sha256: str,
                           checkpoint: str | None = None) -> bool:
-        """Record `revision` as the hub home of GPU `gpu`'s checkpoint when the entry still
-        names exactly those bytes (and that path, if given). True when recorded."""
+        """Record `revision` if the entry still names exactly these bytes (and path); True if so."""
         entry = self.entries.get(gpu)
         if entry is None or entry.checkpoint_sha256 != sha256 or \
                 (checkpoint is not None and entry.checkpoint != checkpoint):
@@ -102,8 +91,7 @@ class Manifest:
         return True
 
     def reset_entry(self, gpu: int, entry: ManifestEntry | None) -> None:
-        """Put back an entry as it was (e.g. at launch); None: the GPU has none (a fresh
-        start)."""
+        """Put back an entry as it was; None: the GPU has none (a fresh start)."""
         if entry is None:
             self.entries.pop(gpu, None)
         else:
@@ -133,8 +121,7 @@ def _no_duplicate_keys(pairs):
 
 
 def _numeric_not_ascii(key: str) -> bool:
-    """A key that looks like a GPU's but whose index is other digits ("gpu_١", "gpu_²"): it
-    was read as GPU 1 once and written back renamed; refused, not kept as a foreign field."""
+    """A GPU key with non-ASCII digits ("gpu_١"): refused, not kept as a foreign field."""
     index = key[len("gpu_"):] if key.startswith("gpu_") else ""
     return bool(index) and all(ch.isnumeric() for ch in index)
 
@@ -234,8 +221,8 @@ def read_manifest(path: str | Path) -> Manifest:
 
 
 def name_default_checkpoints(manifest: Manifest, pod_dir: Path, checkpoint_path_of) -> None:
-    """An entry with progress but no `checkpoint` field (the reference tracker writes only
-    start_token) resumes from the GPU's own file, v1's default, when it is there."""
+    """Entries naming no checkpoint (the reference tracker writes only start_token) resume
+    from the GPU's own file when it is there."""
     for gpu, entry in manifest.entries.items():
         if not entry.checkpoint and (pod_dir / checkpoint_path_of(gpu)).is_file():
             entry.name_checkpoint(checkpoint_path_of(gpu))
@@ -244,10 +231,8 @@ def name_default_checkpoints(manifest: Manifest, pod_dir: Path, checkpoint_path_
 def validate_for_launch(manifest: Manifest, pod_dir: Path, gpus: list[int],
                         shard_path_of, shard_length_of, on_hub=frozenset(),
                         shards_elsewhere=frozenset()) -> None:
-    """Everything `launch` needs before it starts anything. Raises ManifestError. `on_hub`:
-    GPUs whose checkpoint is on the hub, for their Ray node to fetch (not on this disk);
-    `shards_elsewhere`: GPUs whose Ray node fetches their shard (verified against the data
-    store's record there), so this disk's copy, if any, is not the one trained on."""
+    """Everything `launch` needs before it starts anything; raises ManifestError. `on_hub`,
+    `shards_elsewhere`: GPUs whose Ray node fetches its checkpoint, its shard (not on this disk)."""
     where = f"manifest {manifest.path}"
     for gpu in gpus:
         entry = manifest.entries.get(gpu)
@@ -284,8 +269,7 @@ def validate_for_launch(manifest: Manifest, pod_dir: Path, gpus: list[int],
 
 
 def phase_shard(manifest: Manifest, gpu: int, shard_path_of) -> str:
-    """The config's shard (`shard_path_of(gpu, phase)`) for the data phase GPU `gpu`'s entry
-    is in; ManifestError when the config lists fewer phases than the entry has reached."""
+    """The config's shard for the data phase the GPU's entry is in; ManifestError if unlisted."""
     entry = manifest.entries.get(gpu)
     phase = entry.at_phase if entry else 1
     try:
@@ -317,9 +301,8 @@ def write_manifest(manifest: Manifest) -> None:
 
 
 def resolve_in_pod(name: str | Path, pod_dir: Path) -> Path:
-    """Where a manifest path really points (symlinks followed), which must be inside the
-    pod: a checkpoint outside it would be hard-linked under retained/ and pushed to the hub.
-    An absolute path is allowed when it resolves inside the pod. Raises ValueError."""
+    """Where a manifest path really points (symlinks followed); ValueError outside the pod
+    (a checkpoint there would be hard-linked under retained/ and pushed to the hub)."""
     root = pod_dir.resolve()
     target = (pod_dir / name).resolve()
     if target != root and root not in target.parents:
@@ -339,11 +322,8 @@ def relative_to_pod(path: str | Path, pod_dir: Path) -> str:
 
 def apply_checkpoint(manifest: Manifest, gpu: int, event: dict, stage: int, pod_dir: Path,
                      shard: str) -> bool:
-    """Advance a GPU's entry from a worker's checkpoint event. False if it was stale.
-    `shard`: the shard of the event's data phase.
-
-    An event whose (phase, next_token) is behind the entry is refused (BackwardsError) unless it
-    repeats what is already recorded: only a rollback may move a GPU backwards."""
+    """Advance a GPU's entry from a worker's checkpoint event; False if it repeats the entry.
+    BackwardsError if behind it. `shard`: the shard of the event's data phase."""
     entry = manifest.entries.get(gpu)
     next_token = int(event["next_token"])
     phase = event_phase(event)
@@ -368,16 +348,14 @@ def event_position(event: dict) -> tuple[int, int]:
 
 
 def event_phase(event: dict) -> int:
-    """The data phase a worker's checkpoint event (or index record) was written in: 1 when
-    it records none (a worker before phases, a one-phase pod)."""
+    """The data phase of a checkpoint event or index record; 1 when it records none."""
     phase = event.get("phase")
     return phase if isinstance(phase, int) and not isinstance(phase, bool) and phase >= 1 else 1
 
 
 def apply_rollback(manifest: Manifest, gpu: int, target: dict, stage: int) -> ManifestEntry:
-    """Set a GPU back to a passed checkpoint `target` (a checkpoint-index record).
-
-    Returns the entry it replaced; the caller records the rollback in events first."""
+    """Set a GPU back to checkpoint-index record `target`; returns the entry it replaced
+    (the caller records the rollback in events first)."""
     entry = manifest.entries.setdefault(gpu, ManifestEntry())
     before = entry.copy()
     entry.roll_back(target, stage)

@@ -1,10 +1,7 @@
 """One GPU's entry of the resume manifest, typed: checked once when read, changed only through
-the named operations below, written back with the user's own fields as they were.
-
-The fields this launcher maintains are attributes; every other field of the user's entry
-(`tokens_processed`, `last_loss`, ...) is kept verbatim in `foreign`. `recorded` lists the keys
-the entry holds in their order (as read, then as added), so an older-layout entry is written
-in the user's own order and a field read or recorded as null stays null.
+the named operations below. The user's own fields stay verbatim in `foreign`; `recorded` keeps
+the keys in order (as read, then added), so an older-layout entry keeps the user's order and a
+null stays null.
 """
 
 from __future__ import annotations
@@ -93,9 +90,7 @@ class ManifestEntry:
                    recorded=list(raw))
 
     def to_json(self, layout: str) -> dict:
-        """As written: ours first in the current layout; the user's own order in the older
-        one (fields added since after theirs). A field is written when it holds a value or
-        was recorded as null."""
+        """As written: ours first in the current layout, the user's order in the older one."""
         ours = [n for n in ENTRY_FIELDS if n in self]
         if layout == "older":
             order = [k for k in self.recorded if k in self]
@@ -143,14 +138,12 @@ class ManifestEntry:
 
     @property
     def position(self) -> tuple[int, int]:
-        """(phase, start_token): progress compares in this order, never by token alone
-        (token 0 of phase 2 is after every token of phase 1)."""
+        """(phase, start_token): progress compares in this order, never by token alone."""
         return self.at_phase, self.start_token
 
     @property
     def at_phase_start(self) -> bool:
-        """Whether it resumes at token 0 of phase N > 1 (a phase switch): the checkpoint it
-        names, if any, ended phase N-1, so its ema_tf and lb are of other data."""
+        """At token 0 of phase N > 1: its checkpoint ended phase N-1 (ema_tf, lb of other data)."""
         return self.at_phase > 1 and self.start_token == 0
 
     # ---- the operations that change an entry ---------------------------------------------
@@ -166,16 +159,15 @@ class ManifestEntry:
         self._note_phase(phase)
 
     def switch_phase(self, phase: int, shard: str) -> None:
-        """To token 0 of data phase `phase`'s `shard`, resuming from the checkpoint it names
-        (the end of the phase before): weights, optimizer and carry continue."""
+        """To token 0 of `phase`'s `shard`, from the checkpoint it names (weights, optimizer
+        and carry continue)."""
         for name, value in (("start_token", 0), ("shard", shard), ("phase", phase),
                             ("updated_at", time.time())):
             self[name] = value
 
     def roll_back(self, target: dict, stage: int) -> None:
-        """To a passed checkpoint `target` (a checkpoint-index record); its shard is kept,
-        unless the target is of another data phase: then the entry names none, and the
-        config's shard of that phase applies."""
+        """To checkpoint-index record `target`; the shard is dropped if `target` is of another
+        data phase (the config's shard of that phase applies)."""
         self._forget_hub_revision_unless(target["sha256"])
         for name, value in (("start_token", int(target["next_token"])),
                             ("checkpoint", target["path"]),
@@ -207,23 +199,18 @@ class ManifestEntry:
         self["stage"] = stage
 
     def name_checkpoint(self, name: str) -> None:
-        """The file it resumes from, its recorded sha256 unchanged: the GPU's own file for an
-        entry naming none, or the recorded bytes found under another name."""
+        """The file it resumes from; its recorded sha256 is unchanged."""
         self["checkpoint"] = name
 
     def as_pushed(self, record: dict, hub_path: str, shard: str) -> ManifestEntry:
-        """The entry the hub gets with a pushed passed checkpoint `record` at `hub_path` (its
-        own shard, else `shard`, the shard of the record's data phase): no hub_revision (a
-        pushed manifest cannot know its own commit). The stage is the entry's (the stage the
-        pod resumes at: a rollback or a stage switch sets it), the checkpoint's only for an
-        entry recording none: a checkpoint trained at stage 3 and rolled back to stage 2
-        resumes at 2. When the entry is a phase switch from that very checkpoint, the switch
-        is what is pushed."""
+        """The entry the hub gets with passed checkpoint `record` pushed at `hub_path` (`shard`:
+        that of the record's phase). No hub_revision (a manifest cannot know its own commit);
+        the stage is the entry's (a rollback may have lowered it), the record's only if none;
+        a phase switch from this very checkpoint is pushed as the switch."""
         pushed = self.copy()
         pushed._forget("hub_revision")
         if record["sha256"] == self.checkpoint_sha256 and self.at_phase > 1 and \
                 self.start_token == 0:
-            # A phase switch from this checkpoint: the hub resumes at the new phase's token 0.
             position = {"start_token": 0, "shard": self.shard or shard, "phase": self.phase}
         else:
             phase = int(record.get("phase") or 1)
@@ -244,8 +231,6 @@ class ManifestEntry:
         return pushed
 
     def _forget_hub_revision_unless(self, new_sha256: str | None) -> None:
-        """`hub_revision` names the hub commit holding the entry's checkpoint bytes: once the
-        entry names other bytes it would restore the wrong file, so it goes until the next
-        sync pushes the new checkpoint (launcher/hub/sync.py records it again)."""
+        """Drop hub_revision once the entry names other bytes (it would restore the wrong file)."""
         if self.checkpoint_sha256 != new_sha256:
             self._forget("hub_revision")

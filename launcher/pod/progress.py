@@ -1,12 +1,9 @@
-"""Progress of the long operations (launch hashing, merge, hub push/pull, --from-hub, final
-probes, canary): one helper, so each site is one `with progress(...)` and a few updates.
+"""Progress of the long operations (hashing, merge, hub push/pull, probes, canary).
 
-On a terminal: a rich progress bar on stderr. Elsewhere (a log file, a pipe, CI): plain
-lines on stdout (with the command's other messages; stderr keeps its one-line errors), the
-first once the operation has run PLAIN_FIRST_S, then at most every
-PLAIN_EVERY_S, and a closing line if any was printed, so a quick operation prints nothing
-and a slow one is never silent. Created off the main thread (the launcher's background hub
-sync), it shows nothing: those operations report through events and `status`.
+On a terminal: a rich bar on stderr. Elsewhere: plain lines on stdout (stderr keeps its
+one-line errors), the first after PLAIN_FIRST_S, then at most every PLAIN_EVERY_S, so a quick
+operation prints nothing and a slow one is never silent. Off the main thread (the background
+hub sync) it shows nothing: those report through events and `status`.
 """
 
 from __future__ import annotations
@@ -28,8 +25,7 @@ def _amount(value: float, unit: str) -> str:
 
 
 class Task:
-    """What a site updates: completed/total in `unit` ("bytes" prints as MB/GB), and a
-    description naming the current piece (which file, which stage and step)."""
+    """What a site updates: completed/total in `unit` ("bytes" prints as MB/GB), description."""
 
     def __init__(self, description: str, total: float | None, unit: str):
         self.description, self.total, self.unit = description, total, unit
@@ -66,8 +62,7 @@ class Task:
 
 
 class _PlainTask(Task):
-    """Lines on stdout; a ticker thread keeps them coming while a site waits on one long
-    step it cannot measure (a model load, an upload)."""
+    """Lines on stdout; a ticker keeps them coming through a step it cannot measure."""
 
     def __init__(self, description: str, total: float | None, unit: str):
         super().__init__(description, total, unit)

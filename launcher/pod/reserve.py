@@ -1,10 +1,5 @@
-"""A little disk space the launcher keeps for its last words. Owner: the run's ending
-(launcher/supervise/ending.py).
-
-At 0 bytes free even the few lines that record why the pod stopped (a `pod_failed` event,
-logs/pod_state.json for `status`, the sync state) fail. So the launcher holds
-logs/.launcher_reserve (1 MiB of real blocks, written at launch) and deletes it when it
-meets a full disk, just before writing them.
+"""A little disk space the launcher keeps for its last words (why the pod stopped), freed
+when it meets a full disk. Owner: the run's ending (launcher/supervise/ending.py).
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
 """`fractus-pod adopt`: take over a run directory made by the reference trainer, unchanged:
 every problem is reported at once (one line each, exit 2) before anything is written, and
-running it again changes nothing.
-
-It reads what the run already has (docs/ADOPT.md):
-- the resume manifests, in every layout the run has used (`launcher/paths.py`'s
-  `V1_MANIFESTS`): the tracker's `checkpoints/RESUME_MANIFEST_8GPU.json`
-  (`{"gpu_i": {"start_token"}}`) and the older root `RESUME_MANIFEST*.json`
-  (`{"gpus": {"0": {...}}}`);
-- for each GPU its checkpoint (the manifest's `checkpoint`, else v1's
-  `checkpoints/fractus_1b_gpu{i}.pt`), its shard (the manifest's `shard`, else v1's
-  `data/shard_gpu{i}.pt`, then `.npy`) and its start token;
-- the model config from the checkpoints (a v1 config has no `vocab_size`: 50257 is implied).
-
-Then every file is hashed in parallel, `fractus-pod.yaml` is written naming exactly these
-files, GPUs known only to another manifest (or started by `--init-new-from`) get an entry in
-the pod's manifest (in its own layout), and the original checkpoints are recorded as the
-adoption baseline (launcher/pod/adoption_baseline.py: kept for good).
+running it again changes nothing. What it reads, checks and writes: docs/ADOPT.md.
 """
 
 from __future__ import annotations
@@ -41,7 +26,6 @@ from launcher.pod.shards import shard_length
 from fractus.config import PRESETS, EngineConfig, load_model_config
 from launcher.pod.setup_init import config_text
 
-# Written when the checkpoints' config is no preset: the constructor keywords, for MODEL.
 V1_MODEL = "1b"       # v1 always built its TARGET config: a bare state_dict gets this
 
 
@@ -162,10 +146,8 @@ def _gpu_plan(pod_dir: Path, gpu: int, manifests: list[Manifest], init_new_from:
 
 
 def _checkpoint_config(path: Path, model: str | None):
-    """(the engine config a checkpoint records (v1: no vocab_size, 50257 implied; a bare
-    state_dict records none: `model`, default v1's), the line naming what loading it fills
-    from the model's construction or None). Tensors that do not fit are the launch's to
-    refuse (launcher/pod/ckpt_trust.py), after the configs are compared here."""
+    """(the engine config a checkpoint records (a bare state_dict: `model`, default v1's),
+    what loading it fills from the model's construction or None)."""
     # torch (~2 s): only when adopting
     from fractus.legacy import state_fit
     from fractus.train.checkpoint import load_checkpoint
@@ -210,8 +192,7 @@ def _differences(a, b) -> str:
 
 
 def _model_name(config, model: str | None) -> str | None:
-    """MODEL for the workers: --model, else the preset equal to the config, else None (the
-    caller writes ADOPTED_MODEL_FILE)."""
+    """MODEL for the workers: --model, else the preset equal to the config, else None."""
     if model:
         return model
     return next((name for name, preset in PRESETS.items() if preset == config), None)
@@ -254,8 +235,7 @@ def plan_adoption(pod_dir: Path, devices: str | None = None, model: str | None =
 
 
 def _hash_all(pod_dir: Path, gpus: list[AdoptedGpu]) -> None:
-    """sha256 of every checkpoint and shard, all at once (hashlib releases the GIL: the
-    files are read and hashed in parallel, as `sha256sum` processes would)."""
+    """sha256 of every checkpoint and shard, in parallel threads (hashlib releases the GIL)."""
     files = sorted({p for g in gpus for p in (g.checkpoint, g.shard)})
     total = sum((pod_dir / rel).stat().st_size for rel in files)
     with progress(f"hashing {len(files)} file(s)", total, "bytes") as task, \
@@ -267,8 +247,7 @@ def _hash_all(pod_dir: Path, gpus: list[AdoptedGpu]) -> None:
 
 
 def _pod_config(pod_dir: Path, adoption: Adoption) -> PodConfig:
-    """The existing fractus-pod.yaml (its other settings kept), else the defaults, naming the
-    adopted files."""
+    """The existing fractus-pod.yaml, else the defaults, naming the adopted files."""
     base = load_pod_config(pod_dir) if (pod_dir / CONFIG_NAME).is_file() else PodConfig()
     return dataclasses.replace(
         base, model=adoption.model, devices=adoption.devices, shards=adoption.shards,
@@ -293,8 +272,7 @@ def _write_support_files(pod_dir: Path, config: PodConfig, adoption: Adoption) -
 
 
 def _complete_manifest(adoption: Adoption) -> bool:
-    """GPUs the pod's manifest does not list yet (known to another manifest, or started by
-    --init-new-from) get an entry there, in its own layout. True if it changed."""
+    """Add the GPUs the pod's manifest does not list yet; True if it changed."""
     manifest, changed = adoption.manifest, False
     for g in adoption.gpus:
         if g.gpu in manifest.entries:

@@ -1,7 +1,6 @@
 """A new pod on disk, all or nothing: `init`'s files (fractus-pod.yaml from a preset, the
-shipped stage and criteria files copied into the pod's manifests/), the preset's synthetic
-demo shards, and what is missing before a launch. The config's schema and parsing live in
-launcher/config/podconfig.py."""
+shipped stage and criteria files), the preset's demo shards, and what is missing before a
+launch."""
 
 from __future__ import annotations
 
@@ -22,11 +21,8 @@ from launcher.files import atomic_write_text
 from launcher.paths import CONFIG_NAME, INIT_STAGING_PREFIX
 
 # Values `init` sets in its copy of the criteria file, per preset: (section, key) -> value.
-# The tiny demo model's free-run CE (the probe's AR) sits in the hundreds of nats and moves
-# by a quarter between checkpoints: the 1B run's band of 0.25 nats would fail it at random.
-# Its ema_tf, on synthetic shards, wanders by about 0.15 nats around a plateau after a few
-# thousand steps: the 1B run's trend tolerance of 0.15 would roll the README demo back on
-# noise.
+# The tiny demo's free-run CE moves by a quarter between checkpoints and its ema_tf wanders
+# ~0.15 nats on a plateau: the 1B run's band (0.25) and tolerance (0.15) would fail it on noise.
 CRITERIA_EDITS: dict[str, dict[tuple[str, str], object]] = {
     "tiny-cpu": {("probe", "relativeBand"): 1.0, ("checks", "tolerance"): 0.5},
 }
@@ -83,15 +79,9 @@ def init_pod(pod_dir: Path, preset: str, force: bool = False) -> tuple[list[Path
 
 def create_pod(pod_dir: Path, preset: str, force: bool = False,
                demo_shards: bool = False) -> NewPod:
-    """Write fractus-pod.yaml, copy the shipped stage/criteria files and, with `demo_shards`,
-    write the preset's synthetic shards. A stage or criteria file already in the pod is the
-    user's (the docs tell them to edit it), so it is kept, even with `force`, which only
-    overwrites the pod config.
-
-    All or nothing: everything is written into a staging folder on the pod's own file system
-    and checked there (the config loads, the stage file parses) before it is moved into
-    place, so a refusal or a failure (a shipped file missing, a name the file system refuses,
-    a full disk) leaves the disk as it was."""
+    """Write fractus-pod.yaml, copy the shipped stage/criteria files (one already in the pod
+    is the user's: kept even with `force`) and, with `demo_shards`, the synthetic shards.
+    All or nothing: staged and checked on the pod's own file system, then moved into place."""
     if preset not in PRESETS:
         raise UserError(f"unknown preset {preset!r}: expected one of {sorted(PRESETS)}")
     if pod_dir.exists() and not pod_dir.is_dir():
@@ -148,8 +138,7 @@ def create_pod(pod_dir: Path, preset: str, force: bool = False,
 
 
 def _refuse_clashes(staged: Path, target: Path) -> None:
-    """UserError if a staged folder would land on a file of the pod, or a file on a folder:
-    checked for the whole tree before anything moves."""
+    """UserError if a staged folder would land on a file of the pod, or a file on a folder."""
     for entry in staged.iterdir():
         dest = target / entry.name
         if entry.is_dir() and dest.is_dir():
@@ -161,8 +150,7 @@ def _refuse_clashes(staged: Path, target: Path) -> None:
 
 
 def _move_into(staged: Path, target: Path) -> None:
-    """Every entry of `staged` renamed into `target`: a folder both have is merged into, a
-    file replaces the pod's (fractus-pod.yaml under --force, a demo shard)."""
+    """Rename every entry of `staged` into `target`, merging folders, replacing files."""
     for entry in staged.iterdir():
         dest = target / entry.name
         if entry.is_dir() and dest.is_dir():
@@ -173,9 +161,7 @@ def _move_into(staged: Path, target: Path) -> None:
 
 
 def missing_shards_fix(pod_dir: Path, missing: list[str]) -> str:
-    """What is missing and how to fix it: said by `init` as the next step, by `launch` as
-    its refusal."""
-    # Up to a production pod's eight named, then a count: one line stays readable.
+    """What is missing and how to fix it, in one line (up to eight named, then a count)."""
     shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8
                                       else "")
     return (f"{len(missing)} token shard(s) missing: {shown}; put them there, or "
@@ -184,8 +170,7 @@ def missing_shards_fix(pod_dir: Path, missing: list[str]) -> str:
 
 
 def missing_shards(pod_dir: Path, config: PodConfig) -> list[str]:
-    """The shard paths of the config's devices, every phase's, that are not files yet
-    (relative to the pod)."""
+    """The config's shard paths (every device, every phase) that are not files yet."""
     try:
         slots = parse_devices(config.devices)
     except UserError:
@@ -195,8 +180,8 @@ def missing_shards(pod_dir: Path, config: PodConfig) -> list[str]:
 
 
 def write_demo_shards(pod_dir: Path, config: PodConfig) -> list[Path]:
-    """The preset's synthetic shards (`demo_data`): the same seed always gives the same tokens,
-    so a pod rebuilt from the hub regenerates exactly the data it trained on."""
+    """The preset's synthetic shards: the same seed gives the same tokens, so a pod rebuilt
+    from the hub regenerates exactly the data it trained on."""
     from fractus.data import synth      # torch (~2 s): only when demo shards are written
     d = config.demo_data or {}
     n = len(parse_devices(config.devices))

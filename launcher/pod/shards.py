@@ -1,6 +1,5 @@
 """A token shard as the worker reads it: its length, or why what is there is no shard file.
-Used before anything starts (launch's checks, adopt) and by `status`, which never imports
-torch: a shard's length comes from its header (a .npy header, a .pt file's tensor record)."""
+The length comes from the header, without torch (`status` reads it on every refresh)."""
 
 from __future__ import annotations
 
@@ -15,16 +14,14 @@ from pathlib import Path
 
 from launcher.pod.manifest import ManifestError
 
-# The storages of a .pt shard's integer tensor (a float one is refused by the worker).
 NPY_HEADER_MAX = 10_000     # numpy.lib.format's default max_header_size
+# The storages of a .pt shard's integer tensor (a float one is refused by the worker).
 _INT_STORAGES = {"ByteStorage", "CharStorage", "ShortStorage", "IntStorage", "LongStorage"}
 
 
 def shard_length(path: Path) -> int:
-    """Tokens in a shard, read the way the worker reads it (fractus.data.TokenShard: .npy
-    headers and .pt files memory-mapped, never loaded whole): a shard the worker would
-    refuse (2-D, float, empty file) is refused here, before anything starts. A well-formed
-    shard is read from its header alone; anything else goes to the worker's own reader."""
+    """Tokens in a shard; one the worker would refuse (2-D, float, empty) is refused here.
+    Read from the header when well-formed, else by the worker's own reader."""
     problem = shard_kind_problem(Path(path))
     if problem is not None:
         raise ManifestError(problem)
@@ -40,10 +37,8 @@ def shard_length(path: Path) -> int:
 
 
 def header_length(path: Path) -> int | None:
-    """The length of a well-formed shard from its header, without torch (`status` reads it
-    on every refresh); None when the file is missing, no regular file, or anything but a
-    1-D integer .npy whose data is all there or a .pt file holding one 1-D integer tensor
-    (shard_length then asks the worker's reader, which says what is wrong)."""
+    """The length of a complete 1-D integer .npy or .pt shard from its header; None for
+    anything else."""
     try:
         if not stat.S_ISREG(path.stat().st_mode):
             return None         # a FIFO is never opened: reading it would block
@@ -57,8 +52,8 @@ def header_length(path: Path) -> int | None:
 
 
 def _npy_length(path: Path) -> int | None:
-    """A .npy file's length from its header, read as numpy.lib.format writes it (without
-    numpy: its import alone is a fifth of a second of `status` on a busy machine)."""
+    """A .npy file's length from its header, without numpy (its import alone is a fifth of
+    a second of `status` on a busy machine)."""
     with open(path, "rb") as f:
         head = f.read(12)
         if len(head) < 12 or head[:6] != b"\x93NUMPY" or head[6] not in (1, 2, 3):
@@ -89,8 +84,7 @@ def _npy_length(path: Path) -> int | None:
 
 
 class _TensorRecord(pickle.Unpickler):
-    """A .pt file's data.pkl read as names only: the tensor's storage kind and size; any
-    other global refuses the file (nothing from it is ever called)."""
+    """A .pt file's data.pkl read as names only; any other global refuses the file."""
 
     def find_class(self, module, name):
         if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
