@@ -1,26 +1,12 @@
 """The stage canary: prove stage N continues stage M's curve before the pod switches.
 
-From one GPU's newest checkpoint, the real worker runs K steps with stage M's settings and
-K steps with stage N's, in two processes (one after the other by default: two 1B workers
-on one GPU may not fit), each writing only under `scratch/canary/` of the pod. Both start
-from the same checkpoint, token and SEED, so they see the same tokens.
-
-- Every stage in (M, N] exact: the per-step tf, lb and grad_norm must agree within the
-  device's tolerance (`canary.exact.<cpu|cuda>` of trusted_loss.yaml). Scheduled sampling is off
-  (SS_RATE=0) in both runs: CE_CHUNK>0 draws its SS tokens with another RNG stream, so an
-  SS step would move the two runs apart by design; with it off, every step compares the
-  full TF path (forward, backward, clip, SGD) on identical inputs.
-- Otherwise (compile, batch, accum): the stage-N run, with its real settings, must pass
-  the trusted-loss health checks over the window (launcher.checks.health.analyze), and its last
-  ema_tf may not exceed stage M's by more than `canary.approximate.maxEmaTfRise`.
-
-Nothing here switches anything: the caller switches only when `result.passed`.
-
-    plan, manifest = load_plan(pod_dir, ...)      # launcher/supervise/plan.py, once
-    result = run_canary(plan, manifest, gpu=0, from_stage=1, to_stage=2)
-
-It takes the pod's files as the launch read them (checks/pod_files.py PodFiles: the launch
-plan is one) and the manifest, never the files again.
+Nothing here switches: the caller switches only when `result.passed`. Writes only under the
+pod's `scratch/canary/` and CANARY_FILE; reads the pod's files only through the PodFiles
+it is given. From one GPU's checkpoint, the real worker runs K steps with stage M's
+settings, then K with stage N's (sequential by default: two 1B workers may not fit one
+GPU), same checkpoint, token and SEED. Exact stages compare per step (SS_RATE=0: CE_CHUNK>0
+draws SS tokens from another RNG stream); approximate ones run the trusted-loss checks.
+Protocol and tolerances: docs/CANARY.md "What runs", "Exact stages".
 """
 
 from __future__ import annotations
@@ -193,9 +179,8 @@ def _kill(run: _Run) -> None:
 
 def _wait(run: _Run, deadline: float, watch=None,
           should_stop: Callable[[], str | None] = lambda: None) -> None:
-    """Until the run exits, the deadline, or a stop (a signal, the launch's --max-time: the
-    canary writes only scratch files, so a stop kills it at once); `watch()` every WATCH_S
-    meanwhile (progress)."""
+    """Until the run exits, the deadline, or a stop (killed at once: it writes only scratch);
+    `watch()` every WATCH_S."""
     while True:
         left = deadline - time.monotonic()
         try:
@@ -244,8 +229,7 @@ def _show_steps(task, title: str, runs: list[_Run], steps: int) -> None:
 
 
 def _clean(scratch_root: Path, run_dir: Path) -> None:
-    """Drop the scratch weights (a 1B checkpoint is GBs); keep metrics and logs of the
-    newest KEEP_RUNS canaries for forensics."""
+    """Drop the scratch weights (GBs); keep the newest KEEP_RUNS runs' metrics and logs."""
     for path in run_dir.rglob("*.pt*"):
         path.unlink(missing_ok=True)
     runs = sorted((p for p in scratch_root.iterdir() if p.is_dir()), key=lambda p: p.name)
@@ -257,15 +241,9 @@ def run_canary(plan: PodFiles, manifest: Manifest, gpu: int, from_stage: int,
                to_stage: int, steps: int | None = None, device: str | None = None,
                timeout_s: float | None = None, parallel: bool = False,
                should_stop: Callable[[], str | None] = lambda: None) -> CanaryResult:
-    """Run the canary for switching GPU `gpu` from stage M to stage N > M. Never switches.
-
-    `device`: cpu or cuda (default: the pod's device for that GPU). `steps` and `timeout_s`
-    default to the plan's criteria file's canary section. `parallel` runs the two workers
-    at once.
-    `should_stop` is polled while it runs: a reason there cuts it short (Inconclusive,
-    `interrupted` set).
-    User mistakes (unknown stage, N <= M) raise UserError before anything runs.
-    """
+    """The canary for switching GPU `gpu` from stage M to N > M (UserError before anything
+    runs otherwise). `device` defaults to the pod's for that GPU, `steps`/`timeout_s` to the
+    criteria's canary section. A reason from `should_stop` cuts it short (Inconclusive)."""
     t0 = time.monotonic()
     pod_dir, config, stages = Path(plan.pod_dir).resolve(), plan.config, plan.stages
     ref_stage, new_stage = get_stage(stages, from_stage), get_stage(stages, to_stage)

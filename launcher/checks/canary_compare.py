@@ -1,10 +1,5 @@
-"""The canary's verdicts, pure: two runs' metrics records in, a verdict out.
-
-`compare_exact` (every stage in (M, N] exact: per-step tf, lb, grad_norm within the
-device's tolerance) and `compare_approximate` (the trusted-loss checks on stage N's run,
-then its last ema_tf against stage M's). Used by launcher/checks/canary.py, which runs the two
-workers; see its docstring for the protocol.
-"""
+"""The canary's verdicts, pure: two runs' metrics records in, a verdict out (protocol:
+canary.py)."""
 
 from __future__ import annotations
 
@@ -94,8 +89,8 @@ def compare_exact(ref: list[dict], new: list[dict], tol: Tolerance, steps: int,
 def compare_approximate(ref: list[dict], new: list[dict], criteria: Criteria, steps: int,
                         max_ema_tf_rise: float, resume_ema_tf: float | None = None,
                         names: tuple[str, str] = ("stage M", "stage N")) -> tuple[bool, str, list]:
-    """The trusted-loss checks on `new` (records incl. events) over a K-step window, then
-    its last ema_tf against the reference run's."""
+    """The trusted-loss checks on `new` (records incl. events) over K steps, then its last
+    ema_tf against the reference run's."""
     a, b = names
     ref_m, new_m = metrics_lines(ref), metrics_lines(new)
     rows = [_row(r["step"], r, n, ok=_finite(n.get("tf"), n.get("lb")))

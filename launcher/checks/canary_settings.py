@@ -1,9 +1,5 @@
-"""The `canary:` section of the criteria file (manifests/trusted_loss.yaml), typed.
-
-Parsed once with the rest of the file (launcher/checks/trusted_loss.py) over the shipped
-file's section (launcher/checks/shipped_defaults.py: every key is there, no default here);
-the canary (launcher/checks/canary.py) reads it from the launch plan.
-"""
+"""The `canary:` section of manifests/trusted_loss.yaml, typed; no default here (the
+shipped file's section holds every key, shipped_defaults.py)."""
 
 from __future__ import annotations
 
@@ -26,7 +22,6 @@ class CanarySettings:
 
 
 def parse_canary(section, path: Path) -> CanarySettings:
-    """The `canary:` section of the criteria file, over the shipped file's section."""
     where = f"{path}: canary"
     if not isinstance(section, dict):
         raise UserError(f"{where}: expected a mapping")

@@ -1,10 +1,8 @@
-"""The criteria file's (manifests/trusted_loss.yaml) `checks:`, `supervision:` and `peers:`
-typed, and `typed_section`, the one builder every section of that file is parsed with.
+"""`checks:`, `supervision:` and `peers:` of manifests/trusted_loss.yaml typed, and
+`typed_section`, the builder of every section of that file.
 
-No field has a default in code (a key a pod's file leaves out takes the shipped file's
-value, shipped_defaults.py) and unknown keys are refused, so a typo never disables a check.
-The checks themselves run in health.py; `canary:` and `probe:` are typed by
-canary_settings.py and probe_check.py.
+No field has a default in code (a missing key takes the shipped file's value,
+shipped_defaults.py) and unknown keys are refused, so a typo never disables a check.
 """
 
 from __future__ import annotations
@@ -118,7 +116,7 @@ class Criteria:
 CHECKS = {"finite": FiniteSpec, "continuity": ContinuitySpec, "trend": TrendSpec,
           "lb_band": LbBandSpec, "ss_ratio": SsRatioSpec, "loss_spike": LossSpikeSpec}
 _SUPERVISION_CLASSES = {"restarts": RestartPolicy, "hang": HangPolicy}
-# Top-level sections owned by other modules (see the module docstring).
+# Typed by canary_settings.py and probe_check.py.
 OTHER_SECTIONS = ("canary", "probe")
 
 

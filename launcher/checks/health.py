@@ -1,13 +1,9 @@
 """Trusted-loss health checks over one GPU's metrics records (no I/O, no clocks).
 
-`GpuHealth` is fed the worker's metrics records in order and keeps one `CheckState` per
-check of manifests/trusted_loss.yaml. Each check measures every `interval` steps after
-`initialDelay` (interval 0: every metrics line), counts failed measurements against its
-`failureLimit`, and ends Successful, Failed or Inconclusive once the stage window is
-covered (Argo Rollouts analysis semantics). `analyze()` is the pure fold used by tests.
-
-The clock is the worker's `step`, relative to the first step seen at this stage, so a
-verdict depends only on the records, never on wall time or machine speed.
+A verdict depends only on the records: the clock is the worker's `step`, relative to the
+first seen at this stage. Each check measures every `interval` steps after `initialDelay`,
+counts failures against `failureLimit` and ends Successful, Failed or Inconclusive once the
+stage window is covered (Argo Rollouts analysis semantics).
 """
 
 from __future__ import annotations
@@ -129,11 +125,9 @@ class GpuHealth:
         self._spike_run = 0
 
     def new_phase(self, phase: int) -> None:
-        """The GPU switched to data phase `phase`: the loss may jump on the new data, which is
-        no regression. The curve checks start over as at a new stage (their history, baseline,
-        counts and initialDelay from the phase's first line); the others (finite, ss_ratio,
-        failures seen outside the metrics) and the stage window go on. The caller starts the
-        worker with no curve to continue (continuity never compares across the switch)."""
+        """Data phase `phase` began: the loss may jump on new data, no regression. The
+        CURVE_CHECKS start over as at a new stage; the other checks and the stage window go
+        on. The caller restarts the worker with no curve to continue."""
         first = self.rel_step + 1 if self.rel_step is not None else 0
         for name in CURVE_CHECKS:
             self.checks[name] = CheckState(name, self.checks[name].spec, starts_at=first)
@@ -189,9 +183,8 @@ class GpuHealth:
             self.verified_step = step
 
     def close_out(self) -> None:
-        """The run ended cleanly: measure every due periodic check once more on the newest
-        line, so the steps since their last tick (up to the final checkpoint) are vouched
-        for, or not, instead of being left unjudged."""
+        """The run ended cleanly: measure each due periodic check once more on the newest
+        line, so the steps since its last tick are judged, not left unjudged."""
         record, rel = self._latest, self.rel_step
         if not record or rel is None or self.failed() or not _finite(record).ok:
             return
@@ -303,7 +296,7 @@ class GpuHealth:
 
     # ---- outputs ------------------------------------------------------------------
     def failed(self) -> bool:
-        """Cheap test used on every line (verdict() builds the full report)."""
+        """Cheap, for every line (verdict() builds the full report)."""
         return any(c.forced_failure or c.failures > c.spec.failureLimit
                    for c in self.checks.values())
 

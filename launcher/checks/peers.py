@@ -1,8 +1,7 @@
 """Each GPU judged against its peers: a straggler (slow) or a loss outlier (off the pack).
 
-A GPU's own checks (health.py) pass a card that trains 30 % slower than its seven peers, or
-whose loss drifts off theirs while staying inside its own band. Over the last `windowLines`
-metrics lines of every GPU (criteria `peers:`, manifests/trusted_loss.yaml):
+Catches what a GPU's own checks pass (30 % slower than its peers, a loss drifting inside
+its own band). Over the last `windowLines` metrics lines of every GPU (criteria `peers:`):
 
   straggler     its median tok_s < fraction x the median of the other GPUs' medians
                 (leave-one-out: the slow GPU does not pull the bar down for itself)
@@ -69,7 +68,6 @@ class PeersCheck:
         self.loss.pop(gpu, None)
 
     def feed(self, gpu: int, record: dict) -> None:
-        """One metrics line of `gpu`."""
         tok_s, ema_tf = _finite(record.get("tok_s")), _finite(record.get("ema_tf"))
         if tok_s is not None:
             self.speed.setdefault(gpu, deque(maxlen=self.spec.windowLines)).append(tok_s)

@@ -1,6 +1,5 @@
-"""What the files a person writes for a pod say, read and typed once (frozen): the pod
-directory, fractus-pod.yaml, the stage table and the criteria file. The launch plan
-(launcher/supervise/plan.py LaunchPlan) extends it; the stage canary (canary.py) reads only it.
+"""The pod's hand-written files (fractus-pod.yaml, stages, criteria), read and typed once,
+frozen; LaunchPlan extends it.
 """
 
 from __future__ import annotations

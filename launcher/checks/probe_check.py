@@ -1,32 +1,13 @@
-"""The AR probe as a health check: its verdict against the stage's baseline AR, from the
-probe's result alone; a probe that crashes, hangs or cannot read its files is Inconclusive.
+"""The AR probe (fractus/eval/probe.py) as a health check: its verdict against the stage's
+baseline AR, from the probe's result alone; a probe that crashes, hangs or cannot read its
+files is Inconclusive. It runs in a child process, so training never waits for it and no
+probe takes the launcher down.
 
-The probe itself is fractus/eval/probe.py. Here: the tolerance (the `probe:` section of
-trusted_loss.yaml, with defaults), the verdict, and a runner that probes in another
-process, so training never waits for it and no probe takes the launcher down.
-
-    result = run_probe_process("checkpoints/fractus_1b_gpu0.pt", "data/shard_phase2_gpu0.npy")
-    status, reason = probe_verdict(result, Baseline.of(baseline_result), plan.trusted.probe_tolerance)
-
-The allowed rise is calibrated on measured noise: the baseline was probed on R_b
-windows (rows) whose ARs spread with sample standard deviation s; a probe on R_c other
-windows differs from it by window noise alone with standard error
-    sigma = s * sqrt(1/R_b + 1/R_c)
-so a rise counts only past k * sigma, and never below a floor (band nats, or
-relativeBand x |baseline| when set): the floor is all there is when the spread is zero or
-unknown (a baseline given as a bare number). The trusted-loss rules a probe can judge
-(docs/TRUSTED_LOSS.md of the user's repository AFKmoney/fractus-cte): uniform guessing over
-V tokens scores ln(V); a free run with AR above ln(V) and ARacc <= offManifoldAcc is
-off-manifold. A probe off-manifold against a measured baseline (a probe's, not a bare
-number) that beat the uniform guess (AR <= ln(V)) fails whatever the rise; a
-baseline above ln(V) never was on the manifold (whatever a hit or two of ARacc says), so
-there the noise decides; the state is named in every reason.
-
-Verdicts (the health checks' vocabulary):
-    Failed        AR above baseline by more than the limit, not finite (NaN/Inf logits),
-                  or the free run went off-manifold from a baseline on it
-    Inconclusive  the probe could not run, or there is no finite baseline to compare with
-    Successful    AR within the limit of the baseline
+The allowed rise is k standard errors of the window noise, sigma = s * sqrt(1/R_b + 1/R_c)
+(s: the spread of the baseline's R_b windows; R_c: the probe's), never below a floor; a
+free run off-manifold (AR > ln(V), ARacc <= offManifoldAcc) from a measured baseline that
+beat ln(V) fails whatever the rise. Why, the verdict table and measurements: docs/CANARY.md
+"The AR probe verdict".
 """
 
 from __future__ import annotations
@@ -55,8 +36,8 @@ class Baseline:
 
     @classmethod
     def of(cls, value) -> "Baseline | None":
-        """From a number (no noise known), a probe result or a recorded baseline (dicts
-        with "ar" and maybe "ar_rows", "ar_acc", "vocab_size"), a ProbeResult, or None."""
+        """From a number (no noise known), a ProbeResult or its dict, a recorded baseline,
+        or None."""
         if value is None or isinstance(value, Baseline):
             return value
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -91,9 +72,8 @@ def uniform_ar(vocab_size: int) -> float:
 
 @dataclass(frozen=True)
 class ProbeTolerance:
-    """A rise of AR counts past k standard errors of the window noise (module docstring),
-    never below the floor: `band` nats, or `relativeBand` x |baseline| when set (which then
-    wins, as in the lb_band check). Off-manifold: ARacc <= offManifoldAcc with AR > ln(V)."""
+    """Floor of the allowed rise: `band` nats, or `relativeBand` x |baseline| when set
+    (which then wins, as in lb_band)."""
     band: float
     relativeBand: float | None
     k: float
@@ -129,10 +109,9 @@ class ProbeTolerance:
 
 @dataclass(frozen=True)
 class ProbeSchedule:
-    """When the supervisor probes (launcher/checks/probe_monitor.py): every `every`-th new
-    checkpoint of each GPU (0 = never), at most `parallel` probe processes at once across
-    the pod, each killed after `timeout_s` (the check is then Inconclusive), each on
-    `rows` windows (None: the probe's default; more windows measure the noise better)."""
+    """Every `every`-th new checkpoint of each GPU (0 = never), at most `parallel` probes
+    across the pod, each killed after `timeout_s` (Inconclusive), on `rows` windows (None:
+    the probe's default)."""
     every: int
     parallel: int
     timeout_s: float
@@ -140,8 +119,7 @@ class ProbeSchedule:
 
 
 def parse_probe(section, path: Path) -> tuple[ProbeTolerance, ProbeSchedule]:
-    """The `probe:` section of the criteria file, over the shipped file's section: its
-    verdict tolerance and its schedule."""
+    """The `probe:` section of the criteria file (over the shipped one's)."""
     where = f"{path}: probe"
     if not isinstance(section, dict):
         raise UserError(f"{where}: expected a mapping, got {section!r}")
@@ -164,9 +142,8 @@ def _field(result, key: str):
 
 def manifold_note(result, tolerance: ProbeTolerance, baseline: Baseline | None = None,
                   passed: bool = False) -> str:
-    """Where the free run stands against the uniform guess: '' when the probe does not say.
-    `passed`: the probe is Successful, so a free run above ln(V) is said with why that is
-    no failure (a verdict and its words agree)."""
+    """Where the free run stands against ln(V); '' when the probe does not say. `passed`:
+    a free run above ln(V) is said with why that is no failure."""
     vocab, ar, acc = _field(result, "vocab_size"), _field(result, "ar"), _field(result, "ar_acc")
     if not isinstance(vocab, float) or not isinstance(ar, float) or not math.isfinite(ar):
         return ""
@@ -190,9 +167,8 @@ def manifold_note(result, tolerance: ProbeTolerance, baseline: Baseline | None =
 
 def probe_verdict(result, baseline, tolerance: ProbeTolerance,
                   error: str | None = None) -> tuple[str, str]:
-    """(status, reason) for one probe `result` (ProbeResult, its dict, or None when the
-    probe could not run; `error` then says why) against the stage's `baseline` (a
-    Baseline, or anything Baseline.of reads: a bare number carries no noise)."""
+    """(status, reason) for `result` (ProbeResult, its dict, or None with `error` when the
+    probe could not run) against `baseline` (anything Baseline.of reads)."""
     if result is None or error is not None:
         return INCONCLUSIVE, f"probe could not run: {error or 'no result'}"
     ar = _field(result, "ar")
@@ -222,15 +198,13 @@ def probe_verdict(result, baseline, tolerance: ProbeTolerance,
 
 
 class ProbeUnavailable(RuntimeError):
-    """The probe process could not produce a result (the check is Inconclusive).
-    `bad_input`: it refused its checkpoint or shard (exit 2, fractus/eval/probe.py)."""
+    """The probe process produced no result (Inconclusive)."""
 
     bad_input = False
 
 
 class ProbeRefusedInput(ProbeUnavailable):
-    """The probe exited 2: the checkpoint or shard it was given is unusable (`detail`: its
-    own one-line reason)."""
+    """The probe exited 2: its checkpoint or shard is unusable (`detail`: its reason)."""
 
     bad_input = True
 
@@ -240,20 +214,16 @@ class ProbeRefusedInput(ProbeUnavailable):
 
 
 class ProbeLost(ProbeUnavailable):
-    """The machine the probe ran on is gone (a lost Ray node): the probe is abandoned,
-    no verdict at all."""
+    """The probe's machine is gone (a lost Ray node): abandoned, no verdict at all."""
 
 
 def run_probe_process(checkpoint: str | Path, shard: str | Path, head: int | None = None,
                       rows: int | None = None, device: str = "cpu", timeout_s: float = 900,
                       cwd: str | Path | None = None, threads: int = 1,
                       model: str | None = None, default_head: int | None = None) -> dict:
-    """`python -m fractus.eval.probe --json` in a child process -> its result dict
-    (ar, ar_acc, cold_tf, start, rows, next_token, ar_rows, vocab_size). `head`: where
-    the windows start when the checkpoint records no train head (the merged brain) or
-    another one; `default_head`: where they start when the checkpoint records none and
-    no `head` is given; `model`: the config of a checkpoint that carries none (a bare
-    state_dict; a preset or a file relative to `cwd`). Raises ProbeUnavailable."""
+    """`python -m fractus.eval.probe --json` in a child process -> its result dict; raises
+    ProbeUnavailable. `head` overrides the checkpoint's train head; `default_head` is used
+    when it records none; `model`: the config of a bare state_dict (preset or file)."""
     command = ["python", "-m", "fractus.eval.probe", "--checkpoint", str(checkpoint),
                "--shard", str(shard), "--device", device, "--json"]
     if head is not None:
@@ -300,8 +270,7 @@ class ProbeCheck:
 
 def check_probe(checkpoint: str | Path, shard: str | Path, baseline,
                 tolerance: ProbeTolerance, **probe_kwargs) -> ProbeCheck:
-    """Probe in another process and judge it against `baseline` (see probe_verdict);
-    never raises for a probe that cannot run."""
+    """Probe in a child process and judge it; never raises for a probe that cannot run."""
     try:
         result = run_probe_process(checkpoint, shard, **probe_kwargs)
     except ProbeUnavailable as exc:

@@ -1,34 +1,14 @@
 """The AR probe as one of the supervisor's health checks: neither the workers nor the poll
 loop ever wait for a probe, and a failed probe's checkpoint is never restored.
 
-The supervisor hands every new checkpoint to a ProbeMonitor; every `probe.every`-th one of
-a GPU is probed (launcher/checks/probe_check.py: `python -m fractus.eval.probe` in a child
-process, one thread waiting on it); each poll collects the probes that finished.
-
-The stage's baseline on a GPU (its AR and the ARs of the windows it was measured on, whose
-spread calibrates the verdict), first found wins:
-  1. the one recorded for the stage and GPU in logs/probe_baselines.json
-     (`fractus-pod probe --gpu i --record-baseline`; launcher/checks/probe_outcome.py),
-  2. a probe of the checkpoint the GPU resumed from when the stage started (at the
-     manifest's start token: a v1 file or the merged brain may record another head, or none),
-  3. on a fresh GPU, its first probed checkpoint.
-A baseline holds for one shard, so one data phase: at a phase switch (`start_phase`) the new
-phase's baseline is a probe of the checkpoint that ended the phase before on the new shard
-(as 2.), else the first probe on that shard; no AR is judged against another phase's.
-A probe that cannot run is Inconclusive; one whose AR exceeds the baseline by more than the
-`probe:` tolerance is Failed: the GPU fails its stage like any other check (rollback path),
-and the probed checkpoint and every newer one are marked failed.
-
-At most one probe per GPU is in flight, and at most `probe.parallel` across the pod (a CPU
-probe of a large model holds its weights in host memory); a GPU's newer checkpoint
-replaces one still waiting. A queued checkpoint is hard-linked under checkpoints/probe/
-(rotation and the index's pruning may delete every other name for it first), each hold
-under a name of its own (a counter), so a probe that ends after a rollback restarted the
-stage removes its own link and never the new stage's.
-
-On Ray (`use_nodes`) the node that holds the file holds and runs its probe (the same probe
-program); the results come back here and are judged exactly as local ones. A GPU whose node
-is lost has its probes abandoned (`abandon`): no verdict, a late answer is ignored.
+Owns checkpoints/probe/: a queued checkpoint is hard-linked there (rotation and pruning may
+delete every other name for it first), each hold under a name of its own, so a probe that
+ends after a rollback removes its own link, never the new stage's. At most one probe per
+GPU in flight, `probe.parallel` across the pod (a CPU probe holds its weights in host
+memory). The baseline (first found: recorded, the resume checkpoint's probe, the first
+probe) holds for one shard, so one data phase. Behaviour: docs/LAUNCHER.md "Health checks"
+(the AR probe paragraph). On Ray the node holding the file runs its probe; a lost node's
+probes are abandoned, no verdict.
 """
 
 from __future__ import annotations
@@ -97,18 +77,16 @@ class ProbeMonitor:
         return cls(pod_dir, trusted.probe_schedule, trusted.probe_tolerance, model=model)
 
     def use_nodes(self, nodes) -> None:
-        """Probe on the nodes of a remote backend: `nodes.hold(gpu, checkpoint, sha256)`
-        names a checkpoint as its node knows it (None: nothing to probe), and
-        `nodes.run(request, **options)` probes it there, blocking (a thread waits on it),
-        returning the probe's result dict or raising ProbeUnavailable."""
+        """Probe on a remote backend's nodes: `nodes.hold(gpu, checkpoint, sha256)` -> its
+        node's name for it (None: gone); `nodes.run(request, **options)` blocks -> the
+        result dict, or raises ProbeUnavailable."""
         self.nodes = nodes
 
     # ---- inputs -------------------------------------------------------------------
     def start_stage(self, stage: int, resume: dict[int, tuple[str | None, str]],
                     heads: dict[int, int] | None = None) -> None:
-        """A stage (re)starts: `resume` maps each GPU to (checkpoint it resumed from or
-        None, its shard), `heads` to the token it resumed at (the manifest's). Probes of
-        the previous stage still running are ignored."""
+        """A stage (re)starts: `resume` maps each GPU to (checkpoint resumed from or None,
+        shard), `heads` to the token it resumed at. Running probes are ignored from now."""
         self.generation += 1
         self._lost = []
         for probes in self.gpus.values():
@@ -129,9 +107,9 @@ class ProbeMonitor:
             self.gpus[gpu] = probes
 
     def start_phase(self, gpu: int, checkpoint: str, shard: str) -> None:
-        """GPU `gpu` switched data phase: it resumes from `checkpoint` (the end of the phase
-        before) at token 0 of `shard`. That checkpoint probed on `shard` is the new phase's
-        baseline (held at once: the worker rewrites the file at its first save)."""
+        """`gpu` switched data phase: `checkpoint` (the end of the phase before) probed on
+        `shard` from token 0 is the new phase's baseline (held at once: the worker rewrites
+        the file at its first save)."""
         probes = self.gpus.setdefault(gpu, _GpuProbes())
         if shard in probes.baselines:
             return
@@ -163,8 +141,8 @@ class ProbeMonitor:
 
     def probe_final(self, gpu: int, checkpoint: str, shard: str, sha256: str | None,
                     step: int | None) -> bool:
-        """A clean end of the run: probe the GPU's last checkpoint whatever `every` says,
-        so it can pass and go up with the final push. True when a probe is now due."""
+        """Clean end: probe the last checkpoint whatever `every` says, so it can pass and
+        go up with the final push. True when a probe is now due."""
         probes = self.gpus.get(gpu)
         if probes is None or step is None or (probes.vouched_step or -1) >= step:
             return False
@@ -181,10 +159,8 @@ class ProbeMonitor:
         return sum(1 for gpu in gpus if (p := self.gpus.get(gpu)) and (p.in_flight or p.waiting))
 
     def widen_for_finish(self, probes_due: int, checkpoint_bytes: int) -> int:
-        """The workers have stopped: the final probes may use the host. As many at once as
-        are due, bounded by free memory (a CPU probe holds about 2.5x its checkpoint: the
-        loaded file and the model built from it), each with an equal share of the cores.
-        Returns how many run at once."""
+        """Workers stopped: run the due probes at once, bounded by free memory (a CPU probe
+        holds ~2.5x its checkpoint: file + model), sharing the cores. Returns how many."""
         by_memory = int(psutil.virtual_memory().available // max(1, int(2.5 * checkpoint_bytes)))
         parallel = max(1, min(probes_due, by_memory))
         threads = max(1, (os.cpu_count() or 1) // parallel)
@@ -200,8 +176,8 @@ class ProbeMonitor:
         probes.waiting.append(request)
 
     def _hold(self, gpu: int, checkpoint: str, sha256: str | None) -> str | None:
-        """A hard link to `checkpoint` of our own (relative to the pod), or the path
-        itself where links are not possible; on the nodes, their name for it."""
+        """Our own hard link to `checkpoint` (the path itself where links fail; on the
+        nodes, their name); None when the file is gone."""
         if self.nodes is not None:
             return self.nodes.hold(gpu, checkpoint, sha256)
         source = self.pod_dir / checkpoint
@@ -258,16 +234,13 @@ class ProbeMonitor:
         return outcomes
 
     def vouched_step(self, gpu: int) -> int | None:
-        """Checkpoints up to this step may pass: the newest probed one of the stage did not
-        fail (Successful, Inconclusive, or the stage's first probe, which is the baseline).
-        Without this gate a checkpoint would pass on the metrics alone while its probe is
-        still running, and rollback could restore the very state a probe then fails."""
+        """Checkpoints up to this step may pass (a newer probe did not fail). Without this
+        gate rollback could restore a state whose running probe then fails."""
         probes = self.gpus.get(gpu)
         return probes.vouched_step if probes else None
 
     def abandon(self, gpu: int) -> list[ProbeRequest]:
-        """GPU `gpu`'s node is gone with its checkpoints: its running and waiting probes are
-        dropped without a verdict (a running one's late answer is ignored). Returns them."""
+        """`gpu`'s node is gone: drop its probes without a verdict; returns them."""
         dropped = [r for r in self._lost if r.gpu == gpu]
         self._lost = [r for r in self._lost if r.gpu != gpu]
         probes = self.gpus.get(gpu)

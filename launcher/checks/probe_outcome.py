@@ -1,9 +1,6 @@
-"""One AR probe: what was asked (ProbeRequest), what it found (ProbeOutcome), and what its
-verdict does to its GPU's checks (apply_outcome): a Failed probe fails the GPU's stage (the
-checkpoint custodian then fails the probed checkpoint and every newer one). And the one
-lookup of a GPU's baseline at a stage on a shard that the launcher's probes and
-`fractus-pod probe --gpu` both use (stage_baseline): the one recorded in
-logs/probe_baselines.json, else the one the launcher's probes set (its `probe` event)."""
+"""One AR probe: request, outcome, what its verdict does to its GPU's checks; and
+`stage_baseline`, the one baseline lookup the launcher's probes and `fractus-pod probe
+--gpu` share, so both judge against the same number."""
 
 from __future__ import annotations
 
@@ -60,10 +57,9 @@ class ProbeOutcome:
 
 
 def apply_outcome(outcome: ProbeOutcome, health: GpuHealth) -> str | None:
-    """A probe's verdict joins the GPU's health checks. Failed: the GPU fails its stage;
-    returns why (the probed checkpoint and every newer one are to be failed too).
-    Inconclusive/Successful: a measurement of the `probe` check, so a stage whose probes
-    never ran is held Inconclusive instead of passing; None."""
+    """Failed: fails the GPU's stage and returns why (the probed checkpoint and every newer
+    one are to be failed). Otherwise a `probe` measurement (a stage whose probes never ran
+    stays Inconclusive); None."""
     if outcome.status == BASELINE:
         return None
     reason = f"{outcome.reason} ({outcome.request.checkpoint})"
@@ -83,11 +79,8 @@ def recorded_baseline(pod_dir: Path, stage: int, gpu: int) -> Baseline | None:
 
 def stage_baseline(pod_dir: Path, stage: int, gpu: int, shard: str | Path
                    ) -> tuple[Baseline, str] | None:
-    """(baseline, where it came from) for a probe of `gpu` at `stage` on `shard` (relative
-    to the pod, or absolute), first found wins: the one recorded for the stage and GPU, else
-    the newest one the launcher's probes set for that stage, GPU and shard (a `probe` event
-    with status baseline: the resume checkpoint's probe, or the first probe on the shard).
-    None when neither exists."""
+    """(baseline, source) for `gpu` at `stage` on `shard`: the recorded one, else the newest
+    `probe` event with status baseline for that stage, GPU and shard; or None."""
     recorded = recorded_baseline(pod_dir, stage, gpu)
     if recorded is not None:
         return recorded, f"recorded for stage {stage}"

@@ -1,9 +1,5 @@
-"""The defaults of the criteria file are the shipped trusted_loss.yaml (package data,
-launcher/config/defaults/, the file `init` copies into a pod's manifests/), and only it.
-
-A key a pod's criteria file leaves out takes the shipped file's value: the code that types
-each section (criteria.py, canary_settings.py, probe_check.py) has no defaults of its own,
-so deleting a key can never silently change a check to a value nobody documented.
+"""The only defaults of the criteria file: the shipped trusted_loss.yaml (the file `init`
+copies), so deleting a key never silently changes a check to an undocumented value.
 """
 
 from __future__ import annotations
@@ -23,10 +19,9 @@ def _shipped() -> dict:
 
 
 def with_shipped_defaults(data):
-    """`data` (a parsed criteria file) over the shipped file: every key missing from a
-    mapping the two share is taken from the shipped file; what the user wrote wins, an
-    explicit null for a value included (a null section means the whole shipped section).
-    Anything but a mapping is returned as it is, for the section parsers to refuse."""
+    """`data` over the shipped file, key by key: what the user wrote wins (an explicit null
+    value too; a null section means the shipped section). A non-mapping is returned as is,
+    for the section parsers to refuse."""
     return _overlay(copy.deepcopy(_shipped()), data)
 
 

@@ -1,10 +1,5 @@
-"""The criteria file (manifests/trusted_loss.yaml) parsed once into one CriteriaFile.
-
-Each section is typed by the module that owns it, over the shipped file's values (the only
-defaults, shipped_defaults.py), all with criteria.typed_section: `checks:`, `supervision:`
-and `peers:` by criteria.py, `canary:` by canary_settings.py, `probe:` by probe_check.py;
-none of them reads a file. `launch` reads the file once (LaunchPlan.trusted) for the
-supervisor, the canary gate and the probe monitor.
+"""The criteria file (manifests/trusted_loss.yaml) read once into one CriteriaFile; each
+section is typed by the module that owns it, none of which reads a file.
 """
 
 from __future__ import annotations
