@@ -1,13 +1,6 @@
-"""What the supervisor asks of whatever runs its workers: processes, and nothing else.
-
-As TorchElastic's agent: a backend starts one worker per GPU with the environment the
-launcher decided (the worker contract of docs/WORKER.md), tells whether it exited and with
-which code, whether the machine under it is gone, delivers signals, stops and closes, and
-says where the worker's files (metrics, log) can be read on the launcher's machine.
-Everything about a checkpoint once written (verdicts, pushes, restores, the hub lease) is
-the checkpoint custodian's (launcher/supervise/custodian.py); health checks, rollback and
-the manifest stay in the supervisor, the same for every backend.
-"""
+"""What runs the workers: processes only, as TorchElastic's agent (the worker contract:
+docs/WORKER.md). A checkpoint once written is the custodian's (custodian.py); checks,
+rollback and the manifest the supervisor's, the same for every backend."""
 
 from __future__ import annotations
 
@@ -30,9 +23,8 @@ class WorkerHandle:
 
 @dataclass(frozen=True)
 class WorkerExit:
-    """How a worker ended: its exit code, or the loss of the machine it ran on. `error`:
-    what failed in the backend itself on the worker's behalf (a remote call that raised);
-    the worker was then killed, and the GPU is handled as a crashed worker."""
+    """A worker's exit code, or the loss of its machine. `error`: a backend failure on its
+    behalf (a remote call raised); the worker was killed and counts as crashed."""
     code: int | None
     node_lost: bool = False
     error: str | None = None
@@ -62,8 +54,7 @@ class WorkerBackend(ABC):
 
     @abstractmethod
     def stop(self, handles: list[WorkerHandle], grace_s: float) -> dict[int, WorkerExit]:
-        """SIGTERM every worker (it finishes its step and checkpoints), SIGKILL those still
-        running after `grace_s`; returns each GPU's exit."""
+        """SIGTERM all (each checkpoints), SIGKILL after `grace_s`; each GPU's exit."""
 
     def metrics_file(self, gpu: int) -> Path:
         """Where the supervisor reads the GPU's metrics lines on this machine."""
@@ -74,13 +65,12 @@ class WorkerBackend(ABC):
         return self.pod_dir / worker_log_path(gpu)
 
     def pump(self, force: bool = False) -> None:
-        """Called once per poll before the metrics are read (a remote backend copies new
-        metrics lines to the launcher's machine here, at its own cadence unless `force`)."""
+        """Once per poll, before the metrics are read: a remote backend copies new lines here
+        (at its own cadence unless `force`)."""
 
     def settling(self, handle: WorkerHandle) -> bool:
-        """The backend is taking over the worker itself (a remote one: its node's actor
-        died, and a new actor adopts the GPU or its node is fenced), by a deadline of its
-        own: its silence is no hang meanwhile."""
+        """The backend is taking the worker over itself by its own deadline (an actor died:
+        adoption or fencing); its silence is no hang meanwhile."""
         return False
 
     def can_place(self, slot: Slot) -> bool:
@@ -88,5 +78,4 @@ class WorkerBackend(ABC):
         return True
 
     def close(self) -> None:
-        """The run ended (the custodian's last pushes are done): release the backend's
-        resources."""
+        """Release the backend's resources (after the custodian's last pushes)."""

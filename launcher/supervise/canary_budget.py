@@ -1,19 +1,7 @@
-"""How `launch --max-time T` splits between the stage canary and training: said before
-anything starts, and a budget the canary alone would use up is refused (exit 2).
-
---max-time counts from the start of `launch`, so a switch that runs the canary first spends
-part of it there.
-
-The canary's time is estimated from what this pod measured, never guessed from nothing
-(judgement, see docs/CANARY.md "Budget"):
-1. the newest canary that ran to its end on this pod (its `seconds` in logs/events.jsonl),
-   scaled up when the configured `canary.steps` grew since;
-2. else the GPU's last worker run: its start-up (the launcher's `worker_start` to the
-   worker's `start` event) and its seconds per step, for the canary's two runs of
-   `canary.steps` steps each (they run one after the other);
-3. else nothing is known: the split is said with the canary's bound (`canary.timeout_s`)
-   and the launch goes on; --max-time still stops it, nothing switched.
-"""
+"""How `launch --max-time T` (counted from the start of `launch`) splits between the stage
+canary and training: said before anything starts; a budget the canary alone would use up is
+refused (exit 2). The estimate is what this pod measured, never a guess (docs/CANARY.md
+"Budget"): the last canary, else the GPU's last worker run, else only the canary's bound."""
 
 from __future__ import annotations
 
@@ -68,8 +56,8 @@ def _from_worker_run(pod_dir: Path, gpu: int, steps: int) -> CanaryEstimate | No
 
 
 def split_budget(plan, canary_runs: bool) -> str | None:
-    """The line that says how --max-time splits (None: no --max-time, or no canary).
-    UserError when the canary alone would use up the budget."""
+    """The line saying how --max-time splits (None: no --max-time or no canary); UserError
+    when the canary alone would use it up."""
     if plan.max_time is None or not canary_runs:
         return None
     settings = plan.trusted.canary

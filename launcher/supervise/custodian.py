@@ -1,13 +1,9 @@
-"""The checkpoint custodian: the one owner of a checkpoint from its worker's `checkpoint`
-event to its last copy. The supervisor's components call it; nothing else touches these facts.
-
-`CheckpointCustodian` holds, as private parts, the checkpoint index (records, verdicts,
-retained links: launcher/pod/ckpt_index.py), the hub sync (pushes of checkpoints and of the
-manifest: launcher/hub/sync.py), the run's one hub lease (`RunLease`, made here only), and
-where the copies are: `LocalCopies` (this machine) or `NodeCopies` (the workers' nodes,
-which retain, push and probe their own; on Ray `RayCustodian`). Local and Ray pods differ
-only by that part. An operation on checkpoints to come (a merge round) is one more method.
-"""
+"""The one owner of a checkpoint from its worker's `checkpoint` event to its last copy: only
+the supervisor's components call it, nothing else touches these facts. Private parts: the
+index (launcher/pod/ckpt_index.py), the hub sync (launcher/hub/sync.py), the run's one
+`RunLease` (made only here), and where the copies are (`LocalCopies`, `NodeCopies`; Ray:
+`RayCustodian`), the only difference between local and Ray pods. See docs/LAUNCHER.md
+"How the supervisor decides"."""
 
 from __future__ import annotations
 
@@ -44,9 +40,8 @@ class CheckpointCustodian:
         self.use_copies(copies or LocalCopies(pod_dir, config, events))
 
     def use_copies(self, copies: LocalCopies) -> None:
-        """The checkpoints are where `copies` says from now on (a Ray pod's nodes: chosen
-        after a --detach fork, before anything is pushed). Checkpoints kept on the nodes are
-        pushed by their nodes; the hub sync then pushes the manifest that names them."""
+        """Keep the checkpoints where `copies` says (chosen after a --detach fork, before any
+        push). On nodes, the nodes push them and the hub sync the manifest naming them."""
         copies.attach(self.lease)
         self.copies = copies
         if copies.on_nodes and self.sync is not None:
@@ -69,8 +64,7 @@ class CheckpointCustodian:
         return self.index.size
 
     def record(self, gpu: int, event: dict, stage: int, rel: str) -> dict:
-        """A worker's checkpoint event (`rel`: its path relative to the pod): its record,
-        pending, with its bytes retained."""
+        """Record a worker's checkpoint event (`rel`: relative to the pod), pending, retained."""
         return self.index.add(gpu, event, stage, rel)
 
     def pending(self, gpu: int) -> list[dict]:
@@ -88,8 +82,8 @@ class CheckpointCustodian:
             self.index.mark(gpu, record["sha256"], FAILED, reason)
 
     def fail_from(self, gpu: int, sha256: str, reason: str) -> None:
-        """Checkpoint `sha256` of `gpu` and every newer one are failed (an AR probe failed
-        it): a rollback never restores them."""
+        """Fail `sha256` of `gpu` and every newer one (an AR probe failed it): no rollback
+        restores them."""
         rows = self.index.for_gpu(gpu)
         probed = next((r for r in rows if r["sha256"] == sha256), None)
         if probed is None:
@@ -99,8 +93,7 @@ class CheckpointCustodian:
                 self.index.mark(gpu, record["sha256"], FAILED, reason)
 
     def passed(self, gpu: int, sha256: str, reason: str) -> None:
-        """A checkpoint of `gpu` passed its checks: its node pushes it (the hub sync takes it
-        on this machine), unless another pod writes the run."""
+        """Mark it passed; its copies push it unless another pod writes the run."""
         record = self.index.mark(gpu, sha256, PASSED, reason)
         if self.lease.taken_over is None:
             self.copies.keep(gpu, record)
@@ -113,8 +106,7 @@ class CheckpointCustodian:
         return starts_over(self.manifest, self.index, gpu)
 
     def restore_passed(self, gpus: list[int]) -> None:
-        """A failed pod's manifest names no failed checkpoint (the next launch checks
-        again: launcher/pod/failed_resume.py); written when it changed."""
+        """A failed pod's manifest names no failed checkpoint (written when it changed)."""
         if restore_passed(self.manifest, self.index, self.events, gpus, refuse=False,
                           own_file_of=self.config.checkpoint_path):
             write_manifest(self.manifest)
@@ -125,9 +117,8 @@ class CheckpointCustodian:
         return self.copies.probe_name(record, event, rel)
 
     def restore(self, gpu: int) -> bool:
-        """Before a restart: the entry of `gpu` names a file holding its recorded bytes.
-        True when the entry changed (the caller writes the manifest); RecoveryError when the
-        bytes are nowhere."""
+        """Before a restart: `gpu`'s entry names a file with its recorded bytes. True: the
+        entry changed (the caller writes the manifest); RecoveryError: the bytes are nowhere."""
         return self.copies.restore(gpu, self.manifest, self.index)
 
     def rollback_target(self, gpu: int) -> dict | None:
@@ -145,14 +136,12 @@ class CheckpointCustodian:
 
     # ---- pushes -----------------------------------------------------------------------------
     def manifest_changed(self, reason: str) -> None:
-        """What the manifest says changed (a rollback, a stage or phase switch): the hub's
-        copy is pushed at the next tick."""
+        """The manifest changed (a rollback, a stage or phase switch): pushed at the next tick."""
         if self.sync is not None:
             self.sync.manifest_changed(reason)
 
     def pump(self) -> None:
-        """Once per poll, after the backend's: the nodes' pushes started and collected, and
-        noted in the manifest."""
+        """Once per poll, after the backend's: the nodes' pushes run and noted in the manifest."""
         self.copies.pump()
         self.note_pushed()
 
@@ -162,8 +151,7 @@ class CheckpointCustodian:
             self.sync.tick()
 
     def note_pushed(self) -> None:
-        """A node pushed a passed checkpoint: the manifest notes its hub revision where the
-        entry still names those bytes (as the hub sync does for its own pushes)."""
+        """The nodes' pushes: each hub revision noted where the entry still names those bytes."""
         noted = []
         for copy in self.copies.take_pushed():
             gpu = copy["gpu"]
@@ -191,8 +179,7 @@ class CheckpointCustodian:
 
 
 class LocalCopies:
-    """The checkpoints are on this machine: retained links in the pod, recovered from a
-    rotated copy or the hub before a restart, pushed by the custodian's hub sync."""
+    """The checkpoints on this machine: retained links in the pod, pushed by the hub sync."""
     on_nodes = False
 
     def __init__(self, pod_dir: Path, config: PodConfig, events: EventLog):
@@ -200,7 +187,7 @@ class LocalCopies:
         self.lease: RunLease | None = None
 
     def attach(self, lease: RunLease) -> None:
-        """The run's lease, the custodian's: every push asks it, every refusal ends there."""
+        """The custodian's lease: every push asks it, every refusal ends there."""
         self.lease = lease
 
     def probe_name(self, record: dict, event: dict, rel: str) -> str | None:
@@ -240,8 +227,7 @@ class LocalCopies:
 
 
 class NodeCopies(LocalCopies):
-    """The checkpoints are on the workers' nodes: each node retains, recovers, pushes and
-    probes its own."""
+    """The checkpoints on the workers' nodes: each retains, recovers, pushes, probes its own."""
     on_nodes = True
 
     def probe_name(self, record: dict, event: dict, rel: str) -> str | None:
@@ -260,8 +246,8 @@ class NodeCopies(LocalCopies):
 
 
 def launch_point(entry: ManifestEntry | None) -> dict | None:
-    """The checkpoint a GPU resumed from at launch (`entry`), as a rollback target, when a
-    hub revision holds it (so a node can pull it); None otherwise."""
+    """The checkpoint a GPU resumed from at launch, as a rollback target, when a hub revision
+    holds it (so a node can pull it); else None."""
     if entry is None or not (entry.checkpoint and entry.hub_revision):
         return None
     return {"next_token": entry.start_token, "phase": entry.at_phase, "path": entry.checkpoint,

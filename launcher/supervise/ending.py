@@ -26,8 +26,7 @@ class PodEnding:
         self.reserve = DiskReserve(self.pod.pod_dir)
 
     def stop_workers(self, kill_gpus: set[int]) -> None:
-        """Kill the workers of `kill_gpus` (their progress since the last passed checkpoint
-        is discarded), stop the others gracefully (each checkpoints), read their last lines."""
+        """Kill `kill_gpus`' workers, stop the others gracefully, read their last lines."""
         pod, exits = self.pod, {}
         for run in pod.runs.values():
             if run.proc is not None and run.slot.gpu in kill_gpus:
@@ -67,10 +66,8 @@ class PodEnding:
         pod.move(PodEvent.FAILED, exit_code=exit_code)
 
     def on_write_error(self, exc: OSError) -> None:
-        """One of the launcher's own reads or writes failed. A full disk fails the pod,
-        recorded with the space the reserve frees; a pod file or folder gone or replaced
-        (logs/ moved, a metrics file replaced by a directory) fails it too, one line;
-        anything else is a bug and propagates."""
+        """A launcher read or write failed: a full disk, or a pod file gone or replaced,
+        fails the pod in one line; anything else is a bug and propagates."""
         if isinstance(exc, (FileNotFoundError, IsADirectoryError, NotADirectoryError)):
             logs_id = self.pod.logs_id
             if logs_id is not None and dir_id(self.pod.pod_dir / "logs") != logs_id:
@@ -88,13 +85,10 @@ class PodEnding:
 
     def files_lost(self, what: str, logs_id: tuple | None = None,
                    fix: str = "put logs/ back (e.g. `mv logs.moved logs`)") -> None:
-        """The pod's own files went away under the launcher (logs/ moved or deleted, a
-        metrics file replaced): it can neither read its workers nor record anything, and
-        must not recreate logs/ (the workers still write into the moved folder: an empty
-        new one would make healthy workers look hung). The workers stop gracefully (each
-        checkpoints), the pod is FAILED with one line, recorded in the events if they can
-        still be written (`logs_id`: the pod's logs/ as the run began, see dir_id); nothing
-        else is written. `fix`: what puts the files back, for the one line."""
+        """The pod's files went away under the launcher: stop the workers gracefully, FAIL in
+        one line (`fix`: what puts them back), recorded only into the original logs/
+        (`logs_id`, see dir_id). Never recreate logs/: the workers still write into the
+        moved one, and an empty new one would make healthy workers look hung."""
         pod = self.pod
         if pod.state in (PodState.FAILING, PodState.FAILED):
             return
@@ -120,10 +114,8 @@ class PodEnding:
             self.reserve.release()
 
     def disk_full(self, what: str) -> None:
-        """The disk is full (a worker's or the launcher's own write failed): nothing can
-        make progress. Workers stop (each checkpoints if it still can; saves are atomic,
-        so the last checkpoint stays valid), the reserve is freed, and the failure is
-        recorded where people look: the pod_failed event and `status`."""
+        """The disk is full: workers stop (saves are atomic: the last checkpoint stays
+        valid), the reserve is freed to record pod_failed, the pod FAILED."""
         pod = self.pod
         if pod.state in (PodState.FAILING, PodState.FAILED):
             return

@@ -1,11 +1,5 @@
-"""The shards a launch needs on this machine, and where they come from (with `data:`).
-
-Per GPU its current data phase's shard and every later phase's (so a phase never ends on a
-shard that is not there hours into the run), except, on a Ray pod with `data:`, the GPUs
-whose nodes fetch their own (plan.shards_on_nodes); then this machine (the head) holds only the
-one shard its stage canary reads, since the canary runs here before any actor exists.
-Fetched and verified through launcher/hub/fetch.py; missing ones refused in one line.
-"""
+"""The shards a launch needs on this machine, fetched and verified with `data:`
+(launcher/hub/fetch.py); missing ones refused in one line."""
 
 from __future__ import annotations
 
@@ -37,18 +31,15 @@ def shard_paths(plan: LaunchPlan, manifest: Manifest,
 
 
 def canary_shard(plan: LaunchPlan, manifest: Manifest) -> str:
-    """The one shard the stage canary reads (launcher/checks/canary.py): its GPU's (the
-    launch's first) in the data phase its manifest entry is in. The canary trains a few
-    steps from that entry's checkpoint, so it never reaches a later phase's shard."""
+    """The one shard the stage canary reads: the first GPU's current phase's (a few steps
+    from its entry's checkpoint never reach a later phase)."""
     return phase_shard(manifest, plan.slots[0].gpu, plan.config.shard_path)
 
 
 def head_shards(plan: LaunchPlan, manifest: Manifest, on_nodes: set[int] = frozenset(),
                 canary: bool = False) -> list[str]:
-    """The shards this machine needs: those its workers train on (shard_paths) and, when
-    the stage canary runs here (`canary`: a switch up without --no-canary) for a GPU whose
-    node fetches its shards (a Ray pod with `data:`), the one shard the canary reads: the
-    canary runs on the launcher's machine, before any actor exists (docs/LAUNCHER.md)."""
+    """shard_paths, plus the canary's shard when `canary` (it runs here) and its GPU's node
+    fetches its own: the canary runs before any actor exists."""
     paths = shard_paths(plan, manifest, on_nodes)
     if canary and plan.slots[0].gpu in on_nodes:
         paths.append(canary_shard(plan, manifest))
@@ -57,12 +48,9 @@ def head_shards(plan: LaunchPlan, manifest: Manifest, on_nodes: set[int] = froze
 
 def fetch_shards(plan: LaunchPlan, manifest: Manifest,
                  on_nodes: set[int] = frozenset(), canary: bool = False) -> None:
-    """With `data:` in the pod config, every shard this machine needs (head_shards;
-    `on_nodes`: GPUs whose nodes fetch their own, `canary`: the stage canary runs) is here
-    with the recorded bytes before anything else reads it: verified, or fetched
-    (launcher/hub/fetch.py). A store that cannot be read, or other bytes, refuse the
-    launch with one line. The shards the nodes fetch are only looked up in the store's
-    index here (check_recorded): a store they could not use refuses the launch now."""
+    """With `data:`, head_shards verified or fetched before anything reads them; an
+    unreadable store or other bytes refuse in one line. The nodes' shards are only looked
+    up in the store's index (check_recorded), so a store they could not use refuses now."""
     ensure_shards_here(plan, head_shards(plan, manifest, on_nodes, canary))
     if plan.config.data is not None and on_nodes:
         check_recorded(shard_paths(plan, manifest), plan.config.data, plan.pod_dir,
@@ -81,8 +69,8 @@ def ensure_shards_here(plan: LaunchPlan, paths: list[str]) -> None:
 
 def refuse_missing_shards(plan: LaunchPlan, manifest: Manifest,
                            on_nodes: set[int]) -> None:
-    """Every missing shard in one line, with the fix (a new pod's first launch meets this);
-    then each shard read as the worker will read it, entry or not."""
+    """Refuse every missing shard in one line with the fix, then any shard the worker
+    could not read (or an empty one)."""
     missing, present = [], []
     for rel in shard_paths(plan, manifest, on_nodes):
         problem = shard_kind_problem(plan.pod_dir / rel)

@@ -1,18 +1,8 @@
-"""The data phase switch: a GPU whose worker reached the end of its phase's shard goes on to
-the next phase's shard at token 0, its weights, optimizer state and carry continuous.
-
-The worker ends with `done` reason `end_of_shard` after its final checkpoint (which the
-monitor has already put in the manifest). The switch records the new phase in the GPU's
-manifest entry (phase, shard, start_token 0; the checkpoint it names, the end of the phase
-before, stays): that write is the commit point. A launcher killed before it resumes the
-GPU at the end of the old phase, whose worker ends its shard again at once and is switched
-then; after it, the launch resumes at the new phase's token 0 (prepare's identity check
-accepts exactly this switch). Then the `phase_switch` event and the hub sync told (it
-pushes the changed manifest at its next tick) and the AR probes (the checkpoint probed on the
-new shard is the new phase's baseline), then the worker's restart on
-the new shard (PHASE=N: the worker starts at token 0 from the phase N-1 checkpoint). A GPU
-whose last phase ends is done.
-"""
+"""The data phase switch (docs/LAUNCHER.md "Data phases"): a GPU whose worker ended its
+phase's shard goes on at the next phase's token 0, weights, optimizer and carry continuous.
+The manifest write is the commit point: a launcher killed before it resumes at the old
+phase's end (the worker ends its shard again at once and is switched then); after it, at
+the new phase's token 0 (prepare's identity check accepts exactly this switch)."""
 
 from __future__ import annotations
 
@@ -29,9 +19,8 @@ class PhaseSwitch:
         self.pod, self.starter = pod, starter
 
     def next_phase(self, run: GpuRun) -> int | None:
-        """The phase `run`'s GPU switches to now, or None: its worker did not end its shard,
-        its last phase ended, or the manifest does not hold the end of the phase its worker
-        trained (that final checkpoint was refused: the checks judge the GPU, not this)."""
+        """The phase `run`'s GPU switches to now; None when its worker did not end its shard,
+        its last phase ended, or its final checkpoint was refused (the checks judge that)."""
         if run.done_reason != END_OF_SHARD or run.done_at is None:
             return None
         entry = self.pod.manifest.entries.get(run.slot.gpu)
@@ -41,8 +30,7 @@ class PhaseSwitch:
         return phase if phase <= len(self.pod.plan.config.phases) else None
 
     def switch(self, run: GpuRun) -> bool:
-        """Move `run`'s GPU to its next phase and start its worker there. False when it has
-        none (the caller marks the GPU done)."""
+        """Start `run`'s GPU on its next phase; False: none (the caller marks it done)."""
         phase = self.next_phase(run)
         if phase is None:
             return False

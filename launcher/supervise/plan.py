@@ -1,12 +1,8 @@
-"""The launch plan: every file a person writes for a pod, read, validated and typed once, and
-where this launch's workers, checkpoints and shards are. Frozen: never changed once built
-(a step that resolves more of it builds a new one); per-start state (faults) stays out.
-
-`load_plan` builds it first; any mistake in any file is refused there, in one line, before
-anything is written, and so is a `sync:` past the hf:// repo's hourly commit budget. Nothing
-after opens those files again (tests/test_launch_plan.py changes them under a built plan).
-The manifest comes back beside the plan, not in it: it is the pod's state, rewritten all along.
-"""
+"""The launch plan: every file a person writes for a pod, read, validated and typed once by
+`load_plan` (any mistake refused in one line before anything is written), and where this
+launch's workers, checkpoints and shards are. Frozen: a step that resolves more builds a
+new one; nothing after reopens those files. The manifest, the pod's changing state, comes
+back beside it, not in it."""
 
 from __future__ import annotations
 
@@ -80,9 +76,8 @@ def load_plan(pod_dir: Path, stage: int | None, devices: str | None, gpus: str |
 
 def check_worker_settings(stages: dict[int, Stage], number: int, config: PodConfig,
                           stages_path: Path) -> None:
-    """The stage's settings and the config's `env`, parsed by the worker's own
-    WorkerSettings now: a bad value (BATCH: x) is refused before anything starts, not by
-    every worker after launch."""
+    """Parse the stage's settings and `env` with the worker's own WorkerSettings, so a bad
+    value is refused now, not by every worker after launch."""
     stage = get_stage(stages, number)
     try:
         WorkerSettings.from_env({**stage.settings, **config.env})
@@ -92,12 +87,9 @@ def check_worker_settings(stages: dict[int, Stage], number: int, config: PodConf
 
 
 def on_the_hub(plan: LaunchPlan, manifest: Manifest) -> set[int]:
-    """For a launch onto a Ray cluster: the GPUs whose checkpoint the hub holds (a hub
-    revision and sha256 recorded) and this machine does not (a pod rebuilt from the hub,
-    whose weights stayed there). Their node pulls and verifies it before the worker
-    starts (launcher/supervise/ray/node.py), and the worker checks it is its own at its
-    start token: the head neither pulls nor reads it (but the one its stage canary starts
-    from: stage_switch.ensure_canary_inputs)."""
+    """On Ray: the GPUs whose checkpoint the hub holds (revision and sha256 recorded) and this
+    machine does not. Their node pulls and verifies it; the head never reads it (but for
+    the canary's: stage_switch.ensure_canary_inputs)."""
     held = set()
     for slot in plan.slots:
         entry = manifest.entries.get(slot.gpu)
@@ -108,8 +100,6 @@ def on_the_hub(plan: LaunchPlan, manifest: Manifest) -> set[int]:
 
 
 def shards_on_nodes(plan: LaunchPlan, on_ray: bool) -> set[int]:
-    """The GPUs whose shards this machine neither fetches nor needs: on a Ray cluster with
-    `data:`, each node fetches (verified) the shards of the GPUs placed on it into its own
-    workdir before their workers start (launcher/supervise/ray/node.py), and which node a
-    GPU lands on is only known at placement."""
+    """The GPUs whose shards this machine never needs: on Ray with `data:`, each node fetches
+    its GPUs' own (which node a GPU lands on is only known at placement)."""
     return {s.gpu for s in plan.slots} if on_ray and plan.config.data else set()

@@ -1,7 +1,5 @@
-"""What `launch` checks and settles before it starts a single worker: the bodies of the
-steps launcher/cli/launch_steps.py runs in order. Any problem raises UserError (one line,
-exit 2) and no worker starts.
-"""
+"""The bodies of the steps launcher/cli/launch_steps.py runs, in its order, before any worker
+starts: any problem raises UserError (one line, exit 2) and no worker starts."""
 
 from __future__ import annotations
 
@@ -38,10 +36,9 @@ from launcher.supervise.launch_shards import refuse_missing_shards
 
 
 def refuse_budget_below_one_push(plan: LaunchPlan, manifest: Manifest) -> None:
-    """A retention.budget smaller than one push, refused at launch when the size of a push
-    is known: the checkpoints the manifest names on this disk (each push carries every
-    GPU's). Else the hub refuses each push hours later while the pod trains unprotected.
-    A new pod has none: its first push says it (launcher/hub/retention.check_budget)."""
+    """Refuse a retention.budget below one push (the checkpoints the manifest names on this
+    disk: each push carries every GPU's), else the hub refuses each push hours later while
+    the pod trains unprotected. A new pod's first push says it (retention.check_budget)."""
     settings = plan.config.retention_settings() if plan.config.hub else None
     if settings is None or settings.budget_bytes is None:
         return
@@ -57,11 +54,9 @@ def refuse_budget_below_one_push(plan: LaunchPlan, manifest: Manifest) -> None:
 
 
 def refuse_taken_over(plan: LaunchPlan, train_anyway: str) -> None:
-    """Another pod writes the run on the hub (`launch --from-hub` took it over): every push
-    of this pod would be refused, so what it trained could not be kept there. Refused before
-    any worker starts (UserError naming `train_anyway`, the command that trains without the
-    hub), from the lease at the hub's head; a hub that cannot be read now decides nothing,
-    but this pod's own record of a refused push to the same hub (`status`: HUB TAKEN OVER)."""
+    """Refuse when another pod writes the run on the hub (every push would be refused),
+    naming `train_anyway`, the command that trains without the hub. Decided by the lease at
+    the hub's head; an unreadable hub only by this pod's record of a refused push to it."""
     if not plan.config.hub:
         return
     try:
@@ -94,9 +89,8 @@ def refuse_if_busy(plan: LaunchPlan) -> None:
 
 def reconcile(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
               events: EventLog) -> None:
-    """Adopt checkpoints a worker wrote after its launcher died (from its checkpoint events,
-    verified against the file's sha256): the worker checkpoints on the SIGTERM it gets
-    when the launcher dies, and that progress must not be thrown away."""
+    """Adopt checkpoints a worker wrote after its launcher died (on the SIGTERM it then gets),
+    from its checkpoint events, verified against the file's sha256."""
     changed = False
     for slot in plan.slots:
         gpu = slot.gpu
@@ -128,10 +122,9 @@ def reconcile(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
 
 def complete_decided_rollback(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
                               events: EventLog, stage_given: bool) -> LaunchPlan:
-    """A rollback the last launcher decided and died carrying out is completed first
-    (launcher/pod/decided_rollback.py), before reconcile could adopt the failed GPU's
-    unjudged checkpoints; a launch without --stage then runs at its target stage (the
-    plan returned: the same plan at that stage)."""
+    """Complete a rollback the last launcher decided and died carrying out, before reconcile
+    could adopt the failed GPU's unjudged checkpoints. Returns the plan, at the target
+    stage when the launch gave no --stage."""
     to_stage = complete_decision(plan.pod_dir, manifest, index, events,
                                  plan.config.checkpoint_path)
     if to_stage is None:
@@ -150,8 +143,7 @@ def complete_decided_rollback(plan: LaunchPlan, manifest: Manifest, index: Check
 
 def never_resume_failed(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
                         events: EventLog) -> None:
-    """An entry naming a checkpoint marked failed goes to the newest passed one
-    (launcher/pod/failed_resume.py); a GPU with none left intact refuses the launch."""
+    """Entries naming a failed checkpoint go to the newest passed one; none left refuses."""
     if restore_passed(manifest, index, events, [s.gpu for s in plan.slots], refuse=True,
                       own_file_of=plan.config.checkpoint_path):
         write_manifest(manifest)
@@ -159,9 +151,8 @@ def never_resume_failed(plan: LaunchPlan, manifest: Manifest, index: CheckpointI
 
 def recover_checkpoints(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
                         events: EventLog, on_hub: set[int] = frozenset()) -> None:
-    """Each named checkpoint must hold the bytes its manifest entry records (every one is
-    hashed, in parallel): else they come from a local copy or the hub, or the launch is
-    refused (launcher/hub/recover.py). `on_hub`: GPUs whose nodes fetch their own."""
+    """Each named checkpoint holds its entry's bytes (hashed in parallel), else recovered from
+    a local copy or the hub, or refused. `on_hub`: GPUs whose nodes fetch their own."""
     if recover_all(plan.pod_dir, [s.gpu for s in plan.slots if s.gpu not in on_hub],
                    manifest, index, events, plan.config.hub, plan.config.checkpoint_path):
         write_manifest(manifest)
@@ -183,9 +174,8 @@ def validate(plan: LaunchPlan, manifest: Manifest, on_hub: set[int] = frozenset(
 
 
 def refuse_fresh_starts(plan: LaunchPlan, manifest: Manifest) -> None:
-    """A GPU whose manifest entry names no checkpoint and whose checkpoint file is absent
-    would train a new random model: only when the pod config says so (env:
-    ALLOW_FRESH_START: "1", as the demo preset)."""
+    """A GPU with no checkpoint named or on disk would train a new random model: only with
+    env ALLOW_FRESH_START: "1" in the pod config (as the demo preset)."""
     if plan.config.env.get("ALLOW_FRESH_START") == "1":
         return
     for slot in plan.slots:
@@ -202,8 +192,8 @@ def refuse_fresh_starts(plan: LaunchPlan, manifest: Manifest) -> None:
 
 
 def ensure_run_id(manifest: Manifest) -> None:
-    """Name this run in the manifest once (kept for ever after, pushed with it): each worker
-    records it in its checkpoints, so a checkpoint of another run is recognised."""
+    """Name the run in the manifest once: workers record it in their checkpoints, so one of
+    another run is recognised."""
     if not manifest.extra.get(RUN_ID_KEY):
         manifest.extra[RUN_ID_KEY] = uuid.uuid4().hex
         write_manifest(manifest)
@@ -211,9 +201,8 @@ def ensure_run_id(manifest: Manifest) -> None:
 
 def record_baselines(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
                      on_hub: set[int] = frozenset()) -> None:
-    """A GPU with progress but no verdict history (a pod this launcher never ran, e.g. the
-    user's live run) trusts the checkpoint its manifest names: it is the run as it stands.
-    (`on_hub`: not on this disk; its hub revision is its resume point after a lost node.)"""
+    """A GPU with progress but no passed checkpoint (a pod this launcher never ran) trusts
+    the one its entry names. `on_hub` GPUs aside: their hub revision is the resume point."""
     for slot in plan.slots:
         entry = manifest.entries.get(slot.gpu)
         if not entry or not entry.checkpoint or slot.gpu in on_hub:

@@ -1,18 +1,8 @@
-"""Stage verdicts and rollback: a GPU failing its checks at stage N costs only that GPU's
-unverified progress; the pod keeps its healthy GPUs and runs on at stage N-1.
-
-When a GPU fails its checks at stage N, the rollback is decided first and recorded (a
-`rollback_decided` event naming what each failed GPU goes back to, and
-logs/rollback_decided.json, which a launcher killed from then on leaves for the next launch
-to complete by the same rule). Then its worker is killed (its progress since the last
-passed checkpoint is discarded; a graceful save would only rotate a good file out), the
-others stop gracefully and keep their progress, the failed GPU's manifest entry goes back
-to its newest passed checkpoint, or, when nothing it wrote ever passed, to token 0 with its
-own files set aside (launcher/pod/failed_resume.py), and the pod restarts at stage N-1. A
-failure at stage 1, a second failure after a rollback, or a GPU whose passed checkpoints
-are all gone stops the pod: FAILED, exit 1. It never loops.
-`fractus-pod rollback --to-stage N` while the launcher runs asks for the same by hand.
-"""
+"""Stage verdicts and rollback (docs/LAUNCHER.md "Rollback"): a GPU failing its checks at
+stage N loses only its unverified progress; the pod runs on at stage N-1. The decision is
+recorded before anything stops (a killed launcher's successor completes it); a failed GPU
+is killed, since a graceful save would only rotate a good file out. Never loops: stage 1,
+or a second failure, fails the pod."""
 
 from __future__ import annotations
 
@@ -93,9 +83,8 @@ class StageRollback:
 
     def restore(self, run: GpuRun, from_stage: int, target_stage: int, auto: bool,
                 target: dict | None) -> bool:
-        """Set a failed GPU's entry back to `target`, its newest passed checkpoint, or to
-        token 0 when nothing it wrote ever passed; False (the pod failed) when it had passed
-        checkpoints and none is left."""
+        """Set a failed GPU's entry to `target`, or token 0 when nothing it wrote passed;
+        False (the pod failed) when it had passed checkpoints and none is left."""
         pod, gpu = self.pod, run.slot.gpu
         pod.custodian.fail_pending(gpu, f"GPU failed at stage {from_stage} before this was "
                                         f"verified")
@@ -140,8 +129,7 @@ class StageRollback:
 
 
     def _stale(self, request: dict) -> bool:
-        """A request made to another launcher (one that ended before taking it): dropped,
-        and said, never carried out by this one."""
+        """A request made to another launcher (ended before taking it): dropped, and said."""
         if request.get("launcher_id") == self.pod.launcher_id:
             return False
         self.pod.events.emit("rollback_request_stale", to_stage=request.get("to_stage"),
@@ -151,8 +139,7 @@ class StageRollback:
         return True
 
     def refuse_request(self, reason: str) -> None:
-        """A request that arrived while this launcher could not act on it (the stage
-        canary ran): refused, in the events, instead of firing later."""
+        """Refuse a request that came while the canary ran, rather than fire it later."""
         request = take_rollback_request(self.pod.pod_dir)
         if request is not None and not self._stale(request):
             self.pod.events.emit("rollback_refused", to_stage=request.get("to_stage"),

@@ -1,9 +1,6 @@
-"""The gate before a stage switch: `launch --stage N` on a pod at stage M < N runs the canary.
-
-Anything but a pass raises Refused (exit 1, one line), so nothing switches (docs/CANARY.md). A stop
-(SIGTERM/SIGINT, `fractus-pod stop`, the launch's --max-time) while the canary runs cuts it
-short and raises LaunchStopped: nothing switched, the pod stays at stage M, exit 0.
-"""
+"""The gate before a stage switch up, M < N: the canary (docs/CANARY.md). Anything but a pass
+raises Refused (exit 1); a stop meanwhile raises LaunchStopped (exit 0). Either way nothing
+switches and the pod stays at stage M."""
 
 from __future__ import annotations
 
@@ -20,9 +17,8 @@ class LaunchStopped(Exception):
 
 
 class EarlyStop:
-    """A stop that arrives before supervision starts (the canary can run for minutes):
-    SIGTERM/SIGINT are remembered instead of killing the launcher, and the launch's
-    --max-time counts from the start of `launch`, the canary included."""
+    """A stop before supervision (the canary can take minutes): SIGTERM/SIGINT remembered,
+    not fatal; --max-time counts from the start of `launch`."""
 
     def __init__(self, deadline: float | None):
         self.deadline = deadline
@@ -49,8 +45,7 @@ def stage_before_launch(plan, manifest) -> int | None:
 
 
 def canary_gate(plan, manifest, events, no_canary: bool, stop: EarlyStop) -> None:
-    """Before a switch up from stage M to N > M: the canary on the first GPU (docs/CANARY.md).
-    Anything but a pass raises, so nothing switches: no worker starts, the manifest keeps M."""
+    """The canary on the first GPU before a switch up; anything but a pass raises."""
     # Here, not at the top: `launch` imports this module first to install EarlyStop, and
     # the canary's imports (~50 ms) would delay catching a stop.
     from launcher.checks.canary import run_canary
@@ -93,14 +88,10 @@ def canary_gate(plan, manifest, events, no_canary: bool, stop: EarlyStop) -> Non
 
 
 def ensure_canary_inputs(plan, manifest) -> None:
-    """Right before the stage canary runs on this machine, what it reads is here:
-    - with `data:`, its shard, verified once more (fetch_shards saw the manifest before a
-      rollback the last launcher decided could move the GPU to another phase; a shard
-      fetch_shards stamped costs a stat, no read and no store);
-    - its checkpoint, when only the hub holds it (a Ray pod leaves those to the nodes:
-      on_the_hub): pulled to the name its entry gives, verified against the revision's
-      index and the entry's sha256, the entry unchanged (the node pulls it by that name).
-    Refused (exit 1, one line) when it cannot be had."""
+    """What the canary reads, here, else Refused (exit 1): with `data:` its shard verified
+    again (a decided rollback may have moved the GPU's phase since fetch_shards; a stamped
+    shard costs a stat); a hub-only checkpoint pulled to its entry's name and checked
+    against its sha256, the entry unchanged (the node pulls it by that name)."""
     # Here, as in canary_gate: launch imports this module before EarlyStop is installed.
     from launcher.supervise.launch_shards import canary_shard, ensure_shards_here
     from launcher.supervise.plan import on_the_hub
@@ -125,10 +116,8 @@ def ensure_canary_inputs(plan, manifest) -> None:
 
 
 def record_stage(manifest, gpus: list[int], stage: int, events) -> bool:
-    """The stage a launch runs, recorded for every GPU of it with progress before any worker
-    starts (a switch up has passed its canary by then): a run stopped or killed before some
-    GPU's first checkpoint at the new stage still leaves one recorded stage, so the next
-    plain `launch` resumes there instead of going back. True when it changed the stage."""
+    """Record the launch's stage for its GPUs with progress before any worker starts, so a
+    run killed before a GPU's first checkpoint there still resumes at it. True: changed."""
     recorded = manifest.recorded_stages(gpus)
     if not recorded or recorded == [stage]:
         return False

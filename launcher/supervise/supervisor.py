@@ -1,14 +1,7 @@
-"""The pod supervisor: one worker per GPU, health checks, restarts, hang detection, rollback.
-Owner: `launch`, which builds it and calls `run`.
-
-A single-threaded poll loop, TorchElastic's agent read top to bottom: start every worker,
-then each turn monitor (each worker's new lines), react (an exit, a hang, a lost node, each
-to its handler), restart, judge the pod (roll back, stop, done), give the checkpoint
-custodian its turn (pushes in the background) and write logs/pod_state.json. Decisions go
-to logs/events.jsonl before they act. Processes are the WorkerBackend's (backend.py); a
-checkpoint once written, its pushes and the hub lease the CheckpointCustodian's
-(custodian.py); the jobs are components sharing one PodRun (pod_run.py).
-"""
+"""The pod supervisor: a single-threaded poll loop over one worker per GPU; `launch` builds it
+and calls `run`. Decisions go to logs/events.jsonl before they act. Each turn: monitor,
+react, restart, judge the pod, the custodian's turn, logs/pod_state.json. Components and
+interfaces: docs/LAUNCHER.md "How the supervisor decides"."""
 
 from __future__ import annotations
 
@@ -53,12 +46,10 @@ from launcher.supervise.local_backend import LocalBackend
 
 
 class Supervisor:
-    """`backend` runs the workers (default: the plan's, made by open_backend after any --detach
-    fork: RayBackend with `plan.ray`, else LocalBackend, child processes of this launcher);
-    `copies`: where their checkpoints are (default: the backend's); `clock` is the monotonic
-    clock of hang and backoff timing (a fake one in tests). `faults`: gpu -> the fault of
-    its first start; `launcher_id`: the pod lock's; `relaunched`: the last launcher's final
-    saves each GPU resumes from (a rollback's target: never a copy)."""
+    """`backend`: default the plan's (Ray, made by open_backend after any --detach fork, else
+    LocalBackend); `copies`: default the backend's; `clock`: monotonic, of hangs and backoff.
+    `faults`: gpu -> its first start's fault; `launcher_id`: the pod lock's; `relaunched`:
+    the last launcher's final saves each GPU resumes from (a rollback's target, never a copy)."""
 
     def __init__(self, plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
                  events: EventLog, backend: WorkerBackend | None = None,
@@ -103,8 +94,7 @@ class Supervisor:
         self.final_probes_s = 0.0
 
     def use_backend(self, backend: WorkerBackend, copies: LocalCopies) -> None:
-        """Run the workers on `backend`, their checkpoints kept where `copies` says (chosen
-        after a --detach fork, before anything is pushed)."""
+        """Run the workers on `backend`, their checkpoints where `copies` says."""
         pod = self.pod
         pod.backend = backend
         pod.runs = _gpu_runs(pod.plan, backend)
@@ -120,16 +110,14 @@ class Supervisor:
                             f"probe the checkpoints on its nodes")
 
     def open_backend(self) -> None:
-        """The plan's Ray backend and its checkpoints on the nodes, made once, after any
-        --detach fork (a Ray driver does not survive one); UserError when Ray is missing or
-        the cluster cannot be reached."""
+        """Make the plan's Ray backend and copies once, after any --detach fork (a Ray driver
+        does not survive one); UserError: Ray missing or unreachable."""
         if self.connect_ray:
             self.connect_ray = False
             self.use_backend(*_ray_backend(self.pod.plan, self.pod.events))
 
     def gate(self, check) -> None:
-        """Run `check` (the stage canary) in the CANARY state: it passes, or its refusal is
-        raised on with the pod STOPPED (nothing switched, nothing started)."""
+        """Run `check` (the stage canary) in state CANARY; a refusal is raised, pod STOPPED."""
         self.pod.move(PodEvent.CANARY_STARTED)
         self.view.write(force=True)
         gate_started = time.time()
@@ -255,9 +243,8 @@ class Supervisor:
             pod.events.emit("pod_done", stage=pod.stage)
 
     def _end(self) -> None:
-        """After the loop: a clean end judges each GPU's last checkpoint, then the probes
-        close, the custodian (its nodes' last pushes), the backend, and the hub sync (the
-        end of a run is pushed, whatever ended it)."""
+        """After the loop: a clean end's final verdicts, then close probes, custodian, backend;
+        the hub sync's last push comes whatever ended the run."""
         pod = self.pod
         if pod.tracker is not None:      # the run's last lines, whatever ended it
             pod.tracker.close()
