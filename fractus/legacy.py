@@ -1,20 +1,17 @@
 """Loading the reference's legacy checkpoints: `{"model_state": state_dict, "config": {...}}`.
 
-Production files may carry an `_orig_mod.` prefix on every key (saved from a compiled
-module) and carried-state buffers at the training batch size. Parameters are loaded
-strictly; carried buffers are restored when their batch size fits, else reset. A file
-written from the parameters alone (the user's merged brain) may lack what the model's
-construction computes: its constant buffers (`attn.level_offsets`, `moe.expert_phases`)
-and the second name of a tied weight (`output_head.weight`, the same tensor as
-`observe.weight`). Those are filled from the construction and named (`filled_keys`,
-`describe_filled`); a missing learned parameter is refused.
+Keys may carry an `_orig_mod.` prefix (saved from a compiled module); carried-state
+buffers are at the training batch size, restored when it fits, else reset. Parameters load
+strictly, but a file of parameters alone (the user's merged brain) may lack what
+construction computes: constant buffers (`attn.level_offsets`, `moe.expert_phases`) and a
+tied weight's second name (`output_head.weight` = `observe.weight`); those are filled from
+construction and named (`describe_filled`); a missing learned parameter is refused.
 
-Every file the reference trains from loads here (`as_engine_checkpoint`):
-  v1 `{"model_state", "config"}` whose config holds the v1 TARGET keys and no vocab_size
-  (50257 is implied: EngineConfig's default), the merged brain (same layout, carried
-  buffers dropped), fractus-pod's full checkpoints (the same two keys plus train_state and
-  optimizer_state), and a bare state_dict or a `{"model_state"}` without config, which
-  the reference builds with its TARGET config: here the caller's `config` (the pod's model).
+Formats that load (`as_engine_checkpoint`): v1 `{"model_state", "config"}` with the v1
+TARGET keys and no vocab_size (50257 implied: EngineConfig's default); the merged brain
+(same, carried buffers dropped); fractus-pod's (plus train_state, optimizer_state); and a
+bare state_dict or config-less `{"model_state"}`, built with the caller's `config` (the
+reference uses its TARGET config).
 """
 
 from __future__ import annotations
@@ -28,9 +25,8 @@ import torch
 from .config import EngineConfig
 
 COMPILED_PREFIX = "_orig_mod."
-# torch.save writes every record of its zip stored (uncompressed); only a foreign or hostile
-# file deflates one. A deflated record may declare at most this many bytes, so a small
-# file cannot inflate its pickle record to gigabytes in the launcher's pre-start check.
+# torch.save stores zip records uncompressed; only a foreign or hostile file deflates one.
+# A cap, so a small file cannot inflate a record to gigabytes in the pre-start check.
 MAX_INFLATED_RECORD = 64 << 20
 
 
@@ -40,11 +36,8 @@ class CheckpointLoadError(ValueError):
 
 
 def read_checkpoint(source, map_location="cpu", mmap: bool = False) -> dict:
-    """A checkpoint dict from a path or an already-loaded dict; never unpickles code.
-
-    `mmap=True` maps the tensors' bytes instead of reading them (files in torch's pre-zip
-    format cannot be mapped and are read whole). A file that does not load raises
-    CheckpointLoadError with one line."""
+    """A checkpoint dict from a path or dict; never unpickles code; CheckpointLoadError if
+    it does not load. `mmap=True` maps tensors (torch's pre-zip format is read whole)."""
     if isinstance(source, dict):
         return source
     if not isinstance(source, (str, os.PathLike)):
@@ -65,10 +58,9 @@ def read_checkpoint(source, map_location="cpu", mmap: bool = False) -> dict:
 
 
 def check_zip_directory(path) -> None:
-    """Refuse (CheckpointLoadError) a zip whose directory declares a record that would
-    inflate past MAX_INFLATED_RECORD, or a stored record larger than its bytes: read from
-    the central directory alone, before any record is read. Files in torch's pre-zip
-    format have no directory and pass to torch.load."""
+    """CheckpointLoadError for a zip whose central directory declares a record inflating
+    past MAX_INFLATED_RECORD or a stored record larger than its bytes, before any record
+    is read. Pre-zip files pass to torch.load."""
     import zipfile
     try:
         if not zipfile.is_zipfile(path):
@@ -90,9 +82,8 @@ def check_zip_directory(path) -> None:
 
 
 def state_mismatch(config: EngineConfig, state: dict) -> str | None:
-    """How `state` (a model_state) differs from the model `config` builds, by parameter
-    names and shapes (carried buffers aside), or None when it fits. The model is built on
-    the meta device: no memory, no weights read."""
+    """How `state` differs from `config`'s model in names and shapes (carried buffers aside),
+    or None; built on the meta device, so nothing is allocated."""
     return state_fit(config, state)[0]
 
 
@@ -109,10 +100,8 @@ def state_fit(config: EngineConfig, state: dict) -> tuple[str | None, str | None
 
 
 def filled_keys(model: torch.nn.Module, state: dict) -> list[str]:
-    """The names of `model`'s state that `state` (prefix stripped) lacks and its
-    construction supplies: constant buffers (carried ones aside, which a load resets), and
-    a tied weight's other names when one of them is given. Any other missing name is a
-    learned parameter, refused by `_mismatch`."""
+    """Names `state` (prefix stripped) lacks that construction supplies: constant (not
+    carried) buffers, and a tied weight's other names when one is given."""
     given = set(state)
     filled = [name for name, _ in model.named_buffers()
               if name not in given and not _is_carried(name)]
@@ -161,9 +150,8 @@ def _mismatch(fixed: dict, state: dict, model: torch.nn.Module | None = None) ->
 
 
 def describe_load_error(exc: BaseException) -> str:
-    """Why a weights-only load failed, in one line. torch's own message for a refused
-    pickle is several lines advising weights_only=False, i.e. running the file's code:
-    that advice is never repeated."""
+    """Why a weights-only load failed, in one line; never repeats torch's advice to use
+    weights_only=False (running the file's code)."""
     import pickle
     if isinstance(exc, pickle.UnpicklingError):
         return ("refused: it holds pickled objects or code that a weights-only load does not "

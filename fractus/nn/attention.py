@@ -5,26 +5,20 @@ For every group g and position t (the current token included), with carry (S0, z
     S_t = S0 + sum_{j<=t} k[j] (outer) v[j]     z_t = z0 + sum_{j<=t} k[j]
     y_t = (q[t] @ S_t) / (q[t] . z_t + 1e-20)   where |q[t] . z_t| > 1e-10, else 0
 
-`linear_attention(q, k, v, carry)` returns `(y, (S_C, z_C))`, the final state with the carry
-included. q and k arrive already feature-mapped (elu + 1). Kernels, chosen at run time:
+`linear_attention` returns `(y, (S_C, z_C))`, the final state with the carry included; q
+and k arrive feature-mapped (elu + 1). Kernels, chosen at run time:
 
-- "einsum":  the reference form, kept as ground truth. The per-position outer products k v^T,
-             shape (G, C, D, D), are summed causally by a lower-triangular (C x C) mask matmul:
-             O(C^2 D^2) work and several (G, C, D, D) tensors. This is the masked-matmul the
-             user's engine ran (and measured), so it is the baseline of the speed goals.
-- "cumsum":  prefix sums of the same outer products: O(C D^2), still (G, C, D, D) in memory.
-- "chunked": memory-flat. Positions are cut into blocks (CHUNK_BLOCK = 64); inside a block a
-             masked (block x block) score matrix, between blocks a running (S, z) that each block
-             reads BEFORE adding itself (the current token comes from the in-block part). Its
-             largest tensors are (G, block, block) scores and (G, D, D) states, never
-             (G, C, D, D); a last block shorter than the others is exact.
+- "einsum":  ground truth, the masked matmul the user's engine ran and measured (baseline of
+             the speed goals): O(C^2 D^2) work, several (G, C, D, D) tensors.
+- "cumsum":  prefix sums of the outer products: O(C D^2), still (G, C, D, D) in memory.
+- "chunked": memory-flat: blocks of CHUNK_BLOCK positions, a masked score matrix inside a
+             block, a running (S, z) between blocks (read BEFORE the block adds itself);
+             largest tensors (G, block, block) and (G, D, D); a short last block is exact.
 
-Numerics: half-precision inputs (bf16/fp16, e.g. under CUDA autocast) are computed in float32
-with autocast disabled inside the kernel; y comes back in the inputs' dtype, the state in
-float32 (or the carry's dtype if wider). Float32 and float64 run as they come.
-NaN/Inf inputs propagate, never replaced. Through the 0 * NaN of a masked matmul a NaN at
-position j also reaches earlier rows of its block (chunked) or chunk (einsum, as in the
-reference); cumsum keeps it to positions >= j.
+Numerics: bf16/fp16 inputs are computed in float32 with autocast off; y returns in the
+inputs' dtype, the state in float32 (or the carry's dtype if wider). NaN/Inf propagate.
+Through a masked matmul's 0 * NaN, a NaN at position j also reaches earlier rows of its
+block (chunked) or chunk (einsum, as the reference); cumsum keeps it to positions >= j.
 """
 
 from __future__ import annotations
@@ -51,9 +45,8 @@ Carry = Tuple[Tensor, Tensor]
 def _normalise(num: Tensor, den: Tensor) -> Tensor:
     """y = num / (den + 1e-20) where |den| > 1e-10, else 0.
 
-    Written as "zero where |den| <= 1e-10" so a NaN denominator propagates instead of being
-    replaced by 0. The division runs on a denominator set to 1 where the result is discarded:
-    same forward values, but no inf/NaN in the gradient of the discarded branch.
+    "Zero where |den| <= 1e-10" lets a NaN denominator propagate; discarded entries divide by
+    1, so their branch puts no inf/NaN in the gradient.
     """
     keep = ~(den.abs() <= DEN_ZERO)
     safe_den = torch.where(keep, den, torch.ones_like(den))
@@ -87,13 +80,10 @@ def _causal_mask(n: int, device: torch.device) -> Tensor:
 
 
 class _ChunkedAttention(torch.autograd.Function):
-    """The chunked kernel with a hand-written backward.
-
-    Autograd would keep about ten (G, block, block)/(G, block, D) intermediates per block for
-    backward; this keeps only the inputs, y, 1/den and the (G, D, D) state before each block,
-    recomputes the in-block scores and works in place within a block. Same values, lower
-    peak memory, fewer small kernels. (Block results are computed contiguous and then copied
-    into their slice: a bmm writing straight into a strided slice is ~3x slower on CPU.)
+    """The chunked kernel with a hand-written backward: keeps only the inputs, y, 1/den and
+    each block's incoming (G, D, D) state (autograd keeps ~10 block-sized intermediates per
+    block) and recomputes the in-block scores. Block results are computed contiguous, then
+    copied: a bmm into a strided slice is ~3x slower on CPU.
     """
 
     @staticmethod
@@ -159,13 +149,9 @@ class _ChunkedAttention(torch.autograd.Function):
 
 def chunked_attention(q: Tensor, k: Tensor, v: Tensor, S0: Tensor, z0: Tensor,
                       block: int = CHUNK_BLOCK):
-    """Blockwise kernel: masked scores inside a block, running (S, z) between blocks.
-
-    A python loop over the C / block blocks (never over positions); every step is a batched
-    matmul over the G groups, forward and (hand-written) backward. Measured on CPU, the loop
-    beats building all block states at once with a cumsum over blocks, and the hand-written
-    backward beats autograd's in time and peak memory. Differentiable once (no double
-    backward).
+    """Blockwise kernel; a python loop over blocks, batched over groups. Measured on CPU: the
+    loop beats a cumsum over all block states, the hand-written backward beats autograd's
+    in time and peak memory. Differentiable once.
     """
     if block < 1:
         raise ValueError(f"chunked attention: block must be >= 1, got {block}")
@@ -226,11 +212,8 @@ def unregister_attention_impl(name: str) -> None:
 
 
 def set_attention_impl(name: Optional[str]) -> None:
-    """Choose the kernel for every later call with impl=None.
-
-    None returns to automatic: FRACTUS_ATTN_IMPL (read again at the next use), else the device
-    default.
-    """
+    """Kernel for later impl=None calls; None: automatic (FRACTUS_ATTN_IMPL, re-read at next
+    use, else the device default)."""
     global _explicit_choice, _env_choice, _env_read
     if name is None:
         _explicit_choice, _env_choice, _env_read = None, None, False
@@ -321,11 +304,9 @@ def _check_outputs(name: str, y: Tensor, S: Tensor, z: Tensor, q: Tensor) -> Non
 
 def linear_attention(q: Tensor, k: Tensor, v: Tensor, carry: Optional[Carry] = None,
                      impl: Optional[str] = None) -> Tuple[Tensor, Carry]:
-    """Causal inclusive linear attention on (G, C, D) tensors -> (y, (S, z)), state carry included.
+    """(G, C, D) tensors -> (y, (S, z)), carry included; gradients flow to q, k, v, carry.
 
-    `impl` None uses the global choice (set_attention_impl, FRACTUS_ATTN_IMPL, device default).
-    Raises ValueError, before any computation, on an unknown impl or on bad shapes/dtypes.
-    Gradients flow to q, k, v and to the carry.
+    Raises ValueError, before any computation, on an unknown impl or bad shapes/dtypes.
     """
     if impl is None:
         impl = get_attention_impl(q.device if isinstance(q, Tensor) else None)

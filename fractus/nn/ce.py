@@ -1,24 +1,15 @@
-"""The tied 50257-way head, piece by piece: cross-entropy and sampling.
+"""The tied 50257-way head (`logits = h @ W.T`, W the (V, d) embedding), `ce_chunk` rows at
+a time, so at most one piece of logits exists instead of several N x V tensors.
 
-The head computes `logits = h @ W.T` with W the tied embedding (V, d). Materialising all
-N x V logits (and autograd's log-softmax output and its gradients, each as large) is what
-makes the head expensive in memory and time. Here rows are processed in pieces of
-`ce_chunk` rows, so at most one piece of logits exists at a time:
+- `chunked_cross_entropy`: fused loss + gradients, same values as
+  `F.cross_entropy(h @ W.T, targets)`; nothing N x V is kept for backward.
+- `sample_tokens_chunked`: inverse-CDF sampling on float64 cumulative weights, the
+  distribution of `torch.multinomial` exactly; one uniform per row, so the RNG stream
+  differs (statistically, not bitwise, equal).
 
-- `chunked_cross_entropy` is a fused autograd Function: while a piece of logits is in
-  memory it yields both the piece's loss and, turned in place into softmax - onehot, its
-  share of dL/dh and dL/dW (two matmuls); nothing N x V is kept for backward. Same mean
-  loss and same gradients for h and W as `F.cross_entropy(h @ W.T, targets)`, with fewer
-  full passes over the V-wide tensor than autograd's log_softmax + nll_loss.
-- `sample_tokens_chunked` draws one token per row from softmax(h @ W.T / T) by inverse-CDF
-  sampling on float64 cumulative weights: the distribution of `torch.multinomial` exactly,
-  one uniform draw per row instead of one exponential draw per logit (the RNG stream differs
-  from the dense multinomial: statistically, not bitwise, equal).
-
-Mixed precision: under autocast the logits matmul runs in the autocast dtype, like a plain
-matmul would, and the softmax statistics run in float32, like `F.cross_entropy` does under
-autocast. Without autocast everything runs in the inputs' dtype (half types keep float32
-statistics).
+Mixed precision: under autocast the matmul runs in the autocast dtype and the softmax
+statistics in float32 (as `F.cross_entropy` under autocast); without autocast, the inputs'
+dtype (half types keep float32 statistics).
 """
 
 from __future__ import annotations
@@ -119,11 +110,8 @@ def _pieces(n_rows: int, ce_chunk: int) -> list[tuple[int, int]]:
 
 
 class _PieceLogits:
-    """Computes one piece of logits into buffers reused from piece to piece.
-
-    Reusing one buffer avoids a fresh allocation (and its page faults) per piece; the
-    statistics buffer is a second, float32 one only when the matmul runs in a half type.
-    """
+    """One piece of logits into buffers reused per piece (no allocation and page faults per
+    piece); a second, float32 statistics buffer only when the matmul runs in a half type."""
 
     def __init__(self, hc: torch.Tensor, Wc: torch.Tensor, rows: int, stats_dtype):
         shape = (rows, Wc.shape[0])
@@ -142,11 +130,8 @@ class _PieceLogits:
 
 
 def _shift_exp_(x: torch.Tensor) -> torch.Tensor:
-    """In place x <- exp(x - rowmax); returns the finite-safe row max (n, 1).
-
-    As torch.logsumexp: an infinite max is replaced by 0 so +inf rows give +inf (not NaN)
-    and all -inf rows give -inf; NaN stays NaN.
-    """
+    """In place x <- exp(x - rowmax); returns the row max (n, 1), an infinite max replaced
+    by 0 as torch.logsumexp does (+inf rows give +inf, all -inf rows -inf, NaN stays NaN)."""
     row_max = x.amax(dim=1, keepdim=True)
     row_max = torch.where(torch.isinf(row_max), torch.zeros_like(row_max), row_max)
     x.sub_(row_max)
@@ -163,17 +148,12 @@ def _shift_exp_(x: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------- cross-entropy
 
 class _ChunkedCrossEntropy(torch.autograd.Function):
-    """Mean CE of h @ W.T against targets, and its gradients, in one pass over the pieces.
-
-    h (N, d), W (V, d), targets (N,) int64. Each piece of logits becomes, in place,
-    exp(logits - max) (summed for the loss) and then, when gradients are wanted,
-    dL/dlogits = (softmax - onehot) / N, consumed at once by the two gradient matmuls. So
-    the forward keeps only the (N, d) and (V, d) gradients for backward, which scales them
-    by the incoming gradient. Computing them here rather than recomputing each piece's
-    logits in backward (checkpointing) saves one N x V x d matmul and three passes over
-    every piece, and peaks no higher: the head is the last op of the forward, and the
-    (V, d) gradient exists from the start of backward to its end in either case.
-    """
+    """Mean CE and its gradients in one pass: each piece becomes, in place, exp(logits - max)
+    and then (softmax - onehot) / N for the two gradient matmuls; backward only scales the
+    kept (N, d) and (V, d) gradients. Versus recomputing the logits in backward
+    (checkpointing) this saves one N x V x d matmul and three passes per piece, at no higher
+    peak: the head is the forward's last op, and the (V, d) gradient lives through backward
+    either way."""
 
     @staticmethod
     def forward(ctx, h, W, targets, ce_chunk, matmul_dtype, grad_enabled):
@@ -227,11 +207,8 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
 
 
 def _mean_ce_grad_logits(x, target, row_sum, n_rows, piece_logits) -> torch.Tensor:
-    """x = exp(logits - max) (n, V) -> dL/dlogits = (x / row_sum - onehot) / N, in place.
-
-    Returned in the matmul dtype: under autocast the scaling writes straight into the
-    piece's half-precision logits buffer (one pass for both the scale and the cast).
-    """
+    """x = exp(logits - max) (n, V) -> dL/dlogits = (x / row_sum - onehot) / N, in place, in
+    the matmul dtype (under autocast one pass scales and casts into the half logits buffer)."""
     x.scatter_add_(1, target, -row_sum)  # x - row_sum * onehot: (softmax - onehot) * row_sum
     scale = (row_sum * n_rows).reciprocal_()
     if x.dtype == piece_logits.logits.dtype:
@@ -243,21 +220,15 @@ def chunked_cross_entropy(h: torch.Tensor, W: torch.Tensor, targets: torch.Tenso
                           ce_chunk: int) -> torch.Tensor:
     """Mean cross-entropy of `h @ W.T` against `targets`, `ce_chunk` rows at a time.
 
-    h: (N, d) or (B, C, d); W: (V, d), the (tied) head weight; targets: integer ids shaped
-    like h without its last dim. `ce_chunk <= 0` or `>= N` means a single piece. Returns
-    the same value, and the same gradients for h and W, as
-    `F.cross_entropy(h @ W.T, targets)` (reduction mean, no ignore_index: every id must be
-    in [0, V)). Peak memory: one piece of logits (twice under autocast: the matmul-dtype
-    piece and its float32 copy) instead of several N x V tensors.
+    h: (N, d) or (B, C, d); W: (V, d); targets: ids shaped like h without its last dim, all
+    in [0, V) (no ignore_index). `ce_chunk <= 0` or `>= N`: one piece. Peak memory: one
+    piece of logits (two under autocast: the matmul-dtype piece and its float32 copy).
 
-    The gradients are computed during this call (when grad mode is on and h or W requires
-    grad) and kept, (N, d) + (V, d), until backward scales them. So: backward once per call
-    (a second backward through a retained graph raises), and running several of these
-    forwards before one backward holds one (V, d) gradient per call.
-
-    Raises ValueError on wrong ranks, shapes, dtypes or devices, and on ids outside [0, V)
-    when targets live on the CPU (on CUDA the range check is skipped to avoid a device
-    sync; an out-of-range id then trips a device-side assert). NaN/Inf in h propagate.
+    Gradients are computed in this call and kept, (N, d) + (V, d), until backward: backward
+    once per call (a second one through a retained graph raises), and several forwards
+    before one backward hold one (V, d) gradient each. Raises ValueError on bad ranks,
+    shapes, dtypes, devices, and on out-of-range ids on CPU only (see `_check_targets`).
+    NaN/Inf in h propagate.
     """
     _check_head_inputs(h, W, ce_chunk)
     _check_targets(targets, h, W.shape[0])
@@ -280,14 +251,10 @@ def sample_tokens_chunked(h: torch.Tensor, W: torch.Tensor, temperature: float,
                           ) -> torch.Tensor:
     """One token per row from softmax(h @ W.T / temperature), `ce_chunk` rows at a time.
 
-    Same distribution as `torch.multinomial(softmax(h @ W.T / T), 1)`. Inverse-CDF
-    sampling: per piece, unnormalised weights exp((logits - max) / T), one float64 uniform
-    per row from `generator` (or the default generator of h's device), and a float64
-    search of the cumulative weights. Same generator state -> same tokens.
-
-    h: (N, d) or (B, C, d) -> int64 tokens (N,) or (B, C). A row whose weights are not
-    finite or sum to zero (NaN/Inf in h) raises FloatingPointError on CPU; on other devices
-    a device-side assert fires instead (as torch.multinomial does), to avoid a sync.
+    h: (N, d) or (B, C, d) -> int64 tokens (N,) or (B, C); one float64 uniform per row from
+    `generator` (default: h's device's), so same generator state -> same tokens. A row with
+    non-finite or zero total weight raises FloatingPointError on CPU, a device-side assert
+    elsewhere (as torch.multinomial; no sync).
     """
     _check_head_inputs(h, W, ce_chunk)
     if (isinstance(temperature, bool) or not isinstance(temperature, numbers.Real)
@@ -311,22 +278,19 @@ def sample_tokens_chunked(h: torch.Tensor, W: torch.Tensor, temperature: float,
     return tokens.reshape(h.shape[:-1])
 
 
-# Columns per block of the two-level cumulative sum below. A module constant so tests can
-# make blocks smaller than their vocabulary and exercise the block boundaries.
+# Columns per block of the two-level cumulative sum; tests shrink it to cross block bounds.
 _CDF_BLOCK = 1024
 
 
 def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor, first_row: int) -> torch.Tensor:
     """Per row, the index where u * (total weight) falls in the cumulative weights.
 
-    weights (n, V) >= 0 (float32 or float64), u (n, 1) float64 uniforms in [0, 1) ->
-    (n,) int64. Two levels, so no V-wide float64 copy is made: block sums (summed in the
-    weights' dtype, relative error ~1e-7, the precision of float32 weights themselves) pick
-    a block through their float64 cumulative sum; then only that block's weights are
-    cumulated in float64, and the position inside it is rescaled to that cumulative sum, so
-    each token keeps its exact share of its block. (One float32 cumulative sum over all
-    50257 entries would shift every boundary by up to ~6e-8 of the total: a large relative
-    error for rare tokens.) A token of zero weight is never chosen.
+    weights (n, V) >= 0 (float32/64), u (n, 1) float64 in [0, 1) -> (n,) int64. Two levels,
+    no V-wide float64 copy: block sums (in the weights' dtype, rel. error ~1e-7, float32's
+    own precision) pick a block via their float64 cumsum; only that block is cumulated in
+    float64 and the position rescaled to it, so each token keeps its exact share. (One
+    float32 cumsum over 50257 entries shifts every boundary by up to ~6e-8 of the total: a
+    large relative error for rare tokens.) A zero-weight token is never chosen.
     """
     n, vocab = weights.shape
     n_full = vocab // _CDF_BLOCK

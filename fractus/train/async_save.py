@@ -1,21 +1,13 @@
 """Checkpoints that do not stop training: snapshot at the step boundary, write in the background.
 
-The training thread pays only for a copy of the checkpoint's tensors into reusable host
-buffers (pinned on CUDA, where the copy is queued on the training stream and the writer
-waits for it). A background thread then runs the ordinary `save_checkpoint` on that copy:
-finiteness check, serialisation with the sha256, fsync, rotation, rename. The caller's
-`on_durable` runs only after that returns, so the `checkpoint` event never names a file
-that is not on disk yet.
+The training thread pays only a copy into reusable host buffers (pinned on CUDA, queued on
+the training stream); a background thread runs `save_checkpoint` on it, and `on_durable`
+runs after, so the `checkpoint` event never names a file not yet on disk. One save in
+flight at most (host memory: one snapshot); a background failure (non-finite weights, disk
+full) is raised on the training thread by the next `check`, `submit` or `wait`.
 
-One save is in flight at most: `submit` first waits for the previous one, so the host
-memory is bounded by one snapshot (the buffers are reused from save to save; `prepare`
-allocates them in the background ahead of the first save). A failure of
-the background write (non-finite weights, disk full) is raised on the training thread by
-the next `check`, `submit` or `wait`.
-
-The snapshot copies storages, not tensors: tensors that share memory in the model (tied
-weights) share it in the snapshot too, so the file is byte for byte what a synchronous
-`torch.save` of the live state writes.
+Storages are copied, not tensors: tied weights stay shared, so the file is byte for byte
+what a synchronous `torch.save` of the live state writes.
 """
 
 from __future__ import annotations
@@ -37,11 +29,9 @@ PAGE_IN_BYTES = 64 << 20
 
 
 class HostSnapshot:
-    """Host copies of every tensor of a nested payload, in buffers kept from take to take.
-
-    A buffer belongs to the position of the first tensor that uses its storage (for example
-    ("model_state", "blocks.0.w")), not to the storage's address: the carried state is a new
-    tensor after every step, and keying by address would allocate a new buffer per save."""
+    """Host copies of a nested payload's tensors, in buffers kept from take to take, keyed
+    by position (("model_state", "blocks.0.w")), not storage address: the carried state is a
+    new tensor each step, and an address key would allocate a buffer per save."""
 
     def __init__(self, device: torch.device):
         self.pin = device.type == "cuda"
@@ -52,8 +42,7 @@ class HostSnapshot:
         return sum(b.numel() for b in self._buffers.values())
 
     def take(self, payload):
-        """A copy of `payload` whose tensors live in the host buffers. On CUDA the copies
-        are queued on the current stream; call `ready()` before reading the result."""
+        """`payload` with tensors in the host buffers; on CUDA call `ready()` before reading."""
         copied: dict[tuple, torch.Tensor] = {}   # (device, storage address) -> its host buffer
         used: set[tuple] = set()                 # positions whose buffer this take filled
         result = self._copy(payload, (), copied, used)
@@ -66,9 +55,8 @@ class HostSnapshot:
         return result
 
     def reserve(self, payload) -> None:
-        """Allocate and touch the buffers `take(payload)` will fill, reading no tensor data
-        (safe on another thread while training goes on), so that the first save of a run
-        stalls for a copy like every later one instead of also faulting in fresh memory."""
+        """Allocate and touch `take(payload)`'s buffers without reading tensors (safe off the
+        training thread), so the first save does not also fault in fresh memory."""
         self._copy(payload, (), {}, set(), copy_data=False)
 
     def ready(self) -> None:
@@ -150,8 +138,7 @@ class AsyncCheckpointer:
         self._failure: BaseException | None = None
 
     def prepare(self, payload: dict) -> None:
-        """Reserve the snapshot's buffers for `payload`'s layout in the background; the
-        first `submit` waits for it like for a save in flight (one snapshot of memory)."""
+        """Reserve the buffers in the background; the first `submit` waits for it."""
         self.wait()
         self._thread = threading.Thread(target=self._reserve, args=(payload,),
                                         name="checkpoint-buffers", daemon=True)
@@ -164,8 +151,8 @@ class AsyncCheckpointer:
             self._failure = e
 
     def submit(self, payload: dict, tag: object = None) -> float:
-        """Snapshot `payload` now and write it in the background; returns the stall in
-        seconds. `tag` is handed back to `on_durable` (the step's numbers for the event)."""
+        """Snapshot now, write in the background; returns the stall (s). `tag` goes to
+        `on_durable` (the step's numbers for the event)."""
         t0 = time.perf_counter()
         self.wait()                              # one save in flight, one snapshot in memory
         copied = self.snapshot.take(payload)

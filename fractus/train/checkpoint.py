@@ -1,20 +1,18 @@
 """Full checkpoints: atomic save with a sha256, rotation of the last K, weights_only load.
 
-File format (a superset of the legacy file, so legacy tools keep working):
+File format, a superset of the legacy file (legacy tools keep working):
 
-    {"model_state": state_dict,          # as v1 (no "_orig_mod." prefix)
-     "config": {...engine keywords..., "gpu", "batch", "lr", "ss_rate", "tokens_processed"},
+    {"model_state": state_dict,          # as v1 (no "_orig_mod." prefix), carried state
+                                         # included; train_state.carry_batch is its batch
+     "config": {...engine keywords..., "gpu", "boost", "batch", "lr", "ss_rate",
+                "tokens_processed"},
      "optimizer_state": SGD state_dict,  # momentum buffers
      "train_state": {"format", "next_token", "step", "ema_tf", "ema_ss", "rng": {...},
-                     "carry_batch", "settings", "version", "shard", "saved_at",
+                     "carry_batch", "settings", "version", "shard", "phase", "saved_at",
                      "gpu", "run_id"}}
 
-The engine's carried state (thought_state, attn_S, attn_z, kuramoto_phases) is part of
-`model_state` as in v1; `train_state["carry_batch"]` records its batch size.
-
-Rotation: `fractus_1b_gpu{i}.pt` is always the newest checkpoint; older ones are kept as
-`fractus_1b_gpu{i}.pt.1` (previous), `.pt.2`, ... up to SAVE_KEEP files in all. The suffix
-keeps them out of `*.pt` globs of legacy uploaders.
+Rotation: `fractus_1b_gpu{i}.pt` is always the newest; older ones are `.pt.1`, `.pt.2`, ...
+up to SAVE_KEEP files in all; the suffix keeps them out of legacy uploaders' `*.pt` globs.
 """
 
 from __future__ import annotations
@@ -40,8 +38,8 @@ class SavedCheckpoint:
     path: str
     sha256: str
     bytes: int
-    # The file's mtime (rename and hard links keep it): with its size, what tells a
-    # launcher reading the event late these bytes from a newer save of the same size.
+    # Kept by rename and hard links; with the size, tells a launcher reading the event late
+    # these bytes from a newer save of the same size.
     mtime_ns: int
 
 
@@ -68,9 +66,8 @@ class _HashingWriter:
 
 
 def all_finite(state: dict) -> bool:
-    """True when every floating tensor is finite. min/max propagate NaN and keep +-inf, so
-    two reductions per tensor decide it (10x faster than isfinite().all() on CPU), and the
-    results are read back with one device sync."""
+    """Every floating tensor finite? aminmax propagates NaN and keeps +-inf: 10x faster than
+    isfinite().all() on CPU, one device sync in all."""
     extremes = [torch.stack(torch.aminmax(t.detach())).float() for t in state.values()
                 if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()]
     return not extremes or bool(torch.isfinite(torch.cat(extremes)).all())
@@ -94,10 +91,8 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def _rotate(path: Path, keep: int) -> None:
-    """Shift .pt.1 -> .pt.2 ... and hard-link the current canonical file as .pt.1.
-
-    The canonical file is never absent: it is linked (or copied), not moved, and only then
-    replaced by the new checkpoint."""
+    """Shift .pt.1 -> .pt.2 ..., hard-link (or copy) the canonical file as .pt.1: never
+    moved, so it is never absent."""
     if keep <= 1 or not path.exists():
         return
     oldest = rotated_path(path, keep - 1)
@@ -126,10 +121,8 @@ def _prune(path: Path, keep: int) -> None:
 
 def save_checkpoint(payload: dict, path: str | os.PathLike, keep: int = 3,
                     on_write=None) -> SavedCheckpoint:
-    """Write `payload` atomically to `path` (temp file in the same dir, fsync, rename).
-
-    Refuses non-finite weights: the previous file stays the last good checkpoint.
-    `on_write(bytes_so_far)`, if given, runs after each write to the temp file (fault tests)."""
+    """Write `payload` atomically (temp file, fsync, rename); NonFiniteCheckpointError for
+    non-finite weights. `on_write(bytes_so_far)` runs after each write (fault tests)."""
     if not all_finite(payload["model_state"]):
         raise NonFiniteCheckpointError(f"not saving {path}: weights are not finite")
     path = Path(path)
@@ -161,12 +154,8 @@ def remove_stale_temps(path: str | os.PathLike) -> None:
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict:
-    """Load a checkpoint onto the CPU without unpickling code (weights_only=True); a bare
-    state_dict comes back as {"model_state": it, "config": None} (the caller decides the
-    config: MODEL).
-
-    Memory-mapped: the file's pages are read as the weights are copied into the model.
-    Raises CheckpointLoadError (a ValueError, one line) for a file that does not load."""
+    """Memory-mapped, weights-only load onto the CPU; a bare state_dict comes back with
+    "config": None (the caller's MODEL decides). CheckpointLoadError if it does not load."""
     ck = read_checkpoint(path, mmap=True)
     if is_bare_state_dict(ck):     # v1 loaded these too (`ck.get("model_state", ck)`)
         return {"model_state": ck, "config": None}

@@ -1,19 +1,13 @@
 """The worker's environment contract: every variable, its default, its check and its meaning.
 
-This module is the single source of truth for the names the launcher sets and the worker
-reads. `WorkerSettings.from_env(os.environ)` parses them all up front, so a malformed value
-fails before anything is loaded or written, with one line naming the variable:
+The single source of the names the launcher sets and the worker reads. `from_env` parses
+them all up front: a malformed value fails before anything is loaded or written, in one
+line naming the variable (SettingsError, exit 2).
 
-    error: BATCH must be an integer >= 1, got 'x'
-
-Variables of the v1 trainer (scripts/fast4gpu_boost.py of the user's repository
-AFKmoney/fractus-cte, not in this one), same names, same defaults:
-GPU_ID, BATCH, SEQ, LR, SS_RATE, SS_PROB, LB_COEF, GATE_TEMP, START_TOKEN, SHARD (default
-data/shard_gpu{i}.pt, then .npy), CKPT_IN (default: the GPU's file, then the merged brain),
-CKPT_OUT. Read by v2 only (v1 never read them): CE_CHUNK, FRACTUS_ATTN_IMPL, COMPILE, BF16, ACCUM,
-MODEL, DEVICE, MAX_STEPS, SAVE_EVERY, SAVE_KEEP, ASYNC_SAVE, LOG_EVERY, METRICS, TB_DIR, STAGE,
-SEED, RUN_ID, FORCE_START_TOKEN, ALLOW_FRESH_START, FRACTUS_FAULT (tests only). Where v2
-still differs from v1: docs/WORKER.md, "Differences from v1".
+Same names and defaults as the v1 trainer (scripts/fast4gpu_boost.py of the user's repo
+AFKmoney/fractus-cte): GPU_ID, BATCH, SEQ, LR, SS_RATE, SS_PROB, LB_COEF, GATE_TEMP,
+START_TOKEN, SHARD, CKPT_IN, CKPT_OUT; every other variable is v2's only. Where v2 still
+differs: docs/WORKER.md, "Differences from v1".
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """Fault injection for tests of the worker and its supervisor. Off unless FRACTUS_FAULT is set.
 
-`FRACTUS_FAULT=<kind>@<step>` fires once, when the worker is about to run global step
-`<step>` (1-based, counted across resumes like the `step` of the metrics lines):
-
-- `nan`: the step's loss is multiplied by NaN, so the real non-finite path runs (exit 3).
-- `oom`: raises torch.OutOfMemoryError inside the step, so the real OOM handler runs (exit 4).
-- `crash`: raises RuntimeError inside the step (error event, exit 1).
-- `hang`: sleeps forever before the step (a stuck worker, for watchdog tests).
-- `compile`: with COMPILE=1, the compiled chunk function fails at that step's first call,
-  so the compile fallback runs (a `compile` event, the step retried uncompiled).
-- `diverge`: with COMPILE=1, the compiled step's cross-entropy at that step is doubled (the
-  eager step's is not), so the first compiled step falls outside the band of the eager one.
-- `kill_after_save`: the worker SIGKILLs itself right after the checkpoint of that step is
-  renamed into place and before its `checkpoint` event: the file is newer than anything
-  the launcher was told about (a real kill -9 at the worst moment).
-- `save_hang`: the write of the checkpoint of that step stops for good once its first bytes
-  are in the temp file (a write in flight when the worker is killed or signalled).
+`FRACTUS_FAULT=<kind>@<step>` fires once, before global step `<step>` (1-based, counted
+across resumes). The kinds (KINDS): docs/WORKER.md, "Fault injection (tests only)". Each
+drives the worker's real path (non-finite, OOM, crash handler, compile fallback, kill at
+the worst moment), never a simulation of it.
 """
 
 from __future__ import annotations

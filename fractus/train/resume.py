@@ -79,8 +79,7 @@ def _source(settings: WorkerSettings) -> Path | None:
 
 
 def find_start(settings: WorkerSettings, shard_len: int) -> StartPoint:
-    """Read the checkpoint to resume from (see _source) and decide the first token;
-    nothing is written."""
+    """Read the checkpoint to resume from (see _source) and decide the first token."""
     source = _source(settings)
 
     ck = None

@@ -6,16 +6,13 @@ ACCUM=1 (the reference, MODEL.md "The training step"), per batch:
      (`torch.multinomial`), then `torch.rand(B, SEQ) < SS_PROB` picks positions (never
      column 0) replaced by prev = cat(chunk[:, :1], s[:, :-1]); loss2 = 0.5*CE + LB_COEF*lb2
      on the mixed chunk; its own zero_grad, backward, clip 1.0, SGD step.
-The SS coin is drawn before the TF pass rather than after: python's `random` and torch's
-generators are independent and the TF pass draws nothing, so every draw is the same as v1's,
-and the chunked path then knows whether to keep the final hidden state for sampling.
+The SS coin is drawn before the TF pass: the TF pass draws nothing and python's `random` is
+independent of torch's, so every draw equals v1's, and the pass knows whether to keep state
+for sampling.
 
-ACCUM>1 (a documented deviation): for each of ACCUM batches, the TF pass and (with
-probability SS_RATE) the SS pass add their gradients, each loss divided by ACCUM; then one
-clip and one SGD step. The carried state flows through the passes in the same order as v1.
-
-CE_CHUNK>0 uses `tick_chunk_train_ce` and `sample_tokens_chunked`: same loss and gradients,
-sampling from the same distribution with a different use of the RNG.
+ACCUM>1 (a documented deviation): each batch's TF and (coin) SS losses, divided by ACCUM,
+add their gradients; then one clip and one SGD step; carried state flows as in v1.
+CE_CHUNK>0: same loss and gradients, same sampling distribution, different RNG use.
 """
 
 from __future__ import annotations
@@ -46,9 +43,8 @@ class NonFiniteError(RuntimeError):
 
 
 def read_finite(step: int, watched: dict, grad_norm: torch.Tensor) -> dict:
-    """The watched scalars and the gradient norm as floats ("grad_norm" last), read to the
-    host in one sync; NonFiniteError unless every one is finite. The hot path's finiteness
-    check (benchmarks/bench_engine.py states its share of a step)."""
+    """The watched scalars and "grad_norm" (last) as floats in one host sync; NonFiniteError
+    unless all finite (its share of a step: benchmarks/bench_engine.py)."""
     tensors = [t.detach().float().reshape(()) for t in watched.values()]
     numbers = torch.stack(tensors + [grad_norm.detach().float().reshape(())]).tolist()
     values = dict(zip([*watched, "grad_norm"], numbers))
@@ -61,18 +57,16 @@ class InjectedCompileError(RuntimeError):
     """Stands in for a torch.compile failure (FRACTUS_FAULT=compile@S)."""
 
 
-# The first compiled step against the eager step from the same weights, carried state, RNG
-# and tokens: |compiled - eager| <= atol + rtol*|eager| for each value. The eager step's own
-# noise floor at step 1 (weights perturbed by 1e-7 relative, fp32 resolution; tiny and
-# small, chunked CE; docs/WORKER.md): tf 9e-5, lb 2.1e-2 (the Kuramoto term is chaotic at
-# fresh weights), grad_norm 4.9e-4; bf16 against float32: 1e-3. Each rtol is at least 5x
-# the larger of those, so only a compiled step that computes something else falls outside.
+# First compiled step vs the eager step from the same state and tokens:
+# |compiled - eager| <= atol + rtol*|eager|. The eager step's own noise floor at step 1
+# (weights perturbed 1e-7 relative; tiny and small, chunked CE; docs/WORKER.md): tf 9e-5,
+# lb 2.1e-2 (Kuramoto is chaotic at fresh weights), grad_norm 4.9e-4; bf16 vs float32
+# 1e-3. Each rtol is >= 5x the larger, so only a step computing something else falls out.
 COMPILE_BAND = {"tf": (1e-2, 0.0), "lb": (1e-1, 1e-6), "grad_norm": (1e-1, 0.0)}
 
 
 def compiled_divergence(compiled: StepResult | NonFiniteError, eager: StepResult) -> str | None:
-    """Why the first compiled step is not the eager step (None when it is within
-    COMPILE_BAND): a value not finite where eager's is, or one outside the band."""
+    """Why the first compiled step differs from eager beyond COMPILE_BAND, or None."""
     if isinstance(compiled, NonFiniteError):
         return f"not finite where the eager step is: {compiled.values}"
     for key, (rtol, atol) in COMPILE_BAND.items():
@@ -115,13 +109,9 @@ class TrainStep:
         self.compiled = True
 
     def _fit_carried_phases(self) -> None:
-        """Carried Kuramoto phases of the step's shape (B, SEQ, N), zeros if not already.
-
-        A chunk leaves `theta` (B, C, N) there, a reset leaves (B, 1, N), a checkpoint of
-        another SEQ another C. The forward only stores them (it never reads them), so their
-        values change no result; their shape is guarded by the compiled step, and a shape
-        that only the first chunk sees would compile the step a second time at step 2.
-        """
+        """Carried Kuramoto phases reshaped to (B, SEQ, N), zeros if not already: the
+        forward never reads them, but the compiled step guards their shape, and a reset's
+        (B, 1, N) or another SEQ's would recompile at step 2."""
         for blk in self.model.blocks:
             phases = blk.kuramoto_phases
             if phases.shape[1] != self.s.seq:
@@ -129,10 +119,8 @@ class TrainStep:
                                                        phases.shape[2])
 
     def compile_counts(self) -> dict:
-        """torch's own counts for the compiled step, process-wide: `graphs` dynamo
-        compiled (its unique_graphs), `graph_breaks` (its graph_break counter) and
-        `recompiles` (cache entries beyond the first of each compiled chunk function: a
-        guard failed and dynamo compiled it again). A step that compiles once: 1, 0, 0."""
+        """dynamo's process-wide counts: `graphs` (unique_graphs), `graph_breaks`,
+        `recompiles` (cache entries beyond the first per chunk function). Once: 1, 0, 0."""
         from torch._dynamo.eval_frame import _debug_get_cache_entry_list
         from torch._dynamo.utils import counters
         codes = (self.model.tick_chunk_train.__func__.__code__,
@@ -158,8 +146,8 @@ class TrainStep:
             self.tick, self.tick_ce, self.compiled = kept
 
     def snapshot(self) -> dict:
-        """The weights and optimizer state, on the host (no device memory): with the
-        carried state and RNG, what a step changes, so it can run again from here."""
+        """Weights and optimizer state on the host: with carried state and RNG, what a
+        step changes, so it can run again from here."""
         def host(value):
             return value.detach().to("cpu", copy=True) if torch.is_tensor(value) else value
         state = self.optimizer.state_dict()
@@ -196,9 +184,8 @@ class TrainStep:
                 ce = F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1))
                 state = logits if want_sampling else None   # held only for sampling
             else:
-                # Always the hidden state, kept only for sampling: one signature, so a
-                # compiled step has one graph (a second variant would recompile at the
-                # first SS pass).
+                # Always return_hidden: one signature, one compiled graph (a second
+                # variant would recompile at the first SS pass).
                 ce, lb, hidden = self.tick_ce(obs, target, self.s.ce_chunk, return_hidden=True)
                 state = hidden if want_sampling else None
         if self.compiled:

@@ -4,8 +4,7 @@
         FRACTUS_ATTN_IMPL=chunked COMPILE=1 python -u scripts/fast4gpu_boost_v2.py
 
 Setup (all checks before anything is written) -> resume -> loop -> final checkpoint.
-Exit codes: fractus/train/exit_codes.py (WorkerExitCode), listed in docs/WORKER.md.
-The environment contract is fractus/train/env.py; docs in docs/WORKER.md.
+Environment (train/env.py) and exit codes (train/exit_codes.py): docs/WORKER.md.
 """
 
 from __future__ import annotations
@@ -50,14 +49,11 @@ class StoppedBeforeProgress(BaseException):
 
 class StopSignal:
     """First SIGTERM/SIGINT: finish the step, checkpoint, exit 0. Second: exit at once,
-    except a repeated SIGTERM in a worker the launcher started with SIGTERM as its
-    parent-death signal: the kernel sends that once per launcher thread that exits, so a
-    killed launcher can deliver it several times; the launcher itself escalates with SIGKILL.
+    except a repeated SIGTERM that is the parent-death signal (the kernel sends it once per
+    exiting launcher thread; the launcher escalates with SIGKILL itself).
 
-    Until this run's first step has completed (model load, the first compiled step: minutes
-    for the 1B model) there is no progress to save and its resume point is still on disk,
-    so the first signal ends the worker at once (exit 0, no checkpoint) instead of making
-    the launcher wait out a compile and kill it."""
+    Before the run's first step completes (load, first compile: minutes at 1B) there is
+    nothing to save, so the first signal exits 0 at once, without a checkpoint."""
 
     def __init__(self, environ=None, label: str = "worker"):
         environ = os.environ if environ is None else environ
@@ -79,9 +75,8 @@ class StopSignal:
         self.requested = signal.Signals(signum).name
         if not self.progressed:
             raise StoppedBeforeProgress(self.requested)
-        # Said at once: finishing the step and the saves can take minutes, and whoever sent
-        # the signal (a person, the launcher's log, a test) learns it was taken and what a
-        # second one does. os.write: a print here could re-enter a print it interrupted.
+        # Said at once: finishing and saving can take minutes. os.write: a print here could
+        # re-enter a print it interrupted.
         os.write(2, f"{self.label}: {self.requested}: finishing the step, then a checkpoint; "
                     f"a second signal exits at once without one\n".encode())
 
@@ -95,8 +90,7 @@ class Worker:
     def setup(self) -> None:
         s = self.s
         self.device = resolve_device(s)
-        # The kernel comes from the parsed settings (main's environ), never from the engine's
-        # own read of os.environ, which stays for the user's scripts that import the engine.
+        # From the parsed settings, not the engine's own os.environ read (kept for scripts).
         attention.set_attention_impl(s.attn_impl or attention.default_impl_for(self.device.type))
         self.shard = TokenShard(s.shard_path)
         self.start = find_start(s, len(self.shard))
@@ -139,9 +133,8 @@ class Worker:
     def _mem_gb(self) -> float:
         if self.device.type == "cuda":
             return torch.cuda.max_memory_allocated(self.device) / 1e9
-        # Peak resident set size, the CPU analogue of v1's max_memory_allocated. VmHWM, not
-        # getrusage's ru_maxrss: Linux carries ru_maxrss over fork and exec, so a worker forked
-        # by a large parent (the launcher, a test runner) would report the parent's peak.
+        # Peak RSS (v1's max_memory_allocated on CPU). VmHWM, not ru_maxrss: Linux carries
+        # ru_maxrss over fork and exec, so a large parent's peak would be reported.
         try:
             with open("/proc/self/status") as status:
                 for line in status:
@@ -158,8 +151,7 @@ class Worker:
                                 device=self.device, shard=str(self.shard.path))
 
     def _save(self) -> None:
-        """Checkpoint this step: snapshot and background write (ASYNC_SAVE=1, the default)
-        or a write on this thread. Either way the event follows the durable file."""
+        """Checkpoint this step, in the background (ASYNC_SAVE=1) or on this thread."""
         t0 = time.perf_counter()
         payload = self._payload()
         numbers = {"next_token": self.next_token, "phase": self.s.phase, "step": self.step,
@@ -184,8 +176,8 @@ class Worker:
                   f"(next_token={numbers['next_token']})", flush=True)
 
     def _settle_saves(self) -> None:
-        """Before an abnormal exit is reported, the save in flight (a good step's state, which
-        a synchronous save would already have written) lands, so its event comes first."""
+        """Let the save in flight (a good step's state) land before an abnormal exit is
+        reported, so its event comes first."""
         if self.saver is None:
             return
         try:
@@ -195,11 +187,9 @@ class Worker:
                   file=sys.stderr, flush=True)
 
     def _run_step(self, batches, step: int):
-        """One step. The first compiled step is checked against the eager step from the
-        same weights, optimizer state, carried state, RNG and tokens: when compiling fails,
-        or its result is outside COMPILE_BAND of eager's (or not finite where eager's is),
-        a `compile` event says why and the run continues eager. Either way the run goes on
-        from the eager step's result."""
+        """One step. The first compiled step is rerun eager from the same state; a compile
+        failure or a result outside COMPILE_BAND continues eager, with a `compile` event
+        saying why. The run always goes on from the eager result."""
         if not self.trainer.compiled or self.compile_checked:
             return self.trainer(batches, step)
         self.compile_checked = True
@@ -241,9 +231,8 @@ class Worker:
         self.trainer.uncompile()
 
     def _check_recompiles(self) -> None:
-        """After the first compiled step, torch's counts should not move: a step compiled
-        again (a guard failed: a shape, dtype or python value changed) costs a compile and
-        says the step is not the one measured. Recorded as a `compile` event `recompiled`."""
+        """A `compile` event `recompiled` when dynamo's counts move after the first compiled
+        step (a guard failed: the step is not the one measured)."""
         if not (self.trainer.compiled and self.compile_checked):
             return
         counts = self.trainer.compile_counts()
