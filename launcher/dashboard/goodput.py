@@ -1,31 +1,10 @@
 """The goodput ledger: how much of the paid GPU time trained, and what each incident cost.
 
-A pure function over the records the pod already writes (logs/events.jsonl and each
-worker's METRICS lines): one sweep over time per GPU. Every second of a launcher session
-(the launcher's start to its exit: every second the GPUs are held) goes to exactly one
-bucket, so trained + lost = wall time per GPU by construction; the buckets are:
-
-  trained           between two metrics lines of a run, on tokens never trained before
-  load              restart and model load: launch or worker start (or a crash's backoff,
-                    a rollback's restart) until the run's first metrics line
-  retrain_rollback  training again tokens a rolled-back run had already trained
-  retrain_crash     training again tokens a crashed (or hung) run had already trained
-  crash             from the last metrics line to a worker's crash (work since it is lost)
-  hang              from the last metrics line until the hang was detected
-  startup           the launcher's start-up checks until supervision (`launch` event's
-                    `startup_s`: the launcher's start to its `launch`, less its canary)
-  canary            the stage canary before a launch (the whole pod waits on it)
-  node_wait         waiting for a node (Ray) after a node was lost
-  checkpoint_stall  the training thread stalled by a checkpoint save (`stall_s`)
-  stopped           the GPU not running while the session lasts (finished early, given up,
-                    the ending of a stop)
-  final_probes      after the end event: the final verdicts' probes (`launch_end` event)
-  final_push        after them until the launcher exits: the final hub push and closing
-
-Computed on demand (status, the dashboard, `report`), not written by the launcher: the
-events and metrics files are the one source of truth, a ledger file could only lag them,
-and the supervision loop stays free of it (a 1000-event run: ~60 ms; docs/BENCHMARKS.md).
-Reading the files: launcher/dashboard/goodput_files.py.
+Pure: one sweep over time per GPU of the records the pod already writes (events and
+METRICS lines). Every second of a launcher session goes to exactly one bucket (CAUSES, or
+trained), so trained + lost = wall time per GPU by construction. Computed on demand, never
+written: the records are the one source of truth, a ledger file could only lag them.
+Buckets and costs: docs/LAUNCHER.md "Goodput: where the paid GPU time went".
 """
 
 from __future__ import annotations
@@ -120,8 +99,7 @@ class Ledger:
 
 
 def goodput_line(ledger: dict) -> str:
-    """One line of a ledger (Ledger.to_dict()), for `status`: goodput, GPU-hours, money, the
-    three biggest losses."""
+    """`status`'s line of a Ledger.to_dict(): goodput, GPU-hours, money, the 3 worst losses."""
     if not ledger["gpus"]:
         return "goodput: no launch recorded yet"
     lost = sorted(((s, c) for c, s in ledger["lost_s"].items() if s > 0), reverse=True)
@@ -225,16 +203,15 @@ _OPEN, _EVENT, LINE, _CLOSE = 0, 1, 2, 3
 def compute_ledger(events: list[dict], metrics: dict[int, list[dict]],
                    now: float | None = None,
                    price_per_gpu_hour: float | None = None) -> Ledger:
-    """The ledger of `events` (logs/events.jsonl records) and `metrics` (GPU -> its METRICS
-    records). `now`: the time a still-running last session is counted up to (None: up to
-    its last record, as for a launcher that died)."""
+    """`metrics`: GPU -> its METRICS records. `now`: where a live last session ends (None:
+    at its last record, as for a launcher that died)."""
     return ledger_of(events, {gpu: marks_of(records) for gpu, records in metrics.items()}, now,
                    price_per_gpu_hour)
 
 
 def marks_of(records: list[dict]) -> list[tuple]:
-    """A GPU's METRICS records as the sweep reads them, (ts, order, kind, value): its
-    metrics lines ("m", the token) and the stalls of its checkpoint saves ("stall", s)."""
+    """A GPU's METRICS records as (ts, order, kind, value) marks: ("m", next_token) per
+    metrics line, ("stall", seconds) per checkpoint save."""
     marks = [(r["ts"], LINE, "m", r["next_token"]) for r in records
              if r.get("type") == "metrics" and isinstance(r.get("ts"), (int, float))
              and isinstance(r.get("next_token"), int)]
@@ -274,11 +251,8 @@ def ledger_of(events: list[dict], lines: dict[int, list[tuple]], now: float | No
 
 
 def _sweep(gpu: int, stream: list[tuple]) -> GpuLedger:
-    """One GPU's time-ordered records, each instant booked to the bucket of its state.
-
-    States: out (no session), load (until the run's first line), train, backoff (a crash's
-    or a rollback's wait to restart: load), node_wait, stopped. Every span [since, ts] goes
-    to one bucket, so the buckets add up to the sessions' time."""
+    """One GPU's time-ordered records: each span [since, ts] goes to the bucket of its
+    state (a crash's or rollback's backoff counts as load)."""
     led = GpuLedger(gpu)
     lost = led.lost_s
     state, since = _OUT, 0.0

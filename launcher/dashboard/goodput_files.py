@@ -17,18 +17,16 @@ from launcher.pod.lock import read_holder
 from launcher.paths import metrics_path
 from launcher.worker.process import MetricsTail
 
-# A metrics line as the worker writes it (docs/WORKER.md, json.dumps' separators): the two
-# fields the ledger needs, read without parsing the line (half the CPU time of json.loads,
-# docs/BENCHMARKS.md); JSON reads any other line (a metrics line in another key order, a
-# checkpoint's stall).
+# A metrics line as the worker writes it (docs/WORKER.md): the two fields the ledger needs,
+# read without parsing (half the CPU time of json.loads, docs/BENCHMARKS.md); any other
+# line goes through JSON.
 _METRICS_LINE = re.compile(rb'\{"type": "metrics", "ts": ([0-9.eE+-]+), "gpu": -?\d+, '
                            rb'"step": -?\d+, "next_token": (\d+)[,}]')
 
 
 class MarksTail:
-    """The sweep's marks of one METRICS file (see marks_of), read fast and incrementally: a
-    long run's files hold hundreds of thousands of lines, and a process that asks again
-    (the dashboard, `status --watch`) reads only what was appended since."""
+    """The marks of one METRICS file, read incrementally (a long run's hold hundreds of
+    thousands of lines); a new or truncated file is read again from the start."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -67,8 +65,7 @@ def read_marks(path: Path) -> list[tuple]:
 
 
 class LedgerSource:
-    """A pod's ledger from its files; kept by a process that asks again, it re-reads only
-    the metrics lines appended since (the events file is small: read whole)."""
+    """A pod's ledger from its files; kept, it re-reads only appended metrics lines."""
 
     def __init__(self, pod_dir: Path):
         self.pod_dir = pod_dir
@@ -87,13 +84,10 @@ class LedgerSource:
 
 def pod_ledger(pod_dir: Path, now: float | None = None,
                price_per_gpu_hour: float | None = None) -> Ledger:
-    """The ledger of the pod at `pod_dir`, from its files (read once)."""
     return LedgerSource(pod_dir).ledger(now, price_per_gpu_hour)
 
 
 def goodput_report(pod_dir: Path, config: PodConfig, source: LedgerSource | None = None) -> dict:
-    """The ledger as a dict (status, report, the dashboard); `source` kept by a caller that
-    asks again. A live launcher's session counts up to now; a dead one's ends at its last
-    record."""
+    """The ledger as a dict; a live launcher's session counts up to now."""
     now = time.time() if read_holder(pod_dir) is not None else None
     return (source or LedgerSource(pod_dir)).ledger(now, config.price_per_gpu_hour).to_dict()

@@ -1,7 +1,4 @@
-"""`fractus-pod plot`: the dashboard's curves as one PNG (matplotlib, no display needed):
-ema_tf, lb and tok/s per GPU over the pod's tokens trained (or the clock with idle gaps
-cut: launcher/dashboard/xaxis.py), stage windows shaded, run starts and markers as
-vertical lines."""
+"""`fractus-pod plot`: the dashboard's curves as one PNG (matplotlib Agg, no display)."""
 
 from __future__ import annotations
 
@@ -33,8 +30,7 @@ def _x_formatter(axis):
 
 def plot_pod(pod_dir: Path, out: Path, width: int, height: int,
              x_mode: str = X_MODES[0]) -> int:
-    """Write the PNG (atomically); returns how many metrics lines it drew from (0: none,
-    nothing written)."""
+    """Write the PNG atomically; returns the metrics lines drawn (0: nothing written)."""
     # matplotlib (~0.3 s) and its backend (Agg: no display) chosen when a plot is drawn, not
     # as a side effect of importing this module.
     import matplotlib

@@ -1,8 +1,5 @@
-"""Each GPU's curves from its METRICS file (logs/metrics_gpu{i}.jsonl), read incrementally,
-and downsampled for drawing.
-
-A reader keeps its byte offset, so a refresh parses only the lines appended since; a file
-that shrank (a new pod in the same place) is read again from the start.
+"""Each GPU's curves from its METRICS file, read incrementally (a file that shrank is read
+again from the start), downsampled for drawing.
 """
 
 from __future__ import annotations
@@ -101,9 +98,8 @@ class GpuSeries:
         return float(self.columns[0, -1]) if len(self) else None
 
     def trained(self) -> tuple[np.ndarray, np.ndarray]:
-        """(ts, tokens) of each row: the tokens this GPU trained since its first line, over
-        all its runs (a run counts from the token it started at; a rollback does not count
-        back), so it only grows."""
+        """(ts, tokens trained so far) per row, over all runs; only grows (a rollback does
+        not count back)."""
         cols = self.columns
         starts = np.isnan(cols[1])
         token = cols[2]
@@ -112,7 +108,6 @@ class GpuSeries:
         return cols[0], np.cumsum(np.maximum(step, 0.0))
 
     def curve(self, name: str, max_points: int) -> tuple[np.ndarray, np.ndarray]:
-        """(ts, values) of one curve, at most about max_points of them (see downsample)."""
         cols = self.columns
         restarts = np.flatnonzero(np.isnan(cols[1]))
         return downsample(cols[0], cols[3 + CURVES.index(name)], max_points, keep=restarts)
@@ -120,10 +115,8 @@ class GpuSeries:
 
 def downsample(x: np.ndarray, y: np.ndarray, max_points: int,
                keep: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Min-max decimation: the series cut into max_points // 2 buckets, each kept as its
-    lowest and highest point in time order, so a spike survives; the last point and the
-    rows in `keep` (the restarts' breaks) are always kept, so a new line shows at once and
-    a restart stays a gap."""
+    """Min-max decimation into max_points // 2 buckets, so a spike survives; the last point
+    and the rows in `keep` (restart gaps) are always kept."""
     n = len(x)
     if n <= max_points:
         return x, y

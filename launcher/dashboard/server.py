@@ -3,17 +3,11 @@
 GET /            the page (static/index.html: uPlot, vendored, no build step)
 GET /static/NAME one of the files shipped in static/
 GET /api/data?points=N&x=tokens|time&version=V
-                 everything the page draws: per-GPU curves (downsampled here to about N
-                 points each) on the x axis asked for (launcher/dashboard/xaxis.py: the
-                 pod's tokens trained, the default, or the clock with idle gaps cut),
-                 markers, run starts and stage windows with their x, idle gaps, and the
-                 `status` report. While
-                 nothing the page shows has changed since version V it answers only
-                 {"version": V, "unchanged": true}, so an idle pod costs a few stat calls
-                 per poll.
+                 everything the page draws (curves downsampled to about N points), or
+                 only {"version": V, "unchanged": true} while nothing shown changed, so an
+                 idle pod costs a few stat calls per poll.
 
-It only reads the pod's files, with or without a running launcher, and every answer goes
-through the same token scrub as `status` (launcher.hub.redact.scrub).
+It only reads the pod's files, and every answer goes through `status`'s token scrub.
 """
 
 from __future__ import annotations
@@ -92,8 +86,7 @@ class DashboardData:
             }
 
     def fresh_goodput(self) -> dict:
-        """The goodput ledger, swept again at most every LEDGER_S: a long run's sweep takes
-        a second, and its numbers move slowly (only appended lines are read each time)."""
+        """The ledger, swept again at most every LEDGER_S (a long run's sweep takes ~1 s)."""
         if self.goodput is None or time.monotonic() - self.goodput_at >= LEDGER_S:
             self.goodput = goodput_report(self.pod_dir, self.config, self.ledger)
             self.goodput_at = time.monotonic()

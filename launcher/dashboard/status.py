@@ -1,12 +1,6 @@
 """`fractus-pod status`: the pod as its files describe it; it only reads them, with or
-without a running launcher, and imports no HTTP client.
-
-Sources: logs/pod_state.json (the launcher's view: pids, verdicts), the manifest (resume
-points, hub revisions), each worker's METRICS file (latest numbers), logs/events.jsonl,
-logs/sync_state.json (the hub sync: last pushed revision and time, last error),
-logs/hub_rate.json (the hub rate-limiting, commits in the last hour), logs/canary.json (the
-last stage canary's verdict, written by `launch`), and the goodput ledger computed from the
-events and metrics (launcher/dashboard/goodput.py).
+without a running launcher, and imports no HTTP client (which files: docs/LAUNCHER.md
+"The pod directory").
 """
 
 from __future__ import annotations
@@ -196,10 +190,8 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8,
 
 
 def _compile_note(pod_dir: Path, gpu: int, state: dict | None) -> dict:
-    """What this launch's worker said of its compiled step (its newest `compile` event in
-    the METRICS tail): `recompiles`, how often it compiled again after its first compiled
-    step, and `compile_fallback`, `diverged` or `failed` when it went on uncompiled; both
-    None without such an event (not running, no compile, or an older run's)."""
+    """From this launch's newest `compile` event: `recompiles`, and `compile_fallback`
+    (diverged or failed: it went on uncompiled); both None without such an event."""
     note = {"recompiles": None, "compile_fallback": None}
     if not state:
         return note
@@ -212,9 +204,8 @@ def _compile_note(pod_dir: Path, gpu: int, state: dict | None) -> dict:
 
 
 def _recorded_end(events: list[dict], last_state: dict) -> dict | None:
-    """The end event (pod_failed, pod_stopped, ...) of the last launch when the launcher's
-    last view of the pod (logs/pod_state.json) does not show its end: a launcher whose pod
-    files went away under it records the end in the events only. None: no such end."""
+    """The last launch's end event when pod_state.json does not show it (a launcher whose
+    pod files went away records its end in the events only); else None."""
     if last_state.get("pod_state") in ("stopped", "done", "failed"):
         return None                 # the view was written at the end: it says it all
     started = last_state.get("started_at") or 0
@@ -228,8 +219,7 @@ def _recorded_end(events: list[dict], last_state: dict) -> dict | None:
 
 
 def _stage_name(pod_dir: Path, config, stage: int | None) -> str | None:
-    """The name stages.yaml gives `stage` (None: no stage, or a file that does not parse:
-    status still shows the rest)."""
+    """`stage`'s name (None also when stages.yaml does not parse: status shows the rest)."""
     if stage is None:
         return None
     try:
@@ -284,8 +274,8 @@ def _sync_report(pod_dir: Path, config: PodConfig) -> dict | None:
 
 
 def _held(tokens: dict | None) -> str:
-    """What the last push holds, per GPU: a GPU whose newest checkpoint is not verified yet
-    shows no hub rev in its row, and this says how far its hub copy goes."""
+    """How far the last push goes per GPU (a row whose checkpoint is unverified shows no
+    hub rev)."""
     if not tokens:
         return ""
     return ", holding " + " ".join(f"gpu{g}@{int(t):,}" for g, t in
@@ -304,8 +294,8 @@ def _rounded(value):
 
 
 class StatusView:
-    """The report as a rich renderable, laid out at render time for the console's width
-    (so `status --watch` follows a resized terminal); `wide`: every column in full."""
+    """Laid out at render time, so `status --watch` follows a resized terminal; `wide`:
+    every column in full."""
 
     def __init__(self, report: dict, wide: bool = False):
         self.report, self.wide = report, wide
@@ -318,8 +308,7 @@ class StatusView:
 
 
 def render_status(report: dict, width: int | None = None):
-    """A rich renderable: pod header, per-GPU table (fitted to `width`; None: every column
-    in full), recent events (one line each, cut with an ellipsis unless the width is None)."""
+    """Header, GPU table and events fitted to `width` (None: every column in full)."""
     head = (f"pod {report['pod_dir']}: {report['pod_state']}"
             f"  stage {_fmt(report['stage'])}"
             + (f" ({report['stage_name']})" if report.get("stage_name") else "")

@@ -22,9 +22,8 @@ def last_metrics(path: Path) -> dict | None:
 
 
 def last_record(path: Path, wanted) -> dict | None:
-    """The newest record of a METRICS file for which `wanted(record)`, reading its tail
-    (None: no such record, or no regular file there: a folder has none, a FIFO is never
-    opened)."""
+    """The newest record in a METRICS file's tail for which `wanted(record)`; None also for
+    anything but a regular file (a FIFO is never opened)."""
     try:
         if not stat.S_ISREG(path.stat().st_mode):
             return None
@@ -47,8 +46,8 @@ def last_record(path: Path, wanted) -> dict | None:
 
 def node_checkpoint_age(pod_dir: Path, gpu: int, entry: ManifestEntry, live: dict,
                          now: float | None = None) -> float | None:
-    """A Ray pod's checkpoint age, from the checkpoint events its nodes sent to the head:
-    the newest save, or for a GPU waiting for a node the checkpoint it resumes from."""
+    """A Ray pod's checkpoint age from its nodes' checkpoint events: the newest save, or
+    for a GPU waiting for a node the one it resumes from."""
     def wanted(record: dict) -> bool:
         return record.get("event") == "checkpoint" and (
             live.get("state") != "waiting" or record.get("sha256") == entry.checkpoint_sha256)
@@ -70,9 +69,8 @@ def hub_tokens(pod_dir: Path) -> dict:
 
 
 def hub_note(entry: ManifestEntry, hub_tokens: dict | None, gpu: int) -> str | None:
-    """With a hub, when the checkpoint the manifest names is not on it (only passed ones are
-    pushed, so the newest mostly is not): the hub cannot restore damage to it, and what it
-    holds instead."""
+    """With a hub, when the manifest's checkpoint is not on it (only passed ones are
+    pushed): what the hub holds instead."""
     if hub_tokens is None or not entry.checkpoint or entry.hub_revision:
         return None
     held = hub_tokens.get(str(gpu))
@@ -84,9 +82,8 @@ def hub_note(entry: ManifestEntry, hub_tokens: dict | None, gpu: int) -> str | N
 
 def checkpoint_problem(pod_dir: Path, gpu: int, entry: ManifestEntry,
                         index: CheckpointIndex) -> str | None:
-    """Why the checkpoint the manifest names is not the one it records (None: it is). A file
-    replaced behind the manifest's back (a `sync pull --force`, a copy) would otherwise only
-    show when a launch resumes from it."""
+    """Why the manifest's checkpoint file is not the one it records (None: it is), shown
+    now rather than when a launch resumes from it."""
     rel, recorded = entry.checkpoint, entry.checkpoint_sha256
     if not rel:
         return None
@@ -102,20 +99,16 @@ def checkpoint_problem(pod_dir: Path, gpu: int, entry: ManifestEntry,
     if actual == recorded or any(r["sha256"] == actual for r in index.pending(gpu)):
         return None     # (or a newer checkpoint the running launcher is recording)
     if newer_save(pod_dir, gpu, actual, (entry.at_phase, entry.start_token or 0)):
-        # The worker's own save past the recorded one, read between its rotation and the
-        # launcher's record of it (index and manifest were read before the hashing): no
-        # replacement (a healthy pod's polls meet it often). An older checkpoint put back
-        # (`sync pull --force` of an old revision) still warns.
+        # The worker's own save, hashed before the launcher recorded it (a healthy pod's
+        # polls meet it often); an older checkpoint put back still warns.
         return None
     return (f"{rel} does not hold the bytes the manifest records (sha256 {actual[:12]}..., "
             f"manifest {recorded[:12]}...): it was replaced after the launcher recorded it")
 
 
 def newer_save(pod_dir: Path, gpu: int, sha256: str, recorded: tuple[int, int]) -> bool:
-    """Whether these bytes are a save of the GPU's worker past `recorded` (phase, token): in the
-    checkpoint index read now, or in a checkpoint event of the worker's METRICS file's tail
-    (read after the file was hashed, so the event of the save that was hashed is written
-    by then; an older save is in the index)."""
+    """Whether these bytes are the worker's save past `recorded` (phase, token): in the
+    index read now, or in a checkpoint event of the METRICS tail (read after hashing)."""
     if any(r["sha256"] == sha256 and event_position(r) > recorded
            for r in CheckpointIndex(pod_dir).for_gpu(gpu)):
         return True

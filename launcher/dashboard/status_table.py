@@ -1,9 +1,6 @@
 """The per-GPU table of `fractus-pod status`, one line per GPU fitted to the terminal: a
-wider terminal never shows fewer columns.
-
-Columns are kept in a priority order until the first that does not fit, which is dropped
-with the rest (`--wide` keeps every column, unshortened); the reason, the only free text,
-takes the width left and ends in an ellipsis when cut. Columns keep their display order.
+wider terminal never shows fewer columns (columns are kept by priority up to the first that
+does not fit; the reason takes the width left).
 """
 
 from __future__ import annotations
@@ -86,10 +83,8 @@ def _natural_width(column: Column, cells: list[str]) -> int:
 
 
 def fit_columns(rows: list[dict], width: int | None) -> list[tuple[Column, list[str], int]]:
-    """(column, its cells, its width) in display order: every column at its natural width
-    when `width` is None (--wide), else those the width holds by priority, up to the first
-    that it does not (no narrower column after it is squeezed in: a wider terminal never
-    shows fewer columns). NODE shows only when a GPU runs on a Ray node."""
+    """(column, cells, width) in display order (`width` None: all, in full). NODE shows only
+    when a GPU runs on a Ray node."""
     shown = [c for c in COLUMNS
              if c.header != "NODE" or any(r.get("node") for r in rows)]
     cells = {c.header: [c.cell(r) for r in rows] for c in shown}
@@ -114,7 +109,6 @@ def fit_columns(rows: list[dict], width: int | None) -> list[tuple[Column, list[
 
 
 def gpu_table(rows: list[dict], width: int | None):
-    """A rich Table, one line per GPU, no wider than `width` (None: every column in full)."""
     # No borders: a one-space pad each side of a cell (none at the edges) is the GAP.
     table = Table(box=None, pad_edge=False, padding=(0, GAP // 2), header_style="bold",
                   show_header=True)

@@ -63,8 +63,7 @@ def markers(events: list[dict]) -> list[dict]:
 
 
 def stage_windows(events: list[dict], until: float | None) -> list[dict]:
-    """Consecutive spans of one pod stage: from a `launch` or `stage_change` event to the
-    next (the last one up to `until`, the newest data)."""
+    """Spans of one stage, `launch`/`stage_change` to the next (the last up to `until`)."""
     starts = []
     for e in events:
         stage = e.get("stage") if e.get("event") == "launch" else (
@@ -81,13 +80,11 @@ def stage_windows(events: list[dict], until: float | None) -> list[dict]:
 
 
 def run_starts(events: list[dict]) -> list[float]:
-    """When each run (each `launch` of the launcher) started."""
     return [e["ts"] for e in events if e.get("event") == "launch" and e.get("ts") is not None]
 
 
 def read_timeline(pod_dir: Path, until: float | None, axis=None) -> dict:
-    """Markers, stage windows and run starts; with an `axis` (launcher/dashboard/xaxis.py)
-    each also carries its x: markers and runs "x", stage windows "x0" and "x1"."""
+    """Markers, stage windows and run starts, each with its x on `axis` when given."""
     events = read_events(pod_dir)
     timeline = {"markers": markers(events), "stages": stage_windows(events, until),
                 "runs": [{"ts": ts} for ts in run_starts(events)]}

@@ -1,11 +1,8 @@
 """The x axis of the plot and the dashboard: idle time takes (almost) no width.
 
-By default x is the tokens the pod trained (every GPU's, summed; a rollback does not count
-back), each run's start marked. `time` keeps the clock but cuts every idle gap (no metrics
-line from any GPU for IDLE_S) down to IDLE_DRAWN_S, marked with its real length.
-
-Both are one increasing map of time to x, given by knots and interpolated, so the curves,
-the markers and the stage windows (all stamped with a time) go through the same map.
+x is the tokens the pod trained (default), or the clock with each idle gap cut to
+IDLE_DRAWN_S. Both are one increasing time -> x map (knots, interpolated), so curves,
+markers and stage windows go through the same map.
 """
 
 from __future__ import annotations
@@ -64,7 +61,6 @@ def _thin(ts: np.ndarray, x: np.ndarray, keep: list[float]) -> tuple[np.ndarray,
 
 
 def pod_axis(series: PodSeries, mode: str) -> XAxis:
-    """The x map of the pod's metrics lines (refreshed `series`) for `mode` in X_MODES."""
     per_gpu = [s.trained() for s in series.gpus.values() if len(s)]
     ts = np.concatenate([t for t, _ in per_gpu]) if per_gpu else np.zeros(1)
     order = np.argsort(ts, kind="stable")
