@@ -1,7 +1,5 @@
-"""The launcher's disk check: free space on the disks the pod writes (its directory and its
-checkpoints'), read every few seconds; `disk_low` once when one falls below the config's
-`disk_low_gib`, before a save fails on a full disk, and `disk_ok` once it is back above
-(10 % over the threshold, so a disk hovering at it is not announced at each check)."""
+"""Free space on the pod's and its checkpoints' disks: `disk_low` once below `disk_low_gib`
+(before a save fails), `disk_ok` once back above 110 % of it (a hovering disk is said once)."""
 
 from __future__ import annotations
 
@@ -45,8 +43,7 @@ class DiskWatch:
 
 
 def _one_per_disk(paths: list[Path]) -> list[Path]:
-    """The existing directories among `paths` (or their nearest existing parent), one per
-    file system."""
+    """`paths` (or their nearest existing parent), one per file system."""
     seen, out = set(), []
     for path in paths:
         while not path.exists() and path != path.parent:

@@ -1,6 +1,5 @@
-"""What ends a worker, and the reaction to each: its exit code read as a GpuEvent
-(launcher/supervise/state.py's `exit_event`), a hang, or the loss of its node. Each reaction
-is one small handler, chosen from a table by the event."""
+"""The reaction to a worker's end: its exit code as a GpuEvent (state.exit_event), each to
+one handler of a table; a hang; the loss of its node."""
 
 from __future__ import annotations
 
@@ -73,10 +72,8 @@ class ExitHandlers:
     # ---- one handler per exit event ---------------------------------------------------
     def finished(self, run: GpuRun, ended: WorkerExit) -> None:
         if run.done_reason in STOPPED_BY_SIGNAL:
-            # Exit 0 after a signal while the pod runs: not the end of its shard or budget
-            # (the worker says which in its `done` event), and the launcher sent none (it
-            # signals workers only while stopping the pod). Someone else stopped it: its GPU
-            # must not idle while the pod says running, so it restarts, within the budget.
+            # Exit 0 on a signal the launcher did not send (it signals only while stopping
+            # the pod): the GPU must not idle while the pod says running, so it restarts.
             self.restarts.crash(run, f"stopped by a signal the launcher did not send "
                                      f"(done: {run.done_reason})")
             return
@@ -99,8 +96,7 @@ class ExitHandlers:
                          + f"); see logs/worker_gpu{gpu}.log", exit_code=2)
 
     def worker_said(self, run: GpuRun, code: int) -> str:
-        """A worker's error without an `error` event (a refusal before its metrics file
-        opens, a crash in an import): the last line of its log, or how it ended."""
+        """A worker's error without an `error` event: its log's last line, or how it ended."""
         if code < 0:
             return f"killed by signal {-code}"
         path = self.pod.backend.log_file(run.slot.gpu)

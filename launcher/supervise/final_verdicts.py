@@ -1,10 +1,6 @@
-"""The final judgement of each GPU's last checkpoint after a clean end (stop, --max-time,
---max-steps, end of shard).
-
-It exists for the hub: a sync pushes only checkpoints that passed their checks, and the
-periodic checks and AR probes tick on their own cadence, so without it the last push of a
-run would carry where the checks last ticked, not where the run ended.
-"""
+"""The judgement of each GPU's last checkpoint after a clean end, for the hub: only passed
+checkpoints are pushed, and the checks tick on their own cadence, so without it a run's last
+push would carry where they last ticked, not where it ended."""
 
 from __future__ import annotations
 
@@ -22,9 +18,8 @@ class FinalVerdicts:
         self.pod, self.monitor, self.view = pod, monitor, view
 
     def judge(self, cut_short=lambda: False) -> None:
-        """Judge each GPU's last checkpoint now (the periodic checks close out on its final
-        metrics line, and an AR probe of it when probes are on). `cut_short()` turns true on
-        a second signal: the probes are then not waited for."""
+        """Close out the checks and probe each last checkpoint; `cut_short()` (a second
+        signal) stops the wait for probes."""
         pod, last = self.pod, {}
         for gpu, run in pod.runs.items():
             pending = pod.custodian.pending(gpu)

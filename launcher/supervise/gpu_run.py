@@ -1,10 +1,6 @@
-"""One GPU's slot in the supervisor: its worker, health, restart history and state.
-Owner: the supervisor's components, through these methods only.
-
-Its worker's handle moves with its state: only `started` (with a handle) enters RUNNING,
-and no event leaves a state while a worker is still held (`ended` or `stopped` lets go of
-it first); a move the transition table (launcher/supervise/state.py) lacks is raised.
-"""
+"""One GPU's slot in the supervisor, changed only through these methods: its worker's handle
+moves with its state (only `started` enters RUNNING; no event leaves a state while a worker
+is held), and a move state.py's table lacks raises."""
 
 from __future__ import annotations
 
@@ -42,8 +38,7 @@ class GpuRun:
     peer_marks: dict = field(default_factory=dict)   # kind -> why it is off its peers now
 
     def started(self, handle: WorkerHandle, now: float) -> None:
-        """A worker was started for this GPU: RUNNING, with its handle; this start's facts
-        begin anew."""
+        """RUNNING with `handle`; this start's facts begin anew."""
         self.state = transition(self.state, GpuEvent.STARTED)
         self.proc, self.node, self.exit_code = handle, handle.node, None
         self.done_reason, self.done_at = None, None
@@ -55,13 +50,11 @@ class GpuRun:
             self.node = self.proc.node
 
     def ended(self, ended: WorkerExit) -> None:
-        """Its worker ended (its exit read, or killed): the handle goes, its exit code stays.
-        The event the exit means is applied next."""
+        """Its worker ended: the handle goes, the exit code stays (its event is applied next)."""
         self.proc, self.exit_code = None, ended.code
 
     def crashed(self, now: float, policy: RestartPolicy) -> float | None:
-        """Its worker crashed at `now` (handle already let go): BACKOFF until its delay,
-        returned, is over; past `policy`'s budget FAILED (None)."""
+        """A crash at `now`: BACKOFF, returning the delay; past `policy`'s budget FAILED (None)."""
         self.restarts.append(now)
         while self.restarts and self.restarts[0] < now - policy.window_s:
             self.restarts.popleft()

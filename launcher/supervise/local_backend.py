@@ -1,9 +1,5 @@
-"""`LocalBackend`: the workers as child processes of the launcher on this machine.
-
-Every worker is started by launcher/child.py (through launcher.worker.process.spawn_worker): `python -P`,
-a scrubbed environment, SIGTERM when the launcher dies. Its metrics file is the pod's own
-logs/metrics_gpu{i}.jsonl, written by the worker directly.
-"""
+"""`LocalBackend`: the workers as child processes through launcher/child.py (`python -P`, a
+scrubbed environment, SIGTERM when the launcher dies), writing the pod's logs/ directly."""
 
 from __future__ import annotations
 

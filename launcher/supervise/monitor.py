@@ -1,11 +1,7 @@
-"""The monitor: what each worker wrote since the last poll, turned into the pod's records.
-Owner: the supervisor, once per poll.
-
-Metrics lines feed the GPU's health checks; checkpoint events go to the checkpoint custodian
-and the manifest (and AR probe requests); the custodian passes a checkpoint once the checks
-(and the probe, when probes are on) vouch for its step; finished probes are applied. It
-reads and records, it never starts or stops a worker.
-"""
+"""What each worker wrote since the last poll, into the pod's records (the supervisor calls it
+once per poll): metrics into health checks, checkpoints to the custodian, the manifest and
+the probes, passed once the checks (and the probe) vouch for their step. It never starts or
+stops a worker."""
 
 from __future__ import annotations
 
@@ -43,9 +39,8 @@ class WorkerMonitor:
                 self.on_event[record["event"]](run, record)
 
     def judge_peers(self) -> None:
-        """Each running GPU against its peers: a GPU newly off them gets its `gpu_outlier`
-        event (the alert) and a status mark, or with `action: rollback` fails its checks;
-        one back with them loses the mark (`gpu_outlier_cleared`)."""
+        """Each running GPU against its peers: newly off them, a `gpu_outlier` event and mark
+        (or with `action: rollback` a failed check); back, `gpu_outlier_cleared`."""
         pod = self.pod
         for run in pod.runs.values():
             if run.proc is None:          # only running workers are peers

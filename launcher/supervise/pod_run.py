@@ -1,10 +1,6 @@
-"""What the supervisor's components share about the run in progress. Owner: the supervisor.
-
-Its collaborators (plan, manifest, event log, backend, checkpoint custodian, clock, probes,
-tracker) and its facts (the stage, the pod's state, each GPU's GpuRun, why it ended and with
-which exit code). The pod's state moves only through `move` (the transition table of
-launcher/supervise/state.py); a checkpoint's facts only through the custodian.
-"""
+"""What the supervisor's components share about the run (the supervisor builds it). The pod's
+state moves only through `move` (state.py's table); a checkpoint's facts only through the
+custodian."""
 
 from __future__ import annotations
 
@@ -55,8 +51,7 @@ class PodRun:
 
     def move(self, event: PodEvent, reason: str | None = None,
              exit_code: int | None = None) -> PodState:
-        """The pod's state after `event` (IllegalTransition for a move the table lacks), with
-        why (`status`) and the launcher's exit code where the move sets them."""
+        """Move the pod's state on `event`, with why (`status`) and the exit code if given."""
         self.state = transition(self.state, event)
         if reason is not None:
             self.reason = reason

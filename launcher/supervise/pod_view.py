@@ -1,7 +1,5 @@
-"""Views of the running pod, taken from the PodRun: logs/pod_state.json, which `status`
-reads (a snapshot written at most every few seconds, the loop polls far more often; at once
-on every change of the pod's state), and the foreground launch's progress line (one line
-per GPU's numbers every PROGRESS_EVERY_S, at the start and at the end)."""
+"""Views of the PodRun: logs/pod_state.json for `status` (at most every few seconds, at once
+on a change of the pod's state) and the foreground launch's progress line."""
 
 from __future__ import annotations
 
@@ -69,9 +67,8 @@ class PodView:
 
 
 class ProgressLine:
-    """The foreground launch's progress: one plain line on stdout per PROGRESS_EVERY_S (a
-    pipe or a log gets whole lines, never a redrawn bar), each GPU's tokens, tok/s and
-    ema_tf from its newest metrics line, or its state before it has one."""
+    """One plain line on stdout per PROGRESS_EVERY_S (a pipe or log gets whole lines, never a
+    redrawn bar): each GPU's tokens, tok/s and ema_tf, or its state."""
 
     def __init__(self, pod: PodRun, out=None, every: float = PROGRESS_EVERY_S):
         self.pod, self.out, self.every = pod, out, every

@@ -14,8 +14,7 @@ class WorkerRestarter:
         self.pod = pod
 
     def crash(self, run: GpuRun, reason: str) -> None:
-        """`run`'s worker ended badly (an exit code, a signal, a hang): BACKOFF with its
-        delay, or FAILED (a failed `restarts` check) past the budget."""
+        """`run`'s worker ended badly: BACKOFF, or past the budget a failed `restarts` check."""
         policy = self.pod.plan.criteria.restarts
         delay = run.crashed(self.pod.clock(), policy)
         if delay is None:
@@ -31,8 +30,8 @@ class WorkerRestarter:
         return run.state == GpuState.BACKOFF and now >= run.restart_at and self.pod.running()
 
     def silence(self, run: GpuRun, now: float) -> tuple[float, float] | None:
-        """(seconds silent, the limit) when `run`'s worker is silent past its limit: no
-        metrics line since its last one, or since its start (a longer limit: model load)."""
+        """(seconds silent, limit) when past the limit; before the first line the longer
+        startup limit applies (model load)."""
         hang = self.pod.plan.criteria.hang
         since = run.last_line_at if run.last_line_at is not None else run.started_at
         limit = hang.timeout_s if run.last_line_at is not None else hang.startup_timeout_s

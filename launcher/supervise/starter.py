@@ -1,6 +1,5 @@
-"""Starting workers: every GPU's at the start of a stage (with the stage's baseline probes),
-or one GPU's again after a crash, a rollback or a lost node, from its manifest entry.
-Owns the per-start state the plan does not hold: each GPU's fault for its first start."""
+"""Starting workers from their manifest entries: every GPU's at a stage's start (with its
+baseline probes), or one GPU's again. Owns the per-start state: each GPU's first fault."""
 
 from __future__ import annotations
 
@@ -73,10 +72,8 @@ class WorkerStarter:
                           start_over=pod.custodian.starts_over(run.slot.gpu))
 
     def recover(self, gpu: int) -> bool:
-        """Before a restart: the entry's checkpoint must hold its recorded bytes (a worker
-        killed between its rename and its event leaves a newer file there; a file can be
-        damaged mid-run; the custodian knows where they are). False when they are nowhere:
-        the pod is failed, clearly."""
+        """Before a restart: the entry's checkpoint holds its recorded bytes (a worker killed
+        between its rename and its event leaves a newer file). False: nowhere, pod failed."""
         pod = self.pod
         try:
             if pod.custodian.restore(gpu):

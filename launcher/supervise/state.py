@@ -1,10 +1,6 @@
-"""The states of one GPU and of the whole pod, and the one function that moves them.
-
-Every state change of the supervisor goes through `transition(state, event)`: a move the
-table does not list is a bug in the supervisor, raised at once (IllegalTransition) instead
-of leaving a GPU in a state nothing handles. The values are the strings `status` and
-logs/pod_state.json have always shown, so readers of those files see no change.
-"""
+"""The GPU and pod states; every change goes through `transition(state, event)`, and a move
+the table lacks is a bug raised at once (IllegalTransition). The values are the strings
+`status` and logs/pod_state.json show: do not rename them."""
 
 from __future__ import annotations
 

@@ -1,17 +1,10 @@
-"""The GPUs' metrics lines mirrored to trackio (`tracker:` in fractus-pod.yaml); the
-tracker never delays or breaks supervision.
+"""The GPUs' metrics lines (as the monitor reads them) and key events mirrored to trackio
+(`tracker:`); the tracker never delays or breaks supervision: a bounded queue drained by a
+thread, full means dropped (counted), a tracker that raises turns the sink off (one warning).
 
-Fed by the monitor with each metrics line it already reads (the worker writes no second
-copy) and by the event log with the launcher's key decisions (a rollback, a stage change).
-`put` only appends to a bounded queue: a background thread calls the tracker, so a slow
-store never delays a poll, and a full queue drops lines (counted) rather than wait. A
-tracker that raises logs one warning and turns the sink off: supervision never sees it.
-
-One trackio run per GPU (named gpu{i}, resumed across launches): each GPU keeps its own
-step axis (GPUs restart and roll back apart), and trackio draws the runs of a project
-together on one chart per metric, which is how a person compares a GPU with its peers.
-trackio keeps one current run per context, so each GPU's run lives in its own Context.
-"""
+One trackio run per GPU (gpu{i}, resumed across launches): each keeps its own step axis
+(GPUs restart and roll back apart), and trackio charts a project's runs together. trackio
+keeps one current run per context, so each GPU's run lives in its own Context."""
 
 from __future__ import annotations
 
