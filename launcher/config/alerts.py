@@ -1,16 +1,8 @@
-"""`alerts:` of the pod config: where the pod tells a person what it decided.
+"""`alerts:` of the pod config (docs/LAUNCHER.md, Alerts while you are away).
 
-    alerts:
-      min_severity: warning          # info | warning | critical
-      webhooks:
-        - {format: ntfy, url_env: NTFY_URL}
-        - {format: slack, url_env: SLACK_WEBHOOK_URL}
-
-A webhook's URL is a secret (whoever holds it posts to the user's phone or channel), so the
-file names only the environment variable that holds it: the config is pushed to the hub
-and shown by `status`; the URL is read from the launcher's environment at launch
-(launcher/alerts/webhooks.py) and never written anywhere. Parsed once here into typed
-objects; the launcher's child processes never get the variable (launcher/child.py).
+A webhook's URL is a secret, and the config is pushed to the hub and shown by `status`, so
+the file names only the launcher's environment variable that holds it; no child process
+gets that variable.
 """
 
 from __future__ import annotations
@@ -42,8 +34,8 @@ class WebhookSetting:
 class AlertSettings:
     webhooks: tuple[WebhookSetting, ...] = ()
     min_severity: str = "warning"
-    # A hub push failing at this many intervals in a row is an incident (one failed push
-    # is retried at the next interval and usually passes).
+    # A hub push failing at this many intervals in a row is an incident (one usually passes
+    # at the next interval).
     hub_failures: int = 3
     # The same incident (its dedupe key) is said again only after this long.
     repeat_after_s: float = 3600.0

@@ -1,12 +1,6 @@
-"""`data:` of the pod config: where the token shards come from when they are not on disk.
-
-    data:
-      url: hf://datasets/owner/repo        # or hf://owner/repo, or file:///abs/store
-      revision: 0123...                    # the commit whose index records every shard
-
-The revision pins the bytes: the dataset store's index at that commit (launcher/hub/
-data_source.py) records each shard's sha256 and size, once, for every pod that trains on
-it. Parsed without contacting anything, so a config is checked offline.
+"""`data:` of the pod config: where the token shards come from when they are not on disk
+(docs/LAUNCHER.md, Shards on the hub). The revision pins the bytes (the store's index at that
+commit records each shard's sha256 and size). Parsed offline.
 """
 
 from __future__ import annotations

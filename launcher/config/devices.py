@@ -22,8 +22,8 @@ def _visible_gpu_count() -> int:
     return visible_gpu_count()       # nvidia-smi, else torch (absent/failing)
 
 
-# Bounds of a devices string: no machine has more GPUs than this, and CPU workers beyond
-# it would only thrash (cuda:0-99999999999 once built a list until memory ran out).
+# Bounds of a devices string: no machine has more GPUs, more CPU workers would only thrash,
+# and an unbounded range builds a list until memory runs out.
 MAX_GPU_INDEX = 1023
 MAX_CPU_WORKERS = 256
 

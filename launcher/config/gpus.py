@@ -1,12 +1,8 @@
 """The machine's CUDA devices, counted before any worker starts.
 
-Two witnesses, because either can be missing where the other works: nvidia-smi (absent in
-many containers, or failing when the driver is not loaded) and the torch a worker imports
-(a CPU-only build sees no GPU whatever nvidia-smi says). `launch` asks torch, in a child
-process with CUDA_VISIBLE_DEVICES removed (a worker gets CUDA_VISIBLE_DEVICES=<its index>,
-so indices are the machine's), and refuses `devices: cuda:...` naming a GPU that torch
-does not see: one line, exit 2, before the pod lock, the manifest or any worker. `auto`
-and a bare `cuda` count with nvidia-smi and, when it is absent or fails, with torch.
+Two witnesses, because either can fail where the other works: nvidia-smi (absent in many
+containers) and the workers' torch (a CPU-only build sees no GPU whatever nvidia-smi says).
+torch is asked in a child with CUDA_VISIBLE_DEVICES removed, so indices are the machine's.
 """
 
 from __future__ import annotations
@@ -86,8 +82,7 @@ def _ranges(indices: list[int]) -> str:
 
 
 def check_cuda_present(gpus: list[int], devices: str) -> None:
-    """Refuse CUDA GPUs this machine does not have (one line, exit 2), before anything starts.
-    Silent when torch cannot be asked (its probe failed): the workers then say it themselves."""
+    """Refuse CUDA GPUs torch does not see (one line, exit 2); silent if its probe failed."""
     if not gpus:
         return
     have = torch_cuda_count()

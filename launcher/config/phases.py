@@ -1,14 +1,5 @@
-"""`shards:` of the pod config: one shard pattern, or an ordered list of data phases.
-
-    shards: data/shard_phase2_gpu{i}.npy            # one phase (today's form)
-    shards:                                         # phases, trained in this order
-      - data/shard_gpu{i}.pt
-      - {shard: data/shard_phase2_gpu{i}.npy, name: phase2}
-
-Each GPU trains on phase 1's shard, then, when it reaches its end, on phase 2's from token 0
-with its weights, optimizer state and carry continuous (launcher/supervise/phase_switch.py),
-and so on; a GPU whose last phase ends is done. Phases are numbered from 1 (the manifest
-entry's `phase`). Parsed once here; a bad list exits 2 with one line.
+"""`shards:` of the pod config: one shard pattern, or an ordered list of data phases,
+numbered from 1 as the manifest entry's `phase` (docs/LAUNCHER.md, Data phases).
 """
 
 from __future__ import annotations
@@ -33,8 +24,8 @@ class Phase:
 
 
 def parse_phases(value, source: str, check_template) -> tuple[Phase, ...]:
-    """The phases `shards:` names (one for a plain pattern). `check_template(key, pattern,
-    source)` is the config's check of a path pattern (only {i})."""
+    """The phases `shards:` names (one for a plain pattern); `check_template(key, pattern,
+    source)` checks each pattern."""
     if isinstance(value, str):
         check_template("shards", value, source)
         return (Phase(1, value, "phase 1"),)

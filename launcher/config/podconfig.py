@@ -1,9 +1,8 @@
 """The pod config (fractus-pod.yaml): how this pod runs, checked whole when it is read.
 
 load_pod_config refuses an unknown key or a bad value in one line (exit 2) before anything
-runs and parses each section once into its typed object, kept beside the person's text
-(to_dict). Paths are relative to the pod directory; `init` (launcher/pod/setup_init.py)
-writes a new one from PRESETS.
+runs, and parses each section once into its typed object, kept beside the person's text.
+Paths are relative to the pod directory. Keys: docs/LAUNCHER.md, Pod config keys.
 """
 
 from __future__ import annotations
@@ -33,9 +32,7 @@ from launcher.config.data_settings import DataSource
 from launcher.config.alerts import check_alerts
 from launcher.config.alerts import AlertSettings
 
-# The shipped stage and criteria files (stages.yaml, trusted_loss.yaml): package data of
-# launcher.config, found through importlib.resources, so an installed wheel has them as a
-# checkout does; `init` copies them into a pod's manifests/.
+# The shipped stage and criteria files: package data, so an installed wheel has them too.
 DEFAULT_MANIFESTS = importlib.resources.files("launcher.config") / "defaults"
 
 
@@ -55,8 +52,8 @@ class PodConfig:
     worker: list = field(default_factory=lambda: ["python", "-u", "-m", "fractus.train.worker"])
     # Extra worker settings for every GPU and stage (e.g. SEQ for a small demo model).
     env: dict = field(default_factory=dict)
-    # Names of the launcher's environment variables every worker also gets (its allow-list,
-    # launcher/child.py, passes only the worker contract, system and CUDA/torch names).
+    # Names of the launcher's environment variables every worker also gets (beyond
+    # launcher/child.py's allow-list).
     pass_env: list = field(default_factory=list)
     save_every: int = 800
     save_keep: int = 3
@@ -64,30 +61,24 @@ class PodConfig:
     poll_interval_s: float = 1.0     # how often the launcher reads the metrics files
     stop_grace_s: float = 120.0      # SIGTERM -> SIGKILL for a worker that must stop
     hub: str | None = None           # "file://hub" or "hf://owner/repo" (see launcher/hub)
-    # The hub sync policy (launcher/hub/sync.py): interval (seconds, or "30m"/"1h"), merge
-    # (also push the mean-merged brain), attempts/backoff_s (retries of one hub call).
+    # The hub sync policy: SyncSettings below.
     sync: dict = field(default_factory=lambda: {"interval": 3600})
-    # How much of the run the hub keeps (launcher/config/retention_settings.py): keep, milestones,
-    # pins, budget. None: every push is kept.
+    # How much of the run the hub keeps (retention_settings.py). None: every push is kept.
     retention: dict | None = None
     # `init` writes synthetic shards with these (tiny preset); unused otherwise.
     demo_data: dict | None = None
-    # Run the workers on a Ray cluster (launcher/supervise/ray/driver.py): address,
-    # workdir, resource. None: child processes of the launcher on this machine.
+    # Run the workers on a Ray cluster (ray_settings.py). None: child processes here.
     ray: dict | None = None
-    # Where the shards come from when they are not on disk (launcher/config/data_settings.py):
-    # url and revision, parsed by load_pod_config; launch fetches and verifies the shards.
-    # None: the user places them.
+    # Where launch fetches the shards from (data_settings.py). None: the user places them.
     data: "DataSource | None" = None
-    # Webhooks told of failures, rollbacks, refused pushes... (launcher/config/alerts.py).
+    # Webhooks told of failures, rollbacks, refused pushes (alerts.py).
     alerts: dict | None = None
-    # The GPUs' metrics mirrored to trackio (launcher/config/tracker.py). None: off.
+    # The GPUs' metrics mirrored to trackio (tracker.py). None: off.
     tracker: dict | None = None
     # The launcher records `disk_low` (and alerts) when the pod's disk has less free than
     # this, before a save fails on a full disk (a 1B checkpoint with its optimizer: ~12 GiB).
     disk_low_gib: float = 20.0
-    # What one GPU-hour costs (any currency): the goodput ledger turns GPU-hours into money
-    # (launcher/dashboard/goodput.py). None: hours only.
+    # What one GPU-hour costs (any currency), for the goodput ledger. None: hours only.
     price_per_gpu_hour: float | None = None
 
     # The file the config was read from (load_pod_config), named in a section's refusal.
@@ -99,8 +90,7 @@ class PodConfig:
             raw, self._source or "shards", _check_template))
 
     def _parsed(self, key: str, parse):
-        """Section `key` parsed by parse(raw, where) once and kept typed until its raw value
-        changes; the config keeps the person's text for to_dict."""
+        """Section `key` parsed once by parse(raw, where), kept until its raw value changes."""
         raw, cached = getattr(self, key), self.__dict__.get("_typed_" + key)
         if cached is None or cached[0] != raw:
             where = f"{self._source}: {key}" if self._source else key
@@ -109,8 +99,7 @@ class PodConfig:
         return cached[1]
 
     def phase(self, number: int) -> Phase:
-        """Phase `number` (1-based); ValueError past the last (a manifest naming a phase the
-        config no longer lists is refused by the caller with its own fix)."""
+        """Phase `number` (1-based); ValueError past the last."""
         if not 1 <= number <= len(self.phases):
             raise ValueError(f"phase {number} is not one of the {len(self.phases)} phase(s) "
                              f"shards: lists")
@@ -121,7 +110,7 @@ class PodConfig:
         return self.phase(phase).shard(gpu)
 
     def shard_paths(self, gpu: int) -> list[str]:
-        """Every phase's shard of GPU `gpu`, in phase order: what the GPU trains on in all."""
+        """Every phase's shard of GPU `gpu`, in phase order."""
         return [phase.shard(gpu) for phase in self.phases]
 
     def checkpoint_path(self, gpu: int) -> str:
@@ -143,8 +132,7 @@ class PodConfig:
         return self._parsed("retention", RetentionSettings.parse)
 
 
-# Commits an hour one Hub repository takes (the Hub is reported to cap them at 128): the
-# default of `sync.commits_per_hour`, the budget launcher/hub/commit_budget.py checks.
+# Commits an hour one Hub repository takes (the Hub is reported to cap them at 128).
 HUB_COMMITS_PER_HOUR = 128
 COMMITS_PER_HOUR_RANGE = (1, 36000)
 INTERVAL_MIN_S = 1.0                 # sync.interval: below a second no push even completes
@@ -216,8 +204,7 @@ PRESETS: dict[str, PodConfig] = {
 }
 
 
-# Every number of the pod config, with the range it must lie in (inclusive): a negative
-# poll interval made the launcher crash after it said the pod runs; NaN passes `< 0`.
+# Every number of the pod config, with its inclusive range (NaN passes `< 0`, not these).
 NUMERIC_RANGES: dict[str, tuple[float, float]] = {
     "save_every": (0, 10**9),
     "save_keep": (1, 1000),
@@ -258,8 +245,7 @@ def _check_template(key: str, value: str, source: str) -> None:
 
 
 def _check_env(env: dict, source: str) -> None:
-    """env: names worker settings only (fractus/train/env.py is the list): a misspelt one
-    would reach no worker while the person believes it set."""
+    """env: names worker settings only (a misspelt one would silently reach no worker)."""
     for name, value in env.items():
         if not isinstance(name, str) or name not in ENV_VARS:
             raise UserError(f"{source}: env: {name!r} is not a worker setting; remove it or "
@@ -309,8 +295,7 @@ def _check_demo_data(demo: dict, source: str) -> None:
 
 
 def check_model(pod_dir: Path, config: PodConfig) -> None:
-    """`model:` names a preset or a constructor file the worker can build (it reads the
-    same name, in the pod directory): refused before any worker starts, not by each."""
+    """Refuse a `model:` the worker cannot build, before any worker starts."""
     name = config.model
     if name in MODEL_PRESETS:
         return

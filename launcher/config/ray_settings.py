@@ -22,10 +22,8 @@ class RaySettings:
     # a custom resource (`ray start --resources='{"fractus_gpu": 8}'`) for the CPU demo.
     resource: str | None = None
     # Fencing (launcher/supervise/ray/fence.py): the longest a node that has not heard from
-    # the launcher waits before it stops its worker (it saves; SIGKILL after its grace, at
-    # most stop_grace_s). The launcher's heartbeats tell each node a shorter fence and grace
-    # derived from what it measured; a lost node's GPUs are placed again only after the
-    # node's fence + grace (+5 s) without an answer.
+    # the launcher waits before it stops its worker; heartbeats may tell it a shorter one
+    # (docs/LAUNCHER.md, Multi-node pods on Ray).
     fence_s: float = 60.0
 
     KEYS = ("address", "workdir", "resource", "fence_s")

@@ -1,13 +1,5 @@
-"""`retention:` of the pod config: how much of the run the hub keeps (launcher/hub/retention.py).
-
-    retention:
-      keep: 3              # the newest K pushes keep their checkpoints (1..1000)
-      milestones: true     # also the last push of every stage and every merged brain
-      pins: [9f2c1ab]      # revisions (7+ hex characters) kept whatever their age
-      budget: 800GB        # a push that would make the hub hold more is refused
-
-No `retention:` key keeps every push (the behaviour before retention existed). Parsed once,
-here; bad values exit 2 with one line.
+"""`retention:` of the pod config: how much of the run the hub keeps (docs/LAUNCHER.md,
+Bounded storage on the hub). No `retention:` keeps every push.
 """
 
 from __future__ import annotations
@@ -53,8 +45,7 @@ class RetentionSettings:
                    None if budget is None else parse_size(budget, f"{source}.budget"))
 
     def below_one_push(self, one_push: int, measured: str) -> str | None:
-        """The refusal of a budget smaller than one push of `one_push` bytes (`measured`:
-        where that size comes from), with the budget that fits; None when it fits."""
+        """The refusal of a budget below one push of `one_push` bytes; None when it fits."""
         if self.budget_bytes is None or one_push <= self.budget_bytes:
             return None
         return (f"retention.budget {human_bytes(self.budget_bytes)} is smaller than one push "

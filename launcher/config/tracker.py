@@ -1,12 +1,6 @@
-"""`tracker:` of the pod config: the GPUs' metrics mirrored to a tracker the user can share
-(launcher/supervise/tracker_sink.py).
-
-    tracker:
-      kind: trackio          # Hugging Face's local-first tracker (the `tracker` extra)
-      project: fractus-1b    # the trackio project the pod's runs go into
-
-Off without the key. trackio keeps its store inside the pod (logs/trackio/, see
-launcher/paths.py): the config names no path, command or token. Parsed once here.
+"""`tracker:` of the pod config: the GPUs' metrics mirrored to trackio (docs/LAUNCHER.md,
+Metrics in trackio). Off without the key; the store stays inside the pod, so the config names
+no path, command or token.
 """
 
 from __future__ import annotations
@@ -44,8 +38,7 @@ class TrackerSettings:
 
 
 def check_installed(settings: "TrackerSettings | None") -> None:
-    """A launch with `tracker:` refuses early (nothing written) when trackio is missing,
-    rather than run with a sink that turns itself off at the first line."""
+    """Refuse a launch with `tracker:` early when its package is missing."""
     if settings is not None and importlib.util.find_spec(settings.kind) is None:
         raise UserError(f"tracker: kind {settings.kind} needs the {settings.kind} package: "
                         f"{install_hint('tracker')}, or remove tracker: from "

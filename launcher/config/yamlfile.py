@@ -1,13 +1,9 @@
-"""Reading the YAML files a person writes (fractus-pod.yaml, stages, criteria), with a user
-mistake reported as one line; and setting one key of such a file with the rest kept as the
-person wrote it.
+"""Reading the YAML files a person writes (fractus-pod.yaml, stages, criteria), a mistake
+reported in one line; and setting one key of such a file with the rest kept as written.
 
-One bounded reader for all of them: a pod's files are a few kilobytes, so anything far past
-that is a mistake or an attack. The file's size is capped before it is read, and the parsed
-document is measured before any Python object is built: an alias bomb ("billion laughs", a
-few hundred bytes that expand to gigabytes) is refused by the number of nodes it would
-expand to, and a document nested deeper than any config is refused before a recursive
-walk of it could overflow the stack.
+Bounded: the size is capped before reading, and the parsed node graph is measured before any
+Python object is built, so an alias bomb or a document nested deep enough to overflow the
+stack is refused.
 """
 
 from __future__ import annotations
@@ -25,8 +21,7 @@ MAX_DEPTH = 64               # nesting of lists/mappings; the files use 3
 
 
 def read_yaml(path: str | Path, what: str):
-    """The parsed document (None for an empty file); UserError if missing, not a readable
-    file, not UTF-8, not YAML, or past the bounds above."""
+    """The parsed document (None if empty); UserError if unreadable, not YAML, or too big."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
@@ -54,8 +49,7 @@ def read_yaml(path: str | Path, what: str):
 
 
 def parse_yaml(text: str, source: str):
-    """`text` parsed with the bounds of this module (for YAML that came from elsewhere, e.g.
-    a hub's copy of fractus-pod.yaml)."""
+    """`text` parsed within this module's bounds (e.g. a hub's copy of fractus-pod.yaml)."""
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
@@ -83,10 +77,8 @@ def _describe(exc: yaml.YAMLError) -> str:
 
 
 def _check_size(root: yaml.Node, source: str) -> None:
-    """Refuse a document whose expanded node count passes MAX_NODES, whose nesting passes
-    MAX_DEPTH, or that contains itself (an anchor used inside its own node). Each node is
-    measured once (memoised by identity), so a bomb costs as much as its text, not its
-    expansion."""
+    """Refuse past MAX_NODES expanded, past MAX_DEPTH, or self-containing. Each node is
+    measured once (by identity), so a bomb costs as much as its text, not its expansion."""
     size: dict[int, int] = {}
     depth_of: dict[int, int] = {}
     on_path: set[int] = set()
@@ -128,12 +120,9 @@ def _check_size(root: yaml.Node, source: str) -> None:
 
 
 def set_top_level_key(text: str, key: str, value, source: str) -> str:
-    """`text` with top-level `key` set to `value` and every other line kept as written (the
-    user's comments, the order of the keys, a provenance header): the key's own block is
-    replaced in place, or appended when the file has none. The result is parsed again and
-    must equal the old document with that one key set; a layout this line-wise edit cannot
-    place (a quoted key, a scalar continued at column 0) is rewritten whole instead, with
-    the leading comment lines kept."""
+    """`text` with top-level `key` set to `value`, every other line kept as written (block
+    replaced in place, or appended). Verified by parsing again; a layout this line edit cannot
+    place is rewritten whole, its leading comments kept."""
     lines = text.splitlines(keepends=True)
     start = next((i for i, line in enumerate(lines)
                   if re.match(rf"{re.escape(key)}\s*:(\s|$)", line)), None)
