@@ -1,8 +1,7 @@
 """Engine configuration: the reference constructor keywords, and named presets.
 
-`EngineConfig` is the one source of truth for what a model looks like. Its field names
-are exactly the reference `ContinuousThoughtEngine(**config)` keywords, so a legacy
-checkpoint's `config` dict (minus trainer extras such as `gpu`, `batch`, `lr`) builds it.
+`EngineConfig`'s fields are exactly the reference `ContinuousThoughtEngine(**config)`
+keywords, so a legacy checkpoint's `config` (minus trainer extras) builds it.
 """
 
 from __future__ import annotations

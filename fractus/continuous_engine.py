@@ -24,10 +24,8 @@ BLOCK_CARRY = ("attn_S", "attn_z", "kuramoto_phases")
 
 
 def check_token_ids(tokens: torch.Tensor, vocab_size: int) -> None:
-    """ValueError unless `tokens` is an integer tensor of ids in [0, vocab_size).
-
-    The range check reads the values: call it on a CPU tensor (the worker's host-side
-    slice) so that it never forces a device sync in the training loop."""
+    """ValueError unless `tokens` is an integer tensor of ids in [0, vocab_size). The range
+    check reads values, so it runs on CPU tensors only (no device sync)."""
     if not isinstance(tokens, torch.Tensor):
         raise ValueError(f"token ids must be a torch.Tensor, got {type(tokens).__name__}")
     if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
@@ -181,9 +179,8 @@ class ContinuousThoughtEngine(nn.Module):
                              f"call reset_thought({B}) first")
 
     def hidden(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run one chunk through every block: final hidden (B, C, d) and the summed lb.
-
-        Updates the carried state; holds no autograd graph in any buffer."""
+        """One chunk through every block -> final hidden (B, C, d), summed lb; advances the
+        carried state (no autograd graph kept in any buffer)."""
         self._check_obs(obs)
         h = self.observe(obs)
         first = h[:, :1, :] + self.thought_state.to(h.dtype)

@@ -1,15 +1,12 @@
 """Token shards: zero-copy access for training, and learnable synthetic shards for demos.
 
-A shard is one flat stream of token ids. Production shards are `.npy` int32 (any integer
-dtype accepted, widened per window) opened as a memmap: the worker slices B*SEQ+1 tokens per step, so resident memory
-does not grow with the shard size (v1 converted the whole shard to int64: 3.4 GB per process).
-Legacy `.pt` shards (a 1-D integer tensor, v1's format) are accepted too, loaded with
-weights_only=True and memory-mapped, so they do not cost their size in memory either.
+A shard is one flat stream of token ids: `.npy` int32 in production (any integer dtype,
+widened per window), or v1's `.pt` 1-D tensor (weights_only). Both are memory-mapped and
+read B*SEQ+1 tokens per step, so memory does not grow with the shard (v1 converted it
+whole to int64: 3.4 GB per process).
 
-    python -m fractus.data synth --out DIR --shards 8 --tokens N --vocab V --seed S
-
-writes `DIR/shard_phase2_gpu{i}.npy` (int32) sampled from one fixed random sparse Markov
-chain, so a model's loss visibly falls toward the chain's entropy.
+`python -m fractus.data synth --out DIR ...` writes `DIR/shard_phase2_gpu{i}.npy` from one
+fixed random sparse Markov chain, so a model's loss visibly falls toward its entropy.
 """
 
 from __future__ import annotations
@@ -79,12 +76,7 @@ class TokenShard:
         return int(self._tokens.shape[0])
 
     def window(self, start: int, length: int) -> torch.Tensor:
-        """Tokens [start, start+length) as a small CPU tensor (int32 or int64).
-
-        Only this window is read from the memmap (a copy of `length` tokens), so the worker's
-        memory stays flat; narrower integers are widened per window (a few KB per step),
-        never the whole shard.
-        """
+        """Tokens [start, start+length) copied out as a small CPU tensor (int32 or int64)."""
         if start < 0 or start + length > len(self):
             raise IndexError(f"window [{start}, {start + length}) outside shard of {len(self)}")
         piece = self._tokens[start:start + length]

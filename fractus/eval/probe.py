@@ -1,21 +1,14 @@
 """The trusted-loss AR probe: does the model still generate, not only teacher-force?
 
-Protocol (shared/spec/MODEL.md, "Trusted loss"), per probe row:
-1. warm the carried state on WARM true tokens (one chunk);
-2. FREE greedy free-run steps, feeding the argmax back one token at a time (chunks of 1);
-   AR = mean CE of each step's logits against the TRUE next token, ARacc = argmax match rate;
-3. for contrast, the cold teacher-forced CE of a fresh state on a COLD-token chunk.
-Rows are consecutive windows of the shard starting at the GPU's train head (tokens not yet
-trained on), or ending there when the head is too close to the end. Each row's own AR is
-reported too (`ar_rows`): their spread is the probe's window-to-window noise, on which the
-launcher calibrates its verdict (launcher/checks/probe_check.py). Deterministic: no sampling, and
-the model runs in float32 on the CPU unless told otherwise.
+Protocol: shared/spec/MODEL.md, "Trusted loss" (warm on WARM true tokens, FREE greedy
+steps one token at a time scored against the TRUE next token, cold CE for contrast). Rows
+are consecutive windows starting at the train head (not yet trained on), or ending there
+near the shard's end; each row's AR (`ar_rows`) is reported, their spread being the noise
+the launcher calibrates its verdict on (launcher/checks/probe_check.py). Deterministic: no
+sampling, float32 on the CPU unless told otherwise.
 
-Any checkpoint the worker trains from: fractus-pod's full checkpoints, v1 files (their head
-is config.tokens_processed), the merged brain and bare state_dicts (no head: pass --head or --default-head;
-no config: pass --model, the pod's model), `_orig_mod.` prefixes or not (fractus/legacy.py).
-
-    python -m fractus.eval.probe --checkpoint checkpoints/fractus_1b_gpu0.pt --shard data/shard_phase2_gpu0.npy --json
+Reads any checkpoint the worker trains from (fractus/legacy.py); files that record no head
+need --head or --default-head, files without a config --model.
 """
 
 from __future__ import annotations

@@ -158,8 +158,7 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, S0: Tensor, z0: Tensor,
     return _ChunkedAttention.apply(q, k, v, S0, z0, block)
 
 
-# ---------------------------------------------------------------------------------------------
-# Registry and run-time choice.
+# --- registry and run-time choice -------------------------------------------------------------
 
 _BUILTIN_KERNELS: dict = {
     "einsum": einsum_attention,
@@ -260,8 +259,7 @@ def get_attention_impl(device: Union[str, torch.device, None] = None) -> str:
     return default_impl_for(torch.device(device).type)
 
 
-# ---------------------------------------------------------------------------------------------
-# Functional entry point.
+# --- functional entry point --------------------------------------------------------------------
 
 def _shape(t: Tensor) -> str:
     return "(" + ", ".join(str(s) for s in t.shape) + ")"

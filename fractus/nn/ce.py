@@ -62,12 +62,10 @@ def _check_targets(targets: torch.Tensor, h: torch.Tensor, vocab: int) -> None:
                          f"dim); got {tuple(targets.shape)}")
     if targets.device != h.device:
         raise ValueError(f"targets must be on {h.device} like h; got {targets.device}")
-    # The range check reads the ids back, which on an accelerator is a device sync per
-    # step: check it on CPU only. On CUDA an out-of-range id trips gather's device-side
-    # assert instead; callers check ids on the host copy they hold. Under torch.compile the
-    # read would break the graph (and specialise it on the values read: a recompile per new
-    # min/max), so a compiled step skips it: the worker checks every window on the host
-    # before the step.
+    # Reading the ids back is a device sync per step: CPU only (on CUDA gather's device-side
+    # assert catches a bad id). Under torch.compile the read would break the graph and
+    # specialise it on the values (a recompile per new min/max); the worker checks every
+    # window on the host before the step instead.
     if targets.device.type == "cpu" and not torch.compiler.is_compiling():
         lo, hi = torch.aminmax(targets)
         if int(lo) < 0 or int(hi) >= vocab:
@@ -194,10 +192,9 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss):
         grad_h, grad_W = ctx.saved_tensors
-        # Scaled in place (after any cast to the input dtype): a second backward through a
-        # retained graph then fails autograd's saved-tensor version check instead of
-        # returning gradients scaled twice, and no second (V, d) tensor is allocated. The
-        # incoming gradient stays a tensor: reading it would sync the device.
+        # Scaled in place: a second backward through a retained graph fails autograd's
+        # saved-tensor version check (not gradients scaled twice), and no second (V, d)
+        # tensor is allocated. grad_loss stays a tensor: reading it would sync the device.
         h_dtype, W_dtype = ctx.input_dtypes
         if grad_h is not None:
             grad_h = grad_h.to(h_dtype).mul_(grad_loss)

@@ -48,9 +48,8 @@ class FractalLinearAttention(nn.Module):
         self.register_buffer("level_offsets", offsets)
 
     def forward(self, x: torch.Tensor, S_carry: torch.Tensor, z_carry: torch.Tensor):
-        """x (B, C, d) normalised input; carry in block-diagonal form (batch B or 1).
-
-        Returns (attention output (B, C, d), new block-diagonal S, new z), the state detached."""
+        """x (B, C, d), block-diagonal carry (batch B or 1) -> (output (B, C, d), new S, new
+        z), the state detached."""
         B, C, _ = x.shape
         H, D, L = self.n_heads, self.d_head, self.n_levels
         qkv = [torch.einsum("bld,de->ble", x, self.w_qkv[j]) + self.b_qkv[j] for j in range(3)]

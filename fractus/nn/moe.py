@@ -1,12 +1,9 @@
 """Phase-routed mixture of experts: von Mises gates around Farey expert phases.
 
-Routing depends only on the phases it is given. The engine routes a whole chunk with
-the phases of the chunk's last position, so every token of a row shares its gates and
-its top-k experts. `forward` exploits that: given phases of shape (B, 1, N) it gathers
-each row's K experts once and runs them as batched matmuls over the row's tokens
-("row" dispatch). Given per-token phases (B, L, N) it falls back to the reference's
-per-token dispatch ("token"): gather-first when E > 2K, else all experts then gather.
-Both compute the same function; tests prove it.
+The engine routes a chunk with its last position's phases (B, 1, N), so a row's tokens
+share gates and top-k experts: "row" dispatch gathers each row's K experts once and runs
+batched matmuls. Per-token phases (B, L, N) take the reference's "token" dispatch
+(gather-first when E > 2K, else all experts then gather). Same function either way.
 """
 
 from __future__ import annotations
@@ -100,9 +97,7 @@ class PhaseRoutedMoE(nn.Module):
 
     # -- forward ---------------------------------------------------------------------------
     def forward(self, h: torch.Tensor, phases: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """h (B, L, D); phases (B, 1, N) shared by the row, or (B, L, N) per token.
-
-        Returns (output (B, L, D), load-balance loss)."""
+        """h (B, L, D), phases (B, 1, N) or (B, L, N) -> (output (B, L, D), lb loss)."""
         B, L, D = h.shape
         g = self.gates(phases)
         weights, idx = self.select(g)

@@ -8,11 +8,8 @@ TWO_PI = 2.0 * math.pi
 
 
 def elu1(x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
-    """Strictly positive feature map: x + 1 for x > 0, alpha * (exp(x) - 1) + 1 otherwise.
-
-    Written as the reference writes it (two branches joined by `where`) so that float32
-    results round the same way; F.elu(x) + 1 differs in the last bit for x <= 0.
-    """
+    """x + 1 for x > 0, alpha * (exp(x) - 1) + 1 otherwise: the reference's two-branch form,
+    so float32 rounds the same (F.elu(x) + 1 differs in the last bit for x <= 0)."""
     return torch.where(x > 0, x + 1.0, alpha * (torch.exp(x) - 1.0) + 1.0)
 
 

@@ -1,8 +1,7 @@
 """Telling a full disk apart from other write failures, for the worker and the launcher.
 
 torch.save reports a full disk as `RuntimeError: [enforce fail at inline_container.cc:672]
-... unexpected pos ...`, with the `OSError: [Errno 28] No space left on device` only in
-its context; people need to read "disk full" where they look (events, status)."""
+... unexpected pos ...`, the ENOSPC OSError only in its context."""
 
 from __future__ import annotations
 

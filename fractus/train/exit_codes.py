@@ -1,9 +1,7 @@
 """The worker's exit codes: the one list the worker returns and the launcher reads.
 
-Here in fractus/ rather than launcher/ because the worker (fractus/train/worker.py) runs
-without the launcher (the user's own scripts start it); the launcher imports this module.
-docs/WORKER.md's "Exit codes" table lists the same codes (tests/test_worker_docs.py
-checks it against this enum)."""
+In fractus/ because the worker also runs without the launcher (the user's scripts).
+docs/WORKER.md's "Exit codes" table is checked against it (tests/test_worker_docs.py)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Structured worker output: JSON lines for supervisors, the v1 human line for people.
 
-Every line of the METRICS file is one JSON object with "type" "metrics" or "event"
-(format documented in docs/WORKER.md). Lines are flushed as written, so a supervisor tailing
-the file sees them at once; non-finite floats are written as null (strict JSON).
+Each METRICS line is one JSON object, "type" "metrics" or "event" (docs/WORKER.md,
+"Output"), flushed as written; non-finite floats become null (strict JSON).
 """
 
 from __future__ import annotations
@@ -31,9 +30,8 @@ def _clean(value):
 
 
 class MetricsWriter:
-    """Appends JSON lines to `path` (None: no file). One writer per worker process.
-    `tensorboard` (a fractus.train.tensorboard.TensorBoardScalars) also gets every metrics
-    record, as written."""
+    """Appends JSON lines to `path` (None: no file); every metrics record also goes to
+    `tensorboard` (TensorBoardScalars) if given."""
 
     def __init__(self, path: str | os.PathLike | None, gpu: int, tensorboard=None):
         self.gpu = gpu

@@ -1,13 +1,10 @@
 """The worker's metrics as TensorBoard scalars (TB_DIR), beside the JSON lines.
 
-The METRICS file stays the contract (the launcher reads only it); these event files are for
-people: `tensorboard --logdir logs/tb` shows one run per GPU.
-
-Written on the caller's thread, in TensorBoard's own record format (tensorboard's
-RecordWriter and Event protos), through a buffered file flushed every FLUSH_SECS and at
-close. Not torch's SummaryWriter: its writer thread does the file I/O and dies on a full
-disk with an unhandled OSError, outside the worker's disk-full exit. Here a failed write
-raises where the worker writes its metrics and handles a full disk.
+For people only (the launcher reads the METRICS file alone); one run per GPU under TB_DIR.
+Written on the caller's thread with tensorboard's RecordWriter and Event protos, flushed
+every FLUSH_SECS and at close. Not torch's SummaryWriter: its writer thread dies on a full
+disk with an unhandled OSError, outside the worker's disk-full exit; here a failed write
+raises where the worker handles a full disk.
 """
 
 from __future__ import annotations
