@@ -1,26 +1,8 @@
-"""Before a worker starts, its shards are on this machine with the bytes `data:` records.
-
-`ensure_shards(paths, source, pod_dir)` is what a launcher (or a Ray node, for its own GPUs'
-shards) calls. For each pod-relative shard path:
-
-- a stamp in logs/data_verified.json (path, size, mtime, the recorded sha256, at this url and
-  revision) says the file was verified and has not changed since: kept without a read, so
-  a 4 GB shard is not hashed again at every launch;
-- a file already there is hashed once against the record: equal, it is stamped; other
-  bytes are refused with one line (it is never trained on, and never overwritten: it may be
-  the user's own);
-- a missing one is fetched. From an hf:// store: streamed from the Hub's resolve URL with
-  the client's own headers into `<shard>.partial`, hashed as the bytes arrive (read once),
-  resumed with an HTTP Range from the partial file's length when an earlier process or
-  connection was cut, then renamed into place only when size and sha256 match the record.
-  Bytes that do not match are fetched again once from the first byte, then refused. From a
-  file:// store: copied and hashed in one pass, staged, then moved (launcher/hub/store.py).
-
-Progress goes through launcher/pod/progress.py (a bar on a terminal, a line every few
-seconds elsewhere). The record (sha256, size) comes from the dataset store's index at the
-pinned revision (launcher/hub/data_source.py), read once per call and only when a shard is
-not stamped: a pod whose shards are all stamped launches without the store.
-"""
+"""Before a worker starts, its shards are on this machine with the bytes `data:` records
+(called by the launcher, or a Ray node for its own GPUs). A stamp in logs/data_verified.json
+spares re-hashing a 4 GB shard at each launch; a local file with other bytes is refused,
+never overwritten (it may be the user's own); a missing one is fetched, resumable across
+processes through `<shard>.partial`. Details: docs/LAUNCHER.md "Shards on the hub"."""
 
 from __future__ import annotations
 
@@ -52,10 +34,9 @@ PARTIAL_SUFFIX = ".partial"
 
 def ensure_shards(paths: list[str], source: DataSource, pod_dir: Path,
                   retry: RetryPolicy = RetryPolicy()) -> list[str]:
-    """Every shard in `paths` present and verified (see the module's text). Returns the
-    shards fetched. UserError: the store cannot be read, does not record a shard, or a
-    local file holds other bytes; HubError: a fetch failed (rerun: it resumes);
-    IntegrityError: the store served other bytes than it records (nothing installed)."""
+    """Every shard in `paths` present and verified; returns those fetched. UserError: store
+    unreadable, shard unrecorded, or local file with other bytes; HubError: a fetch failed
+    (rerun resumes); IntegrityError: the store served other bytes (nothing installed)."""
     paths = shard_paths_in_store(list(dict.fromkeys(paths)), source.url)
     stamps = Stamps(pod_dir, source)
     unverified = [p for p in paths if not stamps.holds(p)]
@@ -87,18 +68,14 @@ def ensure_shards(paths: list[str], source: DataSource, pod_dir: Path,
 
 def check_recorded(paths: list[str], source: DataSource, pod_dir: Path,
                    retry: RetryPolicy = RetryPolicy()) -> None:
-    """The store can be read and records every shard in `paths` at the pinned revision (one
-    index read, nothing fetched, nothing written): a Ray launch's head checks the shards its
-    nodes will fetch, so a store they cannot use is refused at launch in one line, not at
-    every worker start on every node. UserError otherwise, as ensure_shards."""
+    """UserError unless the store records every shard in `paths` (one index read, nothing
+    fetched): a Ray head refuses at launch a store its nodes could not use."""
     _recorded(shard_paths_in_store(list(dict.fromkeys(paths)), source.url), source, pod_dir,
               retry)
 
 
 def _recorded(paths: list[str], source: DataSource, pod_dir: Path,
               retry: RetryPolicy) -> tuple[object, dict[str, FileEntry]]:
-    """(the store, each shard's record): UserError when the store cannot be read or does
-    not record one."""
     with _hub_log_held_back():      # a refusal writes nothing and says one line
         store = data_store(source.url, pod_dir, retry)
         try:
@@ -145,9 +122,7 @@ class _OtherBytes(IntegrityError):
 
 def _download(store: HfStore, rel: str, record: FileEntry, revision: str, partial: Path,
               task: Task) -> FileEntry:
-    """The shard's bytes into `partial`, resumed from its length; (sha256, size) of the
-    whole file, every byte hashed once (those an earlier process wrote, then the new ones
-    as they arrive)."""
+    """The shard into `partial`, resumed from its length; (sha256, size) of the whole file."""
     digest = hashlib.sha256()
     with open(partial, "ab+") as f:
         f.seek(0)
@@ -221,8 +196,7 @@ class _NoBar:
 
 
 class Stamps:
-    """logs/data_verified.json: shards verified against this url and revision, by size and
-    mtime (a shard rewritten since is verified again)."""
+    """logs/data_verified.json: verified shards, by size and mtime, for this url and revision."""
 
     def __init__(self, pod_dir: Path, source: DataSource):
         self.path, self.pod_dir, self.source = pod_dir / DATA_VERIFIED_FILE, pod_dir, source
@@ -255,9 +229,8 @@ class Stamps:
 
 @contextmanager
 def _hub_log_held_back() -> Iterator[None]:
-    """The hub's retry lines of the first contact are held back and logged only when it
-    succeeds: a launch refused because the store cannot be read says one line and writes
-    no logs/hub.log (its error line names the failure)."""
+    """Hold back the first contact's retry lines until it succeeds: a refused launch says one
+    line and writes no logs/hub.log."""
     logger = logging.getLogger("launcher.hub")
     held: list[logging.LogRecord] = []
 

@@ -1,12 +1,6 @@
-"""`fractus-pod launch --from-hub URL [--revision R]`: rebuild a pod from the hub alone (a
-rented host can vanish); a refused rebuild leaves its directory empty and the run's lease
-where it was.
-
-One pinned revision gives the pod config, the stage and criteria files, the manifest and the
-checkpoints it names; the launch then resumes every GPU at the manifest's tokens exactly as
-if the old pod had been stopped there. The new pod takes the run's hub lease only after the
-launch has checked everything that can refuse it (shards, manifest, checkpoints).
-"""
+"""`fractus-pod launch --from-hub URL [--revision R]`: rebuild a pod from one pinned hub
+revision alone (a rented host can vanish); a refused rebuild leaves its directory empty and
+the run's lease where it was. docs/LAUNCHER.md "Hub"."""
 
 from __future__ import annotations
 
@@ -42,8 +36,7 @@ PROVENANCE = ("# rebuilt from ", "# pulled from ")
 
 @dataclass(frozen=True)
 class Rebuilt:
-    """A pod directory filled from one hub revision that does not write the run yet: the
-    launch checks everything that can refuse it first, then `take_run` (or `undo`)."""
+    """A rebuilt pod not yet writing the run: the launch checks, then `take_run` or `undo`."""
 
     pod_dir: Path
     url: str                # absolute: the store as this pod names it
@@ -52,13 +45,10 @@ class Rebuilt:
     created: bool           # the directory did not exist before the rebuild
 
     def take_run(self) -> dict:
-        """This pod becomes the run's one writer (launcher/hub/lease.py): the pod it was
-        rebuilt from is refused at its next push. Returns the lease taken."""
+        """Become the run's one writer (the old pod is refused at its next push); the lease."""
         return take_over(open_store(self.url, self.pod_dir), self.pod_dir)
 
     def undo(self) -> None:
-        """A refused rebuild leaves the directory as empty as it was (gone if it was made
-        for it), so the same command can simply be rerun; the hub is untouched."""
         leave_empty(self.pod_dir, self.created)
 
 
@@ -66,19 +56,11 @@ def rebuild_from_hub(pod_dir: Path, url: str, revision: str | None,
                      on_cluster: bool = False,
                      trust_config: bool = False,
                      ray_address: str | None = None) -> Rebuilt:
-    """Fill an EMPTY pod directory from one pinned hub revision: config, stage/criteria
-    files, manifest and the checkpoints it names (each verified by sha256 against the hub
-    index AND the manifest). Shards come from the config's own path; the tiny preset's
-    synthetic shards are regenerated from their seed. Nothing is written to the hub: the
-    run's lease is taken by `Rebuilt.take_run`, once the launch has checked everything else.
-    For a pod whose workers run on a Ray cluster (`on_cluster`, or `ray:` in the pulled
-    config) the weights stay on the hub: the manifest names them at the revision, and each
-    node pulls its GPU's checkpoint when it starts the worker (verified there).
-    A config that would run or write anything on this machine (launcher/hub/config_trust.py)
-    is refused unless `trust_config` (the user's --trust-hub-config); `ray_address` is the
-    cluster the user named (launch --ray), which replaces one the config names.
-    A relative file:// `url` is taken from the current directory (it was typed on the
-    command line). On any failure the directory is left as empty as it was."""
+    """Fill an EMPTY pod directory from one hub revision, checkpoints verified against the
+    hub index AND the manifest; nothing written to the hub. On a Ray cluster (`on_cluster`
+    or `ray:`) the weights stay on the hub (each node pulls its own). An untrusted config
+    (config_trust.py) is refused unless `trust_config`; `ray_address` (launch --ray)
+    replaces the config's. A relative file:// `url` is relative to the cwd."""
     if pod_dir.exists() and (not pod_dir.is_dir() or any(pod_dir.iterdir())):
         raise UserError(f"--from-hub rebuilds a pod in an EMPTY directory; {pod_dir} is not "
                         f"empty (use a new --pod-dir, or plain `launch` to resume this pod)")
@@ -109,10 +91,8 @@ def empty_dir(pod_dir: Path) -> None:
 
 
 def keep_hub(pod_dir: Path, url: str, note: str) -> None:
-    """A config pulled from a store keeps pointing at that store: its `hub:` may be relative
-    to the pod that pushed it (file://hub), which means nothing here. Only that key changes
-    (set_top_level_key): the hub copy's comments and key order stay, under one first line
-    naming where it came from (an earlier such line is replaced, not stacked)."""
+    """Point the pulled config's `hub:` at `url` (a relative one means nothing here), keeping
+    its comments and key order, under one provenance line `note` (replaced, not stacked)."""
     path = pod_dir / CONFIG_NAME
     data = read_yaml(path, "the hub's pod config") or {}
     if isinstance(data, dict) and data.get("hub") != url:

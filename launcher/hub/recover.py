@@ -1,24 +1,8 @@
 """A worker starts only from the exact bytes its manifest entry names: found and verified
-here before each launch and restart, or refused.
-
-The manifest names a checkpoint by path and sha256. The file at that path can hold other
-bytes: a worker killed between renaming a newer checkpoint into place and reporting it
-(the manifest still names the older one: starting from the newer file with the older
-start_token would be refused by the worker, for ever), a truncated or corrupted file, or
-one replaced by hand. Before a launch, and before each restart of a worker, the named
-bytes are found, verified by sha256, in this order:
-
-1. the named path itself;
-2. a local copy: the retained hard link of that checkpoint (checkpoints/retained/), or a
-   rotated copy next to the named file (`.pt.1`, `.pt.2`, ...); the manifest then names
-   the retained copy (`checkpoint_recovered` event);
-3. the hub revision the entry records (`checkpoint_pulled` event);
-4. else the GPU's newest passed checkpoint left intact (its retained copy: the bytes the
-   GPU trained since are lost, and are trained again), as a `rollback` event (an alert);
-5. else a clear refusal (RecoveryError, one line): nothing starts from unverified bytes.
-
-An entry without a sha256 (a manifest the launcher never wrote) has nothing to verify.
-"""
+here before each launch and restart, or refused. Order: the named path, a local copy
+(retained link, rotated `.pt.N`), the entry's hub revision, the GPU's newest passed
+checkpoint (a `rollback`), else RecoveryError; docs/LAUNCHER.md "Hub", "Restoring". An
+entry without a sha256 (a manifest the launcher never wrote) has nothing to verify."""
 
 from __future__ import annotations
 
@@ -48,8 +32,7 @@ def holds(path: Path, sha256: str, on_bytes=None) -> bool:
 
 def _local_copies(pod_dir: Path, gpu: int, named: Path, sha256: str,
                   index: CheckpointIndex, canonical: str) -> list[Path]:
-    """Files that may hold the bytes (unverified), retained links first: the worker's
-    rotation never touches those."""
+    """Files that may hold the bytes (unverified), retained links first (never rotated)."""
     out = index.copies_of(gpu, sha256)
     for base in (named, pod_dir / canonical):
         out += [base.with_name(f"{base.name}.{k}") for k in range(1, MAX_ROTATED + 1)]
@@ -63,17 +46,15 @@ def _local_copies(pod_dir: Path, gpu: int, named: Path, sha256: str,
 
 def local_copy(pod_dir: Path, gpu: int, named: Path, sha256: str, index: CheckpointIndex,
                canonical: str) -> Path | None:
-    """A file other than `named` that holds the bytes `sha256` (verified): a retained link
-    first, then a rotated copy; None when there is none. `pod_dir`: the pod directory, or a
-    Ray node's own (launcher/supervise/ray/node.py restores from there the same way)."""
+    """A verified file other than `named` holding `sha256`, or None. `pod_dir`: the pod's,
+    or a Ray node's own directory."""
     return next((copy for copy in _local_copies(pod_dir, gpu, named, sha256, index, canonical)
                  if holds(copy, sha256)), None)
 
 
 def retained_copy(pod_dir: Path, gpu: int, next_token: int, sha256: str,
                   index: CheckpointIndex, copy: Path) -> str:
-    """`copy` (found by local_copy) as a file the worker's rotation never touches: itself
-    when it is a retained link, else a new retained link of it; pod-relative."""
+    """`copy` as a retained link (itself, or a new link), pod-relative."""
     rel = relative_to_pod(copy, pod_dir)
     if rel.startswith(PASSED_DIR + "/"):
         return rel
@@ -83,8 +64,8 @@ def retained_copy(pod_dir: Path, gpu: int, next_token: int, sha256: str,
 def recover_entry(pod_dir: Path, gpu: int, manifest: Manifest, index: CheckpointIndex,
                   events: EventLog, hub: str | None, canonical: str,
                   named_intact: bool | None = None) -> bool:
-    """Make GPU `gpu`'s entry name a file holding its recorded bytes. Returns True when
-    the entry changed (the caller writes the manifest). Raises RecoveryError."""
+    """Make GPU `gpu`'s entry name a file holding its recorded bytes; True when the entry
+    changed (the caller writes the manifest). Raises RecoveryError."""
     entry = manifest.entries.get(gpu)
     name, sha256 = (entry.checkpoint, entry.checkpoint_sha256) if entry else (None, None)
     if not name or not sha256:
@@ -128,10 +109,7 @@ def recover_entry(pod_dir: Path, gpu: int, manifest: Manifest, index: Checkpoint
 
 def _back_to_newest_passed(manifest: Manifest, index: CheckpointIndex, events: EventLog,
                            gpu: int, gone: str) -> bool:
-    """The named bytes are nowhere: the GPU goes back to its newest passed checkpoint left
-    intact (a retained copy), at its stage, as `fractus-pod rollback --gpu` would by hand:
-    the lost checkpoint's record marked failed (nothing restores it), a `rollback` event (an
-    alert). What it trained since is trained again, exactly. False: none is left."""
+    """back_to_passed to the GPU's newest intact passed checkpoint; False: none is left."""
     target = index.newest_passed(gpu)
     if target is None:
         return False
@@ -141,10 +119,9 @@ def _back_to_newest_passed(manifest: Manifest, index: CheckpointIndex, events: E
 
 def back_to_passed(manifest: Manifest, index: CheckpointIndex, events: EventLog, gpu: int,
                    gone: str, target: dict, settle=lambda: None) -> None:
-    """GPU `gpu`'s named bytes are nowhere (`gone`, one line): its entry goes to its passed
-    checkpoint `target` (an index record; with `hub_revision`, the hub commit holding it),
-    at its stage, said first (a `rollback` event, an alert); `settle()` (writing the
-    manifest) before the lost checkpoint's record is marked failed."""
+    """The entry goes to passed checkpoint `target` (an index record) at its stage, said
+    first as a `rollback` event; `settle()` (writing the manifest) runs before the lost
+    record is marked failed. `gone`: one line, why."""
     entry = manifest.entries[gpu]
     stage = entry.stage or manifest.recorded_stage() or 1
     lost_sha256 = entry.checkpoint_sha256
@@ -163,8 +140,8 @@ def back_to_passed(manifest: Manifest, index: CheckpointIndex, events: EventLog,
 
 def recover_all(pod_dir: Path, gpus: list[int], manifest: Manifest, index: CheckpointIndex,
                 events: EventLog, hub: str | None, canonical_of) -> bool:
-    """recover_entry for every GPU of a launch; the named files are hashed in parallel
-    first (hashlib releases the GIL: 8 checkpoints take about as long as the largest)."""
+    """recover_entry for every GPU, hashing in parallel first (hashlib releases the GIL:
+    8 checkpoints take about as long as the largest)."""
     named = {}
     for gpu in gpus:
         entry = manifest.entries.get(gpu)

@@ -1,10 +1,6 @@
-"""What one hub push sends, decided on the supervision loop and sent off it.
-
-A snapshot holds hard links to the immutable retained checkpoint files (no copy, no
-hashing on the loop) and the manifest naming exactly those bytes; `send` checks each
-checkpoint against its recorded sha256 in the one read the store makes and commits it all
-as one revision; `record_revision` notes that revision in the pod's manifest.
-"""
+"""What one hub push sends, decided on the supervision loop (hard links to the immutable
+retained checkpoints and the manifest naming them: no copy, no hashing on the loop) and sent
+off it as one revision, each checkpoint checked in the one read the store makes."""
 
 from __future__ import annotations
 
@@ -35,21 +31,17 @@ from launcher.pod.ckpt_trust import check_entry
 # ---- what one push sends -----------------------------------------------------------------
 @dataclass
 class Snapshot:
-    """One push, decided on the supervision loop; sent (verified first) by `send`."""
     dir: Path
     files: dict[str, Path] = field(default_factory=dict)      # hub path -> local file
     expected: dict[str, str] = field(default_factory=dict)    # hub path -> sha256 to check
     copies: dict[Path, Path] = field(default_factory=dict)    # link failed: copy src -> dest
     pushed: dict[int, tuple[str, str]] = field(default_factory=dict)  # gpu -> (path, sha256)
-    # Checkpoints already on the hub, not sent (a remote backend's nodes pushed them): hub
-    # path -> the revision holding them; a merge pulls them from there one at a time.
+    # Pushed already by a remote backend's nodes: hub path -> revision (a merge reads it).
     on_hub: dict[str, str] = field(default_factory=dict)
     manifest_path: str = ""
     manifest_doc: dict = field(default_factory=dict)
-    # The manifest the push sends: each merged checkpoint must be its GPU's own entry's.
     manifest: Manifest | None = None
-    # The pod config's shard of a GPU in a data phase (PodConfig.shard_path), for the
-    # identity check of each merged checkpoint.
+    # PodConfig.shard_path, for the identity check of each merged checkpoint.
     shard_of: Callable[..., str] | None = None
     merge: bool = False
 
@@ -58,9 +50,7 @@ class Snapshot:
         return tuple(sorted(self.pushed.items())), self.merge
 
     def key(self) -> tuple:
-        """What the snapshot holds, checkpoints and manifest: an unchanged pod is not pushed
-        twice, and a changed manifest (a rollback, a stage switch) over the same
-        checkpoints is."""
+        """Checkpoints and manifest: an unchanged pod is not pushed twice, a changed manifest is."""
         return self.checkpoints_key(), self.manifest_sha256()
 
     def manifest_bytes(self) -> bytes:
@@ -98,10 +88,8 @@ def pod_files(pod_dir: Path, config: PodConfig) -> list[str]:
 
 def take_snapshot(pod_dir: Path, config: PodConfig, manifest: Manifest,
                   index: CheckpointIndex, merge: bool = False) -> Snapshot | None:
-    """Each GPU's newest passed checkpoint with a retained link (bytes pinned when its event
-    arrived), linked into a snapshot directory, plus the manifest that names them. None
-    when no GPU has one yet. Cheap: no file is read (the bytes are checked against their
-    sha256 by `send`, off the loop)."""
+    """Each GPU's newest passed checkpoint, linked, plus the manifest naming them; None when
+    no GPU has one yet. No file is read (`send` checks the bytes, off the loop)."""
     snap = new_snapshot(pod_dir, merge)
     entries = {}
     for gpu, entry in sorted(manifest.entries.items()):
@@ -128,9 +116,8 @@ def take_snapshot(pod_dir: Path, config: PodConfig, manifest: Manifest,
 
 
 def _with_fresh_starts(manifest: Manifest, entries: dict[int, ManifestEntry]) -> dict:
-    """`entries` plus each GPU the pod resumes at token 0 with no checkpoint (one rolled
-    back with nothing passed to restore): its stage is part of where the pod stands. A GPU
-    whose checkpoint has not passed yet stays off the hub's manifest."""
+    """`entries` plus each GPU resuming at token 0 with no checkpoint (its stage is part of
+    where the pod stands); a GPU whose checkpoint has not passed stays off."""
     fresh = {gpu: entry.copy() for gpu, entry in manifest.entries.items()
              if gpu not in entries and entry.checkpoint is None and entry.start_token == 0}
     return dict(sorted({**entries, **fresh}.items()))
@@ -138,9 +125,8 @@ def _with_fresh_starts(manifest: Manifest, entries: dict[int, ManifestEntry]) ->
 
 def hub_entry(entry: ManifestEntry | None, record: dict, hub_path: str,
               shard: str) -> ManifestEntry:
-    """The manifest entry the hub holds for a GPU: its pushed checkpoint `record` (a
-    checkpoint-index record) at `hub_path`, the rest of the pod's `entry` kept; `shard`
-    (the config's) where the entry names none."""
+    """The hub's entry for a GPU: the pod's `entry` with pushed index `record` at `hub_path`;
+    `shard` (the config's) where the entry names none."""
     return (entry or ManifestEntry()).as_pushed(record, hub_path, shard)
 
 
@@ -158,10 +144,8 @@ def _add_manifest(snap: Snapshot, pod_dir: Path, config: PodConfig, manifest: Ma
 
 def take_manifest_snapshot(pod_dir: Path, config: PodConfig, manifest: Manifest,
                            on_hub: dict[int, dict], merge: bool = False) -> Snapshot | None:
-    """A remote backend's push: its nodes pushed the checkpoints (`on_hub`: gpu -> the
-    pushed checkpoint-index record); the launcher sends only the manifest naming them and
-    the pod's small files, so `launch --from-hub` resumes at the pushed tokens; with
-    `merge`, also their mean, read back from the hub. None before the first node push."""
+    """A remote backend's push: only the manifest naming what the nodes pushed (`on_hub`:
+    gpu -> index record) and the small files (with `merge`, their mean). None before any."""
     if not on_hub:
         return None
     snap = new_snapshot(pod_dir, merge)
@@ -178,8 +162,7 @@ def take_manifest_snapshot(pod_dir: Path, config: PodConfig, manifest: Manifest,
 
 
 def send(store, snap: Snapshot, message: str) -> str:
-    """Write the snapshot's manifest, merge if asked, push (checkpoints checked against
-    their recorded sha256): one revision. Runs off the supervision loop. Raises HubError (or OSError) on failure."""
+    """Write the manifest, merge if asked, push one revision (off the loop); HubError, OSError."""
     for src, dest in snap.copies.items():
         shutil.copyfile(src, dest)
     manifest_file = snap.dir / "manifest.json"
@@ -208,9 +191,6 @@ def send(store, snap: Snapshot, message: str) -> str:
         except (ValueError, UserError) as exc:
             # A brain not to trust is not pushed; the checkpoints still are.
             print(f"fractus-pod: merged brain not pushed: {exc}", file=sys.stderr, flush=True)
-    # The store checks each checkpoint against its recorded sha256 in the one read it makes
-    # of it (IntegrityError, nothing sent or committed, if the bytes changed on disk); the
-    # push carries the run's lease (RunTakenOver if another pod writes the run now).
     size = sum(path.stat().st_size for path in snap.files.values())
     with progress(f"hub push to {store.url}: {len(snap.files)} file(s), "
                   f"{size / 1e9:.2f} GB"):
@@ -219,8 +199,7 @@ def send(store, snap: Snapshot, message: str) -> str:
 
 
 def record_revision(manifest: Manifest, snap: Snapshot, revision: str) -> list[int]:
-    """Note `revision` as the hub home of each GPU's checkpoint, where the manifest still
-    names exactly the bytes pushed (a newer, unpushed checkpoint keeps no hub_revision)."""
+    """Note `revision` for each GPU whose manifest entry still names the pushed bytes."""
     noted = []
     for gpu, (hub_path, sha) in snap.pushed.items():
         if manifest.note_hub_revision(gpu, revision, sha, checkpoint=hub_path):
