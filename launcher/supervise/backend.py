@@ -65,12 +65,10 @@ class WorkerBackend(ABC):
         return self.pod_dir / worker_log_path(gpu)
 
     def pump(self, force: bool = False) -> None:
-        """Once per poll, before the metrics are read: a remote backend copies new lines here
-        (at its own cadence unless `force`)."""
+        """Once per poll, before metrics are read: a remote backend copies lines here."""
 
     def settling(self, handle: WorkerHandle) -> bool:
-        """The backend is taking the worker over itself by its own deadline (an actor died:
-        adoption or fencing); its silence is no hang meanwhile."""
+        """Adopting or fencing the worker by its own deadline: its silence is no hang."""
         return False
 
     def can_place(self, slot: Slot) -> bool:

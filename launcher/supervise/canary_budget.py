@@ -56,8 +56,7 @@ def _from_worker_run(pod_dir: Path, gpu: int, steps: int) -> CanaryEstimate | No
 
 
 def split_budget(plan, canary_runs: bool) -> str | None:
-    """The line saying how --max-time splits (None: no --max-time or no canary); UserError
-    when the canary alone would use it up."""
+    """The line saying how --max-time splits, or None; UserError: the canary uses it up."""
     if plan.max_time is None or not canary_runs:
         return None
     settings = plan.trusted.canary

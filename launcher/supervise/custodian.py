@@ -165,14 +165,12 @@ class CheckpointCustodian:
             write_manifest(self.manifest)
 
     def close(self, abandoned: Callable[[], bool] = lambda: False) -> None:
-        """The run ended, before the backend closes: the nodes' last pushes go up (a second
-        signal, `abandoned()`, gives them up)."""
+        """Before the backend closes: the nodes' last pushes, unless `abandoned()`."""
         self.copies.close(abandoned)
 
     def finish(self, abandoned: Callable[[], bool] = lambda: False,
                signalled: bool = False) -> None:
-        """After the backend closed: the nodes' last pushes noted, then the hub sync's last
-        push, whatever ended the run (its manifest names them)."""
+        """After the backend closed: the nodes' pushes noted, then the hub sync's last push."""
         self.note_pushed()
         if self.sync is not None:
             self.sync.finish(abandoned=abandoned, signalled=signalled)
@@ -201,8 +199,7 @@ class LocalCopies:
                              self.config.hub, self.config.checkpoint_path(gpu))
 
     def hub_copy(self, gpu: int) -> dict | None:
-        """The newest passed checkpoint of `gpu` its node pushed, as a checkpoint-index
-        record plus `hub_revision` (None: none)."""
+        """The newest passed checkpoint its node pushed: an index record + `hub_revision`."""
         return None
 
     def restore_point(self, gpu: int, launch: ManifestEntry | None) -> dict | None:

@@ -18,8 +18,7 @@ class FinalVerdicts:
         self.pod, self.monitor, self.view = pod, monitor, view
 
     def judge(self, cut_short=lambda: False) -> None:
-        """Close out the checks and probe each last checkpoint; `cut_short()` (a second
-        signal) stops the wait for probes."""
+        """Judge each last checkpoint; `cut_short()` (a second signal) ends the probe wait."""
         pod, last = self.pod, {}
         for gpu, run in pod.runs.items():
             pending = pod.custodian.pending(gpu)

@@ -31,8 +31,7 @@ def shard_paths(plan: LaunchPlan, manifest: Manifest,
 
 
 def canary_shard(plan: LaunchPlan, manifest: Manifest) -> str:
-    """The one shard the stage canary reads: the first GPU's current phase's (a few steps
-    from its entry's checkpoint never reach a later phase)."""
+    """The one shard the stage canary reads: the first GPU's current phase's."""
     return phase_shard(manifest, plan.slots[0].gpu, plan.config.shard_path)
 
 
@@ -69,8 +68,7 @@ def ensure_shards_here(plan: LaunchPlan, paths: list[str]) -> None:
 
 def refuse_missing_shards(plan: LaunchPlan, manifest: Manifest,
                            on_nodes: set[int]) -> None:
-    """Refuse every missing shard in one line with the fix, then any shard the worker
-    could not read (or an empty one)."""
+    """Refuse all missing shards in one line with the fix, then any unreadable or empty."""
     missing, present = [], []
     for rel in shard_paths(plan, manifest, on_nodes):
         problem = shard_kind_problem(plan.pod_dir / rel)

@@ -17,7 +17,6 @@ class WorkerMonitor:
     def __init__(self, pod: PodRun):
         self.pod = pod
         self.peers = PeersCheck(pod.plan.criteria.peers)
-        # A worker's own events, each to its one reaction (metrics lines are the common case).
         self.on_event = {"checkpoint": self.on_checkpoint,
                          "nan": lambda run, record: run.health.event(record),
                          "oom": lambda run, record: run.health.event(record),

@@ -19,8 +19,8 @@ class PhaseSwitch:
         self.pod, self.starter = pod, starter
 
     def next_phase(self, run: GpuRun) -> int | None:
-        """The phase `run`'s GPU switches to now; None when its worker did not end its shard,
-        its last phase ended, or its final checkpoint was refused (the checks judge that)."""
+        """The phase `run`'s GPU switches to now, or None (no end of shard, no next phase,
+        or its final checkpoint refused: the checks judge that)."""
         if run.done_reason != END_OF_SHARD or run.done_at is None:
             return None
         entry = self.pod.manifest.entries.get(run.slot.gpu)

@@ -35,8 +35,7 @@ class LaunchPlan(PodFiles):
     # time.monotonic() at which --max-time ends the launch: counted from the start of
     # `launch`, so a canary before the workers spends it too.
     deadline: float | None = None
-    # GPUs whose checkpoint only the hub holds (on Ray: their nodes pull it) and whose
-    # shards their nodes fetch (on Ray with `data:`): neither is looked for on this machine.
+    # Not looked for on this machine: see on_the_hub and shards_on_nodes.
     ckpts_on_hub: frozenset[int] = frozenset()
     shards_on_nodes: frozenset[int] = frozenset()
 

@@ -42,7 +42,6 @@ class PodRun:
     launcher_id: str | None = None       # the pod lock's: requests made to this launcher
     logs_id: tuple | None = None         # logs/ as the run began (device, inode)
     files_lost: bool = False             # logs/ or a file in it went away: nothing more written
-    # The metrics mirrored to trackio (`tracker:`, launcher/supervise/tracker_sink.py).
     tracker: "TrackerSink | None" = None
 
     @property

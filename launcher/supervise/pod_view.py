@@ -67,8 +67,7 @@ class PodView:
 
 
 class ProgressLine:
-    """One plain line on stdout per PROGRESS_EVERY_S (a pipe or log gets whole lines, never a
-    redrawn bar): each GPU's tokens, tok/s and ema_tf, or its state."""
+    """One plain line per PROGRESS_EVERY_S (whole lines for a pipe, never a redrawn bar)."""
 
     def __init__(self, pod: PodRun, out=None, every: float = PROGRESS_EVERY_S):
         self.pod, self.out, self.every = pod, out, every

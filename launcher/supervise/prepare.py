@@ -89,8 +89,7 @@ def refuse_if_busy(plan: LaunchPlan) -> None:
 
 def reconcile(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
               events: EventLog) -> None:
-    """Adopt checkpoints a worker wrote after its launcher died (on the SIGTERM it then gets),
-    from its checkpoint events, verified against the file's sha256."""
+    """Adopt a checkpoint a worker wrote after its launcher died (verified by sha256)."""
     changed = False
     for slot in plan.slots:
         gpu = slot.gpu
@@ -192,8 +191,7 @@ def refuse_fresh_starts(plan: LaunchPlan, manifest: Manifest) -> None:
 
 
 def ensure_run_id(manifest: Manifest) -> None:
-    """Name the run in the manifest once: workers record it in their checkpoints, so one of
-    another run is recognised."""
+    """Name the run once: workers record it, so another run's checkpoint is recognised."""
     if not manifest.extra.get(RUN_ID_KEY):
         manifest.extra[RUN_ID_KEY] = uuid.uuid4().hex
         write_manifest(manifest)

@@ -30,8 +30,7 @@ class WorkerRestarter:
         return run.state == GpuState.BACKOFF and now >= run.restart_at and self.pod.running()
 
     def silence(self, run: GpuRun, now: float) -> tuple[float, float] | None:
-        """(seconds silent, limit) when past the limit; before the first line the longer
-        startup limit applies (model load)."""
+        """(seconds silent, limit) when past it; the first line has the startup limit."""
         hang = self.pod.plan.criteria.hang
         since = run.last_line_at if run.last_line_at is not None else run.started_at
         limit = hang.timeout_s if run.last_line_at is not None else hang.startup_timeout_s

@@ -50,9 +50,8 @@ class StageRollback:
             self.ending.fail(f"{why} (GPU {failed[0].slot.gpu}: "
                              f"{failed[0].health.verdict().reason})", exit_code=1)
             return
-        # Durable before anything is stopped: a launcher killed from here on leaves the
-        # decision for the next launch to complete by the same rule
-        # (launcher/pod/decided_rollback.py), and the event log says what it is.
+        # Durable before anything stops: a launcher killed from here on leaves it for the
+        # next launch to complete by the same rule (launcher/pod/decided_rollback.py).
         targets = {r.slot.gpu: pod.custodian.rollback_target(r.slot.gpu) for r in failed}
         why = "; ".join(f"GPU {r.slot.gpu}: {r.health.verdict().reason}"
                         for r in failed) or "rollback requested by hand"

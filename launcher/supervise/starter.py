@@ -34,8 +34,7 @@ class WorkerStarter:
         self.view.write(force=True)
 
     def start(self, run: GpuRun, fresh_health: bool) -> None:
-        """Start `run`'s worker from its manifest entry. `fresh_health`: a new stage's
-        checks; otherwise a restart, which keeps its checks' history."""
+        """Start `run`'s worker; `fresh_health`: new checks, else keep their history."""
         pod, gpu = self.pod, run.slot.gpu
         stage = pod.plan.stages[pod.stage]
         if not fresh_health and not self.recover(gpu):

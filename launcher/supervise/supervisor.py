@@ -82,7 +82,6 @@ class Supervisor:
         checkpoints = pod.pod_dir / plan.config.checkpoint_path(plan.slots[0].gpu)
         self.disk = DiskWatch([pod.pod_dir, checkpoints.parent], plan.config.disk_low_gib,
                               events, clock)
-        # What a turn of the loop does for a GPU whose worker did not just end, by its state.
         self.tend_by_state = {GpuState.RUNNING: self.exits.on_silence,
                      GpuState.BACKOFF: self._restart_when_due,
                      GpuState.WAITING: self._place_when_running}
@@ -140,8 +139,7 @@ class Supervisor:
     # ---- run -> monitor -> restart, until the pod ends -----------------------------------
     def run(self, started_at: float | None = None, stop_reason: str | None = None,
             progress: ProgressLine | None = None) -> int:
-        """`started_at`: the launcher process's start (the ledger's start-up checks);
-        `stop_reason`: a stop that came before supervision; `progress`: the foreground's line."""
+        """`started_at`: the launcher process's start; `stop_reason`: a stop before this."""
         pod = self.pod
         self.open_backend()
         self.started_at, self.progress = started_at, progress

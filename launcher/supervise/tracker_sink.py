@@ -31,10 +31,9 @@ class TrackerSink:
         # one that raises. Default: a trackio run, imported on the sink's thread only.
         self._open = open_tracker or self._open_trackio
         if open_tracker is None:
-            # Set here, on the launcher's main thread (it builds the workers' environments
-            # from os.environ; a thread changing it meanwhile would race): trackio reads
-            # TRACKIO_DIR at import, and a Space or server named in the environment would
-            # send the metrics off the pod; the store stays in it (`trackio sync` shares it).
+            # On the main thread (workers' environments come from os.environ: a thread would
+            # race): trackio reads TRACKIO_DIR at import, and a Space or server named in the
+            # environment would send the metrics off the pod (`trackio sync` shares them).
             os.environ["TRACKIO_DIR"] = str(self.store_dir)
             for name in ("TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL"):
                 os.environ.pop(name, None)
