@@ -1,34 +1,13 @@
-"""Every process the launcher starts (workers, probes, canary workers) is started here, so
-each one gets the same three guarantees:
+"""Every process the launcher starts (workers, probes, canary workers) is started here, with
+three guarantees (docs/LAUNCHER.md, Commands): safe-path Python (`-P`, so a user's own
+`fractus/` is never imported), an allow-listed environment (`child_env`; a child's environment
+is readable by any process of the user, so the hub's settings never pass), and death with the
+launcher (`PR_SET_PDEATHSIG`: SIGTERM for workers, SIGKILL for the rest).
 
-- **fractus-pod's engine, whatever the working directory.** Python runs in safe-path mode
-  (`-P`): neither the working directory (`-m`) nor a script's folder goes on `sys.path`, so a
-  user's own `fractus/` package in their run directory is never imported in place of ours.
-- **Only the environment it needs.** A child inherits from the launcher's environment only
-  the names on an allow-list (`child_env`): the worker's contract (fractus/train/env.py) and
-  `FRACTUS_*`, the system's essentials (PATH, HOME, locale, TMPDIR, PYTHONPATH, thread
-  counts, ...), the CUDA/NCCL/torch family, and what the pod config names (its `env:` keys and
-  `pass_env:`), passed as `keep`. A secret nobody thought to name (AWS_SESSION_TOKEN,
-  DATABASE_URL) is never on the list, and a family name that looks like one (`*SECRET*`,
-  `*PASSWORD*`, `*_TOKEN`, ...) is dropped unless the pod config names it. Hugging Face
-  settings (`HF_*`, `HUGGING_FACE_*`) never pass: only the launcher talks to the hub, and a
-  child's environment can be read by any process of the same user (`/proc/PID/environ`) or
-  printed in a crash dump.
-- **It dies with the launcher.** `PR_SET_PDEATHSIG`: workers get SIGTERM (they checkpoint and
-  exit), every other child SIGKILL (a probe or canary result nobody will read). The kernel
-  sends that signal each time the *thread* that forked the child exits and the child is
-  handed to another thread of the same process, so all children are forked from one
-  long-lived thread (`_SPAWNER`): a probe thread that ends never signals anything. When the
-  whole launcher is killed, its threads exit one after another and a child can still get the
-  signal more than once; the worker ignores a repeated SIGTERM when it was started with
-  `FRACTUS_PARENT_DEATH_SIGNAL=SIGTERM` (the launcher's own escalation is SIGKILL).
-
-**Fork safety.** `launch --detach` forks the launcher after the canary has already started
-children: a forked process has only the forking thread, so the spawner is recreated in the
-child of every fork (`os.register_at_fork`), and a start that still does not happen within
-`SPAWN_TIMEOUT_S` raises instead of waiting for ever. Between fork and exec the child runs
-only `prctl` through a function pointer resolved once at import: `dlopen` (ctypes.CDLL) there
-can deadlock on a lock another launcher thread held at the fork.
+The kernel sends the parent-death signal when the *thread* that forked the child exits, so
+every child is forked from one long-lived thread (`_SPAWNER`), recreated after each fork
+(`launch --detach`). Between fork and exec the child calls only `prctl`, resolved at import:
+`dlopen` there can deadlock on a lock another thread held at the fork.
 """
 
 from __future__ import annotations
@@ -77,9 +56,8 @@ def _new_spawner() -> ThreadPoolExecutor:
 
 
 def _respawner_after_fork() -> None:
-    # The forked copy of the executor believes its (now absent) thread is idle and would
-    # queue every start for ever; the old one is dropped, not shut down (that would join
-    # a thread that does not exist here).
+    # The forked copy believes its absent thread idle; dropped, not shut down (that would
+    # join a thread that does not exist here).
     global _SPAWNER
     _SPAWNER = _new_spawner()
 
@@ -106,8 +84,7 @@ def python_command(*args: str) -> list[str]:
 
 
 def resolve_command(command: Sequence[str]) -> list[str]:
-    """A configured command (e.g. the pod's `worker:`) with a leading `python` replaced by
-    this interpreter in safe-path mode; any other program is run as given."""
+    """`command` with a leading `python` replaced by this interpreter in safe-path mode."""
     command = list(command)
     if command and command[0] in (*INTERPRETER_NAMES, sys.executable):
         rest = command[1:]
@@ -137,17 +114,16 @@ def is_allowed_name(name: str, keep: Collection[str] = ()) -> bool:
 
 def child_env(base: Mapping[str, str] | None = None, keep: Collection[str] = (),
               **overrides: str) -> dict[str, str]:
-    """`base` (default: the launcher's environment) plus `overrides`, only the allowed names
-    (see the module docstring). The one scrub of every child's environment, on this machine
-    and on a Ray node."""
+    """`base` (default: the launcher's environment) plus `overrides`, allowed names only: the
+    one scrub of every child's environment, here and on a Ray node."""
     env = dict(os.environ if base is None else base)
     env.update(overrides)
     return {name: value for name, value in env.items() if is_allowed_name(name, keep)}
 
 
 def _die_with_parent(parent_pid: int, death_signal: int):
-    """Runs in the child before exec: `death_signal` when the launcher dies, and exit at
-    once if the launcher is already gone (it died between fork and here)."""
+    """Runs in the child before exec: `death_signal` when the launcher dies; exit if it
+    already has."""
     def hook():
         _PRCTL(PR_SET_PDEATHSIG, death_signal)
         if os.getppid() != parent_pid:
@@ -158,9 +134,9 @@ def _die_with_parent(parent_pid: int, death_signal: int):
 def spawn(command: Sequence[str], *, cwd, env: Mapping[str, str], keep: Collection[str] = (),
           stdout: int | IO | None = subprocess.DEVNULL, stderr: int | IO | None = None,
           death_signal: int = signal.SIGKILL, new_session: bool = True) -> subprocess.Popen:
-    """Start `command` (resolved, see resolve_command) with a scrubbed copy of `env` (`keep`:
-    the names the pod config gives, see child_env), from the spawner thread. `new_session`: its own process group (Ctrl-C reaches only the launcher,
-    which stops children cleanly; killpg reaches a child's helpers)."""
+    """Start `command` (resolved) with `env` scrubbed (`keep`: the pod config's names), from
+    the spawner thread. `new_session`: its own process group (Ctrl-C reaches only the
+    launcher; killpg reaches a child's helpers)."""
     env = child_env(env, keep)
     if death_signal == signal.SIGTERM:
         env[PARENT_DEATH_ENV] = "SIGTERM"
@@ -180,8 +156,7 @@ def spawn(command: Sequence[str], *, cwd, env: Mapping[str, str], keep: Collecti
 
 def run(command: Sequence[str], *, cwd, env: Mapping[str, str],
         timeout_s: float) -> subprocess.CompletedProcess:
-    """spawn() and wait, capturing text output; on timeout the child's group is SIGKILLed and
-    subprocess.TimeoutExpired raised (as subprocess.run does)."""
+    """spawn() and wait, capturing text; on timeout the group is SIGKILLed, TimeoutExpired raised."""
     proc = spawn(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         out, err = proc.communicate(timeout=timeout_s)

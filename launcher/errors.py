@@ -13,8 +13,7 @@ class UserError(Exception):
 
 
 class Refused(Exception):
-    """A judgement, not a mistake: the pod refuses to go on (e.g. the stage canary refused
-    the switch). Exit code 1, one line, nothing switched."""
+    """A judgement, not a mistake (e.g. the canary refused a switch): exit code 1, one line."""
 
     exit_code = 1
 
@@ -24,9 +23,8 @@ class PodBusy(UserError):
 
 
 def install_hint(extra: str) -> str:
-    """The command that installs what fractus-pod's optional `extra` needs, as the installed
-    package declares it (fractus-pod is on no package index: `pip install
-    'fractus-pod[ray]'` would find nothing)."""
+    """The command that installs optional `extra`'s requirements as the installed package
+    declares them (fractus-pod is on no package index, so `fractus-pod[ray]` finds nothing)."""
     try:
         declared = importlib.metadata.requires("fractus-pod") or []
     except importlib.metadata.PackageNotFoundError:
@@ -39,8 +37,7 @@ def install_hint(extra: str) -> str:
 
 
 def refuse_unknown_keys(data, known, where: str) -> None:
-    """A mapping from the user's YAML may hold only `known` keys: a misspelt one is named
-    with the keys that exist (exit 2), never silently ignored."""
+    """UserError naming the known keys when `data` holds any other (a misspelling)."""
     unknown = sorted(set(data) - set(known))
     if unknown:
         raise UserError(f"{where}: unknown key(s) {unknown}; known: {sorted(known)}")
@@ -53,8 +50,8 @@ def check_bool(value, where: str) -> bool:
 
 
 def check_number(value, where: str, low, high, kind: str = "an integer", why: str = ""):
-    """`value` when it is `kind` ("an integer", else any real number) from `low` to `high`
-    (NaN never is); else one line naming the value, the range and `why` it has one."""
+    """`value` if it is `kind` ("an integer", else any real) in [low, high] (NaN never is);
+    else UserError naming the range and `why`."""
     integer = kind == "an integer"
     if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)) \
             or not low <= value <= high:
@@ -64,9 +61,8 @@ def check_number(value, where: str, low, high, kind: str = "an integer", why: st
 
 
 def optional_section(data, known, where: str, shape: str) -> dict | None:
-    """An optional section of the pod config (`alerts:`, `data:`, `retention:`, `tracker:`):
-    None when absent; otherwise a mapping of `known` keys only, else one line naming the
-    value with the expected `shape` (e.g. "like {keep: 3}")."""
+    """An optional pod config section: None if absent, else a mapping of `known` keys only
+    (UserError showing `shape`, e.g. "like {keep: 3}")."""
     if data is None:
         return None
     if not isinstance(data, dict):
@@ -76,8 +72,7 @@ def optional_section(data, known, where: str, shape: str) -> dict | None:
 
 
 def warn(message: str) -> None:
-    """One line on the launcher's stderr, which may itself be a log on a full disk: a line
-    that cannot be written is dropped, never raised."""
+    """One line on stderr; dropped, never raised, if it cannot be written (a full disk)."""
     try:
         print(f"fractus-pod: {message}", file=sys.stderr, flush=True)
     except OSError:

@@ -1,7 +1,6 @@
-"""The one way fractus-pod writes and hashes its files: atomic writes (a temp file in the
-same directory, fsync, rename, fsync of the directory: readers see the old file or the new
-one, never a torn one, even after a crash), sha256 of a file or stream (the one implementation:
-the launcher, the hub and the tests all hash through sha256_stream), and small JSON state files.
+"""The one way fractus-pod writes and hashes its files: atomic writes (readers see the old
+file or the new one, never a torn one, even after a crash), sha256 (every hash goes through
+sha256_stream), and small JSON state files.
 """
 
 from __future__ import annotations
@@ -27,9 +26,8 @@ def fsync_dir(path: Path) -> None:
 
 
 def atomic_write_with(path: Path, write: Callable[[BinaryIO], None], durable: bool = True) -> None:
-    """`write(f)` into a temp file beside `path`, then fsync and rename over `path`.
-    `durable=False`: no fsync, for a cache its reader rebuilds when a crash loses or empties
-    it (still never torn while the machine runs)."""
+    """`write(f)` into a temp file beside `path`, fsync, rename over it, fsync the directory.
+    `durable=False`: no fsync, for a cache its reader rebuilds after a crash."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -64,8 +62,7 @@ class FileEntry:
 
 def sha256_stream(src: BinaryIO, sink: BinaryIO | None = None,
                   on_bytes: Callable[[int], None] | None = None) -> FileEntry:
-    """Hash `src` to its end, copying the bytes to `sink` on the way if given; `on_bytes(n)`
-    after each chunk read (a progress task's advance)."""
+    """Hash `src` to its end, copying to `sink` if given; `on_bytes(n)` after each chunk."""
     digest = hashlib.sha256()
     size = 0
     while chunk := src.read(CHUNK):
@@ -104,8 +101,7 @@ def write_json_state(path: Path, state: dict, indent: int | None = None,
 
 
 def dir_id(path: Path) -> tuple | None:
-    """(device, inode) of a directory, None when there is none: the same folder, not merely
-    one of that name (a launcher notices its logs/ moved away and another made there)."""
+    """(device, inode) of a directory, None if none: the same folder, not just its name."""
     try:
         st = os.stat(path)
     except OSError:

@@ -1,15 +1,11 @@
-"""Every path inside a pod directory that fractus-pod itself names, relative to the pod.
-
-The files a person configures (shards, checkpoints, manifest, stage and criteria files)
-are named by fractus-pod.yaml (launcher/config/podconfig.py); everything else is here, so
-no two modules can disagree about where a file lives.
+"""Every path inside a pod directory that fractus-pod itself names, relative to the pod (the
+ones a person configures are in fractus-pod.yaml), so no two modules disagree.
 """
 
 from __future__ import annotations
 
 CONFIG_NAME = "fractus-pod.yaml"
-# `init` builds a new pod in a folder of this prefix (in the pod, or beside a new one), then
-# moves it into place (launcher/pod/setup_init.py).
+# `init` stages a new pod in a folder of this prefix, then moves it into place.
 INIT_STAGING_PREFIX = ".fractus-pod-init-"
 
 # ---- written by the workers ----------------------------------------------------------
@@ -48,8 +44,7 @@ BASELINES_FILE = "logs/probe_baselines.json"   # stage -> gpu -> the AR recorded
 # ---- adoption of a reference-trainer run --------------------------------------------
 ADOPTION_DIR = "checkpoints/adopted"
 ADOPTED_MODEL_FILE = "manifests/adopted_model.json"
-# The v1 run's own layout, as adoption finds it (its merged brain, the CKPT_IN fallback, is
-# the worker's: fractus/train/env.py's MERGED_BRAIN).
+# The v1 run's own layout, as adoption finds it.
 V1_MANIFESTS = ("checkpoints/RESUME_MANIFEST_8GPU.json", "RESUME_MANIFEST.json",
                 "RESUME_MANIFEST_FINE.json", "RESUME_MANIFEST_SS.json")
 V1_CHECKPOINT = "checkpoints/fractus_1b_gpu{i}.pt"
@@ -58,12 +53,11 @@ V1_SHARDS = ("data/shard_gpu{i}.pt", "data/shard_gpu{i}.npy")
 # ---- the hub --------------------------------------------------------------------------
 SYNC_STATE = "logs/sync_state.json"
 HUB_LOG = "logs/hub.log"            # every retry of a hub call (launcher/cli/hub.py)
-# The hub's rate limiting (the incident, waits, pushes delayed) and the commits of the last
-# hour, written by the hf:// store (launcher/hub/hub_rate.py); `status` reads it.
+# The hub's rate limiting and the last hour's commits (launcher/hub/hub_rate.py).
 HUB_RATE_STATE = "logs/hub_rate.json"
 HUB_LEDGER = "logs/hub_ledger.json"  # retention's cache of the hub's revisions (rebuilt from it)
-# Shards fetched or hashed against the pod config's `data:` revision, by path, size and
-# mtime: a 4 GB shard is not hashed again at every launch (launcher/hub/fetch.py).
+# Shards verified against `data:`'s revision, by path, size and mtime: a 4 GB shard is not
+# hashed again at every launch.
 DATA_VERIFIED_FILE = "logs/data_verified.json"
 SNAPSHOT_DIR = ".fractus_sync"       # hard links of the files one sync sends; never pushed
 MERGED_PATH = "checkpoints/FRACTUS_1B_8GPU_MERGED.pt"
@@ -73,15 +67,12 @@ NODE_LEASE_DIR = "logs/.node_lease"  # on a Ray node: the lease file of a push i
 # On the hub: a Ray node's save pushed before its probe (launcher/supervise/ray/recovery.py)
 RECOVERY_HUB_DIR = "recovery"      # recovery/<its path>
 RECOVERY_STAGING_DIR = "checkpoints/recovery"   # on the node: links of saves waiting to go
-# In RECOVERY_STAGING_DIR (launcher/supervise/ray/recovery.py): each GPU's newest checked save
-# waiting for the node's commit (`posted-gpu{i}-{attempt}-{sha}.pt` and `.json`), each
-# running pusher (`pusher-gpu{i}-{attempt}.json`), the lock one committing pusher holds, the
-# last commit, the links a commit in flight sends (removed after it).
+# In RECOVERY_STAGING_DIR: each GPU's newest checked save waiting for the node's commit, each
+# running pusher, the committing pusher's lock, the last commit, a commit's links in flight.
 RECOVERY_POSTED_PREFIX = "posted-gpu"
 RECOVERY_PUSHER_PREFIX = "pusher-gpu"
 RECOVERY_COMMIT_LOCK = ".commit.lock"
 RECOVERY_COMMIT_STATE = ".committed.json"
 RECOVERY_SENDING_PREFIX = ".sending-"
-# On the head of a Ray pod: each GPU's last worker start, whose recovery copies continue its
-# manifest entry (launcher/supervise/ray/starts.py)
+# On a Ray pod's head: each GPU's last worker start (launcher/supervise/ray/starts.py)
 RAY_LINEAGE_FILE = "logs/ray_lineage.json"

@@ -1,7 +1,5 @@
-"""One message for a webhook, in its kind's format: ntfy (a text body, Title/Priority/Tags
-headers), a Slack incoming webhook ({"text": ...}), a Discord webhook ({"content": ...}),
-or generic JSON ({event, severity, pod, title, facts, ...}). A message holds one alert, or
-a summary of several that fired at once."""
+"""One message (one alert, or a summary of several) in a webhook kind's format: ntfy,
+Slack, Discord or generic JSON."""
 
 from __future__ import annotations
 
@@ -29,8 +27,7 @@ def title_of(alerts: list[Alert], pod: str) -> str:
 
 
 def text_of(alerts: list[Alert], pod: str, dropped: int = 0) -> str:
-    """The title, then one line per alert of a summary (or the facts of a single one), and
-    how many alerts a full queue dropped before this message."""
+    """The title, the facts (or one line per alert of a summary), and how many were dropped."""
     lines = [title_of(alerts, pod)]
     if len(alerts) == 1:
         facts = alerts[0].facts
@@ -49,8 +46,7 @@ def _generic_one(alert: Alert, pod: str) -> dict:
 
 def render(fmt: str, alerts: list[Alert], pod: str,
            dropped: int = 0) -> tuple[bytes, dict[str, str]]:
-    """(body, headers) of the message for a webhook of format `fmt`; `dropped`: alerts a
-    full queue refused since the last message."""
+    """(body, headers) for a webhook of format `fmt`; `dropped`: alerts a full queue refused."""
     if fmt == "ntfy":
         # HTTP headers are latin-1: anything else in a reason becomes "?".
         title = title_of(alerts, pod).encode("latin-1", "replace").decode("latin-1")

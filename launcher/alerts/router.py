@@ -1,8 +1,6 @@
-"""The EventLog's mirror that turns events into alerts (launcher/pod/events.py calls it
-with each record it writes, on the writer's thread: it must be quick and never raise).
-
-One message per incident: an alert whose key was said less than `repeat_after_s` ago is
-dropped here; the senders batch what fires at once and hold to a rate."""
+"""The EventLog's mirror that turns events into alerts; called on the writer's thread, so it
+is quick and never raises. An alert whose key was said less than `repeat_after_s` ago is
+dropped here."""
 
 from __future__ import annotations
 
@@ -49,8 +47,8 @@ class AlertRouter:
             pass
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Deliver what is queued (the pod's last alerts: it failed, it stopped), for at
-        most `timeout_s` in all: a webhook that hangs does not hold the launcher's exit."""
+        """Deliver what is queued, for at most `timeout_s` in all (a hung webhook does not
+        hold the launcher's exit)."""
         deadline = time.monotonic() + timeout_s
         for sender in self.senders:
             sender.stop()

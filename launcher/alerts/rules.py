@@ -1,9 +1,6 @@
 """Which events are alerts, with what severity, and what one incident is (its dedupe key).
-
-Fed each event record the launcher writes, in order. Most map alone; two need what came
-before: a hub push failing is an incident only after `hub_failures` intervals in a row
-(one failed push is retried at the next interval), and a lost node's GPU is followed to
-where it resumed (or waits for a node).
+Fed every event in order: a hub push failing is an incident only after `hub_failures`
+intervals in a row, and a lost node's GPU is followed to where it resumed.
 """
 
 from __future__ import annotations

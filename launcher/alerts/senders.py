@@ -1,14 +1,7 @@
-"""One background thread per webhook: it delivers the alerts put in its bounded queue, and
-never blocks or crashes the supervision loop that puts them there.
-
-- What fires at once goes out as one message: after an alert the thread waits `batch_s`
-  for others (a lost node's GPUs, a rollback of every GPU) and sends a summary.
-- At most `per_minute` messages a minute: past it, alerts wait and join the next summary.
-- Bounded retries (`attempts`, each with `timeout_s`, backing off), then the message is
-  recorded as failed; a full queue drops the alert and counts it (said in the next
-  message).
-- Each delivery is recorded as an event (`alert_sent` / `alert_failed`, the webhook named
-  by its variable, never its URL), through `record`.
+"""One background thread per webhook delivering its bounded queue; it never blocks or crashes
+the supervision loop. What fires within `batch_s` goes as one summary; at most `per_minute`
+messages a minute; bounded retries; a full queue drops and counts. Each delivery is recorded
+(`alert_sent` / `alert_failed`, the webhook named by its variable, never its URL).
 """
 
 from __future__ import annotations
@@ -95,9 +88,8 @@ class WebhookSender:
             if now >= until:
                 return self._drain(batch)
             if limited:
-                # Held by the rate: asleep until it opens or the launcher ends, not woken
-                # by each alert put meanwhile (each wake-up would take the GIL from the
-                # supervision loop that puts them).
+                # Held by the rate: not woken by each alert put meanwhile (each wake-up
+                # would take the GIL from the supervision loop).
                 self._closing.wait(until - now)
                 continue
             try:

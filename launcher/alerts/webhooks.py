@@ -34,8 +34,8 @@ class Webhook:
 
 def resolve_webhooks(settings: AlertSettings,
                      environ: Mapping[str, str] | None = None) -> list[Webhook]:
-    """Each configured webhook with its URL from the environment; a variable unset or not
-    holding an http(s) URL is the user's to fix (exit 2, the URL itself never shown)."""
+    """Each configured webhook with its URL from the environment; UserError if unset or not
+    http(s) (the URL itself never shown)."""
     environ = os.environ if environ is None else environ
     hooks = []
     for setting in settings.webhooks:
@@ -63,8 +63,7 @@ class DeliveryError(Exception):
 
 
 def post(hook: Webhook, body: bytes, headers: dict[str, str], timeout_s: float) -> int:
-    """POST `body` to the hook; its HTTP status, or DeliveryError (whose text never holds
-    the URL: urllib's errors may quote it)."""
+    """POST `body`; the HTTP status, or DeliveryError (never quoting the URL)."""
     request = urllib.request.Request(hook.url, data=body, method="POST",
                                      headers={"User-Agent": "fractus-pod", **headers})
     try:
@@ -81,8 +80,7 @@ def post(hook: Webhook, body: bytes, headers: dict[str, str], timeout_s: float) 
 
 
 def configured_webhooks(config) -> tuple[AlertSettings, list[Webhook]] | None:
-    """The pod config's alerts with their URLs read (exit 2 if one is missing or not
-    http(s)): at launch before anything is written, and by `alert test`."""
+    """The pod config's alerts with their URLs read; None without `alerts:`."""
     settings = config.alert_settings()
     if settings is None:
         return None
