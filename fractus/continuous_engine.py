@@ -113,8 +113,7 @@ class ContinuousThoughtEngine(nn.Module):
     @classmethod
     def from_checkpoint(cls, source, map_location="cpu", batch_size: int | None = None,
                         config: EngineConfig | None = None):
-        """Build from a legacy checkpoint (path or loaded dict); see fractus.legacy.
-        `config` is for files that carry none (a bare state_dict)."""
+        """From any checkpoint (path or dict) fractus.legacy reads; `config` for files without."""
         from .legacy import load_engine
         return load_engine(cls, source, map_location=map_location, batch_size=batch_size,
                            config=config)

@@ -1,12 +1,9 @@
 """Token shards: zero-copy access for training, and learnable synthetic shards for demos.
 
-A shard is one flat stream of token ids: `.npy` int32 in production (any integer dtype,
-widened per window), or v1's `.pt` 1-D tensor (weights_only). Both are memory-mapped and
-read B*SEQ+1 tokens per step, so memory does not grow with the shard (v1 converted it
-whole to int64: 3.4 GB per process).
-
-`python -m fractus.data synth --out DIR ...` writes `DIR/shard_phase2_gpu{i}.npy` from one
-fixed random sparse Markov chain, so a model's loss visibly falls toward its entropy.
+A shard is one flat stream of token ids: `.npy` (int32 in production, any integer dtype)
+or v1's 1-D `.pt`, both memory-mapped and read a window per step, so memory does not grow
+with the shard (v1 converted it whole to int64: 3.4 GB per process). `synth` writes
+shards from one fixed sparse Markov chain: a model's loss visibly falls toward its entropy.
 """
 
 from __future__ import annotations

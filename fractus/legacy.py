@@ -1,11 +1,9 @@
 """Loading the reference's legacy checkpoints: `{"model_state": state_dict, "config": {...}}`.
 
-Keys may carry an `_orig_mod.` prefix (saved from a compiled module); carried-state
-buffers are at the training batch size, restored when it fits, else reset. Parameters load
-strictly, but a file of parameters alone (the user's merged brain) may lack what
-construction computes: constant buffers (`attn.level_offsets`, `moe.expert_phases`) and a
-tied weight's second name (`output_head.weight` = `observe.weight`); those are filled from
-construction and named (`describe_filled`); a missing learned parameter is refused.
+Keys may carry an `_orig_mod.` prefix (a compiled module's); carried buffers are restored
+when their batch fits, else reset. Parameters load strictly; what construction computes
+(constant buffers, a tied weight's second name) may be missing and is filled and named
+(docs/ENGINE.md, "API").
 
 Formats that load (`as_engine_checkpoint`): v1 `{"model_state", "config"}` with the v1
 TARGET keys and no vocab_size (50257 implied: EngineConfig's default); the merged brain
@@ -58,9 +56,8 @@ def read_checkpoint(source, map_location="cpu", mmap: bool = False) -> dict:
 
 
 def check_zip_directory(path) -> None:
-    """CheckpointLoadError for a zip whose central directory declares a record inflating
-    past MAX_INFLATED_RECORD or a stored record larger than its bytes, before any record
-    is read. Pre-zip files pass to torch.load."""
+    """CheckpointLoadError, from the central directory alone, for a record inflating past
+    MAX_INFLATED_RECORD or stored larger than its bytes; pre-zip files pass."""
     import zipfile
     try:
         if not zipfile.is_zipfile(path):
@@ -88,8 +85,7 @@ def state_mismatch(config: EngineConfig, state: dict) -> str | None:
 
 
 def state_fit(config: EngineConfig, state: dict) -> tuple[str | None, str | None]:
-    """(state_mismatch's answer, the line `describe_filled` gives for what a load of
-    `state` would fill from the model's construction, or None)."""
+    """(state_mismatch's answer, describe_filled's line for what a load would fill)."""
     from .continuous_engine import ContinuousThoughtEngine
     with torch.device("meta"):
         model = ContinuousThoughtEngine.from_config(config)
@@ -170,9 +166,8 @@ def is_bare_state_dict(obj) -> bool:
 
 
 def as_engine_checkpoint(ckpt: dict, config: EngineConfig | None = None) -> dict:
-    """`ckpt` as `{"model_state", "config", ...}`; a file without a config (a bare
-    state_dict, or model_state alone or with config None) takes `config`, and is refused
-    without one."""
+    """`ckpt` as `{"model_state", "config", ...}`; one without a config takes `config`
+    (refused if None)."""
     if not isinstance(ckpt, dict):
         raise ValueError(f"not a Fractus checkpoint: a {type(ckpt).__name__}, not a dict")
     if "model_state" in ckpt and ckpt.get("config") is not None:
@@ -190,9 +185,8 @@ def as_engine_checkpoint(ckpt: dict, config: EngineConfig | None = None) -> dict
 
 
 def train_head(ckpt: dict) -> int | None:
-    """The next token to train on as the file records it: fractus-pod's
-    train_state.next_token, else v1's config.tokens_processed (its save wrote
-    `start + step_tokens`, the next window's start); None when neither is there."""
+    """The recorded next token: train_state.next_token, else v1's config.tokens_processed
+    (v1 saved `start + step_tokens`, the next window's start), else None."""
     next_token = (ckpt.get("train_state") or {}).get("next_token")
     if next_token is None:
         next_token = (ckpt.get("config") or {}).get("tokens_processed")
@@ -213,8 +207,7 @@ def _is_carried(name: str) -> bool:
 
 def load_engine(cls, source, map_location="cpu", batch_size: int | None = None,
                 config: EngineConfig | None = None):
-    """The model of any checkpoint `as_engine_checkpoint` reads; `config` serves files
-    without one (a bare state_dict)."""
+    """The model of any checkpoint `as_engine_checkpoint` reads."""
     ckpt = as_engine_checkpoint(read_checkpoint(source, map_location), config)
     cfg = EngineConfig.from_dict(ckpt["config"])
     model = cls.from_config(cfg)

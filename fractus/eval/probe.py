@@ -1,14 +1,10 @@
 """The trusted-loss AR probe: does the model still generate, not only teacher-force?
 
-Protocol: shared/spec/MODEL.md, "Trusted loss" (warm on WARM true tokens, FREE greedy
-steps one token at a time scored against the TRUE next token, cold CE for contrast). Rows
-are consecutive windows starting at the train head (not yet trained on), or ending there
-near the shard's end; each row's AR (`ar_rows`) is reported, their spread being the noise
-the launcher calibrates its verdict on (launcher/checks/probe_check.py). Deterministic: no
-sampling, float32 on the CPU unless told otherwise.
-
-Reads any checkpoint the worker trains from (fractus/legacy.py); files that record no head
-need --head or --default-head, files without a config --model.
+Protocol: shared/spec/MODEL.md, "Trusted loss". Rows are consecutive windows from the train
+head (not yet trained on), or ending there near the shard's end; the spread of each row's
+AR (`ar_rows`) is the noise the launcher calibrates on (docs/CANARY.md). Deterministic: no
+sampling, float32 on the CPU unless told otherwise. Files that record no head need --head
+or --default-head; files without a config, --model.
 """
 
 from __future__ import annotations

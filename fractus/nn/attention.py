@@ -5,15 +5,10 @@ For every group g and position t (the current token included), with carry (S0, z
     S_t = S0 + sum_{j<=t} k[j] (outer) v[j]     z_t = z0 + sum_{j<=t} k[j]
     y_t = (q[t] @ S_t) / (q[t] . z_t + 1e-20)   where |q[t] . z_t| > 1e-10, else 0
 
-`linear_attention` returns `(y, (S_C, z_C))`, the final state with the carry included; q
-and k arrive feature-mapped (elu + 1). Kernels, chosen at run time:
-
-- "einsum":  ground truth, the masked matmul the user's engine ran and measured (baseline of
-             the speed goals): O(C^2 D^2) work, several (G, C, D, D) tensors.
-- "cumsum":  prefix sums of the outer products: O(C D^2), still (G, C, D, D) in memory.
-- "chunked": memory-flat: blocks of CHUNK_BLOCK positions, a masked score matrix inside a
-             block, a running (S, z) between blocks (read BEFORE the block adds itself);
-             largest tensors (G, block, block) and (G, D, D); a short last block is exact.
+`linear_attention` returns `(y, (S_C, z_C))`, the carry included; q and k arrive
+feature-mapped (elu + 1). Kernels (docs/ENGINE.md, "Where the time went"): "einsum" is the
+ground truth, the reference's masked matmul and the speed goals' baseline; "cumsum" prefix
+sums; "chunked" memory-flat blocks, whose running (S, z) is read BEFORE a block adds itself.
 
 Numerics: bf16/fp16 inputs are computed in float32 with autocast off; y returns in the
 inputs' dtype, the state in float32 (or the carry's dtype if wider). NaN/Inf propagate.
@@ -43,11 +38,8 @@ Carry = Tuple[Tensor, Tensor]
 
 
 def _normalise(num: Tensor, den: Tensor) -> Tensor:
-    """y = num / (den + 1e-20) where |den| > 1e-10, else 0.
-
-    "Zero where |den| <= 1e-10" lets a NaN denominator propagate; discarded entries divide by
-    1, so their branch puts no inf/NaN in the gradient.
-    """
+    """y = num / (den + 1e-20) where |den| > 1e-10, else 0; a NaN den propagates, and
+    discarded entries divide by 1, so their branch puts no inf/NaN in the gradient."""
     keep = ~(den.abs() <= DEN_ZERO)
     safe_den = torch.where(keep, den, torch.ones_like(den))
     return torch.where(keep.unsqueeze(-1), num / (safe_den + DEN_EPS).unsqueeze(-1), 0.0)
@@ -80,11 +72,9 @@ def _causal_mask(n: int, device: torch.device) -> Tensor:
 
 
 class _ChunkedAttention(torch.autograd.Function):
-    """The chunked kernel with a hand-written backward: keeps only the inputs, y, 1/den and
-    each block's incoming (G, D, D) state (autograd keeps ~10 block-sized intermediates per
-    block) and recomputes the in-block scores. Block results are computed contiguous, then
-    copied: a bmm into a strided slice is ~3x slower on CPU.
-    """
+    """Hand-written backward: keeps the inputs, y, 1/den and each block's incoming state
+    (autograd: ~10 block-sized intermediates per block), recomputes in-block scores. Blocks
+    are computed contiguous, then copied: a bmm into a strided slice is ~3x slower on CPU."""
 
     @staticmethod
     def forward(ctx, q, k, v, S0, z0, block):
@@ -149,10 +139,8 @@ class _ChunkedAttention(torch.autograd.Function):
 
 def chunked_attention(q: Tensor, k: Tensor, v: Tensor, S0: Tensor, z0: Tensor,
                       block: int = CHUNK_BLOCK):
-    """Blockwise kernel; a python loop over blocks, batched over groups. Measured on CPU: the
-    loop beats a cumsum over all block states, the hand-written backward beats autograd's
-    in time and peak memory. Differentiable once.
-    """
+    """A python loop over blocks, batched over groups (on CPU it beats a cumsum over all
+    block states; the hand-written backward beats autograd's). Differentiable once."""
     if block < 1:
         raise ValueError(f"chunked attention: block must be >= 1, got {block}")
     return _ChunkedAttention.apply(q, k, v, S0, z0, block)
@@ -302,10 +290,8 @@ def _check_outputs(name: str, y: Tensor, S: Tensor, z: Tensor, q: Tensor) -> Non
 
 def linear_attention(q: Tensor, k: Tensor, v: Tensor, carry: Optional[Carry] = None,
                      impl: Optional[str] = None) -> Tuple[Tensor, Carry]:
-    """(G, C, D) tensors -> (y, (S, z)), carry included; gradients flow to q, k, v, carry.
-
-    Raises ValueError, before any computation, on an unknown impl or bad shapes/dtypes.
-    """
+    """(G, C, D) tensors -> (y, (S, z)); differentiable in q, k, v, carry. ValueError, before
+    any computation, on an unknown impl or bad shapes/dtypes."""
     if impl is None:
         impl = get_attention_impl(q.device if isinstance(q, Tensor) else None)
     elif impl not in _kernels:

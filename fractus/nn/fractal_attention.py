@@ -1,9 +1,7 @@
 """Multi-level linear attention layer with a carried (S, z) state.
 
-Each level l shifts q and k by an offset (phi^2)^-l before the elu+1 feature map; all
-levels share v and are seeded by the same carried state. The levels' outputs are mixed
-by softmax(level_logits); the carried state becomes the mean over levels of their final
-states. The causal kernel itself lives in `attention.linear_attention`.
+Level l shifts q and k by (phi^2)^-l before elu+1; levels share v and the carried state,
+their outputs mix by softmax(level_logits), and the new state is their mean final state.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Phase-routed mixture of experts: von Mises gates around Farey expert phases.
 
-The engine routes a chunk with its last position's phases (B, 1, N), so a row's tokens
-share gates and top-k experts: "row" dispatch gathers each row's K experts once and runs
-batched matmuls. Per-token phases (B, L, N) take the reference's "token" dispatch
-(gather-first when E > 2K, else all experts then gather). Same function either way.
+Phases (B, 1, N) (the engine's: a chunk's last position) take "row" dispatch, per-token
+phases (B, L, N) the reference's "token" dispatch; same function (docs/ENGINE.md, "Where
+the time went").
 """
 
 from __future__ import annotations

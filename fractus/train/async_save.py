@@ -1,13 +1,10 @@
 """Checkpoints that do not stop training: snapshot at the step boundary, write in the background.
 
-The training thread pays only a copy into reusable host buffers (pinned on CUDA, queued on
-the training stream); a background thread runs `save_checkpoint` on it, and `on_durable`
-runs after, so the `checkpoint` event never names a file not yet on disk. One save in
-flight at most (host memory: one snapshot); a background failure (non-finite weights, disk
-full) is raised on the training thread by the next `check`, `submit` or `wait`.
-
-Storages are copied, not tensors: tied weights stay shared, so the file is byte for byte
-what a synchronous `torch.save` of the live state writes.
+Invariants: the `checkpoint` event (`on_durable`) never names a file not yet on disk; at
+most one save in flight (host memory: one snapshot); a background failure is raised on the
+training thread by the next `check`, `submit` or `wait`; the file is byte for byte what a
+synchronous save writes (storages copied, so tied weights stay shared). How and what it
+costs: docs/WORKER.md, "Background writes".
 """
 
 from __future__ import annotations

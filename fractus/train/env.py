@@ -1,13 +1,9 @@
 """The worker's environment contract: every variable, its default, its check and its meaning.
 
-The single source of the names the launcher sets and the worker reads. `from_env` parses
-them all up front: a malformed value fails before anything is loaded or written, in one
-line naming the variable (SettingsError, exit 2).
-
-Same names and defaults as the v1 trainer (scripts/fast4gpu_boost.py of the user's repo
-AFKmoney/fractus-cte): GPU_ID, BATCH, SEQ, LR, SS_RATE, SS_PROB, LB_COEF, GATE_TEMP,
-START_TOKEN, SHARD, CKPT_IN, CKPT_OUT; every other variable is v2's only. Where v2 still
-differs: docs/WORKER.md, "Differences from v1".
+The one list of names the launcher sets and the worker reads, all parsed before anything
+is loaded or written (SettingsError: one line, exit 2). v1's (scripts/fast4gpu_boost.py of
+AFKmoney/fractus-cte) keep their names and defaults: GPU_ID, BATCH, SEQ, LR, SS_RATE,
+SS_PROB, LB_COEF, GATE_TEMP, START_TOKEN, SHARD, CKPT_IN, CKPT_OUT; the rest are v2's.
 """
 
 from __future__ import annotations

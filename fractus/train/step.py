@@ -1,18 +1,10 @@
 """The training step: the reference v1 step (ACCUM=1), or ACCUM batches per optimizer step.
 
-ACCUM=1 (the reference, MODEL.md "The training step"), per batch:
-  1. TF pass: loss = CE(logits, target) + LB_COEF*lb; zero_grad, backward, clip 1.0, SGD step.
-  2. With probability SS_RATE (python `random.random()`): sample s ~ softmax(logits/0.9)
-     (`torch.multinomial`), then `torch.rand(B, SEQ) < SS_PROB` picks positions (never
-     column 0) replaced by prev = cat(chunk[:, :1], s[:, :-1]); loss2 = 0.5*CE + LB_COEF*lb2
-     on the mixed chunk; its own zero_grad, backward, clip 1.0, SGD step.
-The SS coin is drawn before the TF pass: the TF pass draws nothing and python's `random` is
-independent of torch's, so every draw equals v1's, and the pass knows whether to keep state
-for sampling.
-
-ACCUM>1 (a documented deviation): each batch's TF and (coin) SS losses, divided by ACCUM,
-add their gradients; then one clip and one SGD step; carried state flows as in v1.
-CE_CHUNK>0: same loss and gradients, same sampling distribution, different RNG use.
+ACCUM=1 with CE_CHUNK=0 is v1's step bit for bit (tests/test_worker_reference.py): a TF
+pass with its own SGD step, then with probability SS_RATE an SS pass with its own. The
+passes and the opt-in deviations (ACCUM>1, CE_CHUNK>0): docs/WORKER.md, "The training
+step". The SS coin is drawn before the TF pass (every draw still equals v1's) so the TF
+pass knows whether to keep state for sampling.
 """
 
 from __future__ import annotations

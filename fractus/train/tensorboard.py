@@ -1,10 +1,8 @@
 """The worker's metrics as TensorBoard scalars (TB_DIR), beside the JSON lines.
 
-For people only (the launcher reads the METRICS file alone); one run per GPU under TB_DIR.
-Written on the caller's thread with tensorboard's RecordWriter and Event protos, flushed
-every FLUSH_SECS and at close. Not torch's SummaryWriter: its writer thread dies on a full
-disk with an unhandled OSError, outside the worker's disk-full exit; here a failed write
-raises where the worker handles a full disk.
+For people only (the launcher reads METRICS alone). Written on the caller's thread, not by
+torch's SummaryWriter, whose writer thread dies on a full disk outside the worker's
+disk-full exit; here a failed write raises where the worker handles it.
 """
 
 from __future__ import annotations

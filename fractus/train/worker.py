@@ -48,12 +48,9 @@ class StoppedBeforeProgress(BaseException):
 
 
 class StopSignal:
-    """First SIGTERM/SIGINT: finish the step, checkpoint, exit 0. Second: exit at once,
-    except a repeated SIGTERM that is the parent-death signal (the kernel sends it once per
-    exiting launcher thread; the launcher escalates with SIGKILL itself).
-
-    Before the run's first step completes (load, first compile: minutes at 1B) there is
-    nothing to save, so the first signal exits 0 at once, without a checkpoint."""
+    """First SIGTERM/SIGINT: finish the step, checkpoint, exit 0 (before the first step: exit
+    0 at once); a second exits at once unless it is a repeated parent-death SIGTERM
+    (docs/WORKER.md, "Exit codes and signals")."""
 
     def __init__(self, environ=None, label: str = "worker"):
         environ = os.environ if environ is None else environ
