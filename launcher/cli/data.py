@@ -1,8 +1,5 @@
-"""`fractus-pod data push --to URL`: the pod's shards into a dataset store, once.
-
-The work lives in launcher/hub/data_source.py; this records the result in the pod config's
-`data:` (url and revision), so the next `sync push` carries it and `launch --from-hub`
-fetches the shards (launcher/hub/fetch.py)."""
+"""`fractus-pod data push --to URL`: the pod's shards into a dataset store, once, recorded
+in fractus-pod.yaml's `data:` so `sync push` carries it and `launch --from-hub` fetches them."""
 
 from __future__ import annotations
 

@@ -31,8 +31,8 @@ def sync() -> None:
 
 
 def _hub_errors(fn):
-    """Hub failures are one line: a bad URL or path, or a store, revision or file that is not
-    there (404) is a user error (exit 2), a network or integrity failure exit 1. The hub's messages never contain the token."""
+    """Hub failures in one line: a bad URL or path or a 404 exits 2, a network or integrity
+    failure 1. The hub's messages never contain the token."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:

@@ -62,9 +62,8 @@ def stop(ctx, timeout) -> None:
     config = load_pod_config(pod_dir)
     holder = read_holder(pod_dir)
     if holder is None or not holder.get("pid"):
-        # A launcher may be starting and not hold the pod yet: it takes this request when it
-        # does. Then look again: one that took the pod meanwhile (after its look at the
-        # request) holds it now and gets the signal (launcher/pod/live_state.py).
+        # A starting launcher takes this request when it locks the pod; one that took the
+        # pod meanwhile (after its look at the request) gets the signal below.
         write_stop_request(pod_dir)
         holder = read_holder(pod_dir)
     if holder is None or not holder.get("pid"):
@@ -91,7 +90,7 @@ def stop(ctx, timeout) -> None:
 
 
 def _workers_started(pod_dir: Path, holder: dict) -> bool:
-    """Whether the launcher that held the pod (since `holder['since']`) started a worker."""
+    """Whether the launcher that held the pod since `holder['since']` started a worker."""
     since = holder.get("since") or 0
     return any(e.get("event") in ("worker_start", "worker_placed")
                and isinstance(e.get("ts"), (int, float)) and e["ts"] >= since

@@ -1,5 +1,4 @@
-"""`fractus-pod launch`: its options, parsed; the launch itself, in order, is
-launcher/cli/launch_steps.py. Registered on the `fractus-pod` group by launcher/cli/main.py."""
+"""`fractus-pod launch`: its options, parsed; the launch itself is launch_steps.py."""
 
 from __future__ import annotations
 

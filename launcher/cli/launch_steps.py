@@ -1,11 +1,7 @@
-"""`fractus-pod launch` in order: every step from its options to the supervision loop.
-
-Owner of the launch's order, read top to bottom in `launch_pod`: the early stop and the pod
-lock before anything slow (a stop is never lost), a `--from-hub` rebuild, the plan
-(launcher/supervise/plan.py), PREPARE (named steps, in order: any refusal is one line, exit
-2, and leaves the pod as it was; a rebuilt pod takes the run only after them all), the
-stage canary's gate, then the Supervisor, in the background with --detach (it makes its
-backend after that fork).
+"""`fractus-pod launch` in order, top to bottom in `launch_pod`: the pod lock and early
+stop before anything slow (a stop is never lost), a `--from-hub` rebuild, the plan, PREPARE
+(any refusal: one line, exit 2, the pod as it was; a rebuilt pod takes the run only after
+them all), the canary gate, then the Supervisor (its backend made after the --detach fork).
 """
 
 from __future__ import annotations
@@ -72,8 +68,7 @@ class LaunchOptions:
 
 @dataclass
 class Launch:
-    """What the steps settle, in one place. The plan is never changed: a step that resolves
-    more of it replaces it."""
+    """What the steps settle. The plan is never changed in place: a step replaces it."""
     options: LaunchOptions
     plan: LaunchPlan
     manifest: Manifest
@@ -107,16 +102,15 @@ def split_max_time(launch: Launch) -> None:
 
 
 def refuse_hub_only_without_hub(launch: Launch) -> None:
-    """--no-hub on a Ray pod whose checkpoints only the hub holds, before the cluster is
-    reached: its nodes would have nowhere to fetch them from."""
+    """--no-hub on a Ray pod whose checkpoints only the hub holds: refused before the
+    cluster is reached."""
     if launch.options.no_hub and launch.plan.ckpts_on_hub:
         raise UserError(_hub_only_refusal(launch.plan, launch.manifest,
                                           bool(launch.options.from_hub)))
 
 
 def reach_the_devices(launch: Launch) -> None:
-    """The Ray cluster answers (its nodes hold the GPUs), else this machine has the CUDA
-    devices the launch names; before anything is written."""
+    """The Ray cluster answers, else this machine has the CUDA devices named."""
     plan = launch.plan
     if plan.ray is not None:
         refuse_unreachable(plan.ray)
@@ -126,8 +120,7 @@ def reach_the_devices(launch: Launch) -> None:
 
 
 def check_the_hub(launch: Launch) -> None:
-    """A malformed hub: URL refused; no other pod took the run over (a rebuilt pod takes
-    it over after PREPARE)."""
+    """A malformed hub: URL refused; no other pod took the run over."""
     plan = launch.plan
     if not plan.config.hub:
         return
@@ -153,8 +146,7 @@ def get_the_shards(launch: Launch) -> None:
 
 
 def open_the_records(launch: Launch) -> None:
-    """The event log (mirrored to TensorBoard and the alerts) and the checkpoint index,
-    which the steps after this one record to."""
+    """The event log and checkpoint index the steps after this one record to."""
     launch.events = EventLog(launch.plan.pod_dir,
                              mirror=_mirrors(launch.plan.pod_dir, launch.alerting))
     launch.index = CheckpointIndex(launch.plan.pod_dir)
@@ -176,8 +168,8 @@ def finish_decided_rollback(launch: Launch) -> None:
 
 
 def reconcile_the_manifest(launch: Launch) -> None:
-    """Checkpoints written after the last launcher died adopted, none marked failed resumed
-    from, each entry's recorded bytes recovered (the hub-only ones are their nodes')."""
+    """Adopt checkpoints written after the last launcher died, never resume a failed one,
+    recover each entry's recorded bytes."""
     reconcile(launch.plan, launch.manifest, launch.index, launch.events)
     never_resume_failed(launch.plan, launch.manifest, launch.index, launch.events)
     recover_checkpoints(launch.plan, launch.manifest, launch.index, launch.events,
@@ -190,8 +182,7 @@ def validate_the_manifest(launch: Launch) -> None:
 
 
 def take_the_run(launch: Launch) -> None:
-    """The rebuilt pod becomes the run's one writer (none with --no-hub: the plan has no
-    hub), said in one line and a `rebuilt_from_hub` event."""
+    """The rebuilt pod becomes the run's one writer (none with --no-hub)."""
     rebuilt, plan = launch.rebuilt, launch.plan
     if rebuilt is None:
         return
@@ -236,8 +227,7 @@ def prepare_launch(launch: Launch) -> None:
 
 
 def launch_pod(options: LaunchOptions, stop: EarlyStop) -> int:
-    """The launch, in order (`stop`: installed at the command's first line); returns the
-    exit code. A refusal before the canary leaves the pod, and the hub, as they were."""
+    """The exit code. A refusal before the canary leaves the pod and the hub as they were."""
     pod_dir = options.pod_dir
     # Filled, but not the run's writer until every step that can refuse it has passed.
     rebuilt = _rebuild(options) if options.from_hub else None
@@ -271,8 +261,7 @@ def launch_pod(options: LaunchOptions, stop: EarlyStop) -> int:
 
 
 def supervise(launch: Launch, lock: PodLock, stop: EarlyStop) -> int:
-    """The canary's gate, then the workers under the Supervisor until the pod ends (in the
-    background with --detach); the exit code."""
+    """The canary gate, then the Supervisor until the pod ends; the exit code."""
     plan, manifest, events, options = launch.plan, launch.manifest, launch.events, launch.options
     supervisor = Supervisor(plan, manifest, launch.index, events, faults=options.faults,
                             launcher_id=lock.launcher_id, relaunched=launch.relaunched)
@@ -317,15 +306,14 @@ def supervise(launch: Launch, lock: PodLock, stop: EarlyStop) -> int:
 
 
 def _mirrors(pod_dir: Path, alerting) -> Mirrors:
-    """What EventLog feeds each event to: the TensorBoard run, and the alerts if any
-    (`alerting`: the settings and webhooks of launcher/alerts/webhooks.configured_webhooks)."""
+    """EventLog's mirrors: TensorBoard, and the alerts when `alerting` is set."""
     return Mirrors(EventsToTensorBoard(pod_dir),
                    AlertRouter(pod_dir, *alerting) if alerting is not None else None)
 
 
 def _rebuild(options: LaunchOptions) -> Rebuilt:
-    """launch --from-hub: fill the empty pod directory from one pinned hub revision (for a
-    Ray cluster, without the weights: each node pulls its GPU's); not yet the run's writer."""
+    """Fill the empty pod directory from one pinned hub revision (for Ray, without the
+    weights); not yet the run's writer."""
     with _hub_errors():
         return rebuild_from_hub(options.pod_dir, options.from_hub, options.revision,
                                 options.ray_address is not None, options.trust_hub_config,
@@ -346,9 +334,7 @@ def _hub_errors():
 
 
 def _hub_only_refusal(plan: LaunchPlan, manifest: Manifest, rebuilt: bool) -> str:
-    """The fix: keep the hub, or pull the checkpoints here first (one command per revision),
-    which nodes on this machine or a shared filesystem read from the pod; a rebuild
-    (`rebuilt`, undone by the refusal) pulls them itself when it is not for Ray."""
+    """The refusal with its fix: keep the hub, or pull the checkpoints here first."""
     on_hub = sorted(plan.ckpts_on_hub)
     gpus = ", ".join(map(str, on_hub))
     if rebuilt:

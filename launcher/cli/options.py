@@ -17,8 +17,7 @@ POD_DIR_HELP = "Pod working directory (default: $FRACTUS_POD_DIR or the current 
 
 
 def pod_dir_of(ctx: click.Context) -> Path:
-    """The --pod-dir of the `fractus-pod` group (launcher/cli/main.py), absolute. The
-    pod's logs/hub.log then receives the hub's retries (see log_hub_retries)."""
+    """The --pod-dir, absolute; the pod's logs/hub.log then receives the hub's retries."""
     pod_dir = Path(ctx.obj["pod_dir"]).resolve()
     log_hub_retries(pod_dir)
     return pod_dir
@@ -30,9 +29,8 @@ def pod_command(pod_dir: Path, command: str) -> str:
 
 
 def log_hub_retries(pod_dir: Path) -> None:
-    """Every retry of a hub call goes to logs/hub.log (created at its first line), not to
-    the terminal: a failing push printed 6 to 47 warnings there; now one line per failed
-    operation (launcher/hub/retry.py)."""
+    """Hub retries go to logs/hub.log, not the terminal (a failing push printed 6 to 47
+    warnings); stderr gets one line per failed operation."""
     logger = logging.getLogger("launcher.hub")
     for old in [h for h in logger.handlers if getattr(h, "fractus_pod_log", False)]:
         logger.removeHandler(old)       # another pod's, or this one's from an earlier call
@@ -62,8 +60,8 @@ class _DelayedFileHandler(logging.FileHandler):
 
 
 def pod_dir_option(command):
-    """`--pod-dir` after the subcommand too (`fractus-pod status --pod-dir X`): people type
-    it where they type every other option. Given there, it overrides the group's."""
+    """`--pod-dir` after the subcommand too, where people type every other option; it
+    overrides the group's."""
     def remember(ctx: click.Context, _param, value: str | None) -> None:
         if value is not None:
             ctx.obj["pod_dir"] = value
@@ -72,8 +70,8 @@ def pod_dir_option(command):
 
 
 def trust_hub_config_option(source_flag: str):
-    """`--trust-hub-config` of `launch --from-hub` and `sync pull --from`, one text: both
-    lead to the same check of what a hub's config may not bring (hub/config_trust.py)."""
+    """`--trust-hub-config` of `launch --from-hub` and `sync pull --from` (one check,
+    hub/config_trust.py)."""
     return click.option(
         "--trust-hub-config", is_flag=True,
         help=f"With {source_flag}: take the hub config's worker command, env, paths outside the "

@@ -44,11 +44,9 @@ from launcher.checks.trusted_loss import load_criteria_file
 
 
 def manual_rollback(pod_dir: Path, to_stage: int, gpus: list[int]) -> str:
-    """Restore `gpus` to their newest passed checkpoints and set the pod to `to_stage`.
-
-    With a launcher running, it is asked to do it (same code path as an automatic
-    rollback, then it relaunches at `to_stage`); otherwise the manifest is changed here,
-    under the pod lock, and the next `launch` resumes from it."""
+    """Restore `gpus` to their newest passed checkpoints and set the pod to `to_stage`: a
+    running launcher is asked to (its automatic rollback path); else done here, under the
+    pod lock."""
     config = load_pod_config(pod_dir)
     get_stage(load_stages(pod_dir / config.stages), to_stage)
     holder = read_holder(pod_dir)
@@ -109,8 +107,8 @@ def manual_rollback(pod_dir: Path, to_stage: int, gpus: list[int]) -> str:
 
 def _start_over(pod_dir: Path, config, manifest, index, events, gpu: int,
                 to_stage: int) -> str:
-    """Roll back a GPU none of whose checkpoints ever passed: to token 0 with no checkpoint,
-    its own files set aside (launcher/pod/failed_resume.py), as an automatic failure does."""
+    """A GPU none of whose checkpoints passed: to token 0, its files set aside, as an
+    automatic failure does."""
     for record in index.for_gpu(gpu):
         if record["verdict"] != FAILED:
             index.mark(gpu, record["sha256"], FAILED, "rolled back by hand")
@@ -124,8 +122,7 @@ def _start_over(pod_dir: Path, config, manifest, index, events, gpu: int,
 
 
 def _refuse_during_canary(pod_dir: Path) -> None:
-    """The running launcher's stage canary decides a switch up; nothing has switched or
-    started yet, so there is nothing to roll back (and a request would wait for ever)."""
+    """During the canary nothing has switched yet (and a request would wait for ever)."""
     if (read_pod_state(pod_dir) or {}).get("pod_state") == "canary":
         raise UserError("the running launcher is running its stage canary (nothing has "
                         "switched yet): wait for the pod to run, or `fractus-pod stop` it "
@@ -133,8 +130,7 @@ def _refuse_during_canary(pod_dir: Path) -> None:
 
 
 def _refuse_going_up(pod_dir: Path, config, to_stage: int, running: bool) -> None:
-    """Rollback only goes down: every way up is `launch --stage N`, which runs the canary.
-    The pod's stage is the running launcher's, else the lowest the manifest records."""
+    """Rollback only goes down: every way up is `launch --stage N`, which runs the canary."""
     state = read_pod_state(pod_dir) if running else None
     current = current_stage(state, read_manifest(pod_dir / config.manifest))
     if current is None:
@@ -154,8 +150,7 @@ class ProbeFailed(RuntimeError):
 
 
 def _existing(pod_dir: Path, given: str, what: str, typed: bool) -> Path:
-    """A path the user typed (relative to the current directory, else to the pod), or one
-    the pod's files name (relative to the pod)."""
+    """A typed path (relative to the cwd, else the pod), or a pod file's (to the pod)."""
     for path in ((Path(given), pod_dir / given) if typed else (pod_dir / given,)):
         if path.is_file():
             return path.resolve()
@@ -168,9 +163,8 @@ def read_baselines(pod_dir: Path) -> dict:
 
 def _probe_files(pod_dir: Path, config, gpu: int | None, checkpoint: str | None,
                  shard: str | None) -> tuple[int | None, int | None, Path, Path, int | None]:
-    """(gpu, its stage, checkpoint, shard, head) to probe; UserError for anything missing.
-    The head is the manifest's start token for the checkpoint it names (a v1 file or the
-    merged brain records another train head, or none); None: the one the file records."""
+    """(gpu, stage, checkpoint, shard, head) to probe. head: the manifest's start token (a
+    v1 file or the merged brain records another, or none); None: the file's own."""
     if checkpoint is not None:
         if gpu is not None:
             raise UserError("give --gpu or --checkpoint, not both")
@@ -199,9 +193,8 @@ def _probe_files(pod_dir: Path, config, gpu: int | None, checkpoint: str | None,
 
 
 def _shard_head(pod_dir: Path, config, shard_path: Path) -> tuple[int, str]:
-    """(head, what it is) for a checkpoint that records no train head (the merged brain),
-    probed on `shard_path`: the manifest head of the GPU that trains on that shard, else
-    the shard's start."""
+    """(head, what it is) for a checkpoint with no train head: the manifest head of the GPU
+    training on `shard_path`, else 0."""
     try:
         manifest = read_manifest(pod_dir / config.manifest)
         gpus = {s.gpu for s in parse_devices(config.devices)} | set(manifest.entries)
@@ -227,14 +220,9 @@ def probe_pod(pod_dir: Path, gpu: int | None = None, checkpoint: str | None = No
               shard: str | None = None, baseline_ar: float | None = None,
               record_baseline: bool = False, device: str = "cpu",
               timeout_s: float = 900, head: int | None = None) -> dict:
-    """Probe GPU `gpu`'s newest checkpoint on its shard (or `checkpoint` on `shard`) in a
-    child process, and judge it against `baseline_ar` (a bare number: its noise unknown),
-    else the GPU's baseline at its stage on that shard as the launcher finds it (recorded,
-    else set by the launcher's probes: stage_baseline; with its windows' spread). `head`: where
-    the windows start (default: the GPU's manifest head; for `checkpoint`, the head it
-    records, else that of the GPU training on `shard`, else the shard's start: said in
-    `head_note`). Returns the probe's numbers plus what was probed and the verdict, or a
-    hint when there is none."""
+    """Probe GPU `gpu`'s checkpoint (or `checkpoint` on `shard`) and judge it against
+    `baseline_ar`, else the launcher's stage_baseline. Returns the probe's numbers, what
+    was probed, and the verdict or a hint."""
     config = load_pod_config(pod_dir)
     gpu, stage, ckpt_path, shard_path, gpu_head = _probe_files(pod_dir, config, gpu,
                                                                checkpoint, shard)

@@ -71,8 +71,7 @@ def status(ctx, as_json: bool, watch: bool, wide: bool) -> None:
 
 
 def _output_width() -> int | None:
-    """The width `status` fits: $COLUMNS when it is set (a pipe too), else the terminal's
-    (None: rich asks it), else 200 (a pipe or a file)."""
+    """$COLUMNS when set, else the terminal's (None: rich asks it), else 200 (a pipe)."""
     columns = os.environ.get("COLUMNS", "").strip()
     if columns.isdigit() and int(columns) > 0:
         return int(columns)
@@ -81,9 +80,8 @@ def _output_width() -> int | None:
 
 @contextmanager
 def _keys_not_echoed():
-    """`status --watch` on a terminal: the keys typed (Ctrl-C's `^C`) are not echoed into
-    the live frame; an echo that wrapped the frame's last line put the final redraw a line
-    low, under a copy of its first line. The terminal's settings come back on the way out."""
+    """Typed keys (Ctrl-C's `^C`) not echoed into the live frame: an echo that wrapped its
+    last line put the final redraw a line low."""
     try:
         fd = sys.stdin.fileno()
         saved = termios.tcgetattr(fd)

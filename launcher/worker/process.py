@@ -1,7 +1,5 @@
-"""Worker processes: the environment each one gets, spawning, tailing its metrics, stopping it.
-
-The launcher never scrapes human log lines: it reads the worker's METRICS file (JSON lines,
-logs/metrics_gpu{i}.jsonl) from the offset it last reached.
+"""Worker processes: environment, spawning, tailing the METRICS file, stopping. The launcher
+never scrapes human log lines: it reads METRICS (JSON lines) from the offset it last reached.
 """
 
 from __future__ import annotations
@@ -41,9 +39,8 @@ class WorkerSpec:
     # node pulls the file when its own disk lacks it.
     ckpt_sha256: str | None = None
     ckpt_revision: str | None = None
-    # Nothing the GPU wrote passed and it starts over at token 0 (failed_resume.starts_over):
-    # its own files hold only failed work. On this machine they are already set aside; a
-    # remote backend's node sets its own aside before the worker starts.
+    # Nothing the GPU wrote passed: token 0, its files set aside (here already; a remote
+    # node sets its own aside before the worker starts).
     start_over: bool = False
 
 
@@ -53,9 +50,7 @@ def pod_env_names(config: PodConfig) -> set[str]:
 
 
 def build_env(config: PodConfig, spec: WorkerSpec, base: dict | None = None) -> dict:
-    """The worker's environment: stage settings, then the pod's overrides, then identity;
-    from `base` only the allowed names, never the hub's settings, token or other secrets
-    (launcher.child.child_env)."""
+    """Stage settings, then the pod's overrides, then identity, over `base` (worker_env)."""
     gpu = spec.slot.gpu
     env = dict(spec.stage_settings)
     env.update(config.env)
@@ -95,11 +90,9 @@ def build_env(config: PodConfig, spec: WorkerSpec, base: dict | None = None) -> 
 
 def worker_env(base: Mapping[str, str], settings: Mapping[str, str],
                keep: Collection[str] = ()) -> dict:
-    """`settings` (the launcher's, build_env) over `base`, the environment of the machine the
-    worker runs on (a Ray node's own, on that node), without any worker variable of `base`
-    (a stray BATCH=... or START_TOKEN=... in a shell or a raylet's environment must not leak
-    in) and scrubbed like every child's (launcher.child.child_env: only allowed names, and
-    `keep`, the names the pod config gives)."""
+    """`settings` over `base` (the worker's machine's environment, a Ray node's on that
+    node) without any worker variable of `base` (a stray BATCH= or START_TOKEN= in a shell
+    must not leak in), scrubbed like every child's (child.child_env: no secrets)."""
     names = set(ENV_VARS)
     return child.child_env({k: v for k, v in base.items() if k not in names}, keep=keep,
                            **settings)
@@ -111,8 +104,7 @@ def worker_command(config: PodConfig) -> list[str]:
 
 
 def spawn_worker(config: PodConfig, pod_dir: Path, spec: WorkerSpec) -> subprocess.Popen:
-    """Start one worker: SIGTERM when the launcher dies (it checkpoints first: no
-    unsupervised writers)."""
+    """One worker, SIGTERMed when the launcher dies (it checkpoints: no unsupervised writer)."""
     log = open(pod_dir / worker_log_path(spec.slot.gpu), "ab")
     try:
         return child.spawn(worker_command(config), cwd=pod_dir, env=build_env(config, spec),
@@ -122,10 +114,7 @@ def spawn_worker(config: PodConfig, pod_dir: Path, spec: WorkerSpec) -> subproce
 
 
 class MetricsTail:
-    """Reads complete new lines appended to a worker's METRICS file: the one tail, for the
-    supervisor (JSON records), the goodput sweep (dashboard/goodput_files.py) and, on a Ray
-    node, the actor forwarding lines (supervise/ray/node.py) and the recovery pusher
-    (supervise/ray/recovery.py)."""
+    """The one tail of a METRICS file: complete new lines only; a truncated file starts over."""
 
     def __init__(self, path: Path, from_end: bool = True, offset: int | None = None):
         """Start at `offset`, else at the file's end (`from_end`) or its beginning."""
@@ -137,8 +126,7 @@ class MetricsTail:
 
     @property
     def position(self) -> int:
-        """The byte offset where the complete lines read so far end (where another tail of
-        this file goes on reading without losing or repeating a line)."""
+        """Where the complete lines read so far end: another tail resumes here losslessly."""
         return self.offset - len(self._partial)
 
     def read_lines(self) -> list[bytes]:
