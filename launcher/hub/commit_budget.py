@@ -1,22 +1,9 @@
-"""The commits an hour a pod's configuration makes on its hf:// repository, against the
-repo's budget (`sync.commits_per_hour`, by default the Hub's HUB_COMMITS_PER_HOUR = 128).
-Owner: the hub sync; the Ray recovery pushers take their share from here too.
-
-The invariant: `launch` never starts a pod whose configuration alone commits past the budget
-(refused, exit 2, one line with the arithmetic and the interval that fits); above
-WARN_SHARE of it, or on Ray (whose node pushes follow the training's passed checkpoints,
-which no configuration fixes), it says the arithmetic in a warning. A file:// store has no
-budget. What the pod really committed in the last hour is in logs/hub_rate.json (`status`).
-
-Commits an hour, by source:
-- on one machine, the launcher's sync: one per `sync.interval` (3600 / interval);
-- on Ray the sync pushes no interval commits: each GPU's passed checkpoint is pushed by its
-  node (a commit) and the manifest naming it follows (another), so these follow the
-  training; and the recovery copies (launcher/supervise/ray/recovery.py) take at most
-  `recovery_commits_per_hour(budget)`, a RECOVERY_SHARE of the budget (or what the caller
-  passes). What the budget leaves bounds how often each GPU may pass a checkpoint
-  (`CommitPlan.node_pass_every_s`).
-"""
+"""`launch` never starts a pod whose configuration alone commits past its hf:// repo's
+budget (`sync.commits_per_hour`, default HUB_COMMITS_PER_HOUR = 128): refused with the
+arithmetic; above WARN_SHARE, or on Ray, a warning. Owner: the hub sync; Ray's recovery
+pushers take their share (RECOVERY_SHARE) from here. On one machine the sync commits
+3600/interval an hour; on Ray each passed checkpoint costs NODE_COMMITS_PER_PASS, bounded by
+what the budget leaves (`CommitPlan.node_pass_every_s`). file:// has no budget."""
 
 from __future__ import annotations
 
@@ -50,14 +37,12 @@ class CommitPlan:
 
     @property
     def fixed_per_hour(self) -> float:
-        """What the configuration alone commits: the interval pushes, or on Ray the
-        recovery copies."""
+        """Commits/hour of the configuration alone (interval pushes; on Ray recovery copies)."""
         return self.recovery_per_hour if self.ray else HOUR_S / self.interval_s
 
     @property
     def node_pass_every_s(self) -> float | None:
-        """On Ray: how often each GPU may pass a checkpoint (a node push and the manifest
-        after it) within what the budget leaves; None off Ray or when nothing is left."""
+        """On Ray: seconds between each GPU's passes the budget allows; None off Ray or none left."""
         left = self.budget - self.fixed_per_hour
         if not self.ray or left <= 0:
             return None
@@ -77,8 +62,7 @@ class CommitPlan:
 
 def commit_plan(settings: SyncSettings, gpus: int, ray: bool,
                 recovery_per_hour: float | None = None) -> CommitPlan:
-    """The commits an hour `settings` (sync:) imply for a pod of `gpus` GPUs, on Ray or not;
-    `recovery_per_hour`: the Ray recovery copies' rate, by default their share of the budget."""
+    """The plan of `settings` (sync:); `recovery_per_hour` defaults to its budget share."""
     budget = settings.commits_per_hour
     recovery = recovery_commits_per_hour(budget) if recovery_per_hour is None \
         else float(recovery_per_hour)
@@ -87,9 +71,7 @@ def commit_plan(settings: SyncSettings, gpus: int, ray: bool,
 
 def check_commit_budget(hub: str | None, settings: SyncSettings, gpus: int, ray: bool,
                         recovery_per_hour: float | None = None) -> str | None:
-    """At launch: UserError (one line, the arithmetic and the fix) when the configuration
-    alone commits past the budget of an hf:// hub; else a warning line when it comes near
-    it or runs on Ray, else None."""
+    """UserError past the budget of an hf:// hub; a warning line near it or on Ray; else None."""
     if not hub or not hub.startswith("hf://"):
         return None
     plan = commit_plan(settings, gpus, ray, recovery_per_hour)

@@ -1,25 +1,8 @@
-"""What a pod config pulled from a hub may set without the local user saying so.
-
-Whoever can write the hub repository must not run code on every pod rebuilt from it, just as
-checkpoints from the same hub load weights-only so that no code runs. A hub's
-fractus-pod.yaml is data (model, cadence, worker settings) except for what it would run or
-where it would write on this machine:
-
-- `worker:` other than fractus-pod's own worker command;
-- `pass_env:` (the local environment handed to children; `env:` itself holds worker
-  settings only, launcher/config/podconfig.py refuses any other name such as LD_PRELOAD);
-- `alerts:` (it names local environment variables the launcher posts to: the user's own
-  webhook URLs, chosen by the user);
-- paths outside the new pod: the manifest, checkpoints, stage and criteria files and a model
-  file (the rebuild and the run write or read them there), the shards when the config would
-  synthesise them, and file-naming worker settings (CKPT_IN, ...) in `env:` or a stage;
-- `ray:` naming a cluster the local user did not (`address`, unless `launch --ray ADDRESS`
-  overrides it: a driver unpickles what that cluster's actors send, and the workers train
-  there), or a node `workdir` outside `{pod}` (the head is often a node too).
-
-`launch --from-hub URL --trust-hub-config` and `sync pull --from URL --trust-hub-config`
-take them as they are.
-"""
+"""What a pod config pulled from a hub may set without `--trust-hub-config`: whoever can write
+the hub repository must not run code on every pod rebuilt from it (as its checkpoints load
+weights-only). A hub's fractus-pod.yaml is data except what it would run or write on this
+machine; the list and why: docs/LAUNCHER.md "Hub", `--trust-hub-config`. `alerts:` is refused
+too: it names local environment variables the launcher posts to."""
 
 from __future__ import annotations
 
@@ -67,9 +50,8 @@ def _untrusted_ray(ray: dict | None, pod_dir: Path, ray_address: str | None) -> 
 
 def untrusted_config(config: PodConfig, pod_dir: Path,
                      ray_address: str | None = None) -> list[str]:
-    """What `config` (pulled from a hub into `pod_dir`) sets that would run or write on
-    this machine, one short phrase each; empty when it is data only. `ray_address`: the
-    cluster the local user named (launch --ray), which replaces the config's."""
+    """One short phrase per setting of `config` that would run or write on this machine.
+    `ray_address`: the cluster the local user named (launch --ray), replacing the config's."""
     found = []
     if config.worker != PodConfig().worker:
         found.append(f"worker: {config.worker}")

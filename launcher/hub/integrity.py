@@ -1,9 +1,6 @@
-"""What makes a pulled file trustworthy: pod-relative paths, sha256, the hub index, atomic installs.
-
-The hub index (`hub_index.json`, committed in the same commit as the files it describes) maps
-every tracked pod-relative path to its sha256 and size. It is the store's own record: the pod
-manifest belongs to the launcher and may change shape without breaking verification here.
-"""
+"""What makes a pulled file trustworthy: pod-relative paths, sha256, atomic installs, and the
+hub index (`hub_index.json`, in the same commit as the files: path -> sha256, size). The
+index is the store's own record, so the launcher's manifest may change shape freely."""
 
 from __future__ import annotations
 
@@ -24,10 +21,7 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 class HubError(RuntimeError):
-    """A hub operation failed; the message is one line meant for the user.
-
-    `status` is the HTTP status of the failed call when there was one (404: not found).
-    """
+    """A hub operation failed: one line for the user; `status`: the HTTP status, if any."""
 
     def __init__(self, message: str, status: int | None = None):
         super().__init__(message)
@@ -43,10 +37,7 @@ class PushConflict(HubError):
 
 
 def pod_relpath(path: str | os.PathLike) -> str:
-    """Normalise a pod-relative path to POSIX form; refuse anything that could leave the pod.
-
-    Absolute paths, drive letters, `..` segments and empty paths raise ValueError.
-    """
+    """POSIX form of a pod-relative path; ValueError for absolute, drive, `..` or empty."""
     text = os.fspath(path)
     if not isinstance(text, str) or not text or "\x00" in text:
         raise ValueError(f"invalid pod path {text!r}")

@@ -1,16 +1,8 @@
-"""One writer per hub run: a lease recorded in the hub itself.
-
-A pod rebuilt with `launch --from-hub` and the pod it was rebuilt from would otherwise both
-push to the same run, and its history would mix two pods. The hub holds `LEASE_PATH`: the
-id of the pod that writes the run, the lease's epoch and when it was taken. Every push
-carries that file, built on the head it was read from (`parent_commit` on hf://, the same
-check on file://), so a takeover that lands in between makes the push conflict instead of
-both pods winning. `--from-hub` takes the lease over (epoch + 1); the old pod's next push is
-refused with "run taken over by pod X at T" (RunTakenOver) and its launcher stops pushing.
-
-A pod's id lives in the pod (`HELD_FILE`), never on the hub's copy of the config: a pod
-rebuilt from the hub is a new pod.
-"""
+"""One writer per hub run: the hub holds `LEASE_PATH` (writer pod id, epoch, when taken).
+Every push carries it, built on the head it was read from, so a takeover landing in between
+makes the push conflict instead of both pods winning; `launch --from-hub` takes it over
+(epoch + 1) and the old pod's next push raises RunTakenOver. A pod's id lives in the pod
+(`HELD_FILE`), never in the hub's config: a rebuilt pod is a new pod."""
 
 from __future__ import annotations
 
@@ -83,8 +75,7 @@ def taken_over_message(lease: dict) -> str:
 
 
 def _stage(lease: dict, stage_dir: Path) -> Path:
-    """The lease file a push commits, under a name of its own: pushes of one writer may run
-    at once with the same stage dir (a node's GPUs share its workdir)."""
+    """The lease file to commit, uniquely named: a node's GPUs may push at once from one dir."""
     stage_dir.mkdir(parents=True, exist_ok=True)
     path = stage_dir / f"lease-{uuid.uuid4().hex[:8]}.json"
     atomic_write_text(path, json.dumps(lease, indent=2, sort_keys=True) + "\n")
@@ -92,8 +83,7 @@ def _stage(lease: dict, stage_dir: Path) -> Path:
 
 
 def _writers_lease(store, me: str | None) -> tuple[str | None, dict]:
-    """Before a push: (the head it must build on, the lease to commit with it).
-    RunTakenOver when another pod holds the lease there."""
+    """(head to build on, lease to commit); RunTakenOver if another pod holds it there."""
     head = store.head()
     lease = hub_lease(store, head)
     if lease is not None and lease["pod_id"] != me:
@@ -104,20 +94,16 @@ def _writers_lease(store, me: str | None) -> tuple[str | None, dict]:
 
 
 def refuse_if_taken_over(store, pod_dir: Path) -> None:
-    """Before a launch trains: RunTakenOver when another pod holds the lease at the hub's
-    head, so every push of this pod would be refused. Reads only (a pod with no id yet is
-    given none); a pod with no id and a lease on the hub is not its writer either."""
+    """Before a launch trains: RunTakenOver if another pod holds the lease. Reads only (gives
+    no id); a pod with no id and a lease on the hub is not its writer."""
     _writers_lease(store, held_pod_id(pod_dir))
 
 
 def push_as_writer(store, files: Mapping[str, Path], message: str,
                    expected: Mapping[str, str] | None, stage_dir: Path, writer: str) -> str:
-    """`store.push` of `files` as the run's one writer, the pod `writer` (`pod_id` of the
-    pod's directory; a Ray node pushes as its head's pod): RunTakenOver when another pod
-    holds the lease, before anything is sent, or when a takeover is what made the push
-    conflict. A conflict with another push of the same writer (the lease still `writer`'s:
-    two first pushes each staging a new lease, several GPUs' nodes at once) is benign: the
-    push is built again on the new head, up to SAME_WRITER_ATTEMPTS in all."""
+    """`store.push` as the run's writer `writer` (a Ray node pushes as its head's pod):
+    RunTakenOver if another pod holds the lease, before sending or when a takeover caused the
+    conflict. A conflict with the same writer's push is rebuilt on the new head."""
     def push() -> str:
         base, lease = _writers_lease(store, writer)     # RunTakenOver if the lease moved
         lease_file = _stage(lease, stage_dir)
@@ -135,8 +121,8 @@ def push_as_writer(store, files: Mapping[str, Path], message: str,
 
 
 def take_over(store, pod_dir: Path) -> dict:
-    """`launch --from-hub`: this pod becomes the run's writer (the lease's epoch + 1), built
-    on the head it read, so two pods taking over at once cannot both win."""
+    """This pod becomes the run's writer (epoch + 1), built on the head it read, so two pods
+    taking over at once cannot both win."""
     me = pod_id(pod_dir)
     head = store.head()
     previous = hub_lease(store, head)

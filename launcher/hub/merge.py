@@ -1,25 +1,12 @@
-"""Mean-merge of the GPUs' checkpoints into one "brain", streamed to keep memory flat.
+"""Mean-merge of the GPUs' checkpoints into one legacy-format "brain": floating tensors
+averaged, integer/bool tensors and `config` from the first, carried-state buffers dropped
+(one process's stream, not the model; their batch dimension differs between GPUs). Tied
+tensors stay shared.
 
-`merge_checkpoints(paths, out_path)` writes a legacy-format checkpoint
-`{"model_state": ..., "config": ...}` where
-- every floating tensor is the mean of that tensor over all checkpoints,
-- integer/bool tensors are taken from the first checkpoint (GPU 0),
-- carried-state buffers (`thought_state`, `*.attn_S`, `*.attn_z`, `*.kuramoto_phases`,
-  `last_lb_loss`) are dropped: they describe one process's stream, not the model, and their
-  batch dimension differs between GPUs,
-- `config` is the first checkpoint's.
-
-Memory: checkpoints are opened one after another with `torch.load(..., weights_only=True,
-mmap=True)`, so a checkpoint's tensors are paged in from disk as they are read and released
-when it is closed. The process holds the running sums (one checkpoint's worth, in float32 or
-wider) plus the one checkpoint being read: about two checkpoints, whatever the number of GPUs.
-Tensors that share storage in the first checkpoint (the tied `observe.weight` /
-`output_head.weight`) stay shared in the output. The file is written atomically.
-
-Trust (the launch's rules): a tensor holding NaN or Inf is refused (NotFinite: a mean with
-it is no brain, and nothing is written), and `verify(source, local_file)`, given by the
-caller, refuses a checkpoint that is not the GPU's own (launcher.pod.ckpt_trust).
-"""
+Memory: checkpoints are mmap-loaded one after another, so the process holds the float32 (or
+wider) sums plus the one being read: about two checkpoints, whatever the number of GPUs.
+A NaN/Inf tensor is refused (NotFinite, nothing written); `verify` refuses a checkpoint
+that is not the GPU's own (launcher.pod.ckpt_trust)."""
 
 from __future__ import annotations
 
@@ -90,10 +77,8 @@ def on_disk(source) -> ContextManager[Path]:
 def merge_checkpoints(sources: Sequence, out_path: str | Path,
                       fetch: Callable[[Any], ContextManager[Path]] = on_disk,
                       verify: Callable[[Any, Path], None] | None = None) -> MergeReport:
-    """Average the floating tensors of each source's `["model_state"]` into `out_path` (see
-    module doc). A source is a file, or what `fetch(source)` makes one for the time it is
-    read (a hub checkpoint pulled into a scratch folder, then deleted: one at a time);
-    `verify(source, file)` runs before it is read and raises to refuse it."""
+    """Merge `sources` into `out_path` (atomic). `fetch(source)` makes a source a file while
+    it is read (a hub checkpoint: one at a time); `verify(source, file)` raises to refuse."""
     if not sources:
         raise ValueError("merge needs at least one checkpoint")
     with progress(f"merging {len(sources)} checkpoints", len(sources), "checkpoints") as task:
@@ -152,8 +137,7 @@ def _merge(paths: list, out_path: Path, fetch, task) -> MergeReport:
 
 
 def _start_sums(path, first_state: dict) -> tuple:
-    """From the first checkpoint: the running sums (own copies: its file may go once read),
-    the tensors taken as they are, tied keys, and the spec every other one must match."""
+    """Sums (own copies: the file may go once read), kept tensors, tied keys and the spec."""
     dropped = tuple(k for k in first_state if is_carried_state(k))
     sums: dict[str, torch.Tensor] = {}  # floating keys -> running sum
     merged: dict[str, torch.Tensor] = {}  # every kept key, in the first checkpoint's order

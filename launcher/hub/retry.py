@@ -1,19 +1,9 @@
 """A hub call's retries (`with_retries`, on the one loop of retry_loop.py): never earlier than
-the hub asked, never for ever.
-
-Only transient failures are retried: HTTP 5xx, 408 and 429 answers, timeouts and broken
-connections. Anything else (404, 401, a refused commit, a bad argument) is a real answer and
-is raised at once. Log lines name the operation and the kind of failure, never request
-headers, so a token cannot leak through them.
-
-A rate-limited answer (429, or any retried answer carrying `Retry-After`) is waited out: the
-next try comes no earlier than its `Retry-After` (seconds or an HTTP date) or, when the
-`RateLimit` header says nothing remains, its reset (`"api";r=0;t=55`); without either,
-exponential backoff from RATE_LIMIT_FLOOR_S. These waits do not spend `attempts`: they are
-bounded by `RetryPolicy.rate_limit_wait_s` in all, after which `RateLimited` (a HubError
-carrying `retry_at`) tells the caller when the hub will take the call again. `on_wait` hears
-of each wait (launcher/hub/hub_rate.py records them for logs/hub.log, events and status).
-"""
+the hub asked, never for ever. Only transient failures are retried (5xx, 408, 429, timeouts,
+broken connections); any other answer is raised at once. Log lines never carry request
+headers, so no token leaks. Rate-limit waits (`Retry-After`, or a `RateLimit` reset when none
+remains) do not spend `attempts`; past `rate_limit_wait_s` in all, RateLimited says when to
+try again. docs/LAUNCHER.md "Hub", "Rate limits and the commit budget"."""
 
 from __future__ import annotations
 
@@ -45,8 +35,7 @@ MAX_TOLD_WAIT_S = 86400.0     # a Retry-After beyond a day is read as a day
 
 
 class RateLimited(HubError):
-    """The hub kept rate-limiting one operation past its bounded wait: try again no earlier
-    than `retry_at` (time.time())."""
+    """Rate-limited past the bounded wait: try again no earlier than `retry_at` (time.time())."""
 
     def __init__(self, message: str, retry_at: float):
         super().__init__(message, status=RATE_LIMITED_STATUS)
@@ -55,8 +44,6 @@ class RateLimited(HubError):
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How hard to insist before giving up on one remote operation."""
-
     attempts: int = 5  # total tries of failures other than rate limiting, first one included
     base_delay_s: float = 1.0  # wait before the second try; doubles after each failure
     max_delay_s: float = 30.0
@@ -67,10 +54,9 @@ class RetryPolicy:
         return min(self.max_delay_s, self.base_delay_s * (2 ** (failures - 1)))
 
     def rate_limit_delay(self, told: float | None, waits: int) -> float:
-        """Seconds before the next try after the `waits`-th rate-limited answer (1-based):
-        the hub's `told` wait; without one, backoff from RATE_LIMIT_FLOOR_S, doubling. A
-        told wait is taken as is the first time, and never below that backoff after it (a
-        hub answering `Retry-After: 0` again and again is not hammered)."""
+        """Seconds before the try after the `waits`-th (1-based) rate-limited answer: `told`
+        as is the first time, after that never below the doubling backoff (a hub answering
+        `Retry-After: 0` again and again is not hammered)."""
         cap = max(self.max_delay_s, RATE_LIMIT_FLOOR_S)
         if told is None:
             return min(cap, RATE_LIMIT_FLOOR_S * (2 ** (waits - 1)))
@@ -78,9 +64,8 @@ class RetryPolicy:
 
 
 def told_wait(exc: BaseException, now: float | None = None) -> float | None:
-    """Seconds the hub asked to wait before the next call, from the answer `exc` carries:
-    `Retry-After` (delay-seconds or an HTTP date), else a `RateLimit` header whose remaining
-    quota is 0 (its reset, `t=`). None when the answer names no wait."""
+    """Seconds the hub asked to wait: `Retry-After` (seconds or HTTP date), else the reset
+    of an exhausted `RateLimit` header; None when it names none."""
     response = exc.response if isinstance(exc, HfHubHTTPError) else None
     if response is None:
         return None
@@ -102,8 +87,7 @@ def told_wait(exc: BaseException, now: float | None = None) -> float | None:
 
 
 def rate_limited_wait(exc: BaseException) -> tuple[bool, float | None]:
-    """(whether `exc` is the hub rate-limiting us, the wait it named): a 429 (named wait or
-    not), or any other transient answer that names a wait (a 503 with Retry-After)."""
+    """(rate-limited?, named wait): a 429, or any answer naming a wait (503 + Retry-After)."""
     status = http_status(exc)
     if status is None:
         return False, None
@@ -119,11 +103,8 @@ def http_status(exc: BaseException) -> int | None:
 
 
 def is_transient(exc: BaseException) -> bool:
-    """True if `exc`, or an error it wraps, is worth another try.
-
-    The client wraps some transport failures (an LFS upload's RuntimeError, a failed forced
-    download's ValueError) around the real cause, so the cause chain is walked too.
-    """
+    """True if `exc` or its cause chain is worth another try (the client wraps transport
+    failures in RuntimeError/ValueError)."""
     seen = 0
     while exc is not None and seen < 8:
         if _is_transient_one(exc):
@@ -136,8 +117,6 @@ def _is_transient_one(exc: BaseException) -> bool:
     status = http_status(exc)
     if status is not None:
         return status in TRANSIENT_STATUS
-    # TimeoutException, NetworkError (connect/read/write errors) and a peer that hung up
-    # mid-message (RemoteProtocolError) are all worth another try.
     if isinstance(exc, (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError)):
         return True
     if isinstance(exc, (ConnectionError, TimeoutError)):
@@ -162,8 +141,7 @@ def with_retries(
     sleep: Callable[[float], None] | None = None,
     on_wait: Callable[[str, float, float | None], None] | None = None,
 ) -> T:
-    """Call `fn` until it succeeds, fails for good, `policy.attempts` are spent, or its
-    rate-limit waits would pass `policy.rate_limit_wait_s` (then RateLimited).
+    """Call `fn` until success, a lasting failure, `policy.attempts` spent, or RateLimited.
     `on_wait(what, seconds, told)` hears of each rate-limit wait before it is slept."""
     failures = waits = 0
     waited = 0.0
