@@ -31,8 +31,7 @@ SECRET_ENV_PARTS = ("SECRET", "PASSWORD", "API_KEY", "ACCESS_KEY", "AUTH_TOKEN",
                     "ACCESS_TOKEN", "API_TOKEN", "SESSION_TOKEN", "CREDENTIAL")
 SECRET_ENV_NAMES = ("GITHUB_TOKEN", "GH_TOKEN")
 
-# What a child may inherit from the launcher's environment besides the worker contract
-# (ENV_VARS): what the OS, Python, the BLAS/OpenMP runtimes and CUDA/NCCL/torch read.
+# What a child may inherit besides the worker contract (ENV_VARS).
 SYSTEM_ENV_NAMES = frozenset({
     "PATH", "HOME", "USER", "LOGNAME", "SHELL", "HOSTNAME", "TERM", "TZ", "LANG",
     "LANGUAGE", "TMPDIR", "TEMP", "TMP", "XDG_CACHE_HOME", "XDG_RUNTIME_DIR",
@@ -134,9 +133,8 @@ def _die_with_parent(parent_pid: int, death_signal: int):
 def spawn(command: Sequence[str], *, cwd, env: Mapping[str, str], keep: Collection[str] = (),
           stdout: int | IO | None = subprocess.DEVNULL, stderr: int | IO | None = None,
           death_signal: int = signal.SIGKILL, new_session: bool = True) -> subprocess.Popen:
-    """Start `command` (resolved) with `env` scrubbed (`keep`: the pod config's names), from
-    the spawner thread. `new_session`: its own process group (Ctrl-C reaches only the
-    launcher; killpg reaches a child's helpers)."""
+    """Start `command` with `env` scrubbed, from the spawner thread. `new_session`: its own
+    process group (Ctrl-C reaches only the launcher; killpg reaches a child's helpers)."""
     env = child_env(env, keep)
     if death_signal == signal.SIGTERM:
         env[PARENT_DEATH_ENV] = "SIGTERM"
@@ -156,7 +154,7 @@ def spawn(command: Sequence[str], *, cwd, env: Mapping[str, str], keep: Collecti
 
 def run(command: Sequence[str], *, cwd, env: Mapping[str, str],
         timeout_s: float) -> subprocess.CompletedProcess:
-    """spawn() and wait, capturing text; on timeout the group is SIGKILLed, TimeoutExpired raised."""
+    """spawn() and wait, capturing text; on timeout: SIGKILL the group, raise TimeoutExpired."""
     proc = spawn(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         out, err = proc.communicate(timeout=timeout_s)

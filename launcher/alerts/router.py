@@ -22,8 +22,7 @@ class AlertRouter:
         self.settings = settings
         self.rules = AlertRules(settings)
         self.said: dict[str, float] = {}        # incident key -> when it was last said
-        # Deliveries are recorded through a log without mirrors: the senders' threads
-        # never write the TensorBoard run (the loop's thread does) nor feed this router.
+        # Deliveries go through a log without mirrors: never back into this router or TensorBoard.
         record = EventLog(pod_dir).emit
         self.senders = [WebhookSender(h, pod_label(pod_dir), record, settings.per_minute,
                                       **sender_options) for h in hooks]

@@ -39,8 +39,7 @@ DEFAULT_MANIFESTS = importlib.resources.files("launcher.config") / "defaults"
 @dataclass
 class PodConfig:
     model: str = "1b"
-    # "cpu:N" (N CPU workers), "cuda" (every visible GPU), "cuda:0,1,2" or "cuda:0-7",
-    # or "auto": every GPU nvidia-smi lists, else cpu:2.
+    # "auto", "cpu:N", "cuda" or "cuda:0-7" (devices.py).
     devices: str = "auto"
     # One shard pattern, or an ordered list of data phases (launcher/config/phases.py).
     shards: str | list = "data/shard_phase2_gpu{i}.npy"
@@ -52,8 +51,7 @@ class PodConfig:
     worker: list = field(default_factory=lambda: ["python", "-u", "-m", "fractus.train.worker"])
     # Extra worker settings for every GPU and stage (e.g. SEQ for a small demo model).
     env: dict = field(default_factory=dict)
-    # Names of the launcher's environment variables every worker also gets (beyond
-    # launcher/child.py's allow-list).
+    # Names of the launcher's environment variables workers also get (beyond child.py's).
     pass_env: list = field(default_factory=list)
     save_every: int = 800
     save_keep: int = 3
@@ -75,8 +73,7 @@ class PodConfig:
     alerts: dict | None = None
     # The GPUs' metrics mirrored to trackio (tracker.py). None: off.
     tracker: dict | None = None
-    # The launcher records `disk_low` (and alerts) when the pod's disk has less free than
-    # this, before a save fails on a full disk (a 1B checkpoint with its optimizer: ~12 GiB).
+    # `disk_low` below this free, before a save fails (a 1B checkpoint + optimizer: ~12 GiB).
     disk_low_gib: float = 20.0
     # What one GPU-hour costs (any currency), for the goodput ledger. None: hours only.
     price_per_gpu_hour: float | None = None
@@ -217,8 +214,8 @@ NUMERIC_RANGES: dict[str, tuple[float, float]] = {
 # Keys whose default is None, with the type a given value must have.
 _OPTIONAL_TYPES = {"hub": str, "demo_data": dict, "ray": dict, "data": dict, "alerts": dict,
                    "retention": dict, "tracker": dict, "price_per_gpu_hour": float}
-# A path template may hold {i} only (no other field, format spec or conversion: "{i}_{j}"
-# and "{i}{" crashed `format`, and a width spec like "{i:>999999999}" would allocate).
+# A path template may hold {i} only: no other field, spec or conversion ("{i:>999999999}"
+# would allocate).
 _TEMPLATE_FIELDS = ("i",)
 
 

@@ -1,6 +1,5 @@
 """`ray:` of the pod config (or `launch --ray ADDRESS`): which Ray cluster runs the workers.
-
-Parsed without importing Ray, so a config is checked on machines that lack it.
+Parsed without importing Ray.
 """
 
 from __future__ import annotations
@@ -15,11 +14,9 @@ DEFAULT_WORKDIR = "{pod}/nodes/{node}"
 @dataclass(frozen=True)
 class RaySettings:
     address: str                        # the cluster's GCS address, host:port (or "auto")
-    # Each node's own directory for its workers' checkpoints, metrics and logs; {pod} is
-    # the pod directory's absolute path on the head, {node} the node's id (12 characters).
+    # Each node's own directory for its workers' files; {pod}: the head's pod path, {node}: the id.
     workdir: str = DEFAULT_WORKDIR
-    # The resource one worker takes: none means one GPU (cuda devices) or one CPU (cpu);
-    # a custom resource (`ray start --resources='{"fractus_gpu": 8}'`) for the CPU demo.
+    # The resource one worker takes; None: one GPU (cuda) or one CPU (cpu).
     resource: str | None = None
     # Fencing (launcher/supervise/ray/fence.py): the longest a node that has not heard from
     # the launcher waits before it stops its worker; heartbeats may tell it a shorter one

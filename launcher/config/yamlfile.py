@@ -120,9 +120,8 @@ def _check_size(root: yaml.Node, source: str) -> None:
 
 
 def set_top_level_key(text: str, key: str, value, source: str) -> str:
-    """`text` with top-level `key` set to `value`, every other line kept as written (block
-    replaced in place, or appended). Verified by parsing again; a layout this line edit cannot
-    place is rewritten whole, its leading comments kept."""
+    """`text` with top-level `key` set to `value`, every other line kept as written; verified
+    by parsing again, else rewritten whole with its leading comments kept."""
     lines = text.splitlines(keepends=True)
     start = next((i for i, line in enumerate(lines)
                   if re.match(rf"{re.escape(key)}\s*:(\s|$)", line)), None)

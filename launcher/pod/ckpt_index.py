@@ -164,8 +164,7 @@ class CheckpointIndex:
                 except FileNotFoundError:
                     continue
                 st = pin.stat()
-                # Cheap first, so a late event's search down the rotated names hashes only
-                # its own candidate.
+                # Cheap first: a late event's search down the rotated names hashes one file.
                 if (size is not None and st.st_size != size) or (
                         mtime_ns is not None and st.st_nlink >= 2
                         and st.st_mtime_ns != mtime_ns):

@@ -25,9 +25,8 @@ class CheckpointIdentity:
 
 def read_identity(path: Path, model: str | None = None,
                   pod_dir: Path | None = None) -> CheckpointIdentity:
-    """Load the file weights-only and read its identity. ValueError (one line) when it is
-    not a loadable Fractus checkpoint, or does not fit the pod's `model` (preset or file
-    relative to `pod_dir`)."""
+    """The file's identity, loaded weights-only; ValueError (one line) if it is no Fractus
+    checkpoint or does not fit the pod's `model` (relative to `pod_dir`)."""
     # torch (~2 s): paid only when a checkpoint is read, not by every importer of this module
     from fractus.train.checkpoint import is_full, load_checkpoint
     ck = load_checkpoint(path)

@@ -44,8 +44,7 @@ class EventLog:
         self.path = pod_dir / EVENTS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.mirror = mirror
-        # Also called with each record, and kept when `mirror` is replaced (a detached
-        # launcher makes new mirrors): the supervisor's tracker sink, which never raises.
+        # Never-raising sinks (the tracker's), kept when `mirror` is replaced after --detach.
         self.taps: list = []
 
     def emit(self, event: str, **fields) -> dict:
@@ -56,8 +55,7 @@ class EventLog:
         now = time.time()
         records = [{"ts": now, "event": event, **fields} for event, fields in events]
         data = "".join(json.dumps(record, default=str) + "\n" for record in records)
-        # One write on an O_APPEND descriptor: a line is never interleaved or torn by
-        # another writer (status runs concurrently; a second CLI may record a refusal).
+        # One write on an O_APPEND descriptor: never interleaved with another writer's line.
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, data.encode())

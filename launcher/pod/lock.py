@@ -21,12 +21,10 @@ class PodLock:
     def __init__(self, pod_dir: Path):
         self.path = pod_dir / LOCK_FILE
         self._fd: int | None = None
-        # What the lock file held before this launcher took it (None: there was none) and
-        # whether logs/ was made here: a refused launch puts both back (release(restore)).
+        # What the lock file held, and whether logs/ was made here (release(restore) puts back).
         self._before: bytes | None = None
         self._made_dir = False
-        # This launcher, for requests made to it (a rollback asked of one launcher must not
-        # fire in the next): the same across the --detach fork, unlike the pid.
+        # Names this launcher in requests made to it; unlike the pid, survives --detach's fork.
         self.launcher_id = uuid.uuid4().hex
 
     def acquire(self) -> None:

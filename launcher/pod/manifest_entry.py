@@ -54,8 +54,7 @@ class ManifestEntry:
     checkpoint: str | None = None           # relative to the pod (or absolute inside it)
     checkpoint_sha256: str | None = None
     shard: str | None = None
-    # The data phase (1-based) start_token counts in; None: never switched, phase 1. Written
-    # only once a GPU has switched, so a one-phase pod's manifest keeps its user's layout.
+    # The data phase start_token counts in; None (phase 1) until a switch, keeping the layout.
     phase: int | None = None
     stage: int | None = None                # the stage its checkpoint was trained at
     ema_tf: float | None = None

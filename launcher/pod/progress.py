@@ -1,9 +1,8 @@
 """Progress of the long operations (hashing, merge, hub push/pull, probes, canary).
 
-On a terminal: a rich bar on stderr. Elsewhere: plain lines on stdout (stderr keeps its
-one-line errors), the first after PLAIN_FIRST_S, then at most every PLAIN_EVERY_S, so a quick
-operation prints nothing and a slow one is never silent. Off the main thread (the background
-hub sync) it shows nothing: those report through events and `status`.
+On a terminal: a rich bar on stderr. Elsewhere: lines on stdout after PLAIN_FIRST_S, then at
+most every PLAIN_EVERY_S (a quick operation prints nothing, a slow one is never silent). Off
+the main thread (the background hub sync) nothing: those report through events.
 """
 
 from __future__ import annotations
