@@ -2,9 +2,9 @@
 
     h -> [block 0: attn -> kuramoto -> moe] -> ... -> [block N-1] -> logits = h @ observe.weight.T
 
-Every block carries its attention state (S, z) and its Kuramoto phases from one chunk to
-the next; the engine carries the last position's hidden state (`thought_state`) into the
-first position of the next chunk. Parameter and buffer names match the reference exactly.
+Carried from chunk to chunk: each block's attention (S, z) and Kuramoto phases, and the last
+position's hidden state (`thought_state`, added to the next chunk's first position).
+Parameter and buffer names match the reference exactly.
 """
 
 from __future__ import annotations

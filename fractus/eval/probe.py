@@ -86,9 +86,8 @@ def probe_checkpoint(checkpoint, shard_path, cfg: ProbeConfig = ProbeConfig(),
                      head: int | None = None, device: str = "cpu",
                      model_config: EngineConfig | None = None,
                      default_head: int | None = None) -> ProbeResult:
-    """Probe a checkpoint (path or loaded dict) on a shard, at `head`, else the train head
-    the checkpoint records, else `default_head` (for a file that records none: the merged
-    brain, a bare state_dict). `model_config` builds a file that carries no config."""
+    """Probe a checkpoint (path or dict) at `head`, else its recorded train head, else
+    `default_head`; `model_config` builds a file that carries no config."""
     ckpt = as_engine_checkpoint(read_checkpoint(checkpoint), model_config)
     next_token = train_head(ckpt)
     head = next_token if head is None else head

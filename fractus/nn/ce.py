@@ -1,15 +1,12 @@
 """The tied 50257-way head (`logits = h @ W.T`, W the (V, d) embedding), `ce_chunk` rows at
-a time, so at most one piece of logits exists instead of several N x V tensors.
-
-- `chunked_cross_entropy`: fused loss + gradients, same values as
-  `F.cross_entropy(h @ W.T, targets)`; nothing N x V is kept for backward.
-- `sample_tokens_chunked`: inverse-CDF sampling on float64 cumulative weights, the
-  distribution of `torch.multinomial` exactly; one uniform per row, so the RNG stream
-  differs (statistically, not bitwise, equal).
+a time: at most one piece of logits exists, never several N x V tensors.
+`chunked_cross_entropy` equals `F.cross_entropy(h @ W.T, targets)` in value and gradients;
+`sample_tokens_chunked` has `torch.multinomial`'s distribution exactly, with one uniform
+per row (statistically, not bitwise, equal).
 
 Mixed precision: under autocast the matmul runs in the autocast dtype and the softmax
-statistics in float32 (as `F.cross_entropy` under autocast); without autocast, the inputs'
-dtype (half types keep float32 statistics).
+statistics in float32 (as `F.cross_entropy`); without, the inputs' dtype (half types keep
+float32 statistics).
 """
 
 from __future__ import annotations
@@ -134,10 +131,9 @@ def _shift_exp_(x: torch.Tensor) -> torch.Tensor:
     row_max = torch.where(torch.isinf(row_max), torch.zeros_like(row_max), row_max)
     x.sub_(row_max)
     if x.dtype in _EXP_FLOOR:
-        # exp of arguments whose result underflows (a fresh tied head spreads logits over
-        # hundreds) is ~50x slower on CPU, and denormals in the softmax slow the gradient
-        # matmuls as much. The floor keeps every term, even divided by N rows, a normal
-        # number; it changes a term's probability by < 1e-29 (float32), far below rounding.
+        # exp of underflowing arguments (a fresh tied head spreads logits over hundreds) is
+        # ~50x slower on CPU, and denormals slow the gradient matmuls as much. The floor keeps
+        # every term, even / N, normal; it moves a probability by < 1e-29 (float32).
         x.clamp_(min=_EXP_FLOOR[x.dtype])
     x.exp_()
     return row_max
@@ -146,12 +142,10 @@ def _shift_exp_(x: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------- cross-entropy
 
 class _ChunkedCrossEntropy(torch.autograd.Function):
-    """Mean CE and its gradients in one pass: each piece becomes, in place, exp(logits - max)
-    and then (softmax - onehot) / N for the two gradient matmuls; backward only scales the
-    kept (N, d) and (V, d) gradients. Versus recomputing the logits in backward
-    (checkpointing) this saves one N x V x d matmul and three passes per piece, at no higher
-    peak: the head is the forward's last op, and the (V, d) gradient lives through backward
-    either way."""
+    """Loss and gradients in one pass; each piece becomes, in place, exp(logits - max), then
+    (softmax - onehot) / N. Versus recomputing logits in backward, this saves an N x V x d
+    matmul and three passes per piece at no higher peak (the head is the forward's last op;
+    the (V, d) gradient lives through backward either way)."""
 
     @staticmethod
     def forward(ctx, h, W, targets, ce_chunk, matmul_dtype, grad_enabled):
@@ -217,15 +211,11 @@ def chunked_cross_entropy(h: torch.Tensor, W: torch.Tensor, targets: torch.Tenso
                           ce_chunk: int) -> torch.Tensor:
     """Mean cross-entropy of `h @ W.T` against `targets`, `ce_chunk` rows at a time.
 
-    h: (N, d) or (B, C, d); W: (V, d); targets: ids shaped like h without its last dim, all
-    in [0, V) (no ignore_index). `ce_chunk <= 0` or `>= N`: one piece. Peak memory: one
-    piece of logits (two under autocast: the matmul-dtype piece and its float32 copy).
-
-    Gradients are computed in this call and kept, (N, d) + (V, d), until backward: backward
-    once per call (a second one through a retained graph raises), and several forwards
-    before one backward hold one (V, d) gradient each. Raises ValueError on bad ranks,
-    shapes, dtypes, devices, and on out-of-range ids on CPU only (see `_check_targets`).
-    NaN/Inf in h propagate.
+    h: (N, d) or (B, C, d); targets: ids shaped like h without its last dim, in [0, V) (no
+    ignore_index); `ce_chunk <= 0` or `>= N`: one piece. Peak: one piece of logits (two
+    under autocast). Gradients are kept, (N, d) + (V, d), from this call to backward: one
+    backward per call, and one (V, d) gradient per forward pending. ValueError on bad
+    inputs (ids only on CPU: `_check_targets`); NaN/Inf in h propagate.
     """
     _check_head_inputs(h, W, ce_chunk)
     _check_targets(targets, h, W.shape[0])
@@ -248,11 +238,9 @@ def sample_tokens_chunked(h: torch.Tensor, W: torch.Tensor, temperature: float,
                           ) -> torch.Tensor:
     """One token per row from softmax(h @ W.T / temperature), `ce_chunk` rows at a time.
 
-    h: (N, d) or (B, C, d) -> int64 tokens (N,) or (B, C); one float64 uniform per row from
-    `generator` (default: h's device's), so same generator state -> same tokens. A row with
-    non-finite or zero total weight raises FloatingPointError on CPU, a device-side assert
-    elsewhere (as torch.multinomial; no sync).
-    """
+    h: (N, d) or (B, C, d) -> int64 (N,) or (B, C); same `generator` state, same tokens. A
+    row of non-finite or zero total weight: FloatingPointError on CPU, a device-side assert
+    elsewhere (no sync)."""
     _check_head_inputs(h, W, ce_chunk)
     if (isinstance(temperature, bool) or not isinstance(temperature, numbers.Real)
             or not math.isfinite(temperature) or temperature <= 0):
@@ -280,15 +268,12 @@ _CDF_BLOCK = 1024
 
 
 def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor, first_row: int) -> torch.Tensor:
-    """Per row, the index where u * (total weight) falls in the cumulative weights.
-
-    weights (n, V) >= 0 (float32/64), u (n, 1) float64 in [0, 1) -> (n,) int64. Two levels,
-    no V-wide float64 copy: block sums (in the weights' dtype, rel. error ~1e-7, float32's
-    own precision) pick a block via their float64 cumsum; only that block is cumulated in
-    float64 and the position rescaled to it, so each token keeps its exact share. (One
-    float32 cumsum over 50257 entries shifts every boundary by up to ~6e-8 of the total: a
-    large relative error for rare tokens.) A zero-weight token is never chosen.
-    """
+    """weights (n, V) >= 0, u (n, 1) float64 in [0, 1) -> (n,) int64: where u * total falls
+    in the cumulative weights; never a zero-weight token. Two levels, no V-wide float64
+    copy: block sums (weights' dtype, rel. error ~1e-7, float32's own) pick a block via a
+    float64 cumsum; only that block is cumulated in float64, so each token keeps its exact
+    share. (One float32 cumsum over 50257 entries shifts every boundary by up to ~6e-8 of
+    the total: a large relative error for rare tokens.)"""
     n, vocab = weights.shape
     n_full = vocab // _CDF_BLOCK
     block_sums = [weights[:, :n_full * _CDF_BLOCK].reshape(n, n_full, _CDF_BLOCK).sum(dim=2)]

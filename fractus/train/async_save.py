@@ -52,8 +52,8 @@ class HostSnapshot:
         return result
 
     def reserve(self, payload) -> None:
-        """Allocate and touch `take(payload)`'s buffers without reading tensors (safe off the
-        training thread), so the first save does not also fault in fresh memory."""
+        """Allocate and page in `take(payload)`'s buffers, reading no tensor (safe off the
+        training thread): the first save then stalls only for its copy."""
         self._copy(payload, (), {}, set(), copy_data=False)
 
     def ready(self) -> None:
@@ -148,8 +148,7 @@ class AsyncCheckpointer:
             self._failure = e
 
     def submit(self, payload: dict, tag: object = None) -> float:
-        """Snapshot now, write in the background; returns the stall (s). `tag` goes to
-        `on_durable` (the step's numbers for the event)."""
+        """Snapshot now, write in the background; returns the stall (s); `tag` -> on_durable."""
         t0 = time.perf_counter()
         self.wait()                              # one save in flight, one snapshot in memory
         copied = self.snapshot.take(payload)

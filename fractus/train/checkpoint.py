@@ -91,8 +91,7 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def _rotate(path: Path, keep: int) -> None:
-    """Shift .pt.1 -> .pt.2 ..., hard-link (or copy) the canonical file as .pt.1: never
-    moved, so it is never absent."""
+    """.pt.1 -> .pt.2 ..., then link (or copy) the canonical file as .pt.1: never absent."""
     if keep <= 1 or not path.exists():
         return
     oldest = rotated_path(path, keep - 1)

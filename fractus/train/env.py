@@ -94,9 +94,8 @@ def _fault(name: str, raw: str) -> str:
 
 
 def _var(env: str, default, parse, doc: str, shown: str | None = None):
-    """A settings field bound to one environment variable. `doc` and `shown` (the default as
-    people read it, when it is not the value itself) are its row of docs/WORKER.md's table
-    (env_table)."""
+    """A field bound to one variable; `doc` and `shown` (the default as people read it) are
+    its row of docs/WORKER.md's table (env_table)."""
     return field(default=default, metadata={"env": env, "parse": parse, "doc": doc,
                                             "shown": shown})
 
@@ -251,8 +250,7 @@ class WorkerSettings:
 
 # Every variable the worker reads, for the launcher (which must not invent its own list).
 ENV_VARS: tuple[str, ...] = tuple(f.metadata["env"] for f in dataclasses.fields(WorkerSettings))
-# v1's fallback for CKPT_IN after CKPT_OUT (resume.py), which the launcher's adoption of a
-# v1 run names too: here, in the light module both import.
+# v1's CKPT_IN fallback after CKPT_OUT; here, in the light module resume.py and adoption import.
 MERGED_BRAIN = "checkpoints/FRACTUS_1B_STAGE2_MERGED.pt"
 # The variables that name files (read or written by the worker): a pod rebuilt from a hub
 # takes them only inside the pod (launcher/hub/config_trust.py).
@@ -261,9 +259,8 @@ assert set(PATH_VARS) <= set(ENV_VARS)
 
 
 def env_table() -> str:
-    """docs/WORKER.md's "Environment" table, from the fields above (tests/test_worker_docs.py
-    checks the docs hold it): `python -c "from fractus.train.env import env_table as t;
-    print(t())"` prints it after a change here."""
+    """docs/WORKER.md's "Environment" table (tests/test_worker_docs.py checks it); paste
+    `python -c "from fractus.train.env import env_table as t; print(t())"` after a change."""
     rows = ["| variable | default | meaning |", "|---|---|---|"]
     for f in dataclasses.fields(WorkerSettings):
         shown = f.metadata["shown"]

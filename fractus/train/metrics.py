@@ -65,8 +65,7 @@ class MetricsWriter:
             self._tensorboard.metrics(record)
 
     def close(self) -> None:
-        """Close both outputs. On a full disk their last lines are lost, and closing must not
-        turn the worker's disk-full exit (5, already reported) into a crash."""
+        """Close both; on a full disk the last lines are lost, never turned into a crash."""
         tensorboard, self._tensorboard = self._tensorboard, None
         with self._lock:
             file, self._file = self._file, None
@@ -82,8 +81,7 @@ class MetricsWriter:
 
 def human_line(gpu: int, next_token: int, tf: float, ema_tf: float, ss: float | None,
                ema_ss: float | None, lb: float, tok_s: float, mem_gb: float) -> str:
-    """The v1 log line, unchanged (the `[boost]` tag included: the user's log readers key on
-    it) so existing log parsers keep working."""
+    """The v1 log line, unchanged (the user's log readers key on its `[boost]` tag)."""
     extra = f" ss={ss:.3f} ema_ss={ema_ss:.3f}" if ss is not None and ema_ss is not None else ""
     return (f"GPU {gpu}: {next_token:>12,} tf={tf:.3f} ema_tf={ema_tf:.3f}{extra} "
             f"lb={lb:.3f} {tok_s:.0f} tok/s mem={mem_gb:.1f}GB [boost]")

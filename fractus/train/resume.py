@@ -125,9 +125,8 @@ def find_start(settings: WorkerSettings, shard_len: int) -> StartPoint:
 
 
 def _phase_start(settings: WorkerSettings, train_state: dict, source: Path) -> bool:
-    """Whether this start is a data phase's first: the checkpoint ended phase PHASE-1 (no
-    recorded phase: phase 1) and START_TOKEN=0. A checkpoint of a later phase, or of an
-    earlier one than the previous, is refused: it would re-train or skip a phase."""
+    """A data phase's first start: the checkpoint ended phase PHASE-1 (none recorded: 1) and
+    START_TOKEN=0. Any other phase is refused: it would re-train or skip one."""
     recorded = train_state.get("phase", 1)
     if not isinstance(recorded, int) or isinstance(recorded, bool) or recorded < 1:
         raise SettingsError(f"checkpoint {source} records phase {recorded!r}, not a phase "
@@ -146,9 +145,8 @@ def _phase_start(settings: WorkerSettings, train_state: dict, source: Path) -> b
 
 
 def build_model(start: StartPoint, batch: int, device: torch.device):
-    """The engine at `start`; returns (model, carried batch found in the checkpoint or None).
-
-    Carried state is restored as stored; the caller resets it when BATCH changed."""
+    """(the engine at `start`, the checkpoint's carried batch or None); carried state is
+    reset to `batch` when it differs."""
     from fractus.continuous_engine import ContinuousThoughtEngine
     if start.checkpoint is None:
         model = ContinuousThoughtEngine(**start.config.to_dict())

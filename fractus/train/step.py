@@ -101,9 +101,8 @@ class TrainStep:
         self.compiled = True
 
     def _fit_carried_phases(self) -> None:
-        """Carried Kuramoto phases reshaped to (B, SEQ, N), zeros if not already: the
-        forward never reads them, but the compiled step guards their shape, and a reset's
-        (B, 1, N) or another SEQ's would recompile at step 2."""
+        """Carried Kuramoto phases as (B, SEQ, N) zeros unless already so: never read, but
+        the compiled step guards their shape (a reset's (B, 1, N) recompiles at step 2)."""
         for blk in self.model.blocks:
             phases = blk.kuramoto_phases
             if phases.shape[1] != self.s.seq:
@@ -138,8 +137,7 @@ class TrainStep:
             self.tick, self.tick_ce, self.compiled = kept
 
     def snapshot(self) -> dict:
-        """Weights and optimizer state on the host: with carried state and RNG, what a
-        step changes, so it can run again from here."""
+        """Weights and optimizer state on the host (with carry and RNG: a step's inputs)."""
         def host(value):
             return value.detach().to("cpu", copy=True) if torch.is_tensor(value) else value
         state = self.optimizer.state_dict()

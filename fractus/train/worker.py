@@ -1,10 +1,7 @@
 """The per-GPU worker: one process, one shard, one checkpoint file (no torch.distributed).
 
-    CUDA_VISIBLE_DEVICES=$i GPU_ID=$i START_TOKEN=... BATCH=8 CE_CHUNK=2048 \
-        FRACTUS_ATTN_IMPL=chunked COMPILE=1 python -u scripts/fast4gpu_boost_v2.py
-
 Setup (all checks before anything is written) -> resume -> loop -> final checkpoint.
-Environment (train/env.py) and exit codes (train/exit_codes.py): docs/WORKER.md.
+How to run it, its environment (train/env.py) and exit codes: docs/WORKER.md.
 """
 
 from __future__ import annotations
