@@ -6,11 +6,11 @@
   processes only (start a worker with its env on a device, poll its exit and liveness,
   signal, kill, stop, close, where its files are).
 - `local_backend`: `LocalBackend`, the workers as child processes of the launcher (launcher/child.py).
-- `ray_backend`: `RayBackend`, the workers as Ray actors across the nodes of a Ray cluster.
+- `ray/`: `RayBackend`, the workers as Ray actors across the nodes of a Ray cluster, and
+  `RayCustodian`, the checkpoints on those nodes.
 - `custodian`: `CheckpointCustodian`, the one owner of a checkpoint from its event to its
   last copy (index, verdicts, pushes, restore, rollback target, the run's hub lease), with
-  where the copies are: `LocalCopies` (this machine), `NodeCopies` (the workers' nodes);
-  `ray_custodian`: `RayCustodian`, the files on the Ray nodes.
+  where the copies are: `LocalCopies` (this machine), `NodeCopies` (the workers' nodes).
 
 The supervisor (launcher/supervise/supervisor.py) runs the loop and composes the policy, one
 component per job over a shared PodRun (pod_run.py): monitor.py (a worker's lines into health,

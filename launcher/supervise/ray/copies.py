@@ -2,15 +2,11 @@
 
 Invariant: a checkpoint goes up from the node that holds it, only the GPU's newest passed
 one, never from the node that replaced a lost one, and not at all once another pod took the
-run over (the run's one lease, the custodian's: launcher/supervise/custodian.py). Each node
-retains, pulls and probes its GPU's checkpoints (launcher/supervise/ray/node_checkpoints.py);
-here a passed checkpoint is queued (`keep`), its node asked to push it, the revisions
-harvested once per round trip and handed to the custodian (`take_pushed`). A GPU whose node
-was lost resumes from the newer of its passed hub copy and its lost worker's recovery copy
-(`resume_copy`: launcher/supervise/ray/recovery.py, only of its lineage: GpuStarts); a node
-that found its entry's bytes nowhere leaves the choice to the head (`restore`); a launch
-after a launcher killed with -9 resumes each GPU from its lineage's newer recovery copy
-(`resume_newer_copies`). Owner: RayCustodian, the copies part of the CheckpointCustodian.
+run over (the run's one lease, the custodian's). A GPU whose node was lost resumes from the
+newer of its passed hub copy and its lost worker's recovery copy (`resume_copy`, only of its
+lineage); a node that found its entry's bytes nowhere leaves the choice to the head
+(`restore`); a relaunch after kill -9 resumes each GPU from its lineage's newer recovery
+copy (`resume_newer_copies`). Owner: RayCustodian, the copies part of CheckpointCustodian.
 """
 
 from __future__ import annotations

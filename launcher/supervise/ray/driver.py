@@ -1,17 +1,13 @@
 """`RayBackend`: each GPU's worker runs on a node of a Ray cluster; the launcher is the driver.
 
 Invariant: processes only, and never two workers of one GPU. One detached actor per GPU
-(launcher/supervise/ray/node.py) takes one device of a node (`num_gpus=1` for cuda; one
-CPU, or the configured custom resource, on the CPU demo), spread over the nodes, and runs
-the same worker program with the same environment as the local backend (no process group).
-Once per round trip the launcher collects every actor's new metrics lines and appends them
-to logs/metrics_gpu{i}.jsonl, so checks, verdicts, rollback and the manifest work as on one
-machine. Each GPU's handle moves through the table of launcher/supervise/ray/handle.py:
-placing, running, then ended; or adopting (its actor died on a live node:
-launcher/supervise/ray/adoption.py) or fencing (Ray reports its actor dead: lost once its
-node has fenced itself for certain, launcher/supervise/ray/fence.py, `WorkerExit(node_lost=
-True)`). The checkpoints on the nodes are RayCustodian's; what it needs of each start, this
-backend tells `GpuStarts` (launcher/supervise/ray/starts.py). Owner: RayBackend.
+(node.py) takes one device of a node, spread over the nodes, and runs the same worker
+program with the same environment as the local backend; once per round trip its new
+metrics lines are appended to logs/metrics_gpu{i}.jsonl, so checks, verdicts and rollback
+work as on one machine. Each GPU's handle moves through handle.py's table; a dead actor on
+a live node is adopted (adoption.py), else its GPU is lost once its node fenced itself for
+certain (fence.py). What the checkpoints need of each start goes to GpuStarts (starts.py).
+Owner: RayBackend.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """The Ray actor of one GPU on a node (`NodeWorker`): the calls the launcher makes there.
 
-Invariant: the actor only composes its two parts and answers the launcher: the worker
-process and the fence (`ProcessHost`, launcher/supervise/ray/node_process.py) and the
-GPU's checkpoints on this node (`NodeCheckpoints`, launcher/supervise/ray/node_checkpoints.py).
-A start puts the shards and the checkpoint in place, then starts the worker with the
-launcher's worker settings in the node's own directory (scrubbed on the node's own
-environment; `keep`: the names the pod config passes), then its recovery pusher. The actors
-are detached (a driver that dies does not SIGKILL them): a launcher killed with -9 leaves
-each worker its final save, within its fence and grace. Owner: RayBackend, which creates
-one per GPU. Imported on the nodes by Ray; imports nothing of Ray at module level.
+Invariant: the actor only composes its two parts, the worker process and its fence
+(`ProcessHost`, node_process.py) and the GPU's checkpoints on this node (`NodeCheckpoints`,
+node_checkpoints.py); detached, so a launcher killed with -9 leaves each worker its final
+save. Owner: RayBackend, one per GPU. Imported on the nodes; imports nothing of Ray at
+module level.
 """
 
 from __future__ import annotations

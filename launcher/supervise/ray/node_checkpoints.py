@@ -1,19 +1,12 @@
 """The checkpoints of one GPU on the Ray node that wrote them.
 
-Invariant: a worker starts only from the bytes its manifest entry records, and a
-checkpoint the launcher judges is the one it names. Each checkpoint event is hard-linked
-the moment it is read (launcher/pod/ckpt_index.py, as on the head) so the worker's rotation
-cannot delete it before the launcher judges it (`seen`); the file a start resumes from is
-the named one when it holds the entry's bytes, else this node's own copy of them, else the
-hub revision the entry names (pulled, verified), else the start fails (BytesNowhere) and the
-launcher decides where the GPU goes back to (RayCustodian.restore); a recovery copy is
-checked again before use; the GPU's shards (with `data:`) are verified in this node's
-directory and fetched where absent, with this node's own credentials; AR probes of a
-checkpoint run here, where the file is (`sha256:HEX`, or `resume`: the one its worker
-started from); a checkpoint that passed is pushed from here to the hub as the head's pod
-(`writer`: the run's lease, RunTakenOver once another pod took the run over); every save
-goes up at once as a recovery copy (launcher/supervise/ray/recovery.py). Owner:
-`NodeCheckpoints`, which NodeWorker holds.
+Invariant: a worker starts only from the bytes its manifest entry records, and what the
+launcher judges is what it names. Each checkpoint event is hard-linked the moment it is
+read (`seen`: the rotation cannot take it first); a start's file is the named one, else this
+node's copy of its bytes, else the entry's hub revision, else BytesNowhere (the launcher
+decides: RayCustodian.restore); shards and probes use this node's files and credentials; a
+passed checkpoint is pushed from here as the head's pod (the run's lease); every save goes
+up as a recovery copy (recovery.py). Owner: `NodeCheckpoints`, which NodeWorker holds.
 """
 
 from __future__ import annotations

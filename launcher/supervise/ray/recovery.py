@@ -98,12 +98,9 @@ def check_save(path: Path, gpu: int, run_id: str | None, next_token: int | None)
 
 def check_save_apart(path: Path, gpu: int, run_id: str | None, next_token: int | None,
                      timeout_s: float = CHECK_TIMEOUT_S) -> None:
-    """`check_save` in a process of its own, as a node actor must: loading torch's libraries
-    holds the interpreter for seconds (over 5 s on a loaded machine), when the actor can hear
-    no heartbeat and its fence, once it runs again, sees only silence (new actors fenced
-    themselves before their workers started, again and again: the Ray test under load).
-    ValueError, one line, as check_save. Started as every child is (launcher/child.py:
-    scrubbed of the hub's token and other secrets, which a check needs none of)."""
+    """`check_save` in a process of its own, as a node actor must: loading torch holds the
+    interpreter for seconds, when the actor hears no heartbeat and would fence itself.
+    ValueError, one line, as check_save. A scrubbed child (launcher/child.py)."""
     spec = {"path": str(path), "gpu": gpu, "run_id": run_id, "next_token": next_token}
     try:
         done = child.run(child.python_command("-m", "launcher.supervise.ray.recovery",
