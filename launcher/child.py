@@ -121,8 +121,7 @@ def child_env(base: Mapping[str, str] | None = None, keep: Collection[str] = (),
 
 
 def _die_with_parent(parent_pid: int, death_signal: int):
-    """Runs in the child before exec: `death_signal` when the launcher dies; exit if it
-    already has."""
+    """Runs in the child before exec: `death_signal` when the launcher dies (exit if it has)."""
     def hook():
         _PRCTL(PR_SET_PDEATHSIG, death_signal)
         if os.getppid() != parent_pid:

@@ -46,8 +46,7 @@ class AlertRouter:
             pass
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Deliver what is queued, for at most `timeout_s` in all (a hung webhook does not
-        hold the launcher's exit)."""
+        """Deliver what is queued, for at most `timeout_s` in all."""
         deadline = time.monotonic() + timeout_s
         for sender in self.senders:
             sender.stop()

@@ -1,8 +1,7 @@
 """`alerts:` of the pod config (docs/LAUNCHER.md, Alerts while you are away).
 
-A webhook's URL is a secret, and the config is pushed to the hub and shown by `status`, so
-the file names only the launcher's environment variable that holds it; no child process
-gets that variable.
+A webhook's URL is a secret (the config is pushed and shown), so the file names only the
+launcher's environment variable that holds it; no child gets that variable.
 """
 
 from __future__ import annotations

@@ -24,8 +24,7 @@ class Phase:
 
 
 def parse_phases(value, source: str, check_template) -> tuple[Phase, ...]:
-    """The phases `shards:` names (one for a plain pattern); `check_template(key, pattern,
-    source)` checks each pattern."""
+    """The phases `shards:` names; `check_template(key, pattern, source)` checks each."""
     if isinstance(value, str):
         check_template("shards", value, source)
         return (Phase(1, value, "phase 1"),)

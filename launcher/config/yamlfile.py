@@ -1,9 +1,8 @@
 """Reading the YAML files a person writes (fractus-pod.yaml, stages, criteria), a mistake
 reported in one line; and setting one key of such a file with the rest kept as written.
 
-Bounded: the size is capped before reading, and the parsed node graph is measured before any
-Python object is built, so an alias bomb or a document nested deep enough to overflow the
-stack is refused.
+Bounded: the size is capped before reading, and the node graph measured before any object is
+built, so an alias bomb or a stack-overflowing nesting is refused.
 """
 
 from __future__ import annotations

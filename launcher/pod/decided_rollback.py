@@ -31,8 +31,7 @@ def clear_decision(pod_dir: Path) -> None:
 
 
 def read_decision(pod_dir: Path) -> dict | None:
-    """The decided rollback a dead launcher left, else None. A damaged file is refused:
-    guessing could resume a failed GPU."""
+    """The decided rollback a dead launcher left, else None; a damaged one is refused."""
     path = pod_dir / DECIDED_ROLLBACK_FILE
     if not path.exists():
         return None

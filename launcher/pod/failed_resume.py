@@ -48,8 +48,7 @@ def set_aside(pod_dir: Path, own_file: str) -> list[str]:
 
 def start_over(pod_dir: Path, manifest: Manifest, gpu: int, own_file: str,
                stage: int | None = None) -> list[str]:
-    """Send `gpu` back to token 0 with no checkpoint (at `stage` if given), its own files set
-    aside; the names moved."""
+    """Send `gpu` to token 0, no checkpoint (at `stage`), its files set aside; the names moved."""
     moved = set_aside(pod_dir, own_file)
     entry = manifest.entries.get(gpu)
     if entry is not None:

@@ -1,7 +1,6 @@
 """Files the running launcher shares with the other commands, each with one writer:
 logs/pod_state.json (the running launcher's, read by `status`), logs/rollback_request.json
-(`rollback`'s, for the launcher whose launcher_id it names) and logs/stop_request.json
-(`stop`'s when no launcher holds the pod yet).
+(`rollback`'s, for the launcher it names) and logs/stop_request.json (`stop`'s, early).
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """The resume manifest (checkpoints/RESUME_MANIFEST_8GPU.json): read, validate, update, write.
 
-Always: written atomically, only from the workers' checkpoint events, recorded rollbacks
-and restores; a GPU's start_token never moves backwards except through a recorded rollback.
-Both layouts (current {"gpu_0": {...}}, older {"gpus": {"0": {...}}}) are written back as
-read, unknown fields in place, so the user's own readers keep working (docs/LAUNCHER.md,
-The manifest). The pod's recorded stage is derived here only.
+Always: written atomically, only from checkpoint events, recorded rollbacks and restores; a
+start_token moves backwards only through a recorded rollback. Either layout (gpu_N, older
+gpus.N) is written back as read, unknown fields in place (docs/LAUNCHER.md, The manifest).
+The pod's recorded stage is derived here only.
 """
 
 from __future__ import annotations
@@ -354,8 +353,7 @@ def event_phase(event: dict) -> int:
 
 
 def apply_rollback(manifest: Manifest, gpu: int, target: dict, stage: int) -> ManifestEntry:
-    """Set a GPU back to checkpoint-index record `target`; returns the entry it replaced
-    (the caller records the rollback in events first)."""
+    """Set a GPU back to checkpoint-index record `target`; returns the entry it replaced."""
     entry = manifest.entries.setdefault(gpu, ManifestEntry())
     before = entry.copy()
     entry.roll_back(target, stage)

@@ -158,8 +158,7 @@ class ManifestEntry:
         self._note_phase(phase)
 
     def switch_phase(self, phase: int, shard: str) -> None:
-        """To token 0 of `phase`'s `shard`, from the checkpoint it names (weights, optimizer
-        and carry continue)."""
+        """To token 0 of `phase`'s `shard`, from the checkpoint it names (all state continues)."""
         for name, value in (("start_token", 0), ("shard", shard), ("phase", phase),
                             ("updated_at", time.time())):
             self[name] = value

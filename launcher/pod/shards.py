@@ -37,8 +37,7 @@ def shard_length(path: Path) -> int:
 
 
 def header_length(path: Path) -> int | None:
-    """The length of a complete 1-D integer .npy or .pt shard from its header; None for
-    anything else."""
+    """The length of a complete 1-D integer .npy or .pt shard from its header, else None."""
     try:
         if not stat.S_ISREG(path.stat().st_mode):
             return None         # a FIFO is never opened: reading it would block
