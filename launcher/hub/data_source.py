@@ -1,13 +1,7 @@
-"""The pod config's `data:` store at work: the shard records of its pinned revision, and
-`fractus-pod data push` (the local shards uploaded once, recorded).
-
-The one record of a shard's bytes is the dataset store's own index (hub_index.json, the
-index every fractus-pod store keeps: launcher/hub/integrity.py) at the revision `data:`
-pins. It is committed in the same commit as the shards it describes, so a revision never
-records bytes it does not hold; every pod that trains on the dataset reads the same record;
-the pod itself keeps only the url and revision (a second copy of the hashes in the pod or
-its manifest could disagree with the store and would have to be pushed along).
-"""
+"""The pod config's `data:` store: shard records at its pinned revision, and `data push`.
+The one record of a shard's bytes is the dataset store's own hub index at that revision
+(committed with the shards); the pod keeps only url and revision, since a second copy of
+the hashes could disagree with the store."""
 
 from __future__ import annotations
 
@@ -32,8 +26,7 @@ def data_store(url: str, pod_dir: Path, retry: RetryPolicy) -> Store:
 
 
 def shard_paths_in_store(paths: list[str], url: str) -> list[str]:
-    """The pod-relative shard paths, which are also their paths in the dataset store (a
-    shard outside the pod has no place there)."""
+    """Pod-relative shard paths (= their store paths); UserError for one outside the pod."""
     out = []
     for path in paths:
         try:
@@ -60,9 +53,8 @@ def shard_records(store: Store, source: DataSource, paths: list[str]) -> dict[st
 
 def push_shards(pod_dir: Path, paths: list[str], url: str,
                 retry: RetryPolicy) -> tuple[DataSource, list[str]]:
-    """Upload the shards the store does not hold yet at these paths (compared by sha256) in
-    ONE revision. Returns (the data source naming the revision that records them all, the
-    shards uploaded: empty when the store held every one)."""
+    """Upload the shards the store lacks (by sha256) in ONE revision; returns (the source
+    naming a revision that records them all, the shards uploaded)."""
     paths = shard_paths_in_store(paths, url)
     absent = [p for p in paths if not (pod_dir / p).is_file()]
     if absent:

@@ -1,13 +1,7 @@
-"""logs/hub_rate.json: whether the hub is rate-limiting this pod, since when, the pushes it
-delayed, and the commits of the last hour. Written only by the hf:// store
-(launcher/hub/hf.py), read by `status` (`rate_report`, `rate_line`).
-
-One incident at a time: the first rate-limited answer opens it (event `hub_rate_limited`),
-each wait adds to it, and the next call the hub answers closes it (event
-`hub_rate_limit_ended`, with what it cost); it stays in the file as `last_incident`. Each
-line of logs/hub.log is written by launcher/hub/retry.py. Updates of one process are
-serialized; the file is replaced atomically.
-"""
+"""logs/hub_rate.json: whether the hub is rate-limiting this pod (one incident at a time:
+opened by the first rate-limited answer, closed by the next answered call, then kept as
+`last_incident`) and the commits of the last hour. Written only by the hf:// store, read by
+`status`; updates of one process are serialized, the file replaced atomically."""
 
 from __future__ import annotations
 
@@ -38,7 +32,7 @@ def _update(pod_dir: Path, change) -> dict:
 def note_wait(pod_dir: Path, what: str, seconds: float, told: float | None,
               push: str | None = None) -> None:
     """The hub rate-limited `what`; the next try waits `seconds` (`told`: the wait it named).
-    `push`: the id of the push this call belongs to (each push delayed is counted once)."""
+    `push`: the push's id (each delayed push counted once)."""
     now = time.time()
     opened: list[dict] = []
 
@@ -86,9 +80,7 @@ def note_answered(pod_dir: Path) -> None:
 
 
 def note_commit(pod_dir: Path, revision: str, repo: str) -> None:
-    """A commit landed on the hub repo `repo` (its hf:// URL): counted for
-    `commits_last_hour` (the budget is per repo: a `data push` to a dataset is not the
-    pod's)."""
+    """Count a commit on `repo` (hf:// URL; the budget is per repo, a dataset's is not the pod's)."""
     now = time.time()
 
     def change(state: dict) -> None:
@@ -113,9 +105,7 @@ def commits_last_hour(state: dict, now: float | None = None, repo: str | None = 
 
 def rate_report(pod_dir: Path, now: float | None = None,
                 repo: str | None = None) -> dict | None:
-    """What `status` shows of the hub's rate (`--json`: as is), its commits counted on
-    `repo` (the pod's hub): None when this pod never committed to an hf:// hub nor was
-    rate-limited."""
+    """What `status` shows (commits counted on `repo`); None if never committed nor limited."""
     state = read_hub_rate(pod_dir)
     if not state:
         return None
@@ -127,8 +117,7 @@ def rate_report(pod_dir: Path, now: float | None = None,
 
 
 def rate_line(report: dict, budget: int | None = None) -> str:
-    """`status`'s line: the commits of the last hour (against `budget`), and, while the hub
-    rate-limits, since when, the waits, the pushes delayed and the next try (local time)."""
+    """`status`'s line: commits of the last hour, and the open incident (local times)."""
     commits = f"{report['commits_last_hour']} commits in the last hour" + \
         (f" (budget {budget}/hour)" if budget else "")
     incident = report.get("limited")

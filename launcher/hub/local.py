@@ -8,10 +8,9 @@ Layout under the store root:
     refs/main               the head revision id
     lock                    flock(2) taken while the head moves
 
-A push writes its objects first (each via temp file + fsync + rename), then its commit record,
-then swaps `refs/main` with os.replace under the lock: a crash at any point leaves the previous
-head intact. A revision id is the sha256 of its commit record, so a damaged record is detected
-on read just like a damaged object.
+A push writes its objects, then its commit record, then swaps `refs/main` under the lock: a
+crash at any point leaves the previous head intact. A revision id is the sha256 of its commit
+record, so a damaged record is detected on read like a damaged object.
 """
 
 from __future__ import annotations
@@ -53,9 +52,7 @@ class FileStore(Store):
         super().__init__(pod_dir)
         self.root = Path(root).absolute()
         self.url = f"file://{self.root}"
-        # The indexes of the commits this store object wrote, for `files_at` right after a
-        # push (retention, the deletion's check of the head): the record it just wrote is
-        # not read and hashed again.
+        # Indexes of commits written here: `files_at` right after a push skips re-hashing.
         self._pushed: dict[str, dict[str, FileEntry]] = {}
 
     def _reserved_dirs(self) -> list[Path]:

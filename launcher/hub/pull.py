@@ -1,13 +1,7 @@
-"""`fractus-pod sync pull`: files of one hub revision into a pod directory.
-
-Into a new folder (`--from URL`, no pod config needed: the pulled config then points at
-that hub), or into a pod from its own `hub:`. A config pulled `--from` a hub goes through
-the same trust filter as `launch --from-hub` (launcher/hub/config_trust.py): one that would
-run or write anything on this machine is refused, nothing pulled, unless
-`--trust-hub-config`. The pod's live state (the manifest and every
-checkpoint it names) is never replaced by other bytes without `--force`: an old revision's
-checkpoint over the newest one would silently move a GPU back.
-"""
+"""`fractus-pod sync pull`: files of one hub revision into a pod directory (or a new folder
+with `--from URL`, through config_trust.py's filter). The manifest and the checkpoints it
+names are never replaced by other bytes without `--force`: an old revision's checkpoint over
+the newest one would silently move a GPU back."""
 
 from __future__ import annotations
 
@@ -54,8 +48,7 @@ def _refuse_overwriting_live(pod_dir: Path, config: PodConfig, wanted: list[str]
 
 
 def _refuse_untrusted(pod_dir: Path, store, revision: str, wanted: list[str], url: str) -> None:
-    """The hub's config (and its stages file, when pulled too), read in the store's scratch
-    folder, never among the pod's files: refused before anything is pulled."""
+    """Refuse an untrusted hub config (and stages) before anything is pulled; read in scratch."""
     with store.fetched(CONFIG_NAME, revision) as path:
         config = load_pod_config(path.parent)
     found = untrusted_config(config, pod_dir)
@@ -68,9 +61,8 @@ def _refuse_untrusted(pod_dir: Path, store, revision: str, wanted: list[str], ur
 
 def pull_into_pod(pod_dir: Path, url: str | None, revision: str | None, paths: list[str],
                   force: bool, trust_config: bool = False) -> tuple[str, str, dict[str, Path]]:
-    """Pull `paths` (default: every file) of `revision` (default: newest) from `url` (default:
-    the pod's `hub:`). Returns (url, revision, {path: local file}). `trust_config`: the
-    user's --trust-hub-config (a config from a hub the pod does not name is filtered)."""
+    """Pull `paths` (default: all) of `revision` (default: newest) from `url` (default: the
+    pod's `hub:`, trusted); returns (url, revision, {path: local file})."""
     config = load_pod_config(pod_dir) if (pod_dir / CONFIG_NAME).is_file() else None
     if url is None:
         if config is None:

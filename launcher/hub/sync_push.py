@@ -29,8 +29,7 @@ from launcher.pod.manifest import read_manifest
 
 
 def already_pushed(store, snap: Snapshot) -> str | None:
-    """The hub's head revision when it already holds exactly the snapshot's checkpoints and
-    manifest (a push of the same content again would only add a revision), else None."""
+    """The head when it already holds exactly the snapshot's checkpoints and manifest."""
     head = store.head()
     if head is None:
         return None
@@ -46,10 +45,8 @@ def already_pushed(store, snap: Snapshot) -> str | None:
 
 def push_now(pod_dir: Path, config: PodConfig,
              message: str) -> tuple[str, list[int], bool]:
-    """`fractus-pod sync push` with no launcher running: same snapshot, same manifest note.
-    With a launcher running the manifest is its own, so only the push happens here.
-    Returns (revision, GPUs whose hub_revision was recorded, whether it was skipped because
-    the hub's head already holds these checkpoints and this manifest)."""
+    """The launcher's push by hand (with a launcher running, only the push: the manifest is
+    its own). Returns (revision, GPUs whose hub_revision was recorded, skipped?)."""
     running = read_holder(pod_dir) is not None
     lock = None if running else PodLock(pod_dir)
     if lock is not None:

@@ -1,8 +1,5 @@
-"""logs/sync_state.json: what the hub sync did last (status shows it).
-
-Its own module: the sync policy (sync.py) and the retention step (retention.py) both write
-it, and retention.py reading it through sync.py closed an import circle between the two.
-"""
+"""logs/sync_state.json: what the hub sync did last (status shows it). Written only by
+sync.py, sync_push.py and retention.py; its own module so retention.py need not import sync.py."""
 
 from __future__ import annotations
 
