@@ -22,8 +22,7 @@ def register_secret(value: str) -> None:
 
 
 def scrub(text: str) -> str:
-    """`text` without the hub token (HF_TOKEN or the client's login cache) or anything that
-    looks like one: what goes into events, status and logs."""
+    """`text` without the hub token, the registered secrets, or anything token-like."""
     secrets = {os.environ.get("HF_TOKEN") or "", *_REGISTERED}
     try:
         from huggingface_hub import get_token   # its token lookup (~75 ms) kept off status's path

@@ -17,9 +17,8 @@ def _sleep(seconds: float) -> None:
 
 def retrying(fn: Callable[[], T], after_failure: Callable[[Exception], float],
              sleep: Callable[[float], None] | None = None) -> T:
-    """The one retry loop: call `fn` until it returns. After each failure,
-    `after_failure(exc)` either raises (gives up) or says how many seconds to wait before
-    the next try."""
+    """Call `fn` until it returns; after each failure `after_failure(exc)` raises or returns
+    the seconds to wait."""
     sleep = sleep or _sleep
     while True:
         try:
@@ -32,9 +31,8 @@ def attempts(tries: int, retry_if: Callable[[Exception], bool],
              backoff: Callable[[int], float] = lambda failures: 0.0,
              on_retry: Callable[[Exception, int], None] | None = None
              ) -> Callable[[Exception], float]:
-    """`after_failure` for `retrying`: `tries` in all. A failure `retry_if` refuses, or the
-    last one, is raised; before each retry `on_retry(exc, failures)` hears of it, and
-    `backoff(failures)` seconds are waited."""
+    """`after_failure` for `retrying`: `tries` in all; a failure `retry_if` refuses, or the
+    last, is raised; else `on_retry(exc, failures)`, then `backoff(failures)` seconds."""
     failures = 0
 
     def after_failure(exc: Exception) -> float:
