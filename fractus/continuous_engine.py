@@ -39,8 +39,7 @@ def check_token_ids(tokens: torch.Tensor, vocab_size: int) -> None:
 
 
 def _adopt_carried_shapes(module: nn.Module, state_dict, prefix: str, names) -> None:
-    """Carried buffers take the batch (and chunk) size of the incoming state dict, so a
-    plain `load_state_dict` between engines at different batch sizes works."""
+    """Carried buffers take the incoming shapes: load_state_dict works across batch sizes."""
     for name in names:
         incoming = state_dict.get(prefix + name)
         if isinstance(incoming, torch.Tensor) and incoming.shape != getattr(module, name).shape:

@@ -5,11 +5,10 @@ when their batch fits, else reset. Parameters load strictly; what construction c
 (constant buffers, a tied weight's second name) may be missing and is filled and named
 (docs/ENGINE.md, "API").
 
-Formats that load (`as_engine_checkpoint`): v1 `{"model_state", "config"}` with the v1
-TARGET keys and no vocab_size (50257 implied: EngineConfig's default); the merged brain
-(same, carried buffers dropped); fractus-pod's (plus train_state, optimizer_state); and a
-bare state_dict or config-less `{"model_state"}`, built with the caller's `config` (the
-reference uses its TARGET config).
+Formats (`as_engine_checkpoint`): v1 `{"model_state", "config"}` (v1 TARGET keys, no
+vocab_size: 50257, EngineConfig's default); the merged brain (same, no carried buffers);
+fractus-pod's (plus train_state, optimizer_state); a bare state_dict or config-less
+`{"model_state"}`, built with the caller's `config` (the reference: its TARGET config).
 """
 
 from __future__ import annotations
@@ -29,8 +28,7 @@ MAX_INFLATED_RECORD = 64 << 20
 
 
 class CheckpointLoadError(ValueError):
-    """A file that does not load as a checkpoint (truncated, corrupt, foreign, or holding
-    pickled code): one line that names the file and never advises an unsafe load."""
+    """A file that does not load: one line naming it, never advising an unsafe load."""
 
 
 def read_checkpoint(source, map_location="cpu", mmap: bool = False) -> dict:
@@ -79,8 +77,7 @@ def check_zip_directory(path) -> None:
 
 
 def state_mismatch(config: EngineConfig, state: dict) -> str | None:
-    """How `state` differs from `config`'s model in names and shapes (carried buffers aside),
-    or None; built on the meta device, so nothing is allocated."""
+    """How `state` differs from `config`'s model (names, shapes; on the meta device), or None."""
     return state_fit(config, state)[0]
 
 
@@ -146,8 +143,7 @@ def _mismatch(fixed: dict, state: dict, model: torch.nn.Module | None = None) ->
 
 
 def describe_load_error(exc: BaseException) -> str:
-    """Why a weights-only load failed, in one line; never repeats torch's advice to use
-    weights_only=False (running the file's code)."""
+    """Why a weights-only load failed, in one line, without torch's weights_only=False advice."""
     import pickle
     if isinstance(exc, pickle.UnpicklingError):
         return ("refused: it holds pickled objects or code that a weights-only load does not "

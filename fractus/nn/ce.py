@@ -210,7 +210,6 @@ def _mean_ce_grad_logits(x, target, row_sum, n_rows, piece_logits) -> torch.Tens
 def chunked_cross_entropy(h: torch.Tensor, W: torch.Tensor, targets: torch.Tensor,
                           ce_chunk: int) -> torch.Tensor:
     """Mean cross-entropy of `h @ W.T` against `targets`, `ce_chunk` rows at a time.
-
     h: (N, d) or (B, C, d); targets: ids shaped like h without its last dim, in [0, V) (no
     ignore_index); `ce_chunk <= 0` or `>= N`: one piece. Peak: one piece of logits (two
     under autocast). Gradients are kept, (N, d) + (V, d), from this call to backward: one
@@ -237,7 +236,6 @@ def sample_tokens_chunked(h: torch.Tensor, W: torch.Tensor, temperature: float,
                           ce_chunk: int, generator: torch.Generator | None = None
                           ) -> torch.Tensor:
     """One token per row from softmax(h @ W.T / temperature), `ce_chunk` rows at a time.
-
     h: (N, d) or (B, C, d) -> int64 (N,) or (B, C); same `generator` state, same tokens. A
     row of non-finite or zero total weight: FloatingPointError on CPU, a device-side assert
     elsewhere (no sync)."""

@@ -2,14 +2,11 @@
 
 File format, a superset of the legacy file (legacy tools keep working):
 
-    {"model_state": state_dict,          # as v1 (no "_orig_mod." prefix), carried state
-                                         # included; train_state.carry_batch is its batch
-     "config": {...engine keywords..., "gpu", "boost", "batch", "lr", "ss_rate",
-                "tokens_processed"},
+    {"model_state": state_dict,      # as v1 (no "_orig_mod."), carried state included
+     "config": {...engine keywords, "gpu", "boost", "batch", "lr", "ss_rate", "tokens_processed"},
      "optimizer_state": SGD state_dict,  # momentum buffers
-     "train_state": {"format", "next_token", "step", "ema_tf", "ema_ss", "rng": {...},
-                     "carry_batch", "settings", "version", "shard", "phase", "saved_at",
-                     "gpu", "run_id"}}
+     "train_state": {"format", "next_token", "step", "ema_tf", "ema_ss", "rng", "carry_batch",
+                     "settings", "version", "shard", "phase", "saved_at", "gpu", "run_id"}}
 
 Rotation: `fractus_1b_gpu{i}.pt` is always the newest; older ones are `.pt.1`, `.pt.2`, ...
 up to SAVE_KEEP files in all; the suffix keeps them out of legacy uploaders' `*.pt` globs.
@@ -66,8 +63,7 @@ class _HashingWriter:
 
 
 def all_finite(state: dict) -> bool:
-    """Every floating tensor finite? aminmax propagates NaN and keeps +-inf: 10x faster than
-    isfinite().all() on CPU, one device sync in all."""
+    """Every floating tensor finite? (aminmax: 10x faster than isfinite().all() on CPU.)"""
     extremes = [torch.stack(torch.aminmax(t.detach())).float() for t in state.values()
                 if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()]
     return not extremes or bool(torch.isfinite(torch.cat(extremes)).all())
@@ -153,8 +149,7 @@ def remove_stale_temps(path: str | os.PathLike) -> None:
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict:
-    """Memory-mapped, weights-only load onto the CPU; a bare state_dict comes back with
-    "config": None (the caller's MODEL decides). CheckpointLoadError if it does not load."""
+    """Memory-mapped weights-only CPU load; a bare state_dict gets "config": None (MODEL's)."""
     ck = read_checkpoint(path, mmap=True)
     if is_bare_state_dict(ck):     # v1 loaded these too (`ck.get("model_state", ck)`)
         return {"model_state": ck, "config": None}

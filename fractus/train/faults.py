@@ -1,9 +1,8 @@
 """Fault injection for tests of the worker and its supervisor. Off unless FRACTUS_FAULT is set.
 
-`FRACTUS_FAULT=<kind>@<step>` fires once, before global step `<step>` (1-based, counted
-across resumes). The kinds (KINDS): docs/WORKER.md, "Fault injection (tests only)". Each
-drives the worker's real path (non-finite, OOM, crash handler, compile fallback, kill at
-the worst moment), never a simulation of it.
+`FRACTUS_FAULT=<kind>@<step>` fires once, before global step `<step>` (1-based, across
+resumes), and drives the worker's real path (non-finite, OOM, crash, compile fallback, a
+kill at the worst moment). The kinds: docs/WORKER.md, "Fault injection (tests only)".
 """
 
 from __future__ import annotations
@@ -67,8 +66,7 @@ class FaultInjector:
             os.kill(os.getpid(), signal.SIGKILL)
 
     def save_write_hook(self, step: int):
-        """For the checkpoint of `step`: None, or a hook on the temp file's byte count that
-        never returns once bytes are written (save_checkpoint's `on_write`)."""
+        """None, or for `step`'s save an `on_write` hook that hangs once bytes are written."""
         if not self._fires("save_hang", step):
             return None
 

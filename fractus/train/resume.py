@@ -1,7 +1,6 @@
 """Where a worker starts: a fresh model, a legacy weights-only file, or a full checkpoint.
 
-All checks here run before the worker writes anything; a user mistake raises SettingsError
-(one line, exit code 2).
+Every check runs before the worker writes anything (SettingsError: one line, exit 2).
 """
 
 from __future__ import annotations

@@ -35,8 +35,7 @@ class NonFiniteError(RuntimeError):
 
 
 def read_finite(step: int, watched: dict, grad_norm: torch.Tensor) -> dict:
-    """The watched scalars and "grad_norm" (last) as floats in one host sync; NonFiniteError
-    unless all finite (its share of a step: benchmarks/bench_engine.py)."""
+    """Watched scalars + "grad_norm" (last), one host sync; NonFiniteError unless all finite."""
     tensors = [t.detach().float().reshape(()) for t in watched.values()]
     numbers = torch.stack(tensors + [grad_norm.detach().float().reshape(())]).tolist()
     values = dict(zip([*watched, "grad_norm"], numbers))

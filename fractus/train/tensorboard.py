@@ -23,8 +23,8 @@ FLUSH_SECS = 5      # a line reaches the file within this (TensorBoard polls its
 
 
 class EventFile:
-    """One TensorBoard event file in `run_dir`, written synchronously: `write(event)` buffers
-    a record (an OSError, e.g. ENOSPC, raises here), flushed every FLUSH_SECS and at close."""
+    """One event file in `run_dir`; `write` buffers (an OSError raises here), flushed every
+    FLUSH_SECS and at close."""
 
     def __init__(self, run_dir: str | os.PathLike):
         from tensorboard.compat.proto.event_pb2 import Event

@@ -40,8 +40,7 @@ def ema(previous: float | None, value: float) -> float:
 
 
 class StoppedBeforeProgress(BaseException):
-    """A stop before this run's first step completed (not an Exception: no crash handler
-    may take it for a failure)."""
+    """A stop before the first step (a BaseException: no crash handler takes it)."""
 
 
 class StopSignal:
@@ -170,8 +169,7 @@ class Worker:
                   f"(next_token={numbers['next_token']})", flush=True)
 
     def _settle_saves(self) -> None:
-        """Let the save in flight (a good step's state) land before an abnormal exit is
-        reported, so its event comes first."""
+        """Land the save in flight before an abnormal exit is reported: its event first."""
         if self.saver is None:
             return
         try:
@@ -225,8 +223,7 @@ class Worker:
         self.trainer.uncompile()
 
     def _check_recompiles(self) -> None:
-        """A `compile` event `recompiled` when dynamo's counts move after the first compiled
-        step (a guard failed: the step is not the one measured)."""
+        """A `compile` event `recompiled` when dynamo's counts move after the first step."""
         if not (self.trainer.compiled and self.compile_checked):
             return
         counts = self.trainer.compile_counts()
@@ -378,8 +375,7 @@ class Worker:
         return WorkerExitCode.OK
 
     def _disk_full(self, exc: OSError) -> int:
-        """No space left: one line saying so (the previous checkpoint stays the last good
-        one: saves are atomic), as an event if the metrics file can still take it."""
+        """Disk full: one line, as an event too if the metrics file can take it."""
         message = describe_disk_full(self.ckpt_out, exc)
         try:
             self.log.event("error", message=message, exit_code=WorkerExitCode.DISK_FULL)
