@@ -1,5 +1,4 @@
 """The stage canary: prove stage N continues stage M's curve before the pod switches.
-
 Nothing here switches: the caller switches only when `result.passed`. Writes only under the
 pod's `scratch/canary/` and CANARY_FILE; reads the pod's files only through the PodFiles
 it is given. From one GPU's checkpoint, the real worker runs K steps with stage M's
@@ -48,7 +47,6 @@ def read_canary_state(pod_dir: Path) -> dict | None:
     return read_json_state(pod_dir / CANARY_FILE) or None
 
 
-# ---- results ------------------------------------------------------------------------------
 @dataclass
 class CanaryResult:
     passed: bool
@@ -68,11 +66,9 @@ class CanaryResult:
     out_of_memory: bool = False      # stage N's run did not fit (its worker's oom exit)
 
     def to_dict(self) -> dict:
-        """JSON-ready, e.g. the fields of a `canary` event in logs/events.jsonl."""
         return asdict(self)
 
 
-# ---- planning and running ----------------------------------------------------------------
 @dataclass(frozen=True)
 class ResumePoint:
     checkpoint: str | None       # relative to the pod dir (or absolute); None: a fresh model
@@ -179,8 +175,7 @@ def _kill(run: _Run) -> None:
 
 def _wait(run: _Run, deadline: float, watch=None,
           should_stop: Callable[[], str | None] = lambda: None) -> None:
-    """Until the run exits, the deadline, or a stop (killed at once: it writes only scratch);
-    `watch()` every WATCH_S."""
+    """Until exit, deadline or a stop (killed at once: it writes only scratch); `watch()`s."""
     while True:
         left = deadline - time.monotonic()
         try:

@@ -56,7 +56,6 @@ def _row(step: int, ref: dict, new: dict, ok: bool) -> StepComparison:
 
 def compare_exact(ref: list[dict], new: list[dict], tol: Tolerance, steps: int,
                   names: tuple[str, str] = ("stage M", "stage N")) -> tuple[bool, str, list]:
-    """Per-step tf, lb and grad_norm of `new` against `ref` (the two runs' metrics)."""
     a, b = names
     ref, by_step = metrics_lines(ref), {r["step"]: r for r in metrics_lines(new)}
     if len(ref) < steps:
@@ -89,8 +88,7 @@ def compare_exact(ref: list[dict], new: list[dict], tol: Tolerance, steps: int,
 def compare_approximate(ref: list[dict], new: list[dict], criteria: Criteria, steps: int,
                         max_ema_tf_rise: float, resume_ema_tf: float | None = None,
                         names: tuple[str, str] = ("stage M", "stage N")) -> tuple[bool, str, list]:
-    """The trusted-loss checks on `new` (records incl. events) over K steps, then its last
-    ema_tf against the reference run's."""
+    """The trusted-loss checks on `new` over K steps, then its last ema_tf against `ref`'s."""
     a, b = names
     ref_m, new_m = metrics_lines(ref), metrics_lines(new)
     rows = [_row(r["step"], r, n, ok=_finite(n.get("tf"), n.get("lb")))

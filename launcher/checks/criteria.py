@@ -1,8 +1,7 @@
 """`checks:`, `supervision:` and `peers:` of manifests/trusted_loss.yaml typed, and
-`typed_section`, the builder of every section of that file.
-
-No field has a default in code (a missing key takes the shipped file's value,
-shipped_defaults.py) and unknown keys are refused, so a typo never disables a check.
+`typed_section`, the builder of every section of that file. No field has a default in code
+(a missing key takes the shipped file's value, shipped_defaults.py) and unknown keys are
+refused, so a typo never disables a check.
 """
 
 from __future__ import annotations

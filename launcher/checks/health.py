@@ -1,9 +1,8 @@
-"""Trusted-loss health checks over one GPU's metrics records (no I/O, no clocks).
-
-A verdict depends only on the records: the clock is the worker's `step`, relative to the
-first seen at this stage. Each check measures every `interval` steps after `initialDelay`,
-counts failures against `failureLimit` and ends Successful, Failed or Inconclusive once the
-stage window is covered (Argo Rollouts analysis semantics).
+"""Trusted-loss health checks over one GPU's metrics records (no I/O, no clocks): the clock
+is the worker's `step`, relative to the first seen at this stage. Each check measures every
+`interval` steps after `initialDelay`, counts failures against `failureLimit` and ends
+Successful, Failed or Inconclusive once the stage window is covered (Argo Rollouts analysis
+semantics).
 """
 
 from __future__ import annotations
@@ -22,8 +21,8 @@ FINITE_FIELDS = ("tf", "ema_tf", "ss", "ema_ss", "lb", "grad_norm")
 # The worker writes non-finite floats as null (strict JSON). These are always measured, so
 # a null there means NaN/Inf; ss/ema_ss are null when no scheduled-sampling pass ran yet.
 ALWAYS_PRESENT = ("tf", "ema_tf", "lb", "grad_norm")
-# The checks whose baseline is the loss/lb curve so far: at a data phase switch the curve
-# changes with the data, so these start over there as at a new stage (new_phase).
+# Their baseline is the curve so far, which changes with the data: they start over at a
+# data phase switch (new_phase).
 CURVE_CHECKS = ("trend", "lb_band", "loss_spike")
 
 
@@ -117,7 +116,6 @@ class GpuHealth:
                                  if n != "continuity")
         self.start(resume_ema_tf)
 
-    # ---- inputs -------------------------------------------------------------------
     def start(self, resume_ema_tf: float | None) -> None:
         """A worker (re)started from a checkpoint whose ema_tf was `resume_ema_tf`."""
         self._resume_ema_tf = resume_ema_tf
@@ -157,7 +155,6 @@ class GpuHealth:
             self.fail("oom", f"oom event at step {record.get('step')}")
 
     def feed(self, record: dict) -> None:
-        """One metrics record: {"step", "tf", "ema_tf", "ss", "ema_ss", "lb", ...}."""
         step = int(record.get("step", 0))
         if self.base_step is None:
             self.base_step = step
@@ -183,8 +180,7 @@ class GpuHealth:
             self.verified_step = step
 
     def close_out(self) -> None:
-        """The run ended cleanly: measure each due periodic check once more on the newest
-        line, so the steps since its last tick are judged, not left unjudged."""
+        """Clean end: each due periodic check measures the newest line, so no step is unjudged."""
         record, rel = self._latest, self.rel_step
         if not record or rel is None or self.failed() or not _finite(record).ok:
             return
@@ -203,7 +199,6 @@ class GpuHealth:
         if all_ok and not self.failed() and (measured or not self._has_periodic):
             self.verified_step = step
 
-    # ---- measurements -------------------------------------------------------------
     def _measure(self, name, check, record, rel, finite) -> Measurement | None:
         if name == "finite":
             return finite
@@ -294,7 +289,6 @@ class GpuHealth:
             # A spike is judged against the window before it, so append after measuring.
             self._tf_window.append(record["tf"])
 
-    # ---- outputs ------------------------------------------------------------------
     def failed(self) -> bool:
         """Cheap, for every line (verdict() builds the full report)."""
         return any(c.forced_failure or c.failures > c.spec.failureLimit

@@ -1,17 +1,10 @@
 """Each GPU judged against its peers: a straggler (slow) or a loss outlier (off the pack).
 
 Catches what a GPU's own checks pass (30 % slower than its peers, a loss drifting inside
-its own band). Over the last `windowLines` metrics lines of every GPU (criteria `peers:`):
-
-  straggler     its median tok_s < fraction x the median of the other GPUs' medians
-                (leave-one-out: the slow GPU does not pull the bar down for itself)
-  loss outlier  |ema_tf - m| / max(1.4826 x MAD, minDeviation) > k, with m the median of
-                the other GPUs' newest ema_tf and MAD their median absolute deviation
-                from m (1.4826 x MAD estimates one standard deviation of a normal spread;
-                median and MAD ignore one bad peer where mean and std would not)
-
-No verdict with fewer than `minGpus` GPUs holding a full window. A GPU's window restarts with
-its worker (the first lines after a load are not its speed).
+its own band). Leave-one-out medians; the loss outlier's deviation is 1.4826 x MAD (one
+normal sigma; median and MAD ignore one bad peer where mean and std would not). A GPU's
+window restarts with its worker (the first lines after a load are not its speed).
+Thresholds: docs/LAUNCHER.md "Health checks", **Peers**.
 """
 
 from __future__ import annotations
@@ -42,7 +35,6 @@ class Outlier:
                 "window": self.window}
 
     def mark(self) -> str:
-        """The status mark: what is off, by how much."""
         if self.kind == STRAGGLER:
             return (f"straggler: {self.value:,.0f} tok/s, below {self.threshold:,.0f} "
                     f"(peers' median {self.median:,.0f})")
@@ -63,7 +55,6 @@ class PeersCheck:
         self.loss: dict[int, float] = {}
 
     def restart(self, gpu: int) -> None:
-        """`gpu`'s worker (re)started: its window begins again."""
         self.speed.pop(gpu, None)
         self.loss.pop(gpu, None)
 

@@ -23,5 +23,4 @@ class PodFiles:
 
     @property
     def criteria(self) -> Criteria:
-        """The health checks, the supervision policy and the peers of the criteria file."""
         return self.trusted.criteria

@@ -1,13 +1,11 @@
-"""The AR probe (fractus/eval/probe.py) as a health check: its verdict against the stage's
-baseline AR, from the probe's result alone; a probe that crashes, hangs or cannot read its
-files is Inconclusive. It runs in a child process, so training never waits for it and no
-probe takes the launcher down.
-
-The allowed rise is k standard errors of the window noise, sigma = s * sqrt(1/R_b + 1/R_c)
-(s: the spread of the baseline's R_b windows; R_c: the probe's), never below a floor; a
-free run off-manifold (AR > ln(V), ARacc <= offManifoldAcc) from a measured baseline that
-beat ln(V) fails whatever the rise. Why, the verdict table and measurements: docs/CANARY.md
-"The AR probe verdict".
+"""The AR probe (fractus/eval/probe.py) as a health check, judged from its result alone; a
+probe that crashes, hangs or cannot read its files is Inconclusive. It runs in a child
+process, so training never waits for it and no probe takes the launcher down. The allowed
+rise is k standard errors of the window noise, sigma = s * sqrt(1/R_b + 1/R_c) (s: the
+spread of the baseline's R_b windows; R_c: the probe's), never below a floor; a free run
+off-manifold (AR > ln(V), ARacc <= offManifoldAcc) from a measured baseline that beat ln(V)
+fails whatever the rise. Why, the verdict table and measurements: docs/CANARY.md "The AR
+probe verdict".
 """
 
 from __future__ import annotations
@@ -36,8 +34,7 @@ class Baseline:
 
     @classmethod
     def of(cls, value) -> "Baseline | None":
-        """From a number (no noise known), a ProbeResult or its dict, a recorded baseline,
-        or None."""
+        """From a number (no noise known), a ProbeResult or its dict, a record, or None."""
         if value is None or isinstance(value, Baseline):
             return value
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -109,9 +106,8 @@ class ProbeTolerance:
 
 @dataclass(frozen=True)
 class ProbeSchedule:
-    """Every `every`-th new checkpoint of each GPU (0 = never), at most `parallel` probes
-    across the pod, each killed after `timeout_s` (Inconclusive), on `rows` windows (None:
-    the probe's default)."""
+    """Every `every`-th checkpoint of a GPU (0 = never), `parallel` at most across the pod,
+    killed after `timeout_s` (Inconclusive), on `rows` windows (None: the probe's default)."""
     every: int
     parallel: int
     timeout_s: float
@@ -119,7 +115,6 @@ class ProbeSchedule:
 
 
 def parse_probe(section, path: Path) -> tuple[ProbeTolerance, ProbeSchedule]:
-    """The `probe:` section of the criteria file (over the shipped one's)."""
     where = f"{path}: probe"
     if not isinstance(section, dict):
         raise UserError(f"{where}: expected a mapping, got {section!r}")

@@ -1,7 +1,6 @@
 """The AR probe as one of the supervisor's health checks: neither the workers nor the poll
-loop ever wait for a probe, and a failed probe's checkpoint is never restored.
-
-Owns checkpoints/probe/: a queued checkpoint is hard-linked there (rotation and pruning may
+loop ever wait for a probe, and a failed probe's checkpoint is never restored. Owns
+checkpoints/probe/: a queued checkpoint is hard-linked there (rotation and pruning may
 delete every other name for it first), each hold under a name of its own, so a probe that
 ends after a rollback removes its own link, never the new stage's. At most one probe per
 GPU in flight, `probe.parallel` across the pod (a CPU probe holds its weights in host
@@ -82,7 +81,6 @@ class ProbeMonitor:
         result dict, or raises ProbeUnavailable."""
         self.nodes = nodes
 
-    # ---- inputs -------------------------------------------------------------------
     def start_stage(self, stage: int, resume: dict[int, tuple[str | None, str]],
                     heads: dict[int, int] | None = None) -> None:
         """A stage (re)starts: `resume` maps each GPU to (checkpoint resumed from or None,
@@ -107,9 +105,8 @@ class ProbeMonitor:
             self.gpus[gpu] = probes
 
     def start_phase(self, gpu: int, checkpoint: str, shard: str) -> None:
-        """`gpu` switched data phase: `checkpoint` (the end of the phase before) probed on
-        `shard` from token 0 is the new phase's baseline (held at once: the worker rewrites
-        the file at its first save)."""
+        """`checkpoint` (the phase before's end) probed on `shard` from token 0 is the new
+        phase's baseline (held at once: the worker rewrites the file at its first save)."""
         probes = self.gpus.setdefault(gpu, _GpuProbes())
         if shard in probes.baselines:
             return
@@ -155,7 +152,6 @@ class ProbeMonitor:
         return True
 
     def probing(self, gpus) -> int:
-        """How many of `gpus` still have a probe running or waiting."""
         return sum(1 for gpu in gpus if (p := self.gpus.get(gpu)) and (p.in_flight or p.waiting))
 
     def widen_for_finish(self, probes_due: int, checkpoint_bytes: int) -> int:
@@ -176,8 +172,7 @@ class ProbeMonitor:
         probes.waiting.append(request)
 
     def _hold(self, gpu: int, checkpoint: str, sha256: str | None) -> str | None:
-        """Our own hard link to `checkpoint` (the path itself where links fail; on the
-        nodes, their name); None when the file is gone."""
+        """Our own hard link (else the path itself; on nodes, their name); None: file gone."""
         if self.nodes is not None:
             return self.nodes.hold(gpu, checkpoint, sha256)
         source = self.pod_dir / checkpoint
@@ -200,7 +195,6 @@ class ProbeMonitor:
         if self.nodes is None and request.checkpoint.startswith(PROBE_DIR + "/"):
             (self.pod_dir / request.checkpoint).unlink(missing_ok=True)
 
-    # ---- the poll ---------------------------------------------------------------------
     def poll(self) -> list[ProbeOutcome]:
         """Judge the probes that finished since the last poll, then start waiting ones."""
         outcomes = []

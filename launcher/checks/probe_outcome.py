@@ -57,9 +57,8 @@ class ProbeOutcome:
 
 
 def apply_outcome(outcome: ProbeOutcome, health: GpuHealth) -> str | None:
-    """Failed: fails the GPU's stage and returns why (the probed checkpoint and every newer
-    one are to be failed). Otherwise a `probe` measurement (a stage whose probes never ran
-    stays Inconclusive); None."""
+    """Failed: fails the GPU's stage, returns why (that checkpoint and newer ones are to fail).
+    Otherwise a `probe` measurement (no probe ever run keeps it Inconclusive); None."""
     if outcome.status == BASELINE:
         return None
     reason = f"{outcome.reason} ({outcome.request.checkpoint})"

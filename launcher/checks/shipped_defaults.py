@@ -19,9 +19,8 @@ def _shipped() -> dict:
 
 
 def with_shipped_defaults(data):
-    """`data` over the shipped file, key by key: what the user wrote wins (an explicit null
-    value too; a null section means the shipped section). A non-mapping is returned as is,
-    for the section parsers to refuse."""
+    """`data` over the shipped file, key by key: the user's wins (a null value too; a null
+    section means the shipped one). A non-mapping is returned for the parsers to refuse."""
     return _overlay(copy.deepcopy(_shipped()), data)
 
 

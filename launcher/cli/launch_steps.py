@@ -48,7 +48,6 @@ from launcher.supervise.supervisor import Supervisor
 
 @dataclass(frozen=True)
 class LaunchOptions:
-    """`launch`'s options, as parsed (launcher/cli/launch.py)."""
     pod_dir: Path
     stage: int | None
     gpus: str | None
@@ -102,15 +101,13 @@ def split_max_time(launch: Launch) -> None:
 
 
 def refuse_hub_only_without_hub(launch: Launch) -> None:
-    """--no-hub on a Ray pod whose checkpoints only the hub holds: refused before the
-    cluster is reached."""
+    """--no-hub on a Ray pod whose checkpoints only the hub holds: refused."""
     if launch.options.no_hub and launch.plan.ckpts_on_hub:
         raise UserError(_hub_only_refusal(launch.plan, launch.manifest,
                                           bool(launch.options.from_hub)))
 
 
 def reach_the_devices(launch: Launch) -> None:
-    """The Ray cluster answers, else this machine has the CUDA devices named."""
     plan = launch.plan
     if plan.ray is not None:
         refuse_unreachable(plan.ray)
@@ -146,7 +143,6 @@ def get_the_shards(launch: Launch) -> None:
 
 
 def open_the_records(launch: Launch) -> None:
-    """The event log and checkpoint index the steps after this one record to."""
     launch.events = EventLog(launch.plan.pod_dir,
                              mirror=_mirrors(launch.plan.pod_dir, launch.alerting))
     launch.index = CheckpointIndex(launch.plan.pod_dir)
@@ -306,14 +302,12 @@ def supervise(launch: Launch, lock: PodLock, stop: EarlyStop) -> int:
 
 
 def _mirrors(pod_dir: Path, alerting) -> Mirrors:
-    """EventLog's mirrors: TensorBoard, and the alerts when `alerting` is set."""
     return Mirrors(EventsToTensorBoard(pod_dir),
                    AlertRouter(pod_dir, *alerting) if alerting is not None else None)
 
 
 def _rebuild(options: LaunchOptions) -> Rebuilt:
-    """Fill the empty pod directory from one pinned hub revision (for Ray, without the
-    weights); not yet the run's writer."""
+    """The empty pod filled from one hub revision (Ray: no weights); not yet the writer."""
     with _hub_errors():
         return rebuild_from_hub(options.pod_dir, options.from_hub, options.revision,
                                 options.ray_address is not None, options.trust_hub_config,

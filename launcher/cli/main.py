@@ -1,9 +1,6 @@
-"""`fractus-pod`: the command group. A command's module is imported only when that command
-runs (or shows its own help), so `fractus-pod --help` imports none and lists COMMANDS.
-
-Every user mistake (bad file, bad option, busy pod) is one line on stderr and exit code 2,
-with nothing started. `launch` exits 0 when the pod stopped or finished, 1 when it FAILED
-or when the stage canary refused the switch.
+"""`fractus-pod`: the command group; a command's module is imported only when it runs or
+shows its help. Every user mistake is one line on stderr, exit 2, nothing started; `launch`
+exits 0 when the pod stopped or finished, 1 when it FAILED or the canary refused.
 """
 
 from __future__ import annotations
@@ -17,8 +14,8 @@ from fractus import __version__
 from launcher.cli.options import POD_DIR_HELP
 from launcher.errors import Refused, UserError
 
-# command -> (the module that defines it under that name, its short help: `fractus-pod
-# --help` lists it without importing the module; tests/test_cli_lazy.py holds the two equal)
+# command -> (its module, its short help for `--help` without the import; test_cli_lazy.py
+# holds the two equal)
 COMMANDS = {
     "adopt": ("launcher.cli.adopt", "Take over this run directory unchanged: find its "
               "manifests, checkpoints and shards, hash them, write fractus-pod.yaml naming "
@@ -52,7 +49,6 @@ COMMANDS = {
 
 
 class LazyGroup(click.Group):
-    """click's lazy group: commands are looked up in COMMANDS and imported when asked for."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)

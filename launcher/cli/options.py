@@ -60,8 +60,7 @@ class _DelayedFileHandler(logging.FileHandler):
 
 
 def pod_dir_option(command):
-    """`--pod-dir` after the subcommand too, where people type every other option; it
-    overrides the group's."""
+    """`--pod-dir` after the subcommand too (people type it there); overrides the group's."""
     def remember(ctx: click.Context, _param, value: str | None) -> None:
         if value is not None:
             ctx.obj["pod_dir"] = value
@@ -70,8 +69,7 @@ def pod_dir_option(command):
 
 
 def trust_hub_config_option(source_flag: str):
-    """`--trust-hub-config` of `launch --from-hub` and `sync pull --from` (one check,
-    hub/config_trust.py)."""
+    """`--trust-hub-config` of `launch --from-hub` and `sync pull --from`."""
     return click.option(
         "--trust-hub-config", is_flag=True,
         help=f"With {source_flag}: take the hub config's worker command, env, paths outside the "

@@ -107,8 +107,7 @@ def manual_rollback(pod_dir: Path, to_stage: int, gpus: list[int]) -> str:
 
 def _start_over(pod_dir: Path, config, manifest, index, events, gpu: int,
                 to_stage: int) -> str:
-    """A GPU none of whose checkpoints passed: to token 0, its files set aside, as an
-    automatic failure does."""
+    """No checkpoint of the GPU passed: to token 0, its files set aside, as automatic does."""
     for record in index.for_gpu(gpu):
         if record["verdict"] != FAILED:
             index.mark(gpu, record["sha256"], FAILED, "rolled back by hand")
@@ -140,9 +139,6 @@ def _refuse_going_up(pod_dir: Path, config, to_stage: int, running: bool) -> Non
         raise UserError(f"--to-stage {to_stage} is above the pod's stage {current}: rollback "
                         f"only goes down; to go up, `fractus-pod launch --stage {to_stage}` "
                         f"(it runs the stage canary first)")
-
-
-# ---- the AR probe (`fractus-pod probe`) -----------------------------------------------
 
 
 class ProbeFailed(RuntimeError):
@@ -193,8 +189,7 @@ def _probe_files(pod_dir: Path, config, gpu: int | None, checkpoint: str | None,
 
 
 def _shard_head(pod_dir: Path, config, shard_path: Path) -> tuple[int, str]:
-    """(head, what it is) for a checkpoint with no train head: the manifest head of the GPU
-    training on `shard_path`, else 0."""
+    """(head, what) without a train head: the head of the GPU training on it, else 0."""
     try:
         manifest = read_manifest(pod_dir / config.manifest)
         gpus = {s.gpu for s in parse_devices(config.devices)} | set(manifest.entries)

@@ -1,5 +1,4 @@
 """The goodput ledger: how much of the paid GPU time trained, and what each incident cost.
-
 Pure: one sweep over time per GPU of the records the pod already writes (events and
 METRICS lines). Every second of a launcher session goes to exactly one bucket (CAUSES, or
 trained), so trained + lost = wall time per GPU by construction. Computed on demand, never
@@ -251,8 +250,7 @@ def ledger_of(events: list[dict], lines: dict[int, list[tuple]], now: float | No
 
 
 def _sweep(gpu: int, stream: list[tuple]) -> GpuLedger:
-    """One GPU's time-ordered records: each span [since, ts] goes to the bucket of its
-    state (a crash's or rollback's backoff counts as load)."""
+    """Each span [since, ts] of one GPU's records to its state's bucket (backoff: load)."""
     led = GpuLedger(gpu)
     lost = led.lost_s
     state, since = _OUT, 0.0

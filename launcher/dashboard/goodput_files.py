@@ -25,8 +25,7 @@ _METRICS_LINE = re.compile(rb'\{"type": "metrics", "ts": ([0-9.eE+-]+), "gpu": -
 
 
 class MarksTail:
-    """The marks of one METRICS file, read incrementally (a long run's hold hundreds of
-    thousands of lines); a new or truncated file is read again from the start."""
+    """One METRICS file's marks, read incrementally (a new or truncated file: from 0)."""
 
     def __init__(self, path: Path):
         self.path = path

@@ -50,7 +50,6 @@ def render_text(pod: str, ledger: dict, events: list[dict]) -> str:
 
 
 def _columns(rows: list) -> list[str]:
-    """Rows as indented lines, each column as wide as its widest cell."""
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
     return ["  " + "  ".join(f"{str(c):<{w}}" for c, w in zip(row, widths)).rstrip()
             for row in rows]

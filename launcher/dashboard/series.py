@@ -20,7 +20,6 @@ METRICS_FILE = re.compile(r"metrics_gpu(\d+)\.jsonl$")
 
 
 def metrics_files(pod_dir: Path) -> dict[int, Path]:
-    """GPU -> its METRICS file, for every file the workers left under logs/."""
     found = {}
     for path in pod_dir.glob(metrics_path("*")):
         match = METRICS_FILE.search(path.name)
@@ -34,9 +33,8 @@ def _number(value) -> float:
 
 
 class GpuSeries:
-    """One GPU's metrics lines as columns: ts, step, next_token and each of CURVES (NaN for
-    null), plus a row at each worker start: its ts and the token it starts from, NaN
-    elsewhere."""
+    """One GPU's metrics lines as columns: ts, step, next_token, *CURVES (null: NaN); a
+    worker start is a row with only ts and next_token."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -98,8 +96,7 @@ class GpuSeries:
         return float(self.columns[0, -1]) if len(self) else None
 
     def trained(self) -> tuple[np.ndarray, np.ndarray]:
-        """(ts, tokens trained so far) per row, over all runs; only grows (a rollback does
-        not count back)."""
+        """(ts, tokens trained so far) per row, over all runs; only grows."""
         cols = self.columns
         starts = np.isnan(cols[1])
         token = cols[2]
@@ -136,7 +133,6 @@ def downsample(x: np.ndarray, y: np.ndarray, max_points: int,
 
 
 class PodSeries:
-    """Every GPU's GpuSeries; new GPUs' files are picked up on refresh."""
 
     def __init__(self, pod_dir: Path):
         self.pod_dir = pod_dir

@@ -3,11 +3,9 @@
 GET /            the page (static/index.html: uPlot, vendored, no build step)
 GET /static/NAME one of the files shipped in static/
 GET /api/data?points=N&x=tokens|time&version=V
-                 everything the page draws (curves downsampled to about N points), or
-                 only {"version": V, "unchanged": true} while nothing shown changed, so an
-                 idle pod costs a few stat calls per poll.
-
-It only reads the pod's files, and every answer goes through `status`'s token scrub.
+                 everything the page draws, or only {"version": V, "unchanged": true}
+                 while nothing changed (an idle pod costs a few stat calls per poll).
+It only reads the pod's files; every answer goes through `status`'s token scrub.
 """
 
 from __future__ import annotations
@@ -51,8 +49,7 @@ class DashboardData:
         self._lock = threading.Lock()
 
     def version(self) -> str:
-        """Changes whenever a file the page shows changes (size or mtime), and every
-        TABLE_REFRESH_S seconds."""
+        """Changes with any shown file's size or mtime, and every TABLE_REFRESH_S."""
         paths = [self.pod_dir / rel for rel in WATCHED]
         paths += list(metrics_files(self.pod_dir).values())
         paths.append(self.pod_dir / self.config.manifest)

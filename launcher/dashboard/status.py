@@ -274,8 +274,7 @@ def _sync_report(pod_dir: Path, config: PodConfig) -> dict | None:
 
 
 def _held(tokens: dict | None) -> str:
-    """How far the last push goes per GPU (a row whose checkpoint is unverified shows no
-    hub rev)."""
+    """How far the last push goes per GPU (an unverified row shows no hub rev)."""
     if not tokens:
         return ""
     return ", holding " + " ".join(f"gpu{g}@{int(t):,}" for g, t in
@@ -294,8 +293,7 @@ def _rounded(value):
 
 
 class StatusView:
-    """Laid out at render time, so `status --watch` follows a resized terminal; `wide`:
-    every column in full."""
+    """Laid out at render time: `status --watch` follows a resized terminal."""
 
     def __init__(self, report: dict, wide: bool = False):
         self.report, self.wide = report, wide

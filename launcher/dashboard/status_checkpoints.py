@@ -17,7 +17,6 @@ TAIL_BYTES = 64 * 1024
 
 
 def last_metrics(path: Path) -> dict | None:
-    """The newest metrics record of a METRICS file, reading only its tail."""
     return last_record(path, lambda record: record.get("type") == "metrics")
 
 
@@ -46,8 +45,7 @@ def last_record(path: Path, wanted) -> dict | None:
 
 def node_checkpoint_age(pod_dir: Path, gpu: int, entry: ManifestEntry, live: dict,
                          now: float | None = None) -> float | None:
-    """A Ray pod's checkpoint age from its nodes' checkpoint events: the newest save, or
-    for a GPU waiting for a node the one it resumes from."""
+    """A Ray pod's checkpoint age from its nodes' events (waiting: the resume checkpoint's)."""
     def wanted(record: dict) -> bool:
         return record.get("event") == "checkpoint" and (
             live.get("state") != "waiting" or record.get("sha256") == entry.checkpoint_sha256)
@@ -69,8 +67,7 @@ def hub_tokens(pod_dir: Path) -> dict:
 
 
 def hub_note(entry: ManifestEntry, hub_tokens: dict | None, gpu: int) -> str | None:
-    """With a hub, when the manifest's checkpoint is not on it (only passed ones are
-    pushed): what the hub holds instead."""
+    """With a hub, when the manifest's checkpoint is not on it: what the hub holds."""
     if hub_tokens is None or not entry.checkpoint or entry.hub_revision:
         return None
     held = hub_tokens.get(str(gpu))
@@ -82,8 +79,7 @@ def hub_note(entry: ManifestEntry, hub_tokens: dict | None, gpu: int) -> str | N
 
 def checkpoint_problem(pod_dir: Path, gpu: int, entry: ManifestEntry,
                         index: CheckpointIndex) -> str | None:
-    """Why the manifest's checkpoint file is not the one it records (None: it is), shown
-    now rather than when a launch resumes from it."""
+    """Why the manifest's checkpoint file is not the one it records (None: it is)."""
     rel, recorded = entry.checkpoint, entry.checkpoint_sha256
     if not rel:
         return None

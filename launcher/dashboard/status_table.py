@@ -48,7 +48,6 @@ class Column:
 
 
 def _compile_mark(row: dict) -> str:
-    """The state's note on a compiled step: it went on uncompiled, or compiled again."""
     if row.get("compile_fallback"):
         return f" (uncompiled: compile {row['compile_fallback']})"
     return f" (recompiled {row['recompiles']}x)" if row.get("recompiles") else ""
@@ -83,8 +82,7 @@ def _natural_width(column: Column, cells: list[str]) -> int:
 
 
 def fit_columns(rows: list[dict], width: int | None) -> list[tuple[Column, list[str], int]]:
-    """(column, cells, width) in display order (`width` None: all, in full). NODE shows only
-    when a GPU runs on a Ray node."""
+    """(column, cells, width) in display order; NODE only when a GPU runs on a Ray node."""
     shown = [c for c in COLUMNS
              if c.header != "NODE" or any(r.get("node") for r in rows)]
     cells = {c.header: [c.cell(r) for r in rows] for c in shown}
@@ -123,6 +121,5 @@ def gpu_table(rows: list[dict], width: int | None):
 
 
 def natural_width(rows: list[dict]) -> int:
-    """How wide the table is with every column in full (what --wide needs)."""
     fitted = fit_columns(rows, None)
     return sum(w for _, _, w in fitted) + GAP * (len(fitted) - 1)

@@ -1,8 +1,6 @@
-"""The x axis of the plot and the dashboard: idle time takes (almost) no width.
-
-x is the tokens the pod trained (default), or the clock with each idle gap cut to
-IDLE_DRAWN_S. Both are one increasing time -> x map (knots, interpolated), so curves,
-markers and stage windows go through the same map.
+"""The x axis of the plot and the dashboard: idle time takes (almost) no width. x is the
+tokens the pod trained (default), or the clock with each idle gap cut to IDLE_DRAWN_S;
+both one increasing time -> x map, so curves, markers and stage windows share it.
 """
 
 from __future__ import annotations
@@ -44,7 +42,6 @@ class XAxis:
 
 
 def _idle_gaps(ts: np.ndarray) -> list[tuple[float, float]]:
-    """(start, end) of each stretch longer than IDLE_S without a metrics line."""
     if len(ts) < 2:
         return []
     apart = np.flatnonzero(np.diff(ts) > IDLE_S)
@@ -91,7 +88,6 @@ def pod_axis(series: PodSeries, mode: str) -> XAxis:
 
 
 def idle(seconds: float) -> str:
-    """An idle gap's length as its mark says it: `idle 33m`."""
     seconds = int(seconds)
     return (f"idle {seconds // 60}m" if seconds < 7200
             else f"idle {seconds // 3600}h{(seconds % 3600) // 60:02d}m")

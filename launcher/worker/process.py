@@ -130,7 +130,6 @@ class MetricsTail:
         return self.offset - len(self._partial)
 
     def read_lines(self) -> list[bytes]:
-        """The complete lines appended since the last read, without their newlines."""
         try:
             size = self.path.stat().st_size
         except FileNotFoundError:
@@ -161,7 +160,6 @@ class MetricsTail:
 
 
 def read_records(path: Path) -> list[dict]:
-    """Every record of a METRICS file (status and reconciliation)."""
     return MetricsTail(path, from_end=False).read() if path.exists() else []
 
 
