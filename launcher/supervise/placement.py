@@ -1,8 +1,6 @@
-"""Node loss and placement (a remote backend): a GPU whose machine is gone, with its disk,
-resumes from its newest checkpoint on the hub (its newest passed one, or on Ray a newer
-recovery copy: launcher/supervise/ray/recovery.py; else where it stood at launch),
-exactly at that checkpoint's tokens, once a node has a free device for it; until then it
-waits, visibly."""
+"""Node loss (a remote backend): a GPU whose machine is gone, disk and all, resumes exactly at
+its newest hub copy (its newest passed checkpoint, or on Ray a newer recovery copy:
+ray/recovery.py; else where it stood at launch), once a node has a free device for it."""
 
 from __future__ import annotations
 
