@@ -42,9 +42,8 @@ def _finite(*values) -> bool:
     return all(isinstance(v, (int, float)) and math.isfinite(v) for v in values)
 
 
-# Compared per step by the exact canary. grad_norm (the TF pass's norm before clipping)
-# checks the gradients directly: on the tiny model it moves ~10x more than tf under a
-# wrong attention normalisation (docs/CANARY.md), at the same float-rounding noise.
+# grad_norm (before clipping) checks the gradients directly: under a wrong attention
+# normalisation it moves ~10x more than tf on the tiny model, at the same rounding noise.
 EXACT_KEYS = ("tf", "lb", "grad_norm")
 
 

@@ -23,8 +23,7 @@ class CheckSpec:
     failureLimit: int          # Failed once failed measurements exceed this
 
 
-# A check judged outside the metrics lines (a forced failure, the AR probe's verdict): every
-# measurement counts at once, the first failure fails it.
+# A check judged outside the metrics lines (a forced failure, the probe): first failure fails.
 AT_ONCE = CheckSpec(interval=0, initialDelay=0, failureLimit=0)
 
 

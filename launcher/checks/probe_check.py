@@ -137,8 +137,7 @@ def _field(result, key: str):
 
 def manifold_note(result, tolerance: ProbeTolerance, baseline: Baseline | None = None,
                   passed: bool = False) -> str:
-    """Where the free run stands against ln(V); '' when the probe does not say. `passed`:
-    a free run above ln(V) is said with why that is no failure."""
+    """Where the free run stands against ln(V) ('' unknown); `passed`: why above is no fail."""
     vocab, ar, acc = _field(result, "vocab_size"), _field(result, "ar"), _field(result, "ar_acc")
     if not isinstance(vocab, float) or not isinstance(ar, float) or not math.isfinite(ar):
         return ""
@@ -182,8 +181,7 @@ def probe_verdict(result, baseline, tolerance: ProbeTolerance,
     rows = len(_field(result, "ar_rows") or ()) or int(_field(result, "rows") or 1)
     limit, how = tolerance.limit(base, rows)
     rise = ar - base.ar
-    # The limit is a rise over the baseline, said as one (with relativeBand 1 it equals
-    # the baseline, which read as an AR limit of the baseline itself).
+    # Said as a rise (with relativeBand 1 it equals the baseline: no AR limit misread).
     if rise > limit:
         return FAILED, (f"AR {ar:.4f} above baseline {base.ar:.4f} by {rise:.4f} > "
                         f"{limit:.4f} allowed ({how}){note}")

@@ -121,9 +121,8 @@ class ProbeMonitor:
         probes.seen += 1
         if probes.seen % self.schedule.every:
             return False
-        # A newer checkpoint replaces one still waiting (the baseline request stays first).
-        # The GPU keeps its place in line: were it sent to the back, a GPU whose checkpoints
-        # come faster than a probe takes would never be probed (and none of them pass).
+        # A newer checkpoint replaces one waiting, keeping the GPU's place in line: at the
+        # back, a GPU saving faster than a probe takes would never be probed.
         place = probes.waiting_since if probes.waiting else None
         for stale in [r for r in probes.waiting if r.role != BASELINE]:
             probes.waiting.remove(stale)
@@ -138,8 +137,7 @@ class ProbeMonitor:
 
     def probe_final(self, gpu: int, checkpoint: str, shard: str, sha256: str | None,
                     step: int | None) -> bool:
-        """Clean end: probe the last checkpoint whatever `every` says, so it can pass and
-        go up with the final push. True when a probe is now due."""
+        """Clean end: probe the last checkpoint so it can pass and go up; True: a probe is due."""
         probes = self.gpus.get(gpu)
         if probes is None or step is None or (probes.vouched_step or -1) >= step:
             return False
@@ -228,8 +226,8 @@ class ProbeMonitor:
         return outcomes
 
     def vouched_step(self, gpu: int) -> int | None:
-        """Checkpoints up to this step may pass (a newer probe did not fail). Without this
-        gate rollback could restore a state whose running probe then fails."""
+        """Checkpoints up to this step may pass (else rollback could restore one a running
+        probe then fails)."""
         probes = self.gpus.get(gpu)
         return probes.vouched_step if probes else None
 

@@ -31,8 +31,7 @@ def sync() -> None:
 
 
 def _hub_errors(fn):
-    """Hub failures in one line: a bad URL or path or a 404 exits 2, a network or integrity
-    failure 1. The hub's messages never contain the token."""
+    """Hub failures in one line (never with the token): bad URL/path or 404 exit 2, else 1."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:

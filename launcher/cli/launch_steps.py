@@ -164,8 +164,7 @@ def finish_decided_rollback(launch: Launch) -> None:
 
 
 def reconcile_the_manifest(launch: Launch) -> None:
-    """Adopt checkpoints written after the last launcher died, never resume a failed one,
-    recover each entry's recorded bytes."""
+    """Adopt late checkpoints, never resume a failed one, recover each entry's bytes."""
     reconcile(launch.plan, launch.manifest, launch.index, launch.events)
     never_resume_failed(launch.plan, launch.manifest, launch.index, launch.events)
     recover_checkpoints(launch.plan, launch.manifest, launch.index, launch.events,
@@ -196,8 +195,7 @@ def take_the_run(launch: Launch) -> None:
     launch.rebuilt = None
 
 
-# Everything `launch` checks and settles before the canary and the workers, in order (any
-# refusal: one line, exit 2, the pod as it was; docs/LAUNCHER.md names them in this order).
+# Before the canary and the workers, in order (docs/LAUNCHER.md names them in this order).
 PREPARE = (
     check_faults,
     refuse_budget_below_a_push,

@@ -177,8 +177,7 @@ def _seconds(value) -> float:
 
 def _close_open_sessions(sessions: list[_Session], last_line: dict[int, list[float]],
                          now: float | None) -> None:
-    """A session without an end event: the last one runs until `now` (given for a live
-    launcher); any other ended with its launcher's (or its workers') last record."""
+    """An end for each session without one: `now` for a live last one, else its last record."""
     for i, session in enumerate(sessions):
         if session.end is not None:
             continue

@@ -66,8 +66,7 @@ def plot_pod(pod_dir: Path, out: Path, width: int, height: int,
             ax.set_title(TITLES[name], loc="left", fontsize=11)
             ax.grid(alpha=0.3)
         axes[0].legend(loc="upper right", ncol=min(8, len(series.gpus)), fontsize=9)
-        # Stage labels at the bottom of their window, run and idle labels at the top: clear
-        # of the legend (upper right).
+        # Stage labels at the bottom, run and idle labels at the top: clear of the legend.
         for window in timeline["stages"]:
             axes[0].annotate(f"stage {window['stage']}", (window["x0"], 0.0),
                              xycoords=("data", "axes fraction"), xytext=(3, 4),

@@ -21,8 +21,7 @@ def last_metrics(path: Path) -> dict | None:
 
 
 def last_record(path: Path, wanted) -> dict | None:
-    """The newest record in a METRICS file's tail for which `wanted(record)`; None also for
-    anything but a regular file (a FIFO is never opened)."""
+    """The newest `wanted` record of a METRICS file's tail (a FIFO is never opened)."""
     try:
         if not stat.S_ISREG(path.stat().st_mode):
             return None

@@ -53,8 +53,7 @@ def _compile_mark(row: dict) -> str:
     return f" (recompiled {row['recompiles']}x)" if row.get("recompiles") else ""
 
 
-# Display order; the priorities say what a narrow terminal keeps: which GPU, whether it
-# runs and is healthy, how far it is, its loss and speed before the finer detail.
+# Display order; priority: what a narrow terminal keeps first.
 COLUMNS = (
     Column("GPU", lambda r: str(r["gpu"]), 0, right=True),
     Column("pid", _pid, 13, right=True),

@@ -35,8 +35,7 @@ class WorkerSpec:
     stage: int | None = None           # STAGE: shown in TensorBoard only
     run_id: str | None = None          # RUN_ID: the manifest's run, recorded in checkpoints
     phase: int = 1                     # PHASE: the data phase whose shard it trains on
-    # The bytes ckpt_in must hold and the hub revision holding them: a remote backend's
-    # node pulls the file when its own disk lacks it.
+    # ckpt_in's bytes and the hub revision holding them (a remote node lacking it pulls it).
     ckpt_sha256: str | None = None
     ckpt_revision: str | None = None
     # Nothing the GPU wrote passed: token 0, its files set aside (here already; a remote
