@@ -1,20 +1,10 @@
 """The launcher's side of fencing the Ray nodes (the node's: node_process.ProcessHost._fence).
 
-Invariant: a GPU never has two workers. A node that hears nothing from the launcher for its
-fence stops its worker (SIGTERM: it saves; SIGKILL after its grace) and exits; the launcher
-places that node's GPUs elsewhere only once the same deadline, counted from its side, has
-passed for certain (`lost_after`). Owner: `Heartbeat`, for RayBackend.
-
-`Heartbeat`, a thread of its own (a long stop in the main loop must not fence healthy
-nodes), calls every actor's heartbeat() every HEARTBEAT_S (one call in flight per actor)
-with the deadlines the node is to keep (`Deadlines`), derived from what it measured
-(`Measured`): the fence from the longest gap between an actor's answers, the grace from the
-longest step plus save, each within a floor and under the config's cap (`ray.fence_s`,
-`stop_grace_s`). A node keeps at most the larger of the deadlines its last answered and its
-newest heartbeat carried: once those plus FENCE_MARGIN_S have passed since the newest
-heartbeat, its worker has stopped for certain. `end_orphans`: a launcher started on the same
-pod before its predecessor's detached actors fenced themselves stops them first (each
-worker saves).
+Invariant: a GPU never has two workers. A node that hears nothing for its fence stops its
+worker (SIGTERM, SIGKILL after its grace) and exits; the launcher places that node's GPUs
+elsewhere only once the same deadline, counted from its side, has passed for certain
+(`lost_after`). Owner: `Heartbeat`, for RayBackend. The deadlines and why: docs/LAUNCHER.md,
+Multi-node pods on Ray, Fencing.
 """
 
 from __future__ import annotations
@@ -31,11 +21,7 @@ from pathlib import Path
 HEARTBEAT_S = 2.0
 FENCE_MARGIN_S = 5.0       # the node's fence check period, the SIGKILL landing, clock steps
 NAMESPACE = "fractus-pod"  # where the launcher finds its pod's detached actors by name
-# The fence: FENCE_GAPS times the longest gap measured between an actor's answers (2 s
-# when nothing is late), never under FENCE_FLOOR_S (a loaded node's answers came seconds
-# late: the Ray tests under load); the grace: GRACE_FACTOR times the longest step plus the
-# longest save measured, never under GRACE_FLOOR_S. Both under their caps, which hold
-# until something was measured.
+# The floors: a loaded node's answers came seconds late. The caps hold until measured.
 FENCE_GAPS = 5
 FENCE_FLOOR_S = 15.0
 GRACE_FACTOR = 1.5
@@ -56,8 +42,7 @@ class Deadlines:
 
 def derive_deadlines(gaps_s, steps_s, saves_s, fence_cap_s: float,
                      grace_cap_s: float) -> Deadlines:
-    """The deadlines a node keeps, from the measured answer gaps, step and save times (each
-    an iterable of seconds; empty: nothing measured yet, the cap holds)."""
+    """From the measured answer gaps, step and save times (seconds; empty: the cap holds)."""
     gaps, steps, saves = list(gaps_s), list(steps_s), list(saves_s)
     fence = min(fence_cap_s, max(FENCE_FLOOR_S, FENCE_GAPS * max(gaps))) if gaps \
         else fence_cap_s
@@ -68,9 +53,8 @@ def derive_deadlines(gaps_s, steps_s, saves_s, fence_cap_s: float,
 
 
 class Measured:
-    """What the deadlines derive from: the gaps between an actor's answers, and the step and
-    save times of the workers (their metrics lines and checkpoint events, as the launcher
-    collects them). Fed by two threads (the heartbeat's, the poll's): appends only."""
+    """What the deadlines derive from. Fed by two threads (the heartbeat's, the poll's):
+    appends only."""
 
     def __init__(self):
         self.gaps = deque(maxlen=MEASURED_KEPT)
@@ -79,8 +63,7 @@ class Measured:
         self.last_metrics: dict[int, tuple[float, int]] = {}   # gpu -> (ts, step)
 
     def note_lines(self, gpu: int, lines: bytes) -> None:
-        """A GPU's metrics lines: its step times (between two metrics lines) and save times
-        (a checkpoint event's `seconds`)."""
+        """Step times from consecutive metrics lines, save times from checkpoint events."""
         for line in lines.splitlines():
             if b'"metrics"' not in line and b'"checkpoint"' not in line:
                 continue
@@ -99,7 +82,7 @@ class Measured:
 
 
 def actor_prefix(pod_dir: Path) -> str:
-    """The name prefix of this pod's actors: this head and this pod directory."""
+    """The name prefix of this pod's actors (this head, this pod directory)."""
     key = hashlib.sha256(f"{socket.gethostname()}:{pod_dir.resolve()}".encode()).hexdigest()
     return f"fractus-pod-{key[:12]}-"
 
@@ -127,27 +110,24 @@ class Heartbeat:
 
     def wait_s(self, actor) -> float:
         """How long after its last heartbeat `actor`'s worker has stopped for certain: the
-        larger of the deadlines it may keep (its last answered heartbeat's, or its
-        arguments', and its newest heartbeat's, which it may have heard unanswered)."""
+        larger of its last answered heartbeat's (or its arguments') and its newest one's."""
         kept = self.kept.get(actor, self.caps)
         sent = self.sent.get(actor)
         return max(kept.wait_s, sent[1].wait_s if sent else 0.0)
 
     def heard(self, actor) -> None:
-        """An answer of `actor` (its start), outside the heartbeat thread."""
+        """An answer of `actor` (its start) outside the heartbeat thread."""
         self.answered[actor] = time.monotonic()
 
     def unresponsive(self, actor) -> bool:
-        """Ray holds `actor` alive but it has not answered a heartbeat for its wait: its
-        process is frozen (stopped, or a thread holding the interpreter), since a process
-        that runs would have fenced itself and ended by then."""
+        """Alive to Ray, but no answer for its wait: frozen, since a running process would
+        have fenced itself by then."""
         answered = self.answered.get(actor)
         return answered is not None and time.monotonic() - answered > self.wait_s(actor)
 
     def lost_after(self, actor) -> float:
-        """When a GPU whose actor Ray reported dead may be placed elsewhere (monotonic),
-        counted from its last answer or its newest heartbeat, whichever is later (the node
-        may have heard that one): an actor that never answered is counted from now."""
+        """Monotonic time when a GPU whose actor died may be placed elsewhere: from its last
+        answer or newest heartbeat, whichever is later (never answered: from now)."""
         wait_s = self.wait_s(actor)
         answered = self.answered.pop(actor, time.monotonic())
         sent = self.sent.pop(actor, None)
@@ -159,13 +139,10 @@ class Heartbeat:
             self.tick()
 
     def tick(self) -> None:
-        """Note the heartbeats answered since the last tick, then send one to each actor
-        without one in flight. Never waits for an answer: a round that waited for every
-        actor let one that does not answer (a lost node's, one still starting) slow every
-        other actor's heartbeats to one per two periods, and a node whose fence_s is
-        close to that fenced a healthy worker (the Ray test, under load). An answer is
-        noted when seen, up to a period after the node heard it: later, never earlier, so
-        the deadline counted from it (`lost_after`) stays on the safe side."""
+        """Note the answers since the last tick, then heartbeat each actor without one in
+        flight. Never waits: one silent actor would slow every other's heartbeats and fence
+        healthy nodes. An answer is noted up to a period late, never early, so `lost_after`
+        stays on the safe side."""
         live = list(self.actors.values())
         if self.in_flight:
             ready, _ = self.ray.wait(list(self.in_flight.values()),
@@ -202,8 +179,8 @@ class Heartbeat:
 
 
 def end_orphans(ray, prefix: str, grace_s: float, timeout_s: float) -> list[dict]:
-    """Stop every live actor of this pod left by an earlier launcher (its worker saves its
-    final checkpoint, SIGKILL after grace_s), then remove it; what each one said."""
+    """Stop (worker saves, SIGKILL after grace_s) and remove every actor of this pod an
+    earlier launcher left; returns what each said."""
     ended = []
     for name in ray.util.list_named_actors():
         if not name.startswith(prefix):
