@@ -1,22 +1,12 @@
-"""Recovery copies on a Ray pod: every save of a node's workers reaches the hub at once.
+"""Recovery copies on a Ray pod: each save of a node's workers goes to the hub before any probe.
 
 Invariant: the hub holds, for each GPU of a node, a recovery copy no older than the node's
 last commit, within the pod's share of the hub's commit budget (launcher/hub/commit_budget.py);
 the launcher takes a copy only of the worker start it lost (`attempt`), never of an earlier
-lineage. Owner: the node's pushers (`RecoveryPusher`); the launcher reads the copies
-(`read_recovery_copy`).
-
-Each save that passes the cheap checks (weights-only, this GPU's, this run's, at the event's
-token, finite: `check_save`) goes to `recovery/<its path>` with its record (`.json`) before
-any probe, as the head's pod (the run's lease); a recovery copy is never in a manifest the
-hub holds. The pusher (`python -m launcher.supervise.ray.recovery SPEC`, one per worker
-start, in a session of its own: it outlives the actor, so a graceful removal's final save
-goes up too) tails the worker's metrics, links each save at once, checks the newest and
-posts it in the node's staging folder; one commit carries every GPU's newest posted save, at
-the node's cadence (launcher/supervise/ray/recovery_staging.py), a final save at once. A GPU
-whose node is lost resumes from the newer of its passed hub copy and its recovery copy
-(RayCustodian.resume_copy): it retrains at most the node's cadence plus GATHER_S plus one
-save interval plus one commit's upload.
+lineage; a recovery copy is never in a manifest. Owner: the node's pushers
+(`RecoveryPusher`, one per worker start, in a session of its own so that a graceful
+removal's final save goes up too); the launcher reads them (`read_recovery_copy`). The
+cadence and the recovery point: docs/LAUNCHER.md, Multi-node pods on Ray, Recovery copies.
 """
 
 from __future__ import annotations
@@ -76,8 +66,8 @@ def new_attempt() -> str:
 
 
 def check_save(path: Path, gpu: int, run_id: str | None, next_token: int | None) -> None:
-    """The cheap checks of a save (no probe): ValueError, one line, when the file does not
-    load weights-only, is another GPU's or run's, is at another token, or holds NaN/Inf."""
+    """The cheap checks of a save (no probe): ValueError, one line, when it does not load
+    weights-only, is another GPU's or run's, is at another token, or holds NaN/Inf."""
     import torch       # ~2 s: only when a save is checked
 
     found = read_identity(path)
@@ -98,9 +88,8 @@ def check_save(path: Path, gpu: int, run_id: str | None, next_token: int | None)
 
 def check_save_apart(path: Path, gpu: int, run_id: str | None, next_token: int | None,
                      timeout_s: float = CHECK_TIMEOUT_S) -> None:
-    """`check_save` in a process of its own, as a node actor must: loading torch holds the
-    interpreter for seconds, when the actor hears no heartbeat and would fence itself.
-    ValueError, one line, as check_save. A scrubbed child (launcher/child.py)."""
+    """`check_save` in a child process: loading torch in a node actor holds the interpreter
+    for seconds, long enough to miss heartbeats and fence itself."""
     spec = {"path": str(path), "gpu": gpu, "run_id": run_id, "next_token": next_token}
     try:
         done = child.run(child.python_command("-m", "launcher.supervise.ray.recovery",
@@ -118,10 +107,9 @@ def check_save_apart(path: Path, gpu: int, run_id: str | None, next_token: int |
 def read_recovery_copy(hub_url: str, pod_dir: Path, checkpoint: str, gpu: int,
                        attempt: str | None) -> dict | None:
     """The GPU's recovery copy on the hub's newest revision, as a checkpoint-index record
-    plus `hub_revision` and `recovery: True`; None when the hub holds none of the worker
-    start `attempt`. Reads the small record only, never the weights (the node that resumes
-    pulls them, sha256-verified, and checks them again: `check_save`). HubError/OSError/
-    ValueError when the hub cannot be read."""
+    plus `hub_revision` and `recovery: True`; None when none is of worker start `attempt`.
+    Reads the record only (the resuming node pulls and checks the weights). HubError/
+    OSError/ValueError when the hub cannot be read."""
     if not attempt:
         return None
     store = open_store(hub_url, pod_dir)
@@ -145,8 +133,8 @@ def read_recovery_copy(hub_url: str, pod_dir: Path, checkpoint: str, gpu: int,
 
 # ---- the node's side -----------------------------------------------------------------------
 def start_pusher(spec: dict, workdir: Path, log_path: Path) -> subprocess.Popen:
-    """The pusher of one worker start (`spec`: see RecoveryPusher), in a session of its own:
-    neither a signal to the actor's group nor the actor's death ends it."""
+    """The pusher of one worker start, in a session of its own: neither a signal to the
+    actor's group nor the actor's death ends it."""
     with open(log_path, "ab") as log:
         return subprocess.Popen([sys.executable, "-m", "launcher.supervise.ray.recovery",
                                  json.dumps(spec)], cwd=workdir, env=_launcher_env(),
@@ -163,10 +151,9 @@ def _launcher_env() -> dict[str, str]:
 
 
 class RecoveryPusher:
-    """`spec`: gpu, workdir, metrics (its worker's metrics file), offset (where its start's
-    lines begin), pid and create_time (the worker), hub_url, writer (the head's pod id),
-    attempt, run_id, node, gpu_commit_every_s (the recovery commits each GPU of the pod is
-    entitled to: `gpu_commit_every_s`; the node's cadence)."""
+    """`spec`: gpu, workdir, metrics (file), offset (where this start's lines begin), pid and
+    create_time (the worker), hub_url, writer (the head's pod id), attempt, run_id, node,
+    gpu_commit_every_s (None: derived from the hub's budget)."""
 
     def __init__(self, spec: dict):
         self.spec = spec
@@ -240,19 +227,18 @@ class RecoveryPusher:
             self.waiting = None
 
     def _push_waiting(self) -> bool:
-        """Post the waiting save (checked) for the node's next commit, and make that commit
-        if it is due; True (a failed commit is tried again, after a wait, by the next)."""
+        """Post the waiting save and commit if due; always True (a failed commit is retried)."""
         if self.waiting is not None:
             self._post_waiting()
         self._commit_if_due(force=True)
         return True
 
-    # ---- posting: each GPU's newest checked save waits for the node's next commit -------
+    # ---- posting: each GPU's newest checked save waits for the node's next commit ----
     def _registration(self) -> Path:
         return self.staging / f"{RECOVERY_PUSHER_PREFIX}{self.gpu}-{self.spec['attempt']}.json"
 
     def _register(self) -> None:
-        """This pusher's GPU counts among the node's (the cadence) while it runs."""
+        """This GPU counts toward the node's cadence while its pusher runs."""
         write_json_state(self._registration(),
                          {"gpu": self.gpu, "pid": os.getpid(),
                           "create_time": psutil.Process().create_time()})
@@ -291,9 +277,7 @@ class RecoveryPusher:
 
     # ---- committing: one pusher of the node at a time, every GPU's newest in one commit ----
     def _commit_if_due(self, force: bool = False) -> None:
-        """`force`: look now (a save was posted, the worker ended), else at most every
-        DUE_CHECK_S on a commit budget (without one, a commit is due whenever one is
-        posted: every look)."""
+        """`force`: look now; else at most every DUE_CHECK_S (every look without a budget)."""
         if not force and self._gpu_every_s() > 0 and time.monotonic() < self.next_check:
             return
         self.next_check = time.monotonic() + DUE_CHECK_S
