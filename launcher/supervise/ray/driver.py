@@ -1,13 +1,10 @@
 """`RayBackend`: each GPU's worker runs on a node of a Ray cluster; the launcher is the driver.
 
-Invariant: processes only, and never two workers of one GPU. One detached actor per GPU
-(node.py) takes one device of a node, spread over the nodes, and runs the same worker
-program with the same environment as the local backend; once per round trip its new
-metrics lines are appended to logs/metrics_gpu{i}.jsonl, so checks, verdicts and rollback
-work as on one machine. Each GPU's handle moves through handle.py's table; a dead actor on
-a live node is adopted (adoption.py), else its GPU is lost once its node fenced itself for
-certain (fence.py). What the checkpoints need of each start goes to GpuStarts (starts.py).
-Owner: RayBackend.
+Invariant: never two workers of one GPU. Owner: RayBackend. One detached actor per GPU
+(node.py) runs the local backend's worker program on a node; each round trip appends its new
+metrics lines to logs/metrics_gpu{i}.jsonl, so checks, verdicts and rollback work as on one
+machine. A dead actor on a live node is adopted (adoption.py), else its GPU is lost once its
+node fenced itself for certain (fence.py).
 """
 
 from __future__ import annotations
@@ -102,8 +99,7 @@ class RayBackend(WorkerBackend):
         return self.ray.available_resources().get(name, 0) >= 1
 
     def _new_actor(self, slot: Slot, node_id: str | None = None):
-        """The GPU's actor, now its one: spread over the nodes, or on `node_id` (a
-        replacement)."""
+        """A new actor for the GPU: spread over the nodes, or on `node_id` (a replacement)."""
         _, options = self._resource(slot)
         strategy = "SPREAD"
         if node_id is not None:
@@ -219,8 +215,8 @@ class RayBackend(WorkerBackend):
                              reason="its node lacked the checkpoint it resumes from")
 
     def _take(self, handle: RayHandle, ref, answer: tuple | None = None) -> None:
-        """Apply one answer of the actor, (exit code, lines[, read_to]); a dead actor is a
-        lost node, a call that raised on the node a crashed worker."""
+        """Apply one answer, (exit code, lines[, read_to]); a dead actor is a lost node, a
+        call that raised on the node a crashed worker."""
         try:
             code, lines, *read_to = answer if answer is not None else self.ray.get(ref)
         except self.ray.exceptions.RayActorError:
@@ -242,9 +238,8 @@ class RayBackend(WorkerBackend):
                 f.write(lines)
 
     def _failed(self, handle: RayHandle, exc: Exception) -> None:
-        """A call on the GPU's node raised (a bug, a file gone under it): never the
-        launcher's end. Its worker is killed first (a restart must not race it; an actor
-        that cannot is replaced at the next start), and the GPU ends as a crashed worker."""
+        """A call on the GPU's node raised: the worker is killed first (a restart must not
+        race it) and the GPU ends as a crashed worker, never the launcher."""
         error = remote_error(exc)
         code = None
         try:
@@ -267,10 +262,9 @@ class RayBackend(WorkerBackend):
             log.write(f"[fractus-pod {time.strftime('%Y-%m-%d %H:%M:%S')}] {scrub(text)}\n")
 
     def _lost(self, handle: RayHandle, wait: bool = False) -> None:
-        """Ray reported the GPU's actor dead. On a live node a new actor there adopts the
-        GPU; else its node may only be cut off with its worker still training: the GPU is
-        lost once that node has fenced itself for certain (Heartbeat.lost_after); `wait`:
-        block until then (a stop or kill must return an exit, never two workers)."""
+        """Ray reported the GPU's actor dead: a new actor adopts it on a live node; else the
+        GPU is lost once its node has fenced itself for certain (Heartbeat.lost_after).
+        `wait`: block until then (a stop or kill must return an exit)."""
         if handle.state is RayState.RUNNING and self.adoption.begin(handle):
             self.events.emit("actor_died", gpu=handle.gpu, node=handle.node, pid=handle.pid,
                              reason="its actor's process died on a live node: a new actor on "
@@ -297,10 +291,8 @@ class RayBackend(WorkerBackend):
             handle.move(RayEvent.FENCED, WorkerExit(None, node_lost=True))
 
     def _adopted(self, handle: RayHandle, timeout: float | None) -> None:
-        """The replacement actor's answer: the old worker's last lines; the GPU then ends
-        as a crashed worker and restarts on that node from its newest checkpoint, a restart
-        counted. A replacement that cannot be placed or fails: the GPU is treated as lost
-        (the fence wait counted from then)."""
+        """The replacement actor's answer (the old worker's last lines): the GPU ends as a
+        crashed worker. A replacement that fails: the GPU is treated as lost."""
         try:
             lines = self.adoption.collect(handle, timeout)
         except AdoptionFailed:
@@ -315,9 +307,8 @@ class RayBackend(WorkerBackend):
 
     def _answer(self, handle: RayHandle, ref, timeout_s: float) -> None:
         """`_take` of a call the launcher cannot go on without (a kill, a stop, the poll
-        before them). An actor that does not answer within `timeout_s` (sooner when silent
-        to the heartbeats too) would block every GPU for ever: it is killed, and treated as
-        an actor that died (`_lost`)."""
+        before them). An actor silent for `timeout_s` (or to the heartbeats) would block
+        every GPU: it is killed and treated as dead (`_lost`)."""
         start = time.monotonic()
         while True:
             ready, _ = self.ray.wait([ref], timeout=ANSWER_CHECK_S)
@@ -348,10 +339,9 @@ class RayBackend(WorkerBackend):
 
     def _finish(self, handles: list[RayHandle], call,
                 answer_s: float = CALL_TIMEOUT_S) -> dict[int, WorkerExit]:
-        """Settle each handle (an adoption answered, a fence waited out, the poll in flight
-        collected with its lines), then `call(actor)` on each running one, which returns
-        (exit code, its last lines) within `answer_s`; a start never answered is waited
-        for meanwhile. What has no exit then ended with -9."""
+        """Settle each handle (adoption, fence, poll in flight), then `call(actor)` on each
+        running one, answering (exit code, last lines) within `answer_s`; what has no exit
+        then ended with -9."""
         for handle in handles:
             if handle.state is RayState.ADOPTING:
                 self._adopted(handle, timeout=None)
@@ -396,8 +386,8 @@ class RayBackend(WorkerBackend):
 
 
 def remote_error(exc: Exception) -> str:
-    """One line for the events: the exception raised on the node (a RayTaskError carries
-    it as `cause`), without its traceback, scrubbed of any token."""
+    """One scrubbed line for the events: the exception raised on the node (a RayTaskError's
+    `cause`), without its traceback."""
     cause = getattr(exc, "cause", None)
     if cause is None:
         return describe_error(exc)
