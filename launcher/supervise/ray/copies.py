@@ -2,11 +2,8 @@
 
 Invariant: a checkpoint goes up from the node that holds it, only the GPU's newest passed
 one, never from the node that replaced a lost one, and not at all once another pod took the
-run over (the run's one lease, the custodian's). A GPU whose node was lost resumes from the
-newer of its passed hub copy and its lost worker's recovery copy (`resume_copy`, only of its
-lineage); a node that found its entry's bytes nowhere leaves the choice to the head
-(`restore`); a relaunch after kill -9 resumes each GPU from its lineage's newer recovery
-copy (`resume_newer_copies`). Owner: RayCustodian, the copies part of CheckpointCustodian.
+run over (the run's lease). A GPU resumes from a recovery copy only of its own lineage.
+Owner: RayCustodian, the copies part of CheckpointCustodian.
 """
 
 from __future__ import annotations
@@ -51,8 +48,6 @@ class _Push:
 
 class RayCustodian(NodeCopies):
     def __init__(self, backend: RayBackend, starts: GpuStarts):
-        """`backend`: the actors (`actor(gpu)`, `node(gpu)`, `on_lost`, `ray`); `starts`:
-        each GPU's lineage and the bytes its node found nowhere."""
         super().__init__(backend.pod_dir, backend.config, backend.events)
         self.backend, self.starts, self.ray = backend, starts, backend.ray
         self.hub_url = starts.hub_url
@@ -125,9 +120,8 @@ class RayCustodian(NodeCopies):
         return self.on_hub.get(gpu)
 
     def resume_copy(self, gpu: int) -> dict | None:
-        """A GPU whose node was lost: the newer of its newest passed hub copy and the
-        recovery copy its lost worker's node pushed (only of its lineage). A hub that
-        cannot be read: the passed copy, said in the events."""
+        """A GPU whose node was lost: the newer of its passed hub copy and its lost
+        worker's recovery copy (a hub that cannot be read: the passed copy)."""
         passed = self.hub_copy(gpu)
         attempt = self.starts.attempt(gpu)
         if not self.hub_url or attempt is None:
@@ -146,11 +140,9 @@ class RayCustodian(NodeCopies):
         return recovery
 
     def restore(self, gpu: int, manifest: Manifest, index: CheckpointIndex) -> bool:
-        """Before a restart (the node restores the entry's bytes itself as it starts the
-        worker). When its last start found them nowhere (BytesNowhere), the GPU goes back
-        to its newest passed checkpoint, as on one machine (launcher/hub/recover.py): its
-        hub copy when pushed, else its node's retained copy; one found nowhere in turn is
-        failed and the next older serves. None left: RecoveryError, one line."""
+        """Before a restart: when its last start found its bytes nowhere (BytesNowhere), the
+        GPU goes back to its newest passed checkpoint, as on one machine
+        (launcher/hub/recover.py). None left: RecoveryError, one line."""
         gone = self.starts.take_bytes_gone(gpu)
         entry = manifest.entries.get(gpu)
         if gone is None or entry is None or entry.checkpoint_sha256 != gone["sha256"]:
@@ -165,9 +157,8 @@ class RayCustodian(NodeCopies):
         return True
 
     def _newest_passed(self, gpu: int, index: CheckpointIndex, lost: str) -> dict | None:
-        """The GPU's newest passed checkpoint other than `lost`: its hub copy when that is
-        the one (a hub revision any node pulls), else the record (its node's retained
-        copy); the hub copy when the index holds none."""
+        """The GPU's newest passed checkpoint other than `lost`, as its hub copy when that
+        is the one (any node can pull it), else its index record."""
         hub = self.hub_copy(gpu)
         for record in reversed(index.for_gpu(gpu)):
             if record["verdict"] == PASSED and record["sha256"] != lost:
@@ -175,8 +166,7 @@ class RayCustodian(NodeCopies):
         return hub if hub and hub["sha256"] != lost else None
 
     def close(self, abandoned=lambda: False) -> None:
-        """The last passed checkpoints go up (a second signal abandons them), before the
-        backend's actors go."""
+        """The last passed checkpoints go up (a second signal abandons them)."""
         deadline = time.monotonic() + PUSH_WAIT_S
         self._push_queued()
         while self.pushes and not abandoned() and time.monotonic() < deadline:
@@ -186,9 +176,9 @@ class RayCustodian(NodeCopies):
 
 def newer_recovery_copy(hub_url: str, pod_dir, checkpoint: str, gpu: int, attempt: str,
                         than: tuple[int, int] | None, events, serves: str) -> dict | None:
-    """The recovery copy of `gpu`'s worker start `attempt` on the hub (read_recovery_copy)
-    when it is past position `than` (None: any); else None. A hub that cannot be read: None,
-    said in a `recovery_copy_unread` event (`serves`: what serves instead)."""
+    """The hub's recovery copy of `gpu`'s start `attempt` when past position `than` (None:
+    any), else None. Unreadable hub: None and a `recovery_copy_unread` event (`serves`: what
+    serves instead)."""
     try:
         copy = read_recovery_copy(hub_url, pod_dir, checkpoint, gpu, attempt)
     except (HubError, OSError, ValueError) as exc:
@@ -202,13 +192,11 @@ def newer_recovery_copy(hub_url: str, pod_dir, checkpoint: str, gpu: int, attemp
 
 def resume_newer_copies(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
                         events: EventLog) -> dict[int, ManifestEntry]:
-    """At the launch of a Ray pod, before a decided rollback is completed: each GPU whose
-    lineage the last launcher recorded has a recovery copy on the hub newer than its
-    manifest entry resumes from that copy, as after a node loss (`recovery_copy` event; its
-    node checks it again before the worker starts). Never a GPU of a rollback the last
-    launcher decided, a copy marked failed, or another start's copy. Returns the entries it
-    replaced, by GPU: a failed check rolls such a GPU back to the replaced (probed)
-    checkpoint, never to that copy (the custodian's `launch_entries`)."""
+    """At launch (a relaunch after kill -9), before a decided rollback is completed: each
+    GPU with a recovery copy of its recorded lineage newer than its manifest entry resumes
+    from it, as after a node loss; never a GPU of a decided rollback or a copy marked
+    failed. Returns the replaced entries by GPU: a failed check goes back to those, never
+    to the copy."""
     if plan.ray is None or not plan.config.hub:
         return {}
     lineage, hub_url = read_lineage(plan.pod_dir), absolute_hub_url(plan.config.hub,
