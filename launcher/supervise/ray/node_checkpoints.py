@@ -1,12 +1,9 @@
 """The checkpoints of one GPU on the Ray node that wrote them.
 
 Invariant: a worker starts only from the bytes its manifest entry records, and what the
-launcher judges is what it names. Each checkpoint event is hard-linked the moment it is
-read (`seen`: the rotation cannot take it first); a start's file is the named one, else this
-node's copy of its bytes, else the entry's hub revision, else BytesNowhere (the launcher
-decides: RayCustodian.restore); shards and probes use this node's files and credentials; a
-passed checkpoint is pushed from here as the head's pod (the run's lease); every save goes
-up as a recovery copy (recovery.py). Owner: `NodeCheckpoints`, which NodeWorker holds.
+launcher judges is what it names. Each checkpoint is hard-linked the moment its event is
+read (`seen`), so rotation cannot take it first. Owner: `NodeCheckpoints`, which NodeWorker
+holds.
 """
 
 from __future__ import annotations
@@ -53,10 +50,9 @@ class NodeCheckpoints:
 
     def prepare(self, settings: dict[str, str], checkpoint: dict | None,
                 shards: list[str], start_over: bool, note) -> tuple[dict[str, str], dict]:
-        """Before the worker starts: its shards in place, its own files set aside when it
-        starts over (the launcher's rule, launcher/pod/failed_resume.py: renamed
-        `NAME.failed`, as on one machine), the file it resumes from holding its entry's
-        bytes. Its settings (CKPT_IN as found here), and what the start reports of it."""
+        """Before the worker starts: shards in place, own files set aside when it starts over
+        (launcher/pod/failed_resume.py), the resume file holding its entry's bytes. Returns
+        its settings (CKPT_IN as found here) and what the start reports."""
         fetched = self._ensure_shards(shards)
         moved = set_aside(self.workdir, settings["CKPT_OUT"]) if start_over else []
         if moved:
@@ -76,16 +72,16 @@ class NodeCheckpoints:
                           "recovered": resume if how == RECOVERED else None}
 
     def input(self, value: str) -> str:
-        """A file setting as this node finds it: in its own directory, else the head's pod
-        directory (the same machine or a shared filesystem), else as given."""
+        """A file setting as this node finds it: its own directory, else the head's pod
+        directory (same machine or shared filesystem), else as given."""
         if not (self.workdir / value).exists() and (self.pod_dir / value).exists():
             return str(self.pod_dir / value)
         return value
 
     def start_recovery_pushes(self, pid: int, settings: dict[str, str], offset: int,
                               log_path: Path) -> str | None:
-        """The pusher of this worker start's saves (launcher/supervise/ray/recovery.py), in
-        a process that outlives this actor; the start's id, which its pushes carry."""
+        """Start this worker start's recovery pusher (recovery.py); returns the start's id,
+        which its pushes carry."""
         self.pushers = [p for p in self.pushers if p.poll() is None]     # reap the ended
         if not (self.hub_url and self.writer):
             return None
@@ -104,9 +100,9 @@ class NodeCheckpoints:
         return attempt
 
     def seen(self, line: bytes) -> bytes:
-        """Retain a checkpoint the moment its event is read; the head gets the event
-        without its size, so that a file of the same name on the head's disk is only
-        ever trusted by its sha256, and with whether this node could retain it."""
+        """Retain a checkpoint the moment its event is read. The head gets the event without
+        its size (a same-named file on the head is trusted only by sha256) and with
+        `retained`."""
         if b'"checkpoint"' not in line:
             return line
         try:
@@ -147,9 +143,8 @@ class NodeCheckpoints:
         return self.workdir / record["retained"] if record.get("retained") else None
 
     def push(self, sha256: str, hub_path: str, message: str) -> str:
-        """Push this node's retained checkpoint `sha256` to `hub_path` (checked against its
-        sha256 in the one read the push makes); older unpushed links are let go.
-        RunTakenOver when another pod holds the run's lease."""
+        """Push this node's retained checkpoint `sha256` to `hub_path`; older pending ones
+        are marked failed (superseded). RunTakenOver when another pod holds the lease."""
         record = self.index.records[(self.gpu, sha256)]
         if not record.get("retained"):
             raise RotatedAway(f"checkpoint {sha256[:12]} (token {record['next_token']:,}) was "
@@ -166,19 +161,16 @@ class NodeCheckpoints:
         return revision
 
     def _ensure_shards(self, shards: list[str]) -> list[str]:
-        """The GPU's shards verified in this node's directory (fetched where absent): the
-        shards fetched. A store that cannot be read or other bytes: UserError/HubError,
-        the worker's start fails with that one line."""
+        """The GPU's shards verified here, fetched where absent; returns those fetched.
+        UserError/HubError (the start fails with that line)."""
         if not (self.data and shards):
             return []
         return ensure_shards(list(shards), DataSource(**self.data), self.workdir)
 
     def _ensure_checkpoint(self, checkpoint: dict, token: int) -> tuple[str, str | None]:
-        """The file the worker resumes from (relative to this node's directory), holding
-        the bytes the entry records, and how they got there: None (the named path),
-        RECOVERED (a copy on this node: its retained link or a rotated copy, as on one
-        machine, launcher/hub/recover.py), or PULLED (the entry's hub revision, verified).
-        Nowhere: BytesNowhere, one line. An entry without a sha256: its file as it is."""
+        """The resume file (node-relative) holding the entry's bytes, and how: None (the
+        named path), RECOVERED (a copy on this node, launcher/hub/recover.py) or PULLED
+        (the entry's hub revision). Nowhere: BytesNowhere. No sha256: the file as it is."""
         name, sha256 = checkpoint["path"], checkpoint.get("sha256")
         target = self.workdir / name
         if target.is_file() and (not sha256 or holds(target, sha256)):
@@ -200,21 +192,17 @@ class NodeCheckpoints:
 
 def push_as_pod(hub_url: str, workdir: Path, writer: str, hub_path: str, local: Path,
                 sha256: str, message: str) -> str:
-    """Push a node's `local` checkpoint to `hub_path` (checked against `sha256`) as the pod
-    `writer`, carrying the run's lease (launcher/hub/lease.py), staged on the node's
-    `workdir`: RunTakenOver, nothing committed, once another pod holds the run."""
+    """Push `local` to `hub_path` (checked against `sha256`) as the pod `writer`, under the
+    run's lease: RunTakenOver, nothing committed, once another pod holds the run."""
     return push_as_writer(open_store(hub_url, workdir), {hub_path: local}, message,
                           {hub_path: sha256}, workdir / NODE_LEASE_DIR, writer)
 
 
 class BytesNowhere(FileNotFoundError):
-    """The bytes a worker start's manifest entry records are on neither this node nor the
-    hub: the start fails, and the launcher decides where the GPU goes back to
-    (RayCustodian.restore: its newest passed checkpoint)."""
+    """A start's entry bytes are on neither this node nor the hub: the start fails and the
+    launcher decides (RayCustodian.restore)."""
 
 
 class RotatedAway(RuntimeError):
-    """A passed checkpoint without a retained link on this node: its event was read after
-    the worker had saved past SAVE_KEEP, so the worker's own name holds newer bytes (a
-    probe there would judge another checkpoint, a push would be refused by its sha256).
-    The GPU's next checkpoint serves instead."""
+    """A passed checkpoint read after the worker saved past SAVE_KEEP: its name holds newer
+    bytes, so it can be neither probed nor pushed; the GPU's next checkpoint serves."""
