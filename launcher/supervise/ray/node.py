@@ -1,10 +1,7 @@
 """The Ray actor of one GPU on a node (`NodeWorker`): the calls the launcher makes there.
 
-Invariant: the actor only composes its two parts, the worker process and its fence
-(`ProcessHost`, node_process.py) and the GPU's checkpoints on this node (`NodeCheckpoints`,
-node_checkpoints.py); detached, so a launcher killed with -9 leaves each worker its final
-save. Owner: RayBackend, one per GPU. Imported on the nodes; imports nothing of Ray at
-module level.
+Invariant: the actor only composes `ProcessHost` (the worker and its fence) and
+`NodeCheckpoints`; it imports nothing of Ray at module level. Owner: RayBackend, one per GPU.
 """
 
 from __future__ import annotations
@@ -40,9 +37,8 @@ class NodeWorker:
 
     def start(self, settings: dict[str, str], checkpoint: dict | None, cuda: bool,
               keep: list[str] = (), shards: list[str] = (), start_over: bool = False) -> dict:
-        """Start the worker with `settings` (the launcher's worker environment) once
-        `shards` (pod-relative) and `checkpoint` ({"path", "sha256", "revision"}) are in
-        place (NodeCheckpoints.prepare; `start_over`: its own files set aside first)."""
+        """Start the worker once `shards` (pod-relative) and `checkpoint` ({"path", "sha256",
+        "revision"}) are in place (NodeCheckpoints.prepare)."""
         try:
             return self._start(settings, checkpoint, cuda, keep, shards, start_over)
         finally:

@@ -1,12 +1,9 @@
 """The worker process of one GPU on a Ray node, and the node's fence.
 
-Invariant: never two workers of one GPU. The host runs its GPU's one worker (the same
-program as the local backend: launcher/child.py, SIGTERM when its parent, the actor, dies)
-and hands over the complete metrics lines it appended; a node that has heard nothing from
-its launcher for its fence (a partition, a SIGSTOPped raylet, the launcher killed) SIGTERMs
-its worker (it saves its final checkpoint on this disk; SIGKILL after the grace) and exits,
-and the launcher places the GPU elsewhere only after the same deadline counted from its
-side (launcher/supervise/ray/fence.py). Owner: `ProcessHost`, which NodeWorker holds.
+Invariant: never two workers of one GPU. The worker gets SIGTERM when its parent, the
+actor, dies; a node that hears nothing for its fence (a partition, a SIGSTOPped raylet, the
+launcher killed) SIGTERMs its worker (SIGKILL after the grace) and exits; the launcher's side
+is fence.py. Owner: `ProcessHost`, which NodeWorker holds.
 """
 
 from __future__ import annotations
@@ -43,7 +40,7 @@ class ProcessHost:
         threading.Thread(target=self._fence, name="fence", daemon=True).start()
 
     def spawn(self, env: dict[str, str], keep: list[str], metrics: str) -> int:
-        """Start the worker; the offset of its metrics file its lines begin at."""
+        """Start the worker; returns the metrics file offset its lines begin at."""
         with self.lock:
             self.tail = MetricsTail(self.workdir / metrics)
             with open(self.workdir / worker_log_path(self.gpu), "ab") as log:
@@ -53,9 +50,7 @@ class ProcessHost:
             return self.tail.position
 
     def heartbeat(self, fence_s: float | None = None, grace_s: float | None = None) -> None:
-        """The launcher is there (its Heartbeat thread), and says the deadlines to keep from
-        now (fence.Deadlines, derived from what it measured): the fence, and the time a
-        fenced worker has to stop."""
+        """The launcher is there, with the deadlines to keep from now (fence.Deadlines)."""
         self.heard = time.monotonic()
         if fence_s is not None and grace_s is not None:
             self.fence_s, self.fence_grace_s = float(fence_s), float(grace_s)
@@ -80,20 +75,17 @@ class ProcessHost:
             log.write(f"[fractus-pod {time.strftime('%Y-%m-%d %H:%M:%S')}] {text}\n")
 
     def poll(self) -> tuple[int | None, bytes, int]:
-        """(exit code or None, the complete metrics lines written since the last poll, the
-        byte offset of the metrics file they end at: where a replacement actor of this GPU
-        on this node goes on reading if this one dies, see `adopt`)."""
+        """(exit code or None, the complete metrics lines since the last poll, the byte
+        offset they end at: where a replacement actor goes on reading, see `adopt`)."""
         with self.lock:
             code = self.proc.poll() if self.proc is not None else None
             lines = self._new_lines()          # after the exit code: nothing is left behind
             return code, lines, self.tail.position if self.tail is not None else 0
 
     def adopt(self, pid: int, metrics: str, offset: int) -> tuple[int | None, bytes]:
-        """Take over from this GPU's previous actor on this node, whose process died while
-        the node lives: its worker `pid` got SIGTERM with it and saves its final checkpoint;
-        wait for it to end (SIGKILL after grace_s: never two workers of one GPU), then hand
-        over the metrics lines it wrote past `offset` (its final checkpoint event among them,
-        retained here), so that the GPU resumes from this node's newest checkpoint."""
+        """Take over from this GPU's previous actor on this node, which died: wait for its
+        worker `pid` (SIGTERMed with it, saving) to end, SIGKILL after grace_s, then hand
+        over the lines it wrote past `offset`, its final checkpoint event among them."""
         deadline = time.monotonic() + self.grace_s
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(ADOPT_CHECK_S)

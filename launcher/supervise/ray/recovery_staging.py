@@ -16,12 +16,7 @@ from launcher.files import read_json_state
 from launcher.hub.commit_budget import HOUR_S, HUB_COMMITS_PER_HOUR, recovery_commits_per_hour
 from launcher.paths import RECOVERY_COMMIT_STATE, RECOVERY_POSTED_PREFIX, RECOVERY_PUSHER_PREFIX
 
-# The hub's commits: a Hub repository takes `sync.commits_per_hour` (by default 128) an
-# hour; the recovery copies of the whole pod take their share of them
-# (launcher/hub/commit_budget.py: a quarter, 32), split over the pod's GPUs
-# (`gpu_commit_every_s`), and a node commits for its GPUs together (`commit_every_s`: a pod
-# of 8 GPUs on one node every 112.5 s; on 8 nodes, each every 900 s). A file:// store has
-# no such budget.
+# The budget: docs/LAUNCHER.md, Multi-node pods on Ray, Recovery copies.
 GATHER_S = 10.0          # a due commit waits this long for the node's other GPUs' saves
 # On a budget, a pusher with nothing new looks whether the node's commit is due this often
 # (a look reads every posted record: 9 ms on a loaded machine, at 5 Hz 4.6 % of a core each)
@@ -30,18 +25,15 @@ DUE_CHECK_S = 2.0
 
 def gpu_commit_every_s(hub_url: str | None, pod_gpus: int,
                        budget: int = HUB_COMMITS_PER_HOUR) -> float:
-    """The recovery commits each of the pod's `pod_gpus` GPUs is entitled to on `hub_url`,
-    as seconds between two: on the Hub (hf://), the pod's recovery share of the repo's
-    commit `budget` an hour (commit_budget.recovery_commits_per_hour) split over its GPUs;
-    a file:// store (a directory) has no commit budget: 0, as soon as the last is done."""
+    """Seconds between two recovery commits each of `pod_gpus` GPUs is entitled to: on hf://
+    the pod's recovery share of `budget` split over its GPUs; 0 for a file:// store."""
     if not hub_url or not hub_url.startswith("hf://"):
         return 0.0
     return HOUR_S / recovery_commits_per_hour(budget) * max(1, pod_gpus)
 
 
 def commit_every_s(gpu_every_s: float, node_gpus: int) -> float:
-    """How often a node commits for its `node_gpus` GPUs together: summed over the pod's
-    nodes, the recovery commits stay within the pod's share of the budget."""
+    """How often a node commits for its `node_gpus` GPUs together, within the pod's share."""
     return gpu_every_s / max(1, node_gpus)
 
 
@@ -89,10 +81,8 @@ def node_gpus(staging: Path) -> int:
 
 
 def commit_due(staging: Path, gpu_every_s: float) -> bool:
-    """Whether the node's next commit is due: a posted save of an ended worker (a final
-    save) at once; otherwise the node's cadence since its last commit (`commit_every_s`),
-    and then, on a budget, once every GPU of the node posted one, or GATHER_S after the
-    oldest posted."""
+    """A final save at once; else after the node's cadence, once every GPU of the node
+    posted a save or GATHER_S after the oldest posted."""
     entries = posted(staging)
     if not entries:
         return False
