@@ -1,12 +1,8 @@
 """A GPU's actor died on a node that is alive: a new actor there adopts the GPU.
 
 Invariant: never two workers of one GPU, and a live node's newer checkpoints are not
-thrown away for its hub copy. Ray reports an actor dead both when its node is gone and when
-only its process died; when the node is alive (`ray.nodes()`), a new actor of the GPU on
-that node (NodeAffinity) waits for the old worker to end (SIGTERM from its dead parent: it
-saves; SIGKILL after stop_grace_s), then hands over the metrics lines the launcher had not
-read, the final save's event among them (NodeWorker.adopt). A replacement that cannot be
-placed, fails, or whose node goes meanwhile: AdoptionFailed, the GPU is treated as lost.
+thrown away for its hub copy. Ray reports an actor dead also when only its process died; a
+replacement on that node then waits for the old worker's final save (NodeWorker.adopt).
 Owner: `NodeAdoption`, which RayBackend holds.
 """
 
@@ -31,8 +27,8 @@ class NodeAdoption:
         self.new_actor = new_actor        # (gpu, node_id) -> a new actor of it on that node
 
     def begin(self, handle: RayHandle) -> bool:
-        """A new actor on the dead actor's node adopts the GPU; False: its node is not
-        known alive (or nothing to adopt yet): the GPU is to be treated as lost."""
+        """A new actor on the dead actor's node adopts the GPU; False: the node is not known
+        alive (or nothing to adopt yet), the GPU is to be treated as lost."""
         if handle.node_id is None or handle.read_to is None or handle.pid is None \
                 or not self.alive(handle.node_id):
             return False
@@ -44,9 +40,8 @@ class NodeAdoption:
         return True
 
     def collect(self, handle: RayHandle, timeout: float | None) -> bytes | None:
-        """The old worker's last lines once the replacement answered (None: not yet; a
-        `timeout` of None waits until its deadline). AdoptionFailed: the replacement is
-        killed, the GPU is lost."""
+        """The old worker's last lines once the replacement answered (None: not yet;
+        `timeout` None: wait until the deadline). AdoptionFailed: the replacement is killed."""
         wait_s = max(0.0, handle.deadline - time.monotonic()) if timeout is None else timeout
         ready, _ = self.ray.wait([handle.call], timeout=wait_s)
         if not ready:         # its node went meanwhile, or the replacement never answers

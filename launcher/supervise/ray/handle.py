@@ -1,8 +1,8 @@
 """One GPU's worker on a Ray node, and the one table that moves it.
 
 Invariant: a handle is in exactly one state, and only `RayHandle.move` changes it, through
-TRANSITIONS; a move the table does not list raises IllegalTransition (a bug in RayBackend,
-never a state nothing handles). Owner: RayBackend (launcher/supervise/ray/driver.py).
+TRANSITIONS; a move the table does not list raises IllegalTransition (a bug in RayBackend).
+Owner: RayBackend (driver.py).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class RayHandle(WorkerHandle):
     actor: object = None
     state: RayState = RayState.PLACING
     call: object = None               # PLACING: its start(); ADOPTING: the replacement's adopt()
-    poll_ref: object = None           # RUNNING: the poll in flight (never dropped: it carries lines)
+    poll_ref: object = None           # RUNNING: the poll in flight (never dropped: has lines)
     deadline: float = 0.0             # ADOPTING: answered by then; FENCING: lost then (monotonic)
     ended: WorkerExit | None = None   # ENDED, LOST: how it ended
     node_id: str | None = None        # the node's full id (NodeAffinity for a replacement)

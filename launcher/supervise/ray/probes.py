@@ -8,15 +8,15 @@ from launcher.checks.probe_check import ProbeLost, ProbeUnavailable
 
 
 class NodeProbes:
-    """ProbeMonitor.use_nodes for Ray: each AR probe runs on the node of its GPU's actor,
-    which holds the checkpoint (launcher/supervise/ray/node_checkpoints.py: NodeCheckpoints.probe)."""
+    """Each AR probe runs on the node of its GPU's actor, which holds the checkpoint
+    (NodeCheckpoints.probe)."""
 
     def __init__(self, backend: RayBackend):
         self.backend = backend
 
     def hold(self, gpu: int, checkpoint: str, sha256: str | None) -> str | None:
-        """The node's name for it: it retains every checkpoint it saw (by sha256) and the
-        one its worker resumed from (ProbeMonitor asks for that one as "resume")."""
+        """The node's name for it: `sha256:HEX`, or "resume" for the one its worker resumed
+        from."""
         if sha256 == RESUME:
             return RESUME
         return f"sha256:{sha256}" if sha256 else None

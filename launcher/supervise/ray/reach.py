@@ -1,9 +1,8 @@
 """Is the Ray cluster there? Asked before `launch` writes anything to the pod.
 
 Invariant: a refusal leaves the pod byte for byte as it was. `ray.init(address=...)` where
-nothing listens retries for ever (after the pod lock, the run id and the state files), so
-the launcher first opens a plain TCP connection to the cluster's GCS address (no Ray import:
-fork-safe) and refuses in one line when it fails. Owner: `refuse_unreachable`.
+nothing listens retries for ever, so a plain TCP connection to the GCS address comes first
+(no Ray import: fork-safe). Owner: `refuse_unreachable`.
 """
 
 from __future__ import annotations

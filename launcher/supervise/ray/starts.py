@@ -2,12 +2,10 @@
 copies carry, the bytes a node found nowhere, and what every node is told beyond its worker.
 
 Invariant: an older lineage's recovery copies never serve. A GPU's lineage (`attempt`: the
-worker start whose recovery copies continue its manifest entry) is set when a start
-answers; a new start keeps it only when it resumes from that start's recovery copy (its
-node can be lost before the start answers), else clears it; a killed worker's (a failed
-check, a hang) is cleared in logs/ray_lineage.json, which a launcher killed with -9 leaves
-to the next launch of the pod (RayCustodian's `resume_newer_copies`). Owner: `GpuStarts`,
-which RayBackend tells of each start and RayCustodian reads.
+start whose recovery copies continue its manifest entry) is set when a start answers; a new
+start keeps it only when it resumes from that start's recovery copy, else clears it; a
+killed worker's is cleared. Recorded in logs/ray_lineage.json for the next launch after a
+kill -9. Owner: `GpuStarts`, which RayBackend tells of each start and RayCustodian reads.
 """
 
 from __future__ import annotations
@@ -27,9 +25,7 @@ class GpuStarts:
     def __init__(self, pod_dir: Path, config: PodConfig, gpus: int = 1):
         self.pod_dir = pod_dir
         self.hub_url = absolute_hub_url(config.hub, pod_dir)
-        # Every node actor is told the hub and the pod it pushes as (the run's hub lease),
-        # the data source it fetches its GPUs' shards from (its credentials are its own),
-        # and each GPU's share of the hub's commit budget for its recovery copies.
+        # The data source's credentials are each node's own.
         self.node_args = {
             "hub_url": self.hub_url, "writer": pod_id(pod_dir) if self.hub_url else None,
             "data": {"url": absolute_hub_url(config.data.url, pod_dir),
@@ -65,11 +61,11 @@ class GpuStarts:
                              {str(g): a for g, a in self.recorded.items()})
 
     def nowhere(self, gpu: int, sha256: str | None, error: str) -> None:
-        """The GPU's node found the bytes its start resumes from nowhere (BytesNowhere)."""
+        """The GPU's node found its start's resume bytes nowhere (BytesNowhere)."""
         self.gone[gpu] = {"sha256": sha256, "error": error}
 
     def take_bytes_gone(self, gpu: int) -> dict | None:
-        """The bytes {sha256, error} the GPU's node found nowhere at its last start, once."""
+        """{sha256, error} of the bytes found nowhere at the GPU's last start, once."""
         return self.gone.pop(gpu, None)
 
 
