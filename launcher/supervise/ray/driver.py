@@ -31,9 +31,7 @@ from launcher.supervise.ray.starts import GpuStarts
 from launcher.worker.process import WorkerSpec, build_env, pod_env_names
 
 POLL_WAIT_S = 5.0          # a node slower than this to answer is asked again next poll
-# At most one round trip to the nodes every 2 s, whatever the pod's poll_interval_s: each
-# call costs the driver CPU, and 2 s of metrics latency changes no decision (hang limits
-# are minutes).
+# Whatever poll_interval_s: each call costs driver CPU; 2 s of latency changes no decision.
 ROUND_TRIP_S = 2.0
 CALL_TIMEOUT_S = 120.0     # kill / a single stop beyond its grace
 ANSWER_CHECK_S = 1.0       # how often a wait for a kill's answer looks at the heartbeats
@@ -108,8 +106,7 @@ class RayBackend(WorkerBackend):
         self.actors[slot.gpu] = self.actor_class.options(
             # poll, push, an AR probe, a stop and a heartbeat can all be in flight at once
             scheduling_strategy=strategy, max_concurrency=5, max_restarts=0,
-            # outlives a launcher killed with -9 until it fences (its worker's final
-            # save); named, so that the next launcher of this pod finds it
+            # outlives a launcher killed with -9 until it fences; named for the next launcher
             lifetime="detached",
             name=f"{self.actor_prefix}gpu{slot.gpu}-{uuid.uuid4().hex[:8]}",
             **options).remote(slot.gpu, self.settings.workdir, str(self.pod_dir.resolve()),
@@ -128,8 +125,7 @@ class RayBackend(WorkerBackend):
         settings = build_env(self.config, spec, base={})
         handle = RayHandle(gpu, None, None, actor=actor, ckpt_sha256=spec.ckpt_sha256,
                            metrics=settings["METRICS"])
-        # The shards of its data phase and every later one (a phase switch starts the next
-        # phase's worker with them already there).
+        # this phase's shards and every later one's (a phase switch finds them there)
         shards = self.config.shard_paths(gpu)[spec.phase - 1:] if self.config.data else []
         handle.call = actor.start.remote(settings, checkpoint, spec.slot.device == "cuda",
                                          sorted(pod_env_names(self.config)), shards,
@@ -215,8 +211,7 @@ class RayBackend(WorkerBackend):
                              reason="its node lacked the checkpoint it resumes from")
 
     def _take(self, handle: RayHandle, ref, answer: tuple | None = None) -> None:
-        """Apply one answer, (exit code, lines[, read_to]); a dead actor is a lost node, a
-        call that raised on the node a crashed worker."""
+        """Apply one answer, (exit code, lines[, read_to])."""
         try:
             code, lines, *read_to = answer if answer is not None else self.ray.get(ref)
         except self.ray.exceptions.RayActorError:
@@ -291,8 +286,7 @@ class RayBackend(WorkerBackend):
             handle.move(RayEvent.FENCED, WorkerExit(None, node_lost=True))
 
     def _adopted(self, handle: RayHandle, timeout: float | None) -> None:
-        """The replacement actor's answer (the old worker's last lines): the GPU ends as a
-        crashed worker. A replacement that fails: the GPU is treated as lost."""
+        """The replacement's answer: the GPU ends as a crashed worker (failed: lost)."""
         try:
             lines = self.adoption.collect(handle, timeout)
         except AdoptionFailed:
@@ -367,8 +361,7 @@ class RayBackend(WorkerBackend):
         return {h.gpu: h.ended for h in handles}
 
     def kill(self, handle: RayHandle) -> WorkerExit:
-        # A killed worker (a failed check, a hang) ends its lineage: no relaunch resumes
-        # from its recovery copies.
+        # a killed worker ends its lineage: no relaunch resumes from its recovery copies
         self.starts.killed(handle.gpu)
         return self._finish([handle], lambda actor: actor.kill.remote())[handle.gpu]
 
@@ -386,8 +379,7 @@ class RayBackend(WorkerBackend):
 
 
 def remote_error(exc: Exception) -> str:
-    """One scrubbed line for the events: the exception raised on the node (a RayTaskError's
-    `cause`), without its traceback."""
+    """One scrubbed line, no traceback: the exception raised on the node (its `cause`)."""
     cause = getattr(exc, "cause", None)
     if cause is None:
         return describe_error(exc)
