@@ -120,8 +120,7 @@ class RayCustodian(NodeCopies):
         return self.on_hub.get(gpu)
 
     def resume_copy(self, gpu: int) -> dict | None:
-        """A GPU whose node was lost: the newer of its passed hub copy and its lost
-        worker's recovery copy (a hub that cannot be read: the passed copy)."""
+        """A lost node's GPU: the newer of its passed hub copy and its recovery copy."""
         passed = self.hub_copy(gpu)
         attempt = self.starts.attempt(gpu)
         if not self.hub_url or attempt is None:
@@ -157,8 +156,7 @@ class RayCustodian(NodeCopies):
         return True
 
     def _newest_passed(self, gpu: int, index: CheckpointIndex, lost: str) -> dict | None:
-        """The GPU's newest passed checkpoint other than `lost`, as its hub copy when that
-        is the one (any node can pull it), else its index record."""
+        """The newest passed checkpoint but `lost`: its hub copy if that one, else its record."""
         hub = self.hub_copy(gpu)
         for record in reversed(index.for_gpu(gpu)):
             if record["verdict"] == PASSED and record["sha256"] != lost:
