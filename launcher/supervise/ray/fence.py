@@ -53,8 +53,7 @@ def derive_deadlines(gaps_s, steps_s, saves_s, fence_cap_s: float,
 
 
 class Measured:
-    """What the deadlines derive from. Fed by two threads (the heartbeat's, the poll's):
-    appends only."""
+    """What the deadlines derive from. Two threads feed it: appends only."""
 
     def __init__(self):
         self.gaps = deque(maxlen=MEASURED_KEPT)
@@ -120,8 +119,7 @@ class Heartbeat:
         self.answered[actor] = time.monotonic()
 
     def unresponsive(self, actor) -> bool:
-        """Alive to Ray, but no answer for its wait: frozen, since a running process would
-        have fenced itself by then."""
+        """No answer for its wait while alive to Ray: frozen (a running one would have fenced)."""
         answered = self.answered.get(actor)
         return answered is not None and time.monotonic() - answered > self.wait_s(actor)
 
@@ -179,8 +177,7 @@ class Heartbeat:
 
 
 def end_orphans(ray, prefix: str, grace_s: float, timeout_s: float) -> list[dict]:
-    """Stop (worker saves, SIGKILL after grace_s) and remove every actor of this pod an
-    earlier launcher left; returns what each said."""
+    """Stop and remove every actor of this pod an earlier launcher left (its worker saves)."""
     ended = []
     for name in ray.util.list_named_actors():
         if not name.startswith(prefix):
