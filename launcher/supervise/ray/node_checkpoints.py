@@ -72,16 +72,14 @@ class NodeCheckpoints:
                           "recovered": resume if how == RECOVERED else None}
 
     def input(self, value: str) -> str:
-        """A file setting as this node finds it: its own directory, else the head's pod
-        directory (same machine or shared filesystem), else as given."""
+        """A file setting as found here: this node's directory, the head's pod dir, or as is."""
         if not (self.workdir / value).exists() and (self.pod_dir / value).exists():
             return str(self.pod_dir / value)
         return value
 
     def start_recovery_pushes(self, pid: int, settings: dict[str, str], offset: int,
                               log_path: Path) -> str | None:
-        """Start this worker start's recovery pusher (recovery.py); returns the start's id,
-        which its pushes carry."""
+        """Start this worker start's recovery pusher; returns the start's id (`attempt`)."""
         self.pushers = [p for p in self.pushers if p.poll() is None]     # reap the ended
         if not (self.hub_url and self.writer):
             return None
@@ -161,8 +159,7 @@ class NodeCheckpoints:
         return revision
 
     def _ensure_shards(self, shards: list[str]) -> list[str]:
-        """The GPU's shards verified here, fetched where absent; returns those fetched.
-        UserError/HubError (the start fails with that line)."""
+        """The GPU's shards verified here, fetched where absent; returns those fetched."""
         if not (self.data and shards):
             return []
         return ensure_shards(list(shards), DataSource(**self.data), self.workdir)
@@ -192,8 +189,7 @@ class NodeCheckpoints:
 
 def push_as_pod(hub_url: str, workdir: Path, writer: str, hub_path: str, local: Path,
                 sha256: str, message: str) -> str:
-    """Push `local` to `hub_path` (checked against `sha256`) as the pod `writer`, under the
-    run's lease: RunTakenOver, nothing committed, once another pod holds the run."""
+    """Push `local` to `hub_path` as the pod `writer` under the run's lease (RunTakenOver)."""
     return push_as_writer(open_store(hub_url, workdir), {hub_path: local}, message,
                           {hub_path: sha256}, workdir / NODE_LEASE_DIR, writer)
 
