@@ -133,8 +133,7 @@ def read_recovery_copy(hub_url: str, pod_dir: Path, checkpoint: str, gpu: int,
 
 # ---- the node's side -----------------------------------------------------------------------
 def start_pusher(spec: dict, workdir: Path, log_path: Path) -> subprocess.Popen:
-    """The pusher of one worker start, in a session of its own: neither a signal to the
-    actor's group nor the actor's death ends it."""
+    """The pusher of one worker start, in its own session: the actor's death does not end it."""
     with open(log_path, "ab") as log:
         return subprocess.Popen([sys.executable, "-m", "launcher.supervise.ray.recovery",
                                  json.dumps(spec)], cwd=workdir, env=_launcher_env(),
