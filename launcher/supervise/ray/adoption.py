@@ -27,8 +27,7 @@ class NodeAdoption:
         self.new_actor = new_actor        # (gpu, node_id) -> a new actor of it on that node
 
     def begin(self, handle: RayHandle) -> bool:
-        """A new actor on the dead actor's node adopts the GPU; False: the node is not known
-        alive (or nothing to adopt yet), the GPU is to be treated as lost."""
+        """A new actor on the dead actor's node adopts the GPU; False: treat the GPU as lost."""
         if handle.node_id is None or handle.read_to is None or handle.pid is None \
                 or not self.alive(handle.node_id):
             return False
