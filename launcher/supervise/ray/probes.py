@@ -8,8 +8,7 @@ from launcher.checks.probe_check import ProbeLost, ProbeUnavailable
 
 
 class NodeProbes:
-    """Each AR probe runs on the node of its GPU's actor, which holds the checkpoint
-    (NodeCheckpoints.probe)."""
+    """Each AR probe runs on its GPU's node, which holds the checkpoint."""
 
     def __init__(self, backend: RayBackend):
         self.backend = backend
