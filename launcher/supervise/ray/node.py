@@ -15,9 +15,7 @@ from launcher.supervise.ray.node_checkpoints import NodeCheckpoints
 from launcher.supervise.ray.node_process import ProcessHost
 from launcher.worker.process import worker_env
 
-# Settings resolved against the node's directory, else the head's pod directory (the same
-# machine or a shared filesystem): shards (without `data:`) and a model file are the
-# user's to place.
+# Resolved by NodeCheckpoints.input: shards (without `data:`) and a model are the user's to place.
 NODE_LOCAL_INPUTS = ("SHARD", "MODEL")
 
 
