@@ -44,8 +44,7 @@ class NodeCheckpoints:
         self.lock = threading.Lock()      # the index: poll and push run on two threads
         self.resume_file: Path | None = None   # held for the stage's baseline probe
         self.pushers: list[subprocess.Popen] = []   # recovery pushers
-        # Set once a start has placed the worker: a probe of the resume checkpoint must
-        # wait for its pull and hold.
+        # a probe of the resume checkpoint waits for the start's pull and hold
         self.placed = threading.Event()
 
     def prepare(self, settings: dict[str, str], checkpoint: dict | None,
