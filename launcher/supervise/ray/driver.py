@@ -49,9 +49,8 @@ class RayBackend(WorkerBackend):
         if not ray.is_initialized():
             ray.init(address=settings.address, namespace=NAMESPACE, log_to_driver=False,
                      logging_level="WARNING", configure_logging=False)
-        # The cluster's own messages to every driver (a raylet's death with its state dump)
-        # would go raw into the launcher's log; the events say what happened to which GPU.
-        # Ray's one switch for it (ray.util.rpdb uses it); the `ray` extra pins Ray.
+        # The cluster's messages to every driver (a raylet's state dump) would go raw into
+        # the log. Ray's one switch for it (ray.util.rpdb uses it); the `ray` extra pins Ray.
         ray._private.worker._worker_logs_enabled = False
         self.actor_class = ray.remote(NodeWorker)
         self.actor_prefix = actor_prefix(pod_dir)
