@@ -1,11 +1,9 @@
-"""What a Ray pod's checkpoints need of each GPU's worker starts: the lineage its recovery
-copies carry, the bytes a node found nowhere, and what every node is told beyond its worker.
+"""Each GPU's worker starts as a Ray pod's checkpoints need them: lineage, bytes found nowhere.
 
 Invariant: an older lineage's recovery copies never serve. A GPU's lineage (`attempt`: the
-start whose recovery copies continue its manifest entry) is set when a start answers; a new
-start keeps it only when it resumes from that start's recovery copy, else clears it; a
-killed worker's is cleared. Recorded in logs/ray_lineage.json for the next launch after a
-kill -9. Owner: `GpuStarts`, which RayBackend tells of each start and RayCustodian reads.
+start whose recovery copies continue its manifest entry) is set when a start answers, kept by
+a new start only when it resumes from that start's recovery copy, cleared when its worker is
+killed; logs/ray_lineage.json keeps it for the next launch after a kill -9. Owner: `GpuStarts`.
 """
 
 from __future__ import annotations
