@@ -2,12 +2,17 @@
 event leaves a state while the GPU still holds a worker, and an exit or a stop lets go of it
 (launcher/supervise/gpu_run.py). No process: a GpuRun over a handle."""
 
+import ast
+import dataclasses
+from pathlib import Path
+
 import pytest
 
 from launcher.checks.criteria import RestartPolicy
 from launcher.config.devices import Slot
 from launcher.supervise.backend import WorkerExit, WorkerHandle
 from launcher.supervise.gpu_run import GpuRun
+from launcher.supervise.pod_run import PodRun
 from launcher.supervise.state import GpuEvent, GpuState, IllegalTransition
 from launcher.worker.process import MetricsTail
 
@@ -62,3 +67,45 @@ def test_a_crash_backs_off_with_its_restart_time_and_past_the_budget_gives_up(tm
         run.ended(WorkerExit(1))
         last = run.crashed(now + 0.5, policy)
     assert last is None and run.state is GpuState.FAILED and len(run.restarts) == 3
+
+
+# Objects elsewhere in launcher/ whose fields share a GpuRun's or PodRun's name: not theirs.
+OTHER_OBJECTS = {
+    ("launcher/checks/canary.py", "run"): "canary's _Run",
+    ("launcher/checks/canary.py", "result"): "CanaryResult",
+    ("launcher/checks/health.py", "check"): "CheckState",
+    ("launcher/supervise/ray/driver.py", "handle"): "a Ray worker handle",
+    ("launcher/cli/launch_steps.py", "launch"): "Launch",
+    ("launcher/hub/snapshot.py", "snap"): "Snapshot",
+}
+
+
+def _assigned_outside(cls, home: str) -> list[str]:
+    """`x.field = ...` for a field of `cls`, `x` not `self`, in launcher/ outside `home`."""
+    root = Path(__file__).resolve().parents[1]
+    names = {f.name for f in dataclasses.fields(cls)}
+    found = []
+    for path in sorted((root / "launcher").rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel == home:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), rel)):
+            targets = (node.targets if isinstance(node, ast.Assign) else
+                       [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+            while targets:
+                target = targets.pop()
+                if isinstance(target, (ast.Tuple, ast.List)):
+                    targets.extend(target.elts)
+                elif isinstance(target, ast.Starred):
+                    targets.append(target.value)
+                elif (isinstance(target, ast.Attribute) and target.attr in names
+                      and ast.unparse(target.value) != "self"
+                      and (rel, ast.unparse(target.value)) not in OTHER_OBJECTS):
+                    found.append(f"{rel}:{target.lineno} {ast.unparse(target)}")
+    return found
+
+
+@pytest.mark.parametrize("cls, home", [(GpuRun, "launcher/supervise/gpu_run.py"),
+                                       (PodRun, "launcher/supervise/pod_run.py")])
+def test_a_runs_fields_are_set_only_by_its_own_methods(cls, home):
+    assert _assigned_outside(cls, home) == []

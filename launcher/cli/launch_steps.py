@@ -36,7 +36,7 @@ from launcher.supervise.launch_shards import fetch_shards
 from launcher.supervise.plan import LaunchPlan, load_plan
 from launcher.supervise.pod_view import ProgressLine
 from launcher.supervise.prepare import (complete_decided_rollback, ensure_run_id,
-                                        never_resume_failed, reconcile, record_baselines,
+                                        never_resume_failed, reconcile,
                                         recover_checkpoints, refuse_budget_below_one_push,
                                         refuse_if_busy, refuse_taken_over, validate)
 from launcher.supervise.ray.copies import resume_newer_copies
@@ -271,7 +271,7 @@ def supervise(launch: Launch, lock: PodLock, stop: EarlyStop) -> int:
         events.emit("launch_stopped", stage=stage_before_launch(plan, manifest), reason=str(exc))
         click.echo(f"pod STOPPED: {exc}")
         return 0
-    record_baselines(plan, manifest, launch.index, plan.ckpts_on_hub)
+    supervisor.pod.custodian.record_baselines(plan.stage, plan.ckpts_on_hub)
     ensure_run_id(manifest)
     if options.detach:
         # Its buffered lines would be written by both processes; the alerts' threads

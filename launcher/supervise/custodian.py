@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from launcher.config.podconfig import PodConfig
+from launcher.files import sha256_file
 from launcher.hub.recover import recover_entry
 from launcher.hub.sync import HubSync, RunLease
 from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex
@@ -110,6 +111,27 @@ class CheckpointCustodian:
         if restore_passed(self.manifest, self.index, self.events, gpus, refuse=False,
                           own_file_of=self.config.checkpoint_path):
             write_manifest(self.manifest)
+
+    def record_baselines(self, stage: int, on_hub: set[int] = frozenset()) -> None:
+        """A GPU with progress but no passed checkpoint (a pod this launcher never ran) trusts
+        the one its entry names (recorded at `stage` when the entry has none). `on_hub` GPUs
+        aside: their hub revision is the resume point."""
+        for gpu in self.gpus:
+            entry = self.manifest.entries.get(gpu)
+            if not entry or not entry.checkpoint or gpu in on_hub or not self.never_passed(gpu):
+                continue
+            path = self.pod_dir / entry.checkpoint
+            sha = entry.checkpoint_sha256 or sha256_file(path)
+            event = {"sha256": sha, "next_token": entry.start_token, "phase": entry.at_phase,
+                     "path": entry.checkpoint,
+                     "ema_tf": entry.ema_tf, "lb": entry.lb,
+                     "bytes": path.stat().st_size}
+            reason = "launch baseline: the checkpoint the manifest names"
+            if (gpu, sha) in self.index.records:
+                self.index.mark(gpu, sha, PASSED, reason)
+            else:
+                self.index.add(gpu, event, entry.stage or stage, entry.checkpoint,
+                               verdict=PASSED, reason=reason)
 
     # ---- what a GPU resumes from ------------------------------------------------------------
     def probe_name(self, record: dict, event: dict, rel: str) -> str | None:

@@ -94,7 +94,7 @@ class PodEnding:
             return
         reason = (f"{what}; the workers were stopped (each checkpointed): {fix}, then "
                   f"launch again")
-        pod.files_lost = True
+        pod.lost_files()
         self._stop_all()
         for run in pod.runs.values():
             run.stopped()

@@ -38,7 +38,7 @@ class ExitHandlers:
             self.placement.on_node_lost(run)
             return
         if ended.code and not run.error_reported:
-            run.last_error = ended.error or self.worker_said(run, ended.code)
+            run.ended_with(ended.error or self.worker_said(run, ended.code))
         self.pod.events.emit("worker_exit", gpu=run.slot.gpu, code=ended.code,
                              stage=self.pod.stage,
                              **({"error": ended.error} if ended.error else {}))
@@ -64,9 +64,9 @@ class ExitHandlers:
         if ended.node_lost:
             self.placement.on_node_lost(run)
             return
-        run.last_error = (f"hang: no metrics line for {silent_s:.0f}s "
-                          + ("before its first step" if phase == "first_step" else "")
-                          + f" (limit {limit_s:g}s)").replace("  ", " ")
+        run.ended_with((f"hang: no metrics line for {silent_s:.0f}s "
+                        + ("before its first step" if phase == "first_step" else "")
+                        + f" (limit {limit_s:g}s)").replace("  ", " "))
         self.restarts.crash(run, run.last_error)
 
     # ---- one handler per exit event ---------------------------------------------------

@@ -45,7 +45,7 @@ class FinalVerdicts:
 
     def wait_for_probes(self, last: dict[int, dict], cut_short) -> None:
         pod, probes = self.pod, self.pod.probes
-        pod.judging = True                 # `status` says judging: `stop` waits through it
+        pod.judging_final(True)            # `status` says judging: `stop` waits through it
         self.view.write(force=True)
         largest = max(_size(pod.pod_dir / (r.get("retained") or r["path"]))
                       for r in last.values())
@@ -59,7 +59,7 @@ class FinalVerdicts:
                 time.sleep(pod.plan.config.poll_interval_s)
                 self.monitor.collect_probes()
                 task.update(completed=len(last) - probes.probing(last))
-        pod.judging = False
+        pod.judging_final(False)
         self.view.write(force=True)
 
 

@@ -66,6 +66,36 @@ class GpuRun:
         self.restart_at = now + delay
         return delay
 
+    def checked_by(self, health: GpuHealth) -> None:
+        """Its checks from now on (a fresh start's)."""
+        self.health = health
+
+    def said_metrics(self, record: dict, now: float) -> None:
+        """Its worker wrote a metrics line at `now`."""
+        self.last_line_at, self.last_metrics = now, record
+
+    def said_done(self, reason: str, at: tuple | None = None) -> None:
+        """Its worker's `done` event: why it ended, and where when it said (phase, next_token)."""
+        self.done_reason = reason
+        if at is not None:
+            self.done_at = at
+
+    def said_error(self, message: str) -> None:
+        """Its worker's `error` event."""
+        self.last_error, self.error_reported = message, True
+
+    def ended_with(self, error: str) -> None:
+        """Why it ended, as the launcher saw it (an exit code's cause, a hang)."""
+        self.last_error = error
+
+    def announced(self, wait: bool) -> None:
+        """Whether its gpu_waiting event is out."""
+        self.announced_wait = wait
+
+    def saw_verified(self, seen: tuple) -> None:
+        """The (verified step, index changes) last judged."""
+        self.verified_seen = seen
+
     def stopped(self) -> None:
         """The pod stopped its worker (or it had none): STOPPED."""
         self.proc = None

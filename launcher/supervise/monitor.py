@@ -27,8 +27,7 @@ class WorkerMonitor:
     def drain(self, run: GpuRun) -> None:
         for record in run.tail.read():
             if record.get("type") == "metrics":
-                run.last_line_at = self.pod.clock()
-                run.last_metrics = record
+                run.said_metrics(record, self.pod.clock())
                 run.health.feed(record)
                 self.peers.feed(run.slot.gpu, record)
                 if self.pod.tracker is not None:
@@ -60,12 +59,12 @@ class WorkerMonitor:
                 run.health.fail(f"peers_{kind}", outlier.mark())
 
     def on_done(self, run: GpuRun, event: dict) -> None:
-        run.done_reason = str(event.get("reason"))
-        if isinstance(event.get("next_token"), int):
-            run.done_at = (event_phase(event), event["next_token"])
+        run.said_done(str(event.get("reason")),
+                      (event_phase(event), event["next_token"])
+                      if isinstance(event.get("next_token"), int) else None)
 
     def on_error(self, run: GpuRun, event: dict) -> None:
-        run.last_error, run.error_reported = str(event.get("message"))[:300], True
+        run.said_error(str(event.get("message"))[:300])
 
     def on_checkpoint(self, run: GpuRun, event: dict) -> None:
         pod, gpu = self.pod, run.slot.gpu
@@ -100,7 +99,7 @@ class WorkerMonitor:
             verified = None if vouched is None else min(verified, vouched)
         if verified is None or (verified, pod.custodian.changes) == run.verified_seen:
             return          # nothing new to judge: the common case, once per metrics line
-        run.verified_seen = (verified, pod.custodian.changes)
+        run.saw_verified((verified, pod.custodian.changes))
         for record in pod.custodian.pending(run.slot.gpu):
             if record.get("step") is not None and record["step"] <= verified:
                 pod.custodian.passed(run.slot.gpu, record["sha256"],

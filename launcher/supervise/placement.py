@@ -43,7 +43,7 @@ class NodePlacement:
         pod.events.emit("resume_point", gpu=gpu, from_token=from_token,
                         to_token=entry.start_token, checkpoint=entry.checkpoint,
                         hub_revision=entry.hub_revision, reason="node lost")
-        run.announced_wait = False
+        run.announced(False)
         self.place(run)
 
     def place(self, run: GpuRun) -> None:
@@ -51,6 +51,6 @@ class NodePlacement:
         if self.pod.backend.can_place(run.slot):
             self.starter.start(run, fresh_health=False)
         elif not run.announced_wait:
-            run.announced_wait = True
+            run.announced(True)
             self.pod.events.emit("gpu_waiting", gpu=run.slot.gpu, stage=self.pod.stage,
                                  reason="no node has a free device; waiting for one to join")

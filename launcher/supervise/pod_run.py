@@ -58,5 +58,31 @@ class PodRun:
             self.exit_code = exit_code
         return self.state
 
+    def use_backend(self, backend: WorkerBackend, runs: dict[int, GpuRun]) -> None:
+        """Its workers run on `backend`, one GpuRun per GPU."""
+        self.backend, self.runs = backend, runs
+
+    def probes_off(self) -> None:
+        self.probes = None
+
+    def logs_opened(self, logs_id: tuple | None) -> None:
+        """logs/ as the run began (device, inode)."""
+        self.logs_id = logs_id
+
+    def lost_files(self) -> None:
+        """logs/ or a file in it went away: nothing more is written."""
+        self.files_lost = True
+
+    def judging_final(self, judging: bool) -> None:
+        """The final probes of a clean end run (True) or ended (False)."""
+        self.judging = judging
+
+    def rolling_back(self, auto: bool) -> None:
+        """A rollback happens; an automatic one is remembered (never twice)."""
+        self.rolled_back = self.rolled_back or auto
+
+    def at_stage(self, stage: int) -> None:
+        self.stage = stage
+
     def running(self) -> bool:
         return self.state == PodState.RUNNING

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 
-from launcher.pod.ckpt_index import PASSED, CheckpointIndex
+from launcher.pod.ckpt_index import CheckpointIndex
 from launcher.files import sha256_file
 from launcher.pod.ckpt_trust import check_entry
 from launcher.errors import PodBusy, UserError
@@ -195,27 +195,3 @@ def ensure_run_id(manifest: Manifest) -> None:
     if not manifest.extra.get(RUN_ID_KEY):
         manifest.extra[RUN_ID_KEY] = uuid.uuid4().hex
         write_manifest(manifest)
-
-
-def record_baselines(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
-                     on_hub: set[int] = frozenset()) -> None:
-    """A GPU with progress but no passed checkpoint (a pod this launcher never ran) trusts
-    the one its entry names. `on_hub` GPUs aside: their hub revision is the resume point."""
-    for slot in plan.slots:
-        entry = manifest.entries.get(slot.gpu)
-        if not entry or not entry.checkpoint or slot.gpu in on_hub:
-            continue
-        if any(r["verdict"] == PASSED for r in index.for_gpu(slot.gpu)):
-            continue
-        path = plan.pod_dir / entry.checkpoint
-        sha = entry.checkpoint_sha256 or sha256_file(path)
-        event = {"sha256": sha, "next_token": entry.start_token, "phase": entry.at_phase,
-                 "path": entry.checkpoint,
-                 "ema_tf": entry.ema_tf, "lb": entry.lb,
-                 "bytes": path.stat().st_size}
-        reason = "launch baseline: the checkpoint the manifest names"
-        if (slot.gpu, sha) in index.records:
-            index.mark(slot.gpu, sha, PASSED, reason)
-        else:
-            index.add(slot.gpu, event, entry.stage or plan.stage, entry.checkpoint,
-                      verdict=PASSED, reason=reason)

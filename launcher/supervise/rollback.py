@@ -72,11 +72,12 @@ class StageRollback:
                 return
         write_manifest(pod.manifest)
         clear_decision(pod.pod_dir)
-        pod.rolled_back = pod.rolled_back or auto
+        pod.rolling_back(auto)
         pod.events.emit("stage_change", from_stage=from_stage, to_stage=target_stage,
                         reason="rollback")
         pod.custodian.manifest_changed("rollback")
-        pod.stage, self.announced = target_stage, None
+        pod.at_stage(target_stage)
+        self.announced = None
         self.starter.start_all()
         pod.events.emit("pod_running", stage=pod.stage, after="rollback")
 

@@ -44,9 +44,9 @@ class WorkerStarter:
         same_data = entry is not None and not entry.at_phase_start
         resume_ema = entry.ema_tf if same_data else None
         if fresh_health or run.health is None:
-            run.health = GpuHealth(pod.plan.criteria, stage.window,
-                                   lb_baseline=entry.lb if same_data else None,
-                                   resume_ema_tf=resume_ema)
+            run.checked_by(GpuHealth(pod.plan.criteria, stage.window,
+                                     lb_baseline=entry.lb if same_data else None,
+                                     resume_ema_tf=resume_ema))
         else:
             run.health.start(resume_ema)
         spec = self.spec(run)

@@ -95,8 +95,7 @@ class Supervisor:
     def use_backend(self, backend: WorkerBackend, copies: LocalCopies) -> None:
         """Run the workers on `backend`, their checkpoints where `copies` says."""
         pod = self.pod
-        pod.backend = backend
-        pod.runs = _gpu_runs(pod.plan, backend)
+        pod.use_backend(backend, _gpu_runs(pod.plan, backend))
         pod.custodian.use_copies(copies)
         if not copies.on_nodes or pod.probes is None:
             return
@@ -104,7 +103,7 @@ class Supervisor:
         if nodes is not None:       # where the checkpoints are
             pod.probes.use_nodes(nodes)
         else:
-            pod.probes = None
+            pod.probes_off()
             pod.events.emit("probes_off", reason=f"the {backend.name} backend cannot "
                             f"probe the checkpoints on its nodes")
 
@@ -153,7 +152,7 @@ class Supervisor:
                         devices=sorted({r.slot.device for r in pod.runs.values()}),
                         startup_s=startup_s)
         self.ending.begin()
-        pod.logs_id = dir_id(pod.pod_dir / "logs")
+        pod.logs_opened(dir_id(pod.pod_dir / "logs"))
         try:
             if record_stage(pod.manifest, list(pod.runs), pod.stage, pod.events):
                 pod.custodian.manifest_changed("stage switch")
