@@ -41,6 +41,16 @@ CANARY_SCRATCH_DIR = "scratch/canary"   # never the canonical checkpoints
 PROBE_DIR = "checkpoints/probe"
 BASELINES_FILE = "logs/probe_baselines.json"   # stage -> gpu -> the AR recorded as baseline
 
+# ---- merge rounds (launcher/hub/outer_step.py) ---------------------------------------
+OUTER_STATE_FILE = "merge/outer_state.pt"        # the outer weights and momentum, last round
+OUTER_STATE_PENDING = "merge/outer_state.next.pt"  # a round's outer state before its commit
+
+
+def merged_round_path(n: int) -> str:
+    """Round n's merged weights, what the GPUs take."""
+    return f"merge/round_{n:05d}.pt"
+
+
 # ---- adoption of a reference-trainer run --------------------------------------------
 ADOPTION_DIR = "checkpoints/adopted"
 ADOPTED_MODEL_FILE = "manifests/adopted_model.json"
