@@ -3,7 +3,8 @@ weights, the outer settings and round n-1's outer state): run again, it writes t
 bytes; NaN/Inf anywhere is refused (NotFinite) and a refused round writes nothing. Owner: the
 launcher; the supervisor's round orchestration calls it. The weighted mean of the GPUs'
 parameters is merge.py's `stream_mean` (one checkpoint mmapped at a time: memory flat in the
-number of GPUs, about three float32 copies of the parameters), then the outer step.
+number of GPUs, at peak about six float32 copies of the parameters, the mmapped old outer
+state and checkpoint being read included), then the outer step.
 
 Per parameter, in float32 (float64 if the source is): g = outer - mean; m <- mu*m + g;
 outer <- outer - lr*(g + mu*m) (`nesterov`); `mean` is lr 1, mu 0, where outer <- mean
