@@ -6,7 +6,8 @@ File format, a superset of the legacy file (legacy tools keep working):
      "config": {...engine keywords, "gpu", "boost", "batch", "lr", "ss_rate", "tokens_processed"},
      "optimizer_state": SGD state_dict,  # momentum buffers
      "train_state": {"format", "next_token", "step", "ema_tf", "ema_ss", "rng", "carry_batch",
-                     "settings", "version", "shard", "phase", "saved_at", "gpu", "run_id"}}
+                     "settings", "version", "shard", "phase", "saved_at", "gpu", "run_id",
+                     "merge_round" (only when > 0)}}
 
 Rotation: `fractus_1b_gpu{i}.pt` is always the newest; older ones are `.pt.1`, `.pt.2`, ...
 up to SAVE_KEEP files in all; the suffix keeps them out of legacy uploaders' `*.pt` globs.
@@ -193,8 +194,9 @@ def _as_python_state(state):
 
 def training_payload(model, optimizer, settings, *, next_token: int, step: int,
                      ema_tf: float | None, ema_ss: float | None, device: torch.device,
-                     shard: str) -> dict:
-    """Everything an exact resume needs, in the legacy-compatible layout above."""
+                     shard: str, merge_round: int = 0) -> dict:
+    """Everything an exact resume needs, in the legacy-compatible layout above; `merge_round`
+    (the last merge round adopted) is recorded only when > 0 (absent means 0)."""
     import time
     from fractus import __version__
     config = {**model.config.to_dict(), "gpu": settings.gpu_id, "boost": True,
@@ -209,5 +211,7 @@ def training_payload(model, optimizer, settings, *, next_token: int, step: int,
         # identity, checked by the launcher against the manifest entry naming this file
         "gpu": settings.gpu_id, "run_id": settings.run_id,
     }
+    if merge_round:
+        train_state["merge_round"] = merge_round
     return {"model_state": model.state_dict(), "config": config,
             "optimizer_state": optimizer.state_dict(), "train_state": train_state}

@@ -204,6 +204,12 @@ class WorkerSettings:
                                    "1: train a new random model when there is no checkpoint to "
                                    "start from (the `tiny-cpu` demo preset sets it); otherwise "
                                    "that is refused (exit 2)")
+    merge_inbox: str | None = _var("MERGE_INBOX", None, _text,
+                                   "merge rounds' inbox, a JSON file inside the pod dir (the "
+                                   "working directory): checked at each step boundary and at "
+                                   "start; a newer round's merged weights are adopted in "
+                                   "place (below). Set by the launcher only when rounds are on",
+                                   shown="(none: no rounds)")
     fault: str | None = _var("FRACTUS_FAULT", None, _fault, "tests only, see below")
 
     @classmethod
@@ -254,7 +260,8 @@ ENV_VARS: tuple[str, ...] = tuple(f.metadata["env"] for f in dataclasses.fields(
 MERGED_BRAIN = "checkpoints/FRACTUS_1B_STAGE2_MERGED.pt"
 # The variables that name files (read or written by the worker): a pod rebuilt from a hub
 # takes them only inside the pod (launcher/hub/config_trust.py).
-PATH_VARS: tuple[str, ...] = ("SHARD", "CKPT_IN", "CKPT_OUT", "METRICS", "TB_DIR", "MODEL")
+PATH_VARS: tuple[str, ...] = ("SHARD", "CKPT_IN", "CKPT_OUT", "METRICS", "TB_DIR", "MODEL",
+                             "MERGE_INBOX")
 assert set(PATH_VARS) <= set(ENV_VARS)
 
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-KINDS = ("nan", "oom", "hang", "crash", "compile", "diverge", "kill_after_save", "save_hang")
+KINDS = ("nan", "oom", "hang", "crash", "compile", "diverge", "kill_after_save", "save_hang",
+         "pause")
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,10 @@ class FaultInjector:
         return self.fault is not None and self.fault.kind == kind and self.fault.step == step
 
     def before_step(self, step: int) -> None:
+        if self._fires("pause", step):   # SIGSTOP: a test acts at this boundary, then SIGCONTs
+            import os
+            import signal
+            os.kill(os.getpid(), signal.SIGSTOP)
         if self._fires("hang", step):
             while True:  # a stuck worker: only a second signal or SIGKILL ends it
                 time.sleep(3600)

@@ -14,6 +14,7 @@ import torch
 from fractus.config import EngineConfig, load_model_config
 from fractus.train.checkpoint import is_full, load_checkpoint
 from fractus.train.env import MERGED_BRAIN, SettingsError, WorkerSettings
+from fractus.train.merge_inbox import MAX_ROUND
 
 DEFAULT_MODEL = "1b"          # v1's TARGET config (vocab 50257)
 
@@ -30,6 +31,7 @@ class StartPoint:
     ema_tf: float | None = None
     ema_ss: float | None = None
     rng: dict | None = None
+    merge_round: int = 0               # the last merge round these weights adopted
     warnings: list[str] = field(default_factory=list)
 
 
@@ -97,7 +99,7 @@ def find_start(settings: WorkerSettings, shard_len: int) -> StartPoint:
         ts = ck["train_state"]
         start = StartPoint(config, int(ts["next_token"]), str(source), "full", ck,
                            step=int(ts["step"]), ema_tf=ts["ema_tf"], ema_ss=ts["ema_ss"],
-                           rng=ts["rng"])
+                           rng=ts["rng"], merge_round=_merge_round(ts, source))
         if _phase_start(settings, ts, source):
             start.next_token = 0      # the new phase's shard from its first token
         elif settings.start_token is not None and settings.start_token != start.next_token:
@@ -121,6 +123,15 @@ def find_start(settings: WorkerSettings, shard_len: int) -> StartPoint:
         raise SettingsError(f"START_TOKEN={start.next_token} is past the end of the shard "
                             f"({shard_len} tokens)")
     return start
+
+
+def _merge_round(train_state: dict, source: Path) -> int:
+    """train_state.merge_round, absent = 0; anything but a round number is refused."""
+    value = train_state.get("merge_round", 0)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ROUND:
+        raise SettingsError(f"checkpoint {source} records merge_round {value!r}, not a round "
+                            f"number (0..{MAX_ROUND})"[:300])
+    return value
 
 
 def _phase_start(settings: WorkerSettings, train_state: dict, source: Path) -> bool:

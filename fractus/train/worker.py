@@ -27,6 +27,7 @@ from fractus.train.disk import describe_disk_full, no_space_error
 from fractus.train.env import PARENT_DEATH_ENV, SettingsError, WorkerSettings
 from fractus.train.exit_codes import WorkerExitCode
 from fractus.train.faults import FaultInjector, parse_fault
+from fractus.train.merge_inbox import MergeInbox, MergeRefused, adopt, read_merged
 from fractus.train.metrics import MetricsWriter, human_line
 from fractus.train.resume import build_model, find_start, resolve_device
 from fractus.train.step import NonFiniteError, TrainStep, compiled_divergence
@@ -110,6 +111,10 @@ class Worker:
         self.ckpt_out = Path(s.ckpt_out_path)
         same_file = self.start.source and Path(self.start.source).resolve() == self.ckpt_out.resolve()
         self.saved_step = self.step if self.start.kind == "full" and same_file else None
+        self.merge_round = self.start.merge_round
+        # Unset (today, and whenever rounds are off): no inbox, one `if` per step.
+        self.merge_inbox = (MergeInbox(s.merge_inbox, pod_dir=Path.cwd())
+                            if s.merge_inbox else None)
 
     # --- per-step pieces ------------------------------------------------------------------
     def _batch(self, position: int):
@@ -141,7 +146,8 @@ class Worker:
     def _payload(self) -> dict:
         return training_payload(self.model, self.optimizer, self.s, next_token=self.next_token,
                                 step=self.step, ema_tf=self.ema_tf, ema_ss=self.ema_ss,
-                                device=self.device, shard=str(self.shard.path))
+                                device=self.device, shard=str(self.shard.path),
+                                merge_round=self.merge_round)
 
     def _save(self) -> None:
         """Checkpoint this step, in the background (ASYNC_SAVE=1) or on this thread."""
@@ -246,6 +252,28 @@ class Worker:
             print(human_line(self.s.gpu_id, self.next_token, result.tf, self.ema_tf, ss_shown,
                              self.ema_ss, result.lb, tok_s, mem), flush=True)
 
+    def _check_merge(self) -> None:
+        """At a step boundary: adopt the inbox's round if it is newer than the last adopted
+        (weights in place; optimizer state, RNG, carried state and next token stay this
+        worker's), or refuse its file with one line and go on with the weights unchanged."""
+        try:
+            entry = self.merge_inbox.poll()
+            if entry is None or entry.round <= self.merge_round:
+                return
+            params = read_merged(entry, self.merge_inbox.pod_dir, self.model)
+        except MergeRefused as e:
+            self.log.event("merge_refused", round=e.round, reason=e.reason)
+            print(f"GPU {self.s.gpu_id}: merge round {e.round} refused, training on with its "
+                  f"own weights: {e.reason}", file=sys.stderr, flush=True)
+            return
+        adopt(self.model, params)
+        self.merge_round = entry.round
+        self.log.event("merge_adopted", round=entry.round, at_token=self.next_token,
+                       step=self.step)
+        with self.stdout_lock:
+            print(f"GPU {self.s.gpu_id}: merge round {entry.round} adopted at "
+                  f"next_token={self.next_token} step={self.step}", flush=True)
+
     # --- the loop -------------------------------------------------------------------------
     def _end_reason(self, run_steps: int) -> str | None:
         if self.stop.requested:
@@ -272,6 +300,8 @@ class Worker:
                 self.saver.check()   # a failed background write stops the run here
             step = self.step + 1
             self.faults.before_step(step)
+            if self.merge_inbox is not None:
+                self._check_merge()
             batches = [self._batch(self.next_token + i * s.tokens_per_batch)
                        for i in range(s.accum)]
             result = self._run_step(batches, step)
@@ -321,6 +351,8 @@ class Worker:
             self.log.event("batch_change", old=self.stored_batch, new=s.batch,
                            message="carried state reset to zeros")
         try:
+            if self.merge_inbox is not None:
+                self._check_merge()     # a round taken while this GPU was down: before step 1
             if s.compile:
                 self.trainer.compile()
             reason = self.train()
