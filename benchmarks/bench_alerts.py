@@ -71,7 +71,7 @@ def delivery(root: Path, template: Path, count: int) -> dict:
 
 
 def poll_time(root: Path, template: Path, polls: int) -> dict:
-    from launcher.pod.ckpt_index import CheckpointIndex
+    from launcher.supervise.custodian import CheckpointCustodian
     from launcher.pod.events import EventLog
     from launcher.supervise.plan import load_plan
     from launcher.supervise.supervisor import Supervisor
@@ -86,7 +86,8 @@ def poll_time(root: Path, template: Path, polls: int) -> dict:
         router = _router(pod, servers[name], "generic") if name in servers else None
         plan, manifest = load_plan(pod, 3, "cpu:2", None)
         backend = FakeBackend(pod)
-        sup = Supervisor(plan, manifest, CheckpointIndex(pod), EventLog(pod, mirror=router),
+        log = EventLog(pod, mirror=router)
+        sup = Supervisor(plan, manifest, CheckpointCustodian.for_plan(plan, manifest, log), log,
                          backend=backend)
         sup.starter.start_all()
         pods[name] = (sup, backend, router, [])

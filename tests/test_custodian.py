@@ -5,10 +5,13 @@ RayCustodian is driven here without a cluster (tests/support/ray_stub.py: its ac
 at once); the real cluster is tests/test_ray_*.py's.
 """
 
+import ast
 import inspect
+from pathlib import Path
 
 from launcher.hub.lease import RunTakenOver
 from launcher.hub.sync_state import read_sync_state
+from launcher.pod.ckpt_index import CheckpointIndex
 from launcher.supervise.backend import WorkerBackend
 from launcher.supervise.ray.copies import RayCustodian
 from tests.support.fake_supervisor import (  # noqa: F401 (fixtures)
@@ -98,3 +101,49 @@ def test_a_sync_push_refused_stops_the_node_pushes_too(make):
     assert nodes.actors[0].pushes == [] and not custodian.queued
     (taken,) = events(sup, "hub_taken_over")
     assert taken["reason"] == "manifest"
+
+
+# The checkpoint index's methods that write it (a new method is classified below first).
+INDEX_WRITES = {"add", "mark", "retain_file", "_append", "_retain", "_prune"}
+INDEX_READS = {"for_gpu", "pending", "newest_passed", "file_sha256", "copies_of",
+               "_retained_path"}
+# Where the index is written: the custodian and the helpers it calls with its own index;
+# elsewhere, a Ray node's own index of its disk and the rollback by hand (no launcher runs).
+WRITES_INDEX = {"launcher/supervise/custodian.py", "launcher/hub/recover.py",
+                "launcher/pod/failed_resume.py", "launcher/pod/decided_rollback.py",
+                "launcher/hub/snapshot.py", "launcher/hub/sync.py",
+                "launcher/supervise/ray/copies.py", "launcher/pod/ckpt_index.py",
+                "launcher/supervise/ray/node_checkpoints.py", "launcher/cli/rollback_probe.py"}
+# Who opens one: the custodian, that node, the rollback by hand, and read-only views.
+OPENS_INDEX = {"launcher/supervise/custodian.py", "launcher/supervise/ray/node_checkpoints.py",
+               "launcher/cli/rollback_probe.py", "launcher/dashboard/status.py",
+               "launcher/dashboard/status_checkpoints.py", "launcher/hub/retention.py",
+               "launcher/hub/sync_push.py"}
+
+
+def _index_writers() -> list[str]:
+    """`x.add(...)` etc. on an index (`x` named *index*), or `CheckpointIndex(...)`, in
+    launcher/ outside the files allowed to."""
+    root = Path(__file__).resolve().parents[1]
+    found = []
+    for path in sorted((root / "launcher").rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(), rel)):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            if (isinstance(func, ast.Attribute) and func.attr in INDEX_WRITES
+                    and ast.unparse(func.value).split(".")[-1].lower().endswith("index")
+                    and rel not in WRITES_INDEX):
+                found.append(f"{rel}:{node.lineno} {ast.unparse(func)}")
+            if ast.unparse(func).split(".")[-1] == "CheckpointIndex" and rel not in OPENS_INDEX:
+                found.append(f"{rel}:{node.lineno} {ast.unparse(func)}()")
+    return found
+
+
+def test_only_the_custodian_writes_the_checkpoint_index():
+    """Issue 27 item 1: the launch's preparation (reconcile, a decided rollback, never
+    resuming a failed checkpoint, recovery) is the custodian's too, before the supervisor."""
+    methods = {name for name, _ in inspect.getmembers(CheckpointIndex, inspect.isfunction)}
+    assert methods - {"__init__"} == INDEX_WRITES | INDEX_READS
+    assert _index_writers() == []

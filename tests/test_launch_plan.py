@@ -18,13 +18,13 @@ import pytest
 import yaml
 
 from launcher.checks.canary import read_canary_state
-from launcher.pod.ckpt_index import CheckpointIndex
 from launcher.pod.setup_init import init_pod, write_config
 from launcher.config.podconfig import SyncSettings, load_pod_config
 from launcher.errors import UserError
 from launcher.pod.events import EventLog, read_events
 from launcher.supervise.plan import load_plan
 from launcher.supervise.stage_switch import EarlyStop, canary_gate
+from launcher.supervise.custodian import CheckpointCustodian
 from launcher.supervise.supervisor import Supervisor
 from tests.support.fake_backend import FakeBackend
 from tests.support.fake_supervisor import Clock
@@ -87,8 +87,9 @@ def test_supervision_reads_the_plan_not_the_files(pod):
     plan, manifest = load_plan(pod, 1, "cpu:1", None)
     overwrite_what_a_person_writes(pod, plan)
     backend, clock = FakeBackend(pod), Clock()
-    sup = Supervisor(plan, manifest, CheckpointIndex(pod), EventLog(pod), backend=backend,
-                     clock=clock)
+    log = EventLog(pod)
+    sup = Supervisor(plan, manifest, CheckpointCustodian.for_plan(plan, manifest, log), log,
+                     backend=backend, clock=clock)
     sup.starter.start_all()
     backend.train(0, 50)
     backend.checkpoint(0)
@@ -118,8 +119,9 @@ def test_faults_are_the_starters_and_the_plan_never_changes(pod):
     before = copy.deepcopy(plan)
     for _ in range(2):
         backend, clock = FakeBackend(pod), Clock()
-        sup = Supervisor(plan, manifest, CheckpointIndex(pod), EventLog(pod), backend=backend,
-                         clock=clock, faults={0: "nan@30"})
+        log = EventLog(pod)
+        sup = Supervisor(plan, manifest, CheckpointCustodian.for_plan(plan, manifest, log), log,
+                         backend=backend, clock=clock, faults={0: "nan@30"})
         sup.starter.start_all()
         backend.exit(0, 1)
         sup.step()
@@ -134,7 +136,8 @@ def test_the_supervisor_makes_its_ray_backend_when_opened_not_when_built(pod, mo
     open_backend, after it: here Ray is missing, which is then one line (exit 2)."""
     monkeypatch.setitem(sys.modules, "ray", None)      # as if the `ray` extra were missing
     plan, manifest = load_plan(pod, 1, "cpu:1", None, ray_address="127.0.0.1:6379")
-    sup = Supervisor(plan, manifest, CheckpointIndex(pod), EventLog(pod))
+    log = EventLog(pod)
+    sup = Supervisor(plan, manifest, CheckpointCustodian.for_plan(plan, manifest, log), log)
     assert sup.pod.backend.name == "local" and not sup.pod.custodian.on_nodes
     with pytest.raises(UserError, match=r"^--ray needs Ray: .*pip install"):
         sup.open_backend()

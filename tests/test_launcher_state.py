@@ -163,11 +163,11 @@ def test_sync_push_sends_only_passed_checkpoints_and_launch_restores_from_hub(tm
     (other / "checkpoints" / "RESUME_MANIFEST_8GPU.json").write_text(json.dumps(pulled))
     (other / "checkpoints" / "fractus_1b_gpu0.pt").unlink()
     from launcher.supervise.plan import load_plan
-    from launcher.supervise.prepare import recover_checkpoints
+    from launcher.supervise.custodian import CheckpointCustodian
     plan, manifest = load_plan(other, 1, "cpu:1", None)
 
     def restore_from_hub(plan, manifest, events):
-        recover_checkpoints(plan, manifest, CheckpointIndex(other), events)
+        CheckpointCustodian.for_plan(plan, manifest, events).recover()
     restore_from_hub(plan, manifest, EventLog(other))
     assert (other / "checkpoints" / "fractus_1b_gpu0.pt").read_bytes() == b"good"
     assert [e["revision"] for e in read_events(other) if e["event"] == "checkpoint_pulled"] \

@@ -180,11 +180,10 @@ def test_a_checkpoint_written_after_the_launcher_died_is_adopted_over_null_field
     launch that adopts a worker's unrecorded checkpoint read them as numbers (TypeError)."""
     from launcher.cli import main as cli_main
     from launcher.paths import metrics_path
-    from launcher.pod.ckpt_index import CheckpointIndex
     from launcher.files import sha256_file
     from launcher.pod.events import EventLog, read_events
     from launcher.supervise.plan import load_plan
-    from launcher.supervise.prepare import reconcile
+    from launcher.supervise.custodian import CheckpointCustodian
     pod = tmp_path / "pod"
     assert cli_main(["--pod-dir", str(pod), "init", "--preset", "tiny-cpu", "--no-data"]) == 0
     plan, _ = load_plan(pod, 2, None, "0")
@@ -198,7 +197,7 @@ def test_a_checkpoint_written_after_the_launcher_died_is_adopted_over_null_field
         "event": "checkpoint", "ts": 1.0, "next_token": 640, "step": 10, "ema_tf": 4.5,
         "lb": 14.0, "path": str(ckpt), "sha256": sha256_file(ckpt)}) + "\n")
     manifest = read_manifest(pod / plan.config.manifest)
-    reconcile(plan, manifest, CheckpointIndex(pod), EventLog(pod))
+    CheckpointCustodian.for_plan(plan, manifest, EventLog(pod)).reconcile(plan.stage)
     entry = read_manifest(pod / plan.config.manifest).entries[0]
     assert (entry.start_token, entry.checkpoint, entry.stage) == \
         (640, "checkpoints/fractus_1b_gpu0.pt", 2)        # the launch's stage, not null

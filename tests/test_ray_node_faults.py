@@ -111,7 +111,7 @@ def test_a_call_that_fails_on_a_node_crashes_its_worker_not_the_launcher(tmp_pat
     head, and the GPU restarts as after a crash."""
     import ray
 
-    from launcher.pod.ckpt_index import CheckpointIndex
+    from launcher.supervise.custodian import CheckpointCustodian
     from launcher.pod.events import EventLog
     from launcher.supervise.plan import load_plan
     from launcher.supervise.ray.copies import open_ray
@@ -132,7 +132,8 @@ def test_a_call_that_fails_on_a_node_crashes_its_worker_not_the_launcher(tmp_pat
                                   "workdir": str(tmp_path / "disk-{node}"), "resource": RESOURCE})
     plan, manifest = load_plan(pod, 1, None, "0")
     events = EventLog(pod)
-    supervisor = Supervisor(plan, manifest, CheckpointIndex(pod), events)
+    supervisor = Supervisor(plan, manifest, CheckpointCustodian.for_plan(plan, manifest, events),
+                            events)
     backend, custodian = open_ray(plan, events)
     try:
         backend.actor_class = ray.remote(FailsOnce)

@@ -27,6 +27,7 @@ from launcher.pod.decided_rollback import record_decision
 from launcher.pod.events import EventLog, read_events
 from launcher.pod.manifest import apply_checkpoint, read_manifest, write_manifest
 from launcher.pod.setup_init import init_pod
+from launcher.supervise.custodian import CheckpointCustodian
 from launcher.supervise.plan import load_plan
 from launcher.supervise.ray.driver import RayBackend, RayHandle
 from launcher.supervise.ray.starts import GpuStarts
@@ -183,8 +184,8 @@ def killed_pod(tmp_path):
 
 def relaunch(plan):
     manifest = read_manifest(plan.pod_dir / plan.config.manifest)
-    taken = resume_newer_copies(plan, manifest, CheckpointIndex(plan.pod_dir),
-                                EventLog(plan.pod_dir))
+    taken = resume_newer_copies(plan, CheckpointCustodian.for_plan(plan, manifest,
+                                                                   EventLog(plan.pod_dir)))
     return taken, manifest, read_manifest(plan.pod_dir / plan.config.manifest)
 
 

@@ -12,6 +12,7 @@ import pytest
 from launcher.hub import open_store
 from launcher.pod.ckpt_index import FAILED, CheckpointIndex
 from launcher.pod.manifest import read_manifest
+from launcher.supervise.custodian import CheckpointCustodian
 from launcher.supervise.state import PodState
 from tests.support.hub_manifest import manifest_on_hub
 from tests.support.fake_supervisor import (  # noqa: F401 (fixtures)
@@ -33,10 +34,9 @@ def test_a_rollback_decided_survives_a_launcher_killed_while_carrying_it_out(mak
     checkpoint at the old stage. The decision is recorded before anything is stopped, and
     the next launch completes it before it reads anything else."""
     from launcher.paths import DECIDED_ROLLBACK_FILE
-    from launcher.pod.ckpt_index import CheckpointIndex
     from launcher.pod.events import EventLog
     from launcher.supervise.plan import load_plan
-    from launcher.supervise.prepare import complete_decided_rollback, never_resume_failed, reconcile
+    from launcher.supervise.prepare import complete_decided_rollback
     sup, backend, clock = make(stage=3)
     sup.starter.start_all()
     good = passed_checkpoint(sup, backend, 0)
@@ -58,14 +58,14 @@ def test_a_rollback_decided_survives_a_launcher_killed_while_carrying_it_out(mak
 
     # The next plain launch (no --stage), through launch's own preparation steps.
     plan, manifest = load_plan(pod_dir, None, "cpu:2", None)
-    index, log = CheckpointIndex(pod_dir), EventLog(pod_dir)
-    plan = complete_decided_rollback(plan, manifest, index, log, stage_given=False)
-    reconcile(plan, manifest, index, log)
-    never_resume_failed(plan, manifest, index, log)
+    custodian = CheckpointCustodian.for_plan(plan, manifest, EventLog(pod_dir))
+    plan = complete_decided_rollback(plan, manifest, custodian, stage_given=False)
+    custodian.reconcile(plan.stage)
+    custodian.never_resume_failed()
     entry = read_manifest(pod_dir / plan.config.manifest).entries[0]
     assert entry["start_token"] == good["next_token"] and entry["stage"] == 2
     assert plan.stage == 2
-    assert index.records[(0, unjudged["sha256"])]["verdict"] == FAILED
+    assert CheckpointIndex(pod_dir).records[(0, unjudged["sha256"])]["verdict"] == FAILED
     (done,) = events(sup, "rollback", gpu=0)
     assert done["completed_at_launch"] and done["to_token"] == good["next_token"]
     assert not (pod_dir / DECIDED_ROLLBACK_FILE).exists()
@@ -201,7 +201,8 @@ def test_a_stage_switch_at_launch_is_pushed_to_the_hub_at_once(make):
     (at_stage_2,) = events(sup, "sync_pushed")
 
     plan, manifest = load_plan(pod_dir, 3, "cpu:2", None)
-    switched = Supervisor(plan, manifest, CheckpointIndex(pod_dir), EventLog(pod_dir),
+    log = EventLog(pod_dir)
+    switched = Supervisor(plan, manifest, CheckpointCustodian.for_plan(plan, manifest, log), log,
                           backend=FakeBackend(pod_dir), clock=clock)
     switched.stop_reason = "SIGTERM received"      # the first turn of the loop stops it
     switched.run()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import shlex
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import click
@@ -25,20 +25,19 @@ from launcher.hub import HubError
 from launcher.hub.from_hub import Rebuilt, rebuild_from_hub
 from launcher.hub.sync import store_for
 from launcher.paths import CONFIG_NAME, LAUNCHER_LOG
-from launcher.pod.ckpt_index import CheckpointIndex
 from launcher.pod.events import EventLog, Mirrors
 from launcher.pod.events_tensorboard import EventsToTensorBoard
 from launcher.pod.live_state import take_stop_request
 from launcher.pod.lock import PodLock
 from launcher.pod.manifest import Manifest
 from launcher.supervise.canary_budget import split_budget
+from launcher.supervise.custodian import CheckpointCustodian
 from launcher.supervise.launch_shards import fetch_shards
 from launcher.supervise.plan import LaunchPlan, load_plan
 from launcher.supervise.pod_view import ProgressLine
 from launcher.supervise.prepare import (complete_decided_rollback, ensure_run_id,
-                                        never_resume_failed, reconcile,
-                                        recover_checkpoints, refuse_budget_below_one_push,
-                                        refuse_if_busy, refuse_taken_over, validate)
+                                        refuse_budget_below_one_push, refuse_if_busy,
+                                        refuse_taken_over, validate)
 from launcher.supervise.ray.copies import resume_newer_copies
 from launcher.supervise.ray.reach import refuse_unreachable
 from launcher.supervise.stage_switch import (EarlyStop, LaunchStopped, canary_gate,
@@ -76,8 +75,7 @@ class Launch:
     budget: str | None = None       # how --max-time splits between canary and training
     alerting: tuple | None = None   # the settings and webhooks of `alerts:`
     events: EventLog | None = None
-    index: CheckpointIndex | None = None
-    relaunched: dict = field(default_factory=dict)  # the last launcher's final saves (Ray)
+    custodian: CheckpointCustodian | None = None    # the checkpoints' one owner, from here on
 
 
 def check_faults(launch: Launch) -> None:
@@ -145,7 +143,7 @@ def get_the_shards(launch: Launch) -> None:
 def open_the_records(launch: Launch) -> None:
     launch.events = EventLog(launch.plan.pod_dir,
                              mirror=_mirrors(launch.plan.pod_dir, launch.alerting))
-    launch.index = CheckpointIndex(launch.plan.pod_dir)
+    launch.custodian = CheckpointCustodian.for_plan(launch.plan, launch.manifest, launch.events)
 
 
 def resume_relaunched_copies(launch: Launch) -> None:
@@ -153,22 +151,21 @@ def resume_relaunched_copies(launch: Launch) -> None:
     plan = launch.plan
     if plan.ray is None:
         return
-    launch.relaunched = resume_newer_copies(plan, launch.manifest, launch.index, launch.events)
-    launch.plan = replace(plan, ckpts_on_hub=plan.ckpts_on_hub | set(launch.relaunched))
+    relaunched = resume_newer_copies(plan, launch.custodian)
+    launch.plan = replace(plan, ckpts_on_hub=plan.ckpts_on_hub | set(relaunched))
 
 
 def finish_decided_rollback(launch: Launch) -> None:
-    launch.plan = complete_decided_rollback(launch.plan, launch.manifest, launch.index,
-                                            launch.events,
+    launch.plan = complete_decided_rollback(launch.plan, launch.manifest, launch.custodian,
                                             stage_given=launch.options.stage is not None)
 
 
 def reconcile_the_manifest(launch: Launch) -> None:
     """Adopt late checkpoints, never resume a failed one, recover each entry's bytes."""
-    reconcile(launch.plan, launch.manifest, launch.index, launch.events)
-    never_resume_failed(launch.plan, launch.manifest, launch.index, launch.events)
-    recover_checkpoints(launch.plan, launch.manifest, launch.index, launch.events,
-                        launch.plan.ckpts_on_hub)
+    custodian = launch.custodian
+    custodian.reconcile(launch.plan.stage)
+    custodian.never_resume_failed()
+    custodian.recover(launch.plan.ckpts_on_hub)
 
 
 def validate_the_manifest(launch: Launch) -> None:
@@ -257,8 +254,8 @@ def launch_pod(options: LaunchOptions, stop: EarlyStop) -> int:
 def supervise(launch: Launch, lock: PodLock, stop: EarlyStop) -> int:
     """The canary gate, then the Supervisor until the pod ends; the exit code."""
     plan, manifest, events, options = launch.plan, launch.manifest, launch.events, launch.options
-    supervisor = Supervisor(plan, manifest, launch.index, events, faults=options.faults,
-                            launcher_id=lock.launcher_id, relaunched=launch.relaunched)
+    supervisor = Supervisor(plan, manifest, launch.custodian, events, faults=options.faults,
+                            launcher_id=lock.launcher_id)
     started_at = psutil.Process().create_time()      # the ledger's start-up checks
     if launch.budget:
         click.echo(launch.budget)

@@ -1,44 +1,141 @@
 """The one owner of a checkpoint from its worker's `checkpoint` event to its last copy: only
-the supervisor's components call it, nothing else touches these facts. Private parts: the
-index (launcher/pod/ckpt_index.py), the hub sync (launcher/hub/sync.py), the run's one
-`RunLease` (made only here), and where the copies are (`LocalCopies`, `NodeCopies`; Ray:
-`RayCustodian`), the only difference between local and Ray pods. See docs/LAUNCHER.md
+the launch steps (before the supervisor) and the supervisor's components call it, nothing
+else touches these facts. Private parts: the index (launcher/pod/ckpt_index.py, made here),
+the hub sync (launcher/hub/sync.py), the run's one `RunLease` (made only here), and where the
+copies are (`LocalCopies`, `NodeCopies`; Ray: `RayCustodian`), the only difference between
+local and Ray pods. See docs/LAUNCHER.md
 "How the supervisor decides"."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from launcher.config.podconfig import PodConfig
 from launcher.files import sha256_file
-from launcher.hub.recover import recover_entry
-from launcher.hub.sync import HubSync, RunLease
+from launcher.hub.recover import recover_all, recover_entry
+from launcher.hub.sync import HubSync, RunLease, note_manifest_changed
+from launcher.paths import metrics_path
 from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex
+from launcher.pod.decided_rollback import clear_decision, complete_decision
 from launcher.pod.events import EventLog
 from launcher.pod.failed_resume import restore_passed, starts_over
-from launcher.pod.manifest import (Manifest, ManifestEntry, event_position, resolve_in_pod,
+from launcher.pod.manifest import (Manifest, ManifestEntry, apply_checkpoint, event_phase,
+                                   event_position, relative_to_pod, resolve_in_pod,
                                    write_manifest)
+from launcher.worker.process import read_records
+
+if TYPE_CHECKING:
+    from launcher.supervise.plan import LaunchPlan
 
 
 class CheckpointCustodian:
-    """`gpus`: the pod's GPUs; `copies`: where the checkpoints are (default: this machine);
-    `relaunched`: the entries a relaunch replaced by newer recovery copies (a rollback goes
-    back to those, never to a copy). ValueError for a malformed hub URL."""
+    """Made where the launch opens its records (`for_plan`), with its index: the launch steps
+    call its preparation (`complete_decided_rollback`, `reconcile`, `never_resume_failed`,
+    `recover`; on Ray, ray/copies.py's `resume_newer_copies` with it), then the Supervisor
+    `supervise`s with it. `gpus`: the pod's GPUs."""
 
     def __init__(self, pod_dir: Path, config: PodConfig, gpus: list[int], manifest: Manifest,
-                 index: CheckpointIndex, events: EventLog, copies: LocalCopies | None = None,
-                 relaunched: dict[int, ManifestEntry] | None = None):
+                 events: EventLog):
         self.pod_dir, self.config, self.gpus = pod_dir, config, list(gpus)
-        self.manifest, self.index, self.events = manifest, index, events
+        self.manifest, self.events = manifest, events
+        self.index = CheckpointIndex(pod_dir)       # private: written only through this class
+        # The entries a relaunch replaced by newer recovery copies (a rollback goes back to
+        # those, never to a copy): set by relaunched_from.
+        self.relaunched: dict[int, ManifestEntry] = {}
+        self.launch_entries: dict[int, ManifestEntry] = {}
+        self.lease = RunLease(pod_dir, events)      # every push, the sync's or a node's, asks it
+        self.sync: HubSync | None = None
+        self.copies: LocalCopies | None = None      # set by supervise
+
+    @classmethod
+    def for_plan(cls, plan: LaunchPlan, manifest: Manifest,
+                 events: EventLog) -> CheckpointCustodian:
+        return cls(plan.pod_dir, plan.config, [s.gpu for s in plan.slots], manifest, events)
+
+    def supervise(self, copies: LocalCopies | None = None) -> None:
+        """The supervisor takes over (its constructor, after the preparation): where each GPU
+        stands at launch, the hub sync, and where the checkpoints are (`copies`; default this
+        machine). ValueError for a malformed hub URL."""
         # Where each GPU stood at launch: its resume point after a lost node, or a
         # rollback's, when nothing newer passed.
-        self.launch_entries = {g: e.copy() for g, e in manifest.entries.items()}
-        self.launch_entries.update(relaunched or {})
-        self.lease = RunLease(pod_dir, events)      # every push, the sync's or a node's, asks it
-        self.sync = (HubSync(pod_dir, config, manifest, index, events, self.lease)
-                     if config.hub else None)
-        self.use_copies(copies or LocalCopies(pod_dir, config, events))
+        self.launch_entries = {g: e.copy() for g, e in self.manifest.entries.items()}
+        self.launch_entries.update(self.relaunched)
+        self.sync = (HubSync(self.pod_dir, self.config, self.manifest, self.index, self.events,
+                             self.lease)
+                     if self.config.hub else None)
+        self.use_copies(copies or LocalCopies(self.pod_dir, self.config, self.events))
+
+    # ---- before the supervisor: the launch's preparation ------------------------------------
+    def relaunched_from(self, entries: dict[int, ManifestEntry]) -> None:
+        """On Ray, `entries`: those the last launcher's newer final saves replaced
+        (resume_newer_copies, launcher/supervise/ray/copies.py)."""
+        self.relaunched = dict(entries)
+
+    def failed(self, gpu: int, sha256: str) -> bool:
+        """Whether that checkpoint of `gpu` was judged failed."""
+        record = self.index.records.get((gpu, sha256))
+        return record is not None and record["verdict"] == FAILED
+
+    def complete_decided_rollback(self) -> int | None:
+        """Complete a rollback the last launcher decided and died carrying out, before
+        reconcile could adopt the failed GPU's unjudged checkpoints. The stage it went back
+        to, or None when none was decided."""
+        to_stage = complete_decision(self.pod_dir, self.manifest, self.index, self.events,
+                                     self.config.checkpoint_path)
+        if to_stage is None:
+            return None
+        write_manifest(self.manifest)
+        clear_decision(self.pod_dir)
+        if self.config.hub:      # the hub still holds the stage rolled back from
+            note_manifest_changed(self.pod_dir, "rollback")
+        return to_stage
+
+    def reconcile(self, stage: int) -> None:
+        """Adopt a checkpoint a worker wrote after its launcher died (verified by sha256),
+        recorded at its entry's stage, else `stage`."""
+        changed = False
+        for gpu in self.gpus:
+            entry = self.manifest.entries.get(gpu)
+            since = (entry.updated_at or 0.0) if entry else 0.0
+            current = entry.position if entry else (1, -1)
+            candidates = [r for r in read_records(self.pod_dir / metrics_path(gpu))
+                          if r.get("event") == "checkpoint" and r.get("ts", 0) > since
+                          and isinstance(r.get("next_token"), int)
+                          and event_position(r) > current]
+            for event in sorted(candidates, key=event_position, reverse=True):
+                recorded = self.index.records.get((gpu, event.get("sha256")))
+                if recorded is not None and recorded["verdict"] == FAILED:
+                    continue
+                path = self.pod_dir / relative_to_pod(event["path"], self.pod_dir)
+                if not path.is_file() or sha256_file(path) != event.get("sha256"):
+                    continue
+                at = (entry.stage if entry else None) or stage
+                rel = relative_to_pod(event["path"], self.pod_dir)
+                self.index.add(gpu, event, at, rel)
+                apply_checkpoint(self.manifest, gpu, event, at, self.pod_dir,
+                                 self.config.shard_path(gpu, event_phase(event)))
+                self.events.emit("manifest_reconciled", gpu=gpu,
+                                 start_token=int(event["next_token"]), checkpoint=rel,
+                                 reason="checkpoint written after the launcher stopped")
+                changed = True
+                break
+        if changed:
+            write_manifest(self.manifest)
+
+    def never_resume_failed(self) -> None:
+        """Entries naming a failed checkpoint go to the newest passed one; none left refuses
+        (UserError)."""
+        if restore_passed(self.manifest, self.index, self.events, self.gpus, refuse=True,
+                          own_file_of=self.config.checkpoint_path):
+            write_manifest(self.manifest)
+
+    def recover(self, on_hub: set[int] = frozenset()) -> None:
+        """Each named checkpoint holds its entry's bytes (hashed in parallel), else recovered
+        from a local copy or the hub, or refused. `on_hub`: GPUs whose nodes fetch their own."""
+        if recover_all(self.pod_dir, [g for g in self.gpus if g not in on_hub], self.manifest,
+                       self.index, self.events, self.config.hub, self.config.checkpoint_path):
+            write_manifest(self.manifest)
 
     def use_copies(self, copies: LocalCopies) -> None:
         """Keep the checkpoints where `copies` says (chosen after a --detach fork, before any

@@ -6,32 +6,22 @@ from __future__ import annotations
 import dataclasses
 import uuid
 
-from launcher.pod.ckpt_index import CheckpointIndex
-from launcher.files import sha256_file
 from launcher.pod.ckpt_trust import check_entry
 from launcher.errors import PodBusy, UserError
-from launcher.pod.events import EventLog
 from launcher.pod.manifest import (
     RUN_ID_KEY,
     Manifest,
-    apply_checkpoint,
-    event_phase,
-    event_position,
-    relative_to_pod,
     validate_for_launch,
     write_manifest,
 )
 from launcher.pod.shards import shard_length
-from launcher.hub.recover import recover_all
-from launcher.paths import metrics_path
 from launcher.supervise.plan import LaunchPlan, check_worker_settings
-from launcher.worker.process import busy_cuda_gpus, read_records, running_workers
-from launcher.pod.decided_rollback import clear_decision, complete_decision
-from launcher.hub.sync import note_manifest_changed, store_for
+from launcher.worker.process import busy_cuda_gpus, running_workers
+from launcher.hub.sync import store_for
 from launcher.hub.sync_state import read_sync_state
 from launcher.hub.lease import RunTakenOver, refuse_if_taken_over
 from launcher.hub import HubError
-from launcher.pod.failed_resume import restore_passed
+from launcher.supervise.custodian import CheckpointCustodian
 from launcher.supervise.launch_shards import refuse_missing_shards
 
 
@@ -87,74 +77,19 @@ def refuse_if_busy(plan: LaunchPlan) -> None:
         raise PodBusy(f"GPU {gpu} already runs process(es) {pids}; refusing to share it")
 
 
-def reconcile(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
-              events: EventLog) -> None:
-    """Adopt a checkpoint a worker wrote after its launcher died (verified by sha256)."""
-    changed = False
-    for slot in plan.slots:
-        gpu = slot.gpu
-        entry = manifest.entries.get(gpu)
-        since = (entry.updated_at or 0.0) if entry else 0.0
-        current = entry.position if entry else (1, -1)
-        candidates = [r for r in read_records(plan.pod_dir / metrics_path(gpu))
-                      if r.get("event") == "checkpoint" and r.get("ts", 0) > since
-                      and isinstance(r.get("next_token"), int) and event_position(r) > current]
-        for event in sorted(candidates, key=event_position, reverse=True):
-            recorded = index.records.get((gpu, event.get("sha256")))
-            if recorded is not None and recorded["verdict"] == "failed":
-                continue
-            path = plan.pod_dir / relative_to_pod(event["path"], plan.pod_dir)
-            if not path.is_file() or sha256_file(path) != event.get("sha256"):
-                continue
-            stage = (entry.stage if entry else None) or plan.stage
-            rel = relative_to_pod(event["path"], plan.pod_dir)
-            index.add(gpu, event, stage, rel)
-            apply_checkpoint(manifest, gpu, event, stage, plan.pod_dir,
-                             plan.config.shard_path(gpu, event_phase(event)))
-            events.emit("manifest_reconciled", gpu=gpu, start_token=int(event["next_token"]),
-                        checkpoint=rel, reason="checkpoint written after the launcher stopped")
-            changed = True
-            break
-    if changed:
-        write_manifest(manifest)
-
-
-def complete_decided_rollback(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
-                              events: EventLog, stage_given: bool) -> LaunchPlan:
-    """Complete a rollback the last launcher decided and died carrying out, before reconcile
-    could adopt the failed GPU's unjudged checkpoints. Returns the plan, at the target
-    stage when the launch gave no --stage."""
-    to_stage = complete_decision(plan.pod_dir, manifest, index, events,
-                                 plan.config.checkpoint_path)
-    if to_stage is None:
+def complete_decided_rollback(plan: LaunchPlan, manifest: Manifest,
+                              custodian: CheckpointCustodian, stage_given: bool) -> LaunchPlan:
+    """Complete a rollback the last launcher decided and died carrying out (the custodian's
+    `complete_decided_rollback`). Returns the plan, at the target stage when the launch gave
+    no --stage."""
+    to_stage = custodian.complete_decided_rollback()
+    if to_stage is None or stage_given:
         return plan
-    write_manifest(manifest)
-    clear_decision(plan.pod_dir)
-    if plan.config.hub:      # the hub still holds the stage rolled back from
-        note_manifest_changed(plan.pod_dir, "rollback")
-    if not stage_given:
-        plan = dataclasses.replace(
-            plan, stage=manifest.recorded_stage([s.gpu for s in plan.slots]) or to_stage)
-        check_worker_settings(plan.stages, plan.stage, plan.config,
-                              plan.pod_dir / plan.config.stages)
+    plan = dataclasses.replace(
+        plan, stage=manifest.recorded_stage([s.gpu for s in plan.slots]) or to_stage)
+    check_worker_settings(plan.stages, plan.stage, plan.config,
+                          plan.pod_dir / plan.config.stages)
     return plan
-
-
-def never_resume_failed(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
-                        events: EventLog) -> None:
-    """Entries naming a failed checkpoint go to the newest passed one; none left refuses."""
-    if restore_passed(manifest, index, events, [s.gpu for s in plan.slots], refuse=True,
-                      own_file_of=plan.config.checkpoint_path):
-        write_manifest(manifest)
-
-
-def recover_checkpoints(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
-                        events: EventLog, on_hub: set[int] = frozenset()) -> None:
-    """Each named checkpoint holds its entry's bytes (hashed in parallel), else recovered from
-    a local copy or the hub, or refused. `on_hub`: GPUs whose nodes fetch their own."""
-    if recover_all(plan.pod_dir, [s.gpu for s in plan.slots if s.gpu not in on_hub],
-                   manifest, index, events, plan.config.hub, plan.config.checkpoint_path):
-        write_manifest(manifest)
 
 
 def validate(plan: LaunchPlan, manifest: Manifest, on_hub: set[int] = frozenset(),

@@ -12,7 +12,6 @@ from fractus.train.disk import no_space_error
 from launcher.checks.probe_monitor import ProbeMonitor
 from launcher.errors import UserError, install_hint, warn
 from launcher.files import dir_id
-from launcher.pod.ckpt_index import CheckpointIndex
 from launcher.pod.events import EventLog
 from launcher.pod.manifest import Manifest
 from launcher.supervise.backend import WorkerBackend
@@ -48,20 +47,18 @@ from launcher.supervise.local_backend import LocalBackend
 class Supervisor:
     """`backend`: default the plan's (Ray, made by open_backend after any --detach fork, else
     LocalBackend); `copies`: default the backend's; `clock`: monotonic, of hangs and backoff.
-    `faults`: gpu -> its first start's fault; `launcher_id`: the pod lock's; `relaunched`:
-    the last launcher's final saves each GPU resumes from (a rollback's target, never a copy)."""
+    `faults`: gpu -> its first start's fault; `launcher_id`: the pod lock's; `custodian`:
+    the launch's, made where it opened its records (it supervises from here on)."""
 
-    def __init__(self, plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
+    def __init__(self, plan: LaunchPlan, manifest: Manifest, custodian: CheckpointCustodian,
                  events: EventLog, backend: WorkerBackend | None = None,
                  clock=time.monotonic, copies: LocalCopies | None = None,
-                 faults: dict[int, str] | None = None, launcher_id: str | None = None,
-                 relaunched: dict | None = None):
+                 faults: dict[int, str] | None = None, launcher_id: str | None = None):
         # A Ray driver does not survive a fork: its backend is made by open_backend.
         self.connect_ray = backend is None and plan.ray is not None
         if backend is None:
             backend = LocalBackend(plan.pod_dir, plan.config)
-        custodian = CheckpointCustodian(plan.pod_dir, plan.config, [s.gpu for s in plan.slots],
-                                        manifest, index, events, copies, relaunched)
+        custodian.supervise(copies)
         tracking = plan.config.tracker_settings()
         tracker = TrackerSink(plan.pod_dir, tracking) if tracking is not None else None
         if tracker is not None:

@@ -8,11 +8,12 @@ import pytest
 import yaml
 
 from launcher.pod.setup_init import init_pod
-from launcher.pod.ckpt_index import PASSED, CheckpointIndex
+from launcher.pod.ckpt_index import PASSED
 from launcher.pod.events import EventLog, read_events
 from launcher.pod.live_state import read_pod_state
 from launcher.supervise.plan import load_plan
-from launcher.supervise.prepare import complete_decided_rollback, never_resume_failed, reconcile
+from launcher.supervise.custodian import CheckpointCustodian
+from launcher.supervise.prepare import complete_decided_rollback
 from launcher.supervise.supervisor import Supervisor
 from tests.support.fake_backend import FakeBackend
 from tests.support.fake_custodian import FakeCopies
@@ -53,8 +54,8 @@ def make(tmp_path, pod_template):
         plan, manifest = load_plan(pod, stage, devices, None, max_time=max_time)
         backend, clock, events = FakeBackend(pod, nodes), Clock(), EventLog(pod, mirror=mirror)
         copies = FakeCopies(pod, plan.config, events, backend, on_nodes=on_nodes)
-        sup = Supervisor(plan, manifest, CheckpointIndex(pod), events,
-                         backend=backend, clock=clock, copies=copies)
+        sup = Supervisor(plan, manifest, CheckpointCustodian.for_plan(plan, manifest, events),
+                         events, backend=backend, clock=clock, copies=copies)
         return sup, backend, clock
     return build
 
@@ -117,10 +118,10 @@ def killed_mid_rollback(sup, backend, monkeypatch) -> None:
 def prepare_relaunch(pod_dir, devices: str = "cpu:2"):
     """The next plain launch (no --stage) through launch's own preparation steps: its plan."""
     plan, manifest = load_plan(pod_dir, None, devices, None)
-    index, log = CheckpointIndex(pod_dir), EventLog(pod_dir)
-    plan = complete_decided_rollback(plan, manifest, index, log, stage_given=False)
-    reconcile(plan, manifest, index, log)
-    never_resume_failed(plan, manifest, index, log)
+    custodian = CheckpointCustodian.for_plan(plan, manifest, EventLog(pod_dir))
+    plan = complete_decided_rollback(plan, manifest, custodian, stage_given=False)
+    custodian.reconcile(plan.stage)
+    custodian.never_resume_failed()
     return plan
 
 

@@ -47,5 +47,7 @@ def supervisor_for(pod: Path, stage: int):
     """The real Supervisor of a 2-CPU pod at `stage`, not started."""
     from launcher.supervise.plan import load_plan
     from launcher.supervise.supervisor import Supervisor
+    from launcher.supervise.custodian import CheckpointCustodian
     plan, manifest = load_plan(pod, stage, "cpu:2", None)
-    return Supervisor(plan, manifest, CheckpointIndex(pod), EventLog(pod))
+    log = EventLog(pod)
+    return Supervisor(plan, manifest, CheckpointCustodian.for_plan(plan, manifest, log), log)

@@ -16,12 +16,12 @@ from launcher.hub.by_url import absolute_hub_url
 from launcher.hub.lease import RunTakenOver
 from launcher.hub.recover import RecoveryError, back_to_passed
 from launcher.hub.redact import describe_error
-from launcher.pod.ckpt_index import FAILED, PASSED, CheckpointIndex
+from launcher.pod.ckpt_index import PASSED, CheckpointIndex
 from launcher.pod.decided_rollback import read_decision
 from launcher.pod.events import EventLog
 from launcher.pod.manifest import (Manifest, ManifestEntry, apply_rollback, event_position,
                                    write_manifest)
-from launcher.supervise.custodian import NodeCopies
+from launcher.supervise.custodian import CheckpointCustodian, NodeCopies
 from launcher.supervise.plan import LaunchPlan
 from launcher.supervise.ray.driver import ROUND_TRIP_S, RayBackend
 from launcher.supervise.ray.probes import NodeProbes
@@ -188,15 +188,16 @@ def newer_recovery_copy(hub_url: str, pod_dir, checkpoint: str, gpu: int, attemp
     return copy
 
 
-def resume_newer_copies(plan: LaunchPlan, manifest: Manifest, index: CheckpointIndex,
-                        events: EventLog) -> dict[int, ManifestEntry]:
+def resume_newer_copies(plan: LaunchPlan,
+                        custodian: CheckpointCustodian) -> dict[int, ManifestEntry]:
     """At launch (a relaunch after kill -9), before a decided rollback is completed: each
     GPU with a recovery copy of its recorded lineage newer than its manifest entry resumes
     from it, as after a node loss; never a GPU of a decided rollback or a copy marked
     failed. Returns the replaced entries by GPU: a failed check goes back to those, never
-    to the copy."""
+    to the copy (the custodian's `relaunched_from`)."""
     if plan.ray is None or not plan.config.hub:
         return {}
+    manifest, events = custodian.manifest, custodian.events
     lineage, hub_url = read_lineage(plan.pod_dir), absolute_hub_url(plan.config.hub,
                                                                    plan.pod_dir)
     decided = set((read_decision(plan.pod_dir) or {}).get("gpus", ()))
@@ -208,8 +209,7 @@ def resume_newer_copies(plan: LaunchPlan, manifest: Manifest, index: CheckpointI
                                    events, "the manifest's checkpoint")
         if copy is None:
             continue
-        known = index.records.get((gpu, copy["sha256"]))
-        if known is not None and known["verdict"] == FAILED:
+        if custodian.failed(gpu, copy["sha256"]):
             continue
         was = entry.start_token if entry else None
         taken[gpu] = apply_rollback(manifest, gpu, copy,
@@ -223,4 +223,5 @@ def resume_newer_copies(plan: LaunchPlan, manifest: Manifest, index: CheckpointI
                            "manifest's checkpoint; checked again on the node before use")
     if taken:
         write_manifest(manifest)
+    custodian.relaunched_from(taken)
     return taken
