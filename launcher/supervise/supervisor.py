@@ -71,7 +71,7 @@ class Supervisor:
         self.ending = PodEnding(pod, self.monitor, self.view)
         self.final = FinalVerdicts(pod, self.monitor, self.view)
         self.starter = WorkerStarter(pod, self.ending, self.view, faults)
-        self.restarts = WorkerRestarter(pod)
+        self.restarts = WorkerRestarter(plan.criteria, clock, events, pod.running)
         self.placement = NodePlacement(pod, self.starter)
         self.exits = ExitHandlers(pod, self.monitor, self.restarts, self.placement, self.ending,
                                   PhaseSwitch(pod, self.starter))
