@@ -78,7 +78,7 @@ def load_model_config(spec: str) -> EngineConfig:
         if path.suffix == ".json":
             data = json.loads(text)
         else:
-            import yaml
+            import yaml  # only for a .yaml config: the engine itself needs no yaml
             data = yaml.safe_load(text)
         if not isinstance(data, dict):
             raise ValueError(f"{spec}: expected a mapping of constructor keywords")

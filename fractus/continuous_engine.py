@@ -113,7 +113,7 @@ class ContinuousThoughtEngine(nn.Module):
     def from_checkpoint(cls, source, map_location="cpu", batch_size: int | None = None,
                         config: EngineConfig | None = None):
         """From any checkpoint (path or dict) fractus.legacy reads; `config` for files without."""
-        from .legacy import load_engine
+        from .legacy import load_engine  # legacy imports this module
         return load_engine(cls, source, map_location=map_location, batch_size=batch_size,
                            config=config)
 

@@ -14,8 +14,10 @@ fractus-pod's (plus train_state, optimizer_state); a bare state_dict or config-l
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import warnings
+import zipfile
 
 import torch
 
@@ -56,7 +58,6 @@ def read_checkpoint(source, map_location="cpu", mmap: bool = False) -> dict:
 def check_zip_directory(path) -> None:
     """CheckpointLoadError, from the central directory alone, for a record inflating past
     MAX_INFLATED_RECORD or stored larger than its bytes; pre-zip files pass."""
-    import zipfile
     try:
         if not zipfile.is_zipfile(path):
             return
@@ -83,7 +84,7 @@ def state_mismatch(config: EngineConfig, state: dict) -> str | None:
 
 def state_fit(config: EngineConfig, state: dict) -> tuple[str | None, str | None]:
     """(state_mismatch's answer, describe_filled's line for what a load would fill)."""
-    from .continuous_engine import ContinuousThoughtEngine
+    from .continuous_engine import ContinuousThoughtEngine  # it imports this module
     with torch.device("meta"):
         model = ContinuousThoughtEngine.from_config(config)
     fixed = {k: v for k, v in model.state_dict().items() if not _is_carried(k)}
@@ -144,7 +145,6 @@ def _mismatch(fixed: dict, state: dict, model: torch.nn.Module | None = None) ->
 
 def describe_load_error(exc: BaseException) -> str:
     """Why a weights-only load failed, in one line, without torch's weights_only=False advice."""
-    import pickle
     if isinstance(exc, pickle.UnpicklingError):
         return ("refused: it holds pickled objects or code that a weights-only load does not "
                 "allow (not a checkpoint to trust)")

@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
+import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from fractus import __version__
 from fractus.legacy import is_bare_state_dict, read_checkpoint
 
 FORMAT_VERSION = 1
@@ -101,7 +105,6 @@ def _rotate(path: Path, keep: int) -> None:
     try:
         os.link(path, newest)
     except OSError:  # no hard links on this filesystem
-        import shutil
         tmp = path.with_name(f".{newest.name}.tmp.{os.getpid()}")
         shutil.copyfile(path, tmp)
         os.replace(tmp, newest)
@@ -168,7 +171,6 @@ def is_full(ck: dict) -> bool:
 # --- RNG state: everything a step draws from ------------------------------------------
 
 def capture_rng(device: torch.device) -> dict:
-    import random
     return {
         "python": random.getstate(),
         "torch": torch.get_rng_state(),
@@ -177,7 +179,6 @@ def capture_rng(device: torch.device) -> dict:
 
 
 def restore_rng(rng: dict, device: torch.device) -> None:
-    import random
     random.setstate(_as_python_state(rng["python"]))
     torch.set_rng_state(rng["torch"])
     if device.type == "cuda" and rng.get("cuda") is not None:
@@ -197,8 +198,6 @@ def training_payload(model, optimizer, settings, *, next_token: int, step: int,
                      shard: str, merge_round: int = 0) -> dict:
     """Everything an exact resume needs, in the legacy-compatible layout above; `merge_round`
     (the last merge round adopted) is recorded only when > 0 (absent means 0)."""
-    import time
-    from fractus import __version__
     config = {**model.config.to_dict(), "gpu": settings.gpu_id, "boost": True,
               "batch": settings.batch, "lr": settings.lr, "ss_rate": settings.ss_rate,
               "tokens_processed": next_token}

@@ -7,6 +7,8 @@ kill at the worst moment). The kinds: docs/WORKER.md, "Fault injection (tests on
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from dataclasses import dataclass
 
@@ -42,8 +44,6 @@ class FaultInjector:
 
     def before_step(self, step: int) -> None:
         if self._fires("pause", step):   # SIGSTOP: a test acts at this boundary, then SIGCONTs
-            import os
-            import signal
             os.kill(os.getpid(), signal.SIGSTOP)
         if self._fires("hang", step):
             while True:  # a stuck worker: only a second signal or SIGKILL ends it
@@ -66,8 +66,6 @@ class FaultInjector:
 
     def after_save(self, step: int) -> None:
         if self._fires("kill_after_save", step):
-            import os
-            import signal
             os.kill(os.getpid(), signal.SIGKILL)
 
     def save_write_hook(self, step: int):

@@ -157,7 +157,7 @@ def _phase_start(settings: WorkerSettings, train_state: dict, source: Path) -> b
 def build_model(start: StartPoint, batch: int, device: torch.device):
     """(the engine at `start`, the checkpoint's carried batch or None); carried state is
     reset to `batch` when it differs."""
-    from fractus.continuous_engine import ContinuousThoughtEngine
+    from fractus.continuous_engine import ContinuousThoughtEngine  # the engine (and its kernels) only when a model is built
     if start.checkpoint is None:
         model = ContinuousThoughtEngine(**start.config.to_dict())
         model.reset_thought(batch)

@@ -111,6 +111,7 @@ class TrainStep:
     def compile_counts(self) -> dict:
         """dynamo's process-wide counts: `graphs` (unique_graphs), `graph_breaks`,
         `recompiles` (cache entries beyond the first per chunk function). Once: 1, 0, 0."""
+        # dynamo's private counters (pinned to the tested torch), only when a compile is counted
         from torch._dynamo.eval_frame import _debug_get_cache_entry_list
         from torch._dynamo.utils import counters
         codes = (self.model.tick_chunk_train.__func__.__code__,
@@ -205,7 +206,7 @@ class TrainStep:
             probs = torch.softmax(logits.reshape(-1, logits.size(-1)) / SS_TEMPERATURE, dim=-1)
             sampled = torch.multinomial(probs, 1).view(b, seq)
         else:
-            from fractus.nn.ce import sample_tokens_chunked
+            from fractus.nn.ce import sample_tokens_chunked  # only when SS samples chunked
             sampled = sample_tokens_chunked(sampler_state.detach(), self.model.observe.weight,
                                             SS_TEMPERATURE, self.s.ce_chunk)
         return sampled

@@ -27,6 +27,7 @@ class EventFile:
     FLUSH_SECS and at close."""
 
     def __init__(self, run_dir: str | os.PathLike):
+        # tensorboard's protobufs only when a worker writes TensorBoard
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.summary.writer.record_writer import RecordWriter
         Path(run_dir).mkdir(parents=True, exist_ok=True)
@@ -55,6 +56,7 @@ class TensorBoardScalars:
         self._stage = stage
 
     def metrics(self, record: dict) -> None:
+        # as in __init__
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.compat.proto.summary_pb2 import Summary
         values = {tag: record.get(field) for field, tag in SCALAR_TAGS.items()}

@@ -15,6 +15,7 @@ import time
 import traceback
 from pathlib import Path
 
+import psutil
 import torch
 
 from fractus.continuous_engine import check_token_ids
@@ -140,7 +141,6 @@ class Worker:
                         return int(line.split()[1]) * 1024 / 1e9   # kB
         except OSError:
             pass
-        import psutil
         return psutil.Process().memory_info().rss / 1e9
 
     def _payload(self) -> dict:
