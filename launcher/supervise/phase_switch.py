@@ -6,46 +6,56 @@ the new phase's token 0 (prepare's identity check accepts exactly this switch)."
 
 from __future__ import annotations
 
-from launcher.pod.manifest import write_manifest
+from typing import Callable
+
+from launcher.checks.probe_monitor import ProbeMonitor
+from launcher.config.podconfig import PodConfig
+from launcher.pod.events import EventLog
+from launcher.pod.manifest import Manifest, write_manifest
+from launcher.supervise.custodian import CheckpointCustodian
 from launcher.supervise.gpu_run import GpuRun
-from launcher.supervise.pod_run import PodRun
 from launcher.supervise.state import GpuEvent
 
 END_OF_SHARD = "end_of_shard"      # the worker's `done` reason (docs/WORKER.md)
 
 
 class PhaseSwitch:
-    def __init__(self, pod: PodRun, starter):
-        self.pod, self.starter = pod, starter
+    def __init__(self, config: PodConfig, manifest: Manifest, events: EventLog,
+                 custodian: CheckpointCustodian, probes: Callable[[], ProbeMonitor | None],
+                 starter):
+        """`probes`: the pod's probes now (None once they are off)."""
+        self.config, self.manifest, self.events = config, manifest, events
+        self.custodian, self.probes, self.starter = custodian, probes, starter
 
     def next_phase(self, run: GpuRun) -> int | None:
         """The phase `run`'s GPU switches to now, or None (no end of shard, no next phase,
         or its final checkpoint refused: the checks judge that)."""
         if run.done_reason != END_OF_SHARD or run.done_at is None:
             return None
-        entry = self.pod.manifest.entries.get(run.slot.gpu)
+        entry = self.manifest.entries.get(run.slot.gpu)
         if entry is None or entry.position != run.done_at or not entry.checkpoint:
             return None
         phase = entry.at_phase + 1
-        return phase if phase <= len(self.pod.plan.config.phases) else None
+        return phase if phase <= len(self.config.phases) else None
 
     def switch(self, run: GpuRun) -> bool:
         """Start `run`'s GPU on its next phase; False: none (the caller marks it done)."""
         phase = self.next_phase(run)
         if phase is None:
             return False
-        pod, gpu = self.pod, run.slot.gpu
-        entry = pod.manifest.entries[gpu]
-        ended_at, shard = entry.start_token, pod.plan.config.shard_path(gpu, phase)
+        gpu, config = run.slot.gpu, self.config
+        entry = self.manifest.entries[gpu]
+        ended_at, shard = entry.start_token, config.shard_path(gpu, phase)
         entry.switch_phase(phase, shard)
-        write_manifest(pod.manifest)                      # the commit point
-        pod.events.emit("phase_switch", gpu=gpu, from_phase=phase - 1, to_phase=phase,
-                        name=pod.plan.config.phase(phase).name, ended_at_token=ended_at,
+        write_manifest(self.manifest)                     # the commit point
+        self.events.emit("phase_switch", gpu=gpu, from_phase=phase - 1, to_phase=phase,
+                        name=config.phase(phase).name, ended_at_token=ended_at,
                         shard=shard, start_token=0, checkpoint=entry.checkpoint,
                         checkpoint_sha256=entry.checkpoint_sha256)
-        pod.custodian.manifest_changed("phase switch")            # the hub gets it at once
-        if pod.probes is not None:      # the new phase's AR baseline: this checkpoint, new data
-            pod.probes.start_phase(gpu, entry.checkpoint, shard)
+        self.custodian.manifest_changed("phase switch")           # the hub gets it at once
+        probes = self.probes()
+        if probes is not None:          # the new phase's AR baseline: this checkpoint, new data
+            probes.start_phase(gpu, entry.checkpoint, shard)
         run.apply(GpuEvent.FINISHED)                      # done with the old phase ...
         run.health.new_phase(phase)                       # new data: the curve starts over
         self.starter.start(run, fresh_health=False)       # ... and on the new one at once

@@ -74,7 +74,8 @@ class Supervisor:
         self.restarts = WorkerRestarter(plan.criteria, clock, events, pod.running)
         self.placement = NodePlacement(pod, self.starter)
         self.exits = ExitHandlers(pod, self.monitor, self.restarts, self.placement, self.ending,
-                                  PhaseSwitch(pod, self.starter))
+                                  PhaseSwitch(plan.config, manifest, events, custodian,
+                                              lambda: pod.probes, self.starter))
         self.rollback = StageRollback(pod, self.ending, self.starter, self.view)
         checkpoints = pod.pod_dir / plan.config.checkpoint_path(plan.slots[0].gpu)
         self.disk = DiskWatch([pod.pod_dir, checkpoints.parent], plan.config.disk_low_gib,
