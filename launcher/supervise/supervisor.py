@@ -72,7 +72,8 @@ class Supervisor:
         self.final = FinalVerdicts(pod, self.monitor, self.view)
         self.starter = WorkerStarter(pod, self.ending, self.view, faults)
         self.restarts = WorkerRestarter(plan.criteria, clock, events, pod.running)
-        self.placement = NodePlacement(pod, self.starter)
+        self.placement = NodePlacement(manifest, events, custodian, lambda: pod.stage,
+                                       lambda: pod.probes, lambda: pod.backend, self.starter)
         self.exits = ExitHandlers(pod, self.monitor, self.restarts, self.placement, self.ending,
                                   PhaseSwitch(plan.config, manifest, events, custodian,
                                               lambda: pod.probes, self.starter))
