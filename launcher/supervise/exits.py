@@ -3,13 +3,15 @@ one handler of a table; a hang; the loss of its node."""
 
 from __future__ import annotations
 
-from launcher.supervise.backend import WorkerExit
+from typing import Callable
+
+from launcher.pod.events import EventLog
+from launcher.supervise.backend import WorkerBackend, WorkerExit
 from launcher.supervise.ending import PodEnding
 from launcher.supervise.gpu_run import GpuRun
 from launcher.supervise.monitor import WorkerMonitor
 from launcher.supervise.phase_switch import PhaseSwitch
 from launcher.supervise.placement import NodePlacement
-from launcher.supervise.pod_run import PodRun
 from launcher.supervise.restart import WorkerRestarter
 from launcher.supervise.state import GpuEvent, exit_event
 
@@ -18,9 +20,13 @@ STOPPED_BY_SIGNAL = ("signal", "signal_before_first_step")
 
 
 class ExitHandlers:
-    def __init__(self, pod: PodRun, monitor: WorkerMonitor, restarts: WorkerRestarter,
-                 placement: NodePlacement, ending: PodEnding, phases: PhaseSwitch):
-        self.pod, self.monitor, self.restarts = pod, monitor, restarts
+    def __init__(self, events: EventLog, stage: Callable[[], int], running: Callable[[], bool],
+                 backend: Callable[[], WorkerBackend], monitor: WorkerMonitor,
+                 restarts: WorkerRestarter, placement: NodePlacement, ending: PodEnding,
+                 phases: PhaseSwitch):
+        """`stage`, `running`, `backend`: the pod's as they stand now (they change)."""
+        self.events, self.stage, self.running, self.backend = events, stage, running, backend
+        self.monitor, self.restarts = monitor, restarts
         self.placement, self.ending, self.phases = placement, ending, phases
         self.by_event = {
             GpuEvent.FINISHED: self.finished,
@@ -39,15 +45,15 @@ class ExitHandlers:
             return
         if ended.code and not run.error_reported:
             run.ended_with(ended.error or self.worker_said(run, ended.code))
-        self.pod.events.emit("worker_exit", gpu=run.slot.gpu, code=ended.code,
-                             stage=self.pod.stage,
-                             **({"error": ended.error} if ended.error else {}))
-        event = exit_event(ended.code, self.pod.running())
+        self.events.emit("worker_exit", gpu=run.slot.gpu, code=ended.code,
+                         stage=self.stage(),
+                         **({"error": ended.error} if ended.error else {}))
+        event = exit_event(ended.code, self.running())
         self.by_event[event](run, ended)
 
     def on_silence(self, run: GpuRun, now: float) -> None:
         """A running worker: killed as hung once silent past its limit, then a crash."""
-        if run.proc is None or self.pod.backend.settling(run.proc):
+        if run.proc is None or self.backend().settling(run.proc):
             return
         silence = self.restarts.silence(run, now)
         if silence is None:
@@ -56,9 +62,9 @@ class ExitHandlers:
         # Before its first metrics line a worker loads the model and compiles (COMPILE=1:
         # minutes at 1B): that silence has its own, longer limit (startup_timeout_s).
         phase = "first_step" if run.last_line_at is None else "training"
-        self.pod.events.emit("hang", gpu=run.slot.gpu, pid=run.proc.pid,
-                             silent_s=round(silent_s, 2), limit_s=limit_s, phase=phase)
-        ended = self.pod.backend.kill(run.proc)
+        self.events.emit("hang", gpu=run.slot.gpu, pid=run.proc.pid,
+                         silent_s=round(silent_s, 2), limit_s=limit_s, phase=phase)
+        ended = self.backend().kill(run.proc)
         self.monitor.drain(run)
         run.ended(ended)
         if ended.node_lost:
@@ -99,7 +105,7 @@ class ExitHandlers:
         """A worker's error without an `error` event: its log's last line, or how it ended."""
         if code < 0:
             return f"killed by signal {-code}"
-        path = self.pod.backend.log_file(run.slot.gpu)
+        path = self.backend().log_file(run.slot.gpu)
         if path is not None:
             try:
                 with open(path, "rb") as log:

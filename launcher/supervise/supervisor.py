@@ -74,7 +74,8 @@ class Supervisor:
         self.restarts = WorkerRestarter(plan.criteria, clock, events, pod.running)
         self.placement = NodePlacement(manifest, events, custodian, lambda: pod.stage,
                                        lambda: pod.probes, lambda: pod.backend, self.starter)
-        self.exits = ExitHandlers(pod, self.monitor, self.restarts, self.placement, self.ending,
+        self.exits = ExitHandlers(events, lambda: pod.stage, pod.running, lambda: pod.backend,
+                                  self.monitor, self.restarts, self.placement, self.ending,
                                   PhaseSwitch(plan.config, manifest, events, custodian,
                                               lambda: pod.probes, self.starter))
         self.rollback = StageRollback(pod, self.ending, self.starter, self.view)
