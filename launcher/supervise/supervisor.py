@@ -69,7 +69,9 @@ class Supervisor:
         self.view = PodView(pod)
         self.monitor = WorkerMonitor(pod)
         self.ending = PodEnding(pod, self.monitor, self.view)
-        self.final = FinalVerdicts(pod, self.monitor, self.view)
+        self.final = FinalVerdicts(plan.config, plan.pod_dir, events, custodian,
+                                   lambda: pod.runs, lambda: pod.probes, lambda: pod.stage,
+                                   pod.judging_final, self.monitor, self.view)
         self.starter = WorkerStarter(pod, self.ending, self.view, faults)
         self.restarts = WorkerRestarter(plan.criteria, clock, events, pod.running)
         self.placement = NodePlacement(manifest, events, custodian, lambda: pod.stage,
