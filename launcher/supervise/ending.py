@@ -17,6 +17,8 @@ LOGS_MOVED = "logs/ was moved, replaced or deleted while the pod ran"
 
 
 class PodEnding:
+    """Keeps the whole PodRun: it moves the pod's state (stop, fail), its runs and files."""
+
     def __init__(self, pod: PodRun, monitor: WorkerMonitor, view: PodView):
         self.pod, self.monitor, self.view = pod, monitor, view
         self.reserve: DiskReserve | None = None    # made by `begin`: it writes a file

@@ -42,6 +42,8 @@ def gpu_snapshot(run: GpuRun) -> GpuSnapshot:
 
 
 class PodView:
+    """Keeps the whole PodRun: a view of all of it (state, stage, reason, runs, ...)."""
+
     def __init__(self, pod: PodRun):
         self.pod = pod
         self.written_at = 0.0

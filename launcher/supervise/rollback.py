@@ -20,6 +20,8 @@ from launcher.supervise.state import PodEvent
 
 
 class StageRollback:
+    """Keeps the whole PodRun: it moves the pod's state, its stage and its rolled_back."""
+
     def __init__(self, pod: PodRun, ending: PodEnding, starter: WorkerStarter, view: PodView):
         self.pod, self.ending, self.starter, self.view = pod, ending, starter, view
         self.announced: str | None = None     # the stage verdict last emitted

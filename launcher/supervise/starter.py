@@ -15,6 +15,8 @@ from launcher.worker.process import WorkerSpec
 
 
 class WorkerStarter:
+    """Keeps the whole PodRun: it moves the pod's state (STARTED) and reads most of it."""
+
     def __init__(self, pod: PodRun, ending: PodEnding, view: PodView,
                  faults: dict[int, str] | None = None):
         self.pod, self.ending, self.view = pod, ending, view
