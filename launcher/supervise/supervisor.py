@@ -67,7 +67,9 @@ class Supervisor:
                                 runs=_gpu_runs(plan, backend), probes=_probes(plan),
                                 stage=plan.stage, tracker=tracker, launcher_id=launcher_id)
         self.view = PodView(pod)
-        self.monitor = WorkerMonitor(pod)
+        self.monitor = WorkerMonitor(plan.config, plan.criteria, plan.pod_dir, clock, events,
+                                     manifest, custodian, tracker, lambda: pod.runs,
+                                     lambda: pod.stage, lambda: pod.probes)
         self.ending = PodEnding(pod, self.monitor, self.view)
         self.final = FinalVerdicts(plan.config, plan.pod_dir, events, custodian,
                                    lambda: pod.runs, lambda: pod.probes, lambda: pod.stage,
