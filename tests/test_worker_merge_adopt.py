@@ -103,7 +103,7 @@ def assert_same_run(a: dict, b: dict) -> None:
     assert ta["rng"]["python"] == tb["rng"]["python"]
 
 
-def wait_stopped(proc: subprocess.Popen, timeout: float = 120) -> None:
+def wait_stopped(proc: subprocess.Popen, timeout: float = 600) -> None:
     """Until the worker has SIGSTOPped itself (FRACTUS_FAULT=pause@N) or exited."""
     deadline = time.monotonic() + timeout
     handle = psutil.Process(proc.pid)
@@ -130,7 +130,7 @@ def live(tmp_path_factory):
         entry = write_round(pod, params)
         write_inbox(pod, entry)
         os.kill(proc.pid, signal.SIGCONT)
-        assert proc.wait(timeout=120) == 0
+        assert proc.wait(timeout=600) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -143,7 +143,7 @@ def reference(live):
     env = worker_env(pod, CKPT_IN=live["pre"], CKPT_OUT=pod / "reference" / "ref.pt",
                      METRICS=pod / "reference.jsonl", MAX_STEPS=3, MERGE_INBOX=None)
     proc = subprocess.run([sys.executable, "-c", REFERENCE, str(pod / ROUND_FILE)], env=env,
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     return load_ckpt(pod / "reference" / "ref.pt")
 
