@@ -15,12 +15,14 @@ from operator import itemgetter
 from pathlib import Path
 
 CAUSES = ("startup", "load", "retrain_rollback", "retrain_crash", "crash", "hang", "canary",
-          "node_wait", "checkpoint_stall", "stopped", "final_probes", "final_push")
+          "node_wait", "checkpoint_stall", "merge_round", "stopped", "final_probes",
+          "final_push")
 CAUSE_TEXT = {"startup": "start-up checks", "load": "restart and model load",
               "retrain_rollback": "re-training after a rollback",
               "retrain_crash": "re-training after a crash", "crash": "lost in a crash",
               "hang": "hang until detected", "canary": "stage canary",
               "node_wait": "waiting for a node", "checkpoint_stall": "checkpoint stall",
+              "merge_round": "waiting in merge rounds",
               "stopped": "stopped", "final_probes": "final probes",
               "final_push": "final push and exit"}
 # Events that end a launcher session (the pod's workers are no longer supervised).
@@ -209,14 +211,28 @@ def compute_ledger(events: list[dict], metrics: dict[int, list[dict]],
 
 def marks_of(records: list[dict]) -> list[tuple]:
     """A GPU's METRICS records as (ts, order, kind, value) marks: ("m", next_token) per
-    metrics line, ("stall", seconds) per checkpoint save."""
+    metrics line, ("stall", seconds) per checkpoint save, ("wait", None) per merge round's
+    `merge_wait`, ("waited", seconds) per `merge_adopted`/`merge_skipped` (its waited_s)."""
     marks = [(r["ts"], LINE, "m", r["next_token"]) for r in records
              if r.get("type") == "metrics" and isinstance(r.get("ts"), (int, float))
              and isinstance(r.get("next_token"), int)]
     marks += [(r["ts"], LINE, "stall", float(r["stall_s"])) for r in records
               if r.get("event") == "checkpoint" and isinstance(r.get("ts"), (int, float))
               and isinstance(r.get("stall_s"), (int, float)) and r["stall_s"] > 0]
+    marks += [(r["ts"], LINE, "wait", None) if r["event"] == "merge_wait"
+              else (r["ts"], LINE, "waited", _seconds(r.get("waited_s"))) for r in records
+              if r.get("event") in ("merge_wait", "merge_adopted", "merge_skipped")
+              and isinstance(r.get("ts"), (int, float))]
     return marks
+
+
+def _in_round(since: float, ts: float, waited_s: float, wait_from: float | None) -> float:
+    """Of the span [since, ts], the seconds a GPU waited in a merge round: the waits that
+    ended in it (`waited_s`), and one still open since `wait_from` (cut short at `ts`)."""
+    span = ts - since if ts > since else 0.0
+    if wait_from is not None:
+        waited_s += ts - (wait_from if wait_from > since else since)
+    return waited_s if waited_s < span else span
 
 
 def ledger_of(events: list[dict], lines: dict[int, list[tuple]], now: float | None,
@@ -256,11 +272,17 @@ def _sweep(gpu: int, stream: list[tuple]) -> GpuLedger:
     high_water = token = 0           # the furthest token any line reached; the run's token
     retrain_cause = "retrain_crash"
     stall_s = 0.0                    # a save's stall to take out of the next training span
+    waited_s, wait_from = 0.0, None  # a merge round's wait in this span; one not ended yet
     failing = False                  # its checks failed: a kill now is the rollback's
     idle_bucket = {_LOAD: "load", _BACKOFF: "load", _NODE_WAIT: "node_wait",
                    _STOPPED: "stopped", _TRAIN: "stopped"}
     for ts, _, kind, value in stream:
         if kind == "m":
+            if state in (_TRAIN, _LOAD):     # a round's wait first, out of either
+                in_round = _in_round(since, ts, waited_s, wait_from)
+                lost["merge_round"] += in_round
+                led.wall_s += in_round
+                since, waited_s, wait_from = since + in_round, 0.0, None
             if state == _TRAIN:      # a span between two lines: trained, or trained again
                 span = ts - since if ts > since else 0.0
                 stall = stall_s if stall_s < span else span
@@ -296,6 +318,14 @@ def _sweep(gpu: int, stream: list[tuple]) -> GpuLedger:
             continue
         if kind == "stall":
             stall_s += value
+            continue
+        if kind in ("wait", "waited"):
+            if state in (_TRAIN, _LOAD):     # (a record outside a run: no wait of its)
+                if kind == "wait":
+                    wait_from = ts
+                else:               # the wait ended here: its part in this span
+                    waited_s += value if value < ts - since else max(ts - since, 0.0)
+                    wait_from = None
             continue
         # A change of state: book the span so far (to `cause`, else the state's own bucket).
         cause, new_state = None, None
@@ -334,7 +364,11 @@ def _sweep(gpu: int, stream: list[tuple]) -> GpuLedger:
         if new_state is None or state == _OUT:
             continue                 # no change, or an event outside a session
         span = ts - since if ts > since else 0.0
-        lost[cause or idle_bucket[state]] += span
+        in_round = _in_round(since, ts, waited_s, wait_from) if state in (_TRAIN, _LOAD) \
+            else 0.0                 # a wait cut short by this change: a round's until it
+        waited_s, wait_from = 0.0, None
+        lost["merge_round"] += in_round
+        lost[cause or idle_bucket[state]] += span - in_round
         led.wall_s += span
         since, state = ts, new_state
         if kind == "worker_start":

@@ -48,7 +48,7 @@ class MarksTail:
             found = match(line)
             if found is not None:
                 self.marks.append((float(found[1]), LINE, "m", int(found[2])))
-            elif b'"metrics"' in line or b'"stall_s"' in line:
+            elif b'"metrics"' in line or b'"stall_s"' in line or b'"merge_' in line:
                 try:
                     record = json.loads(line)
                 except (json.JSONDecodeError, UnicodeDecodeError):

@@ -23,7 +23,7 @@ from launcher.dashboard.goodput_files import LedgerSource, goodput_report
 from launcher.dashboard.series import PodSeries, metrics_files
 from launcher.dashboard.timeline import MARKER_COLORS, read_timeline
 from launcher.dashboard.xaxis import X_MODES, pod_axis
-from launcher.paths import CANARY_FILE, EVENTS_FILE, STATE_FILE, SYNC_STATE
+from launcher.paths import CANARY_FILE, EVENTS_FILE, ROUNDS_LEDGER, STATE_FILE, SYNC_STATE
 from launcher.hub.redact import scrub
 from launcher.dashboard.status import collect
 
@@ -33,7 +33,7 @@ STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; ch
 DEFAULT_POINTS, MAX_POINTS = 1000, 4000
 TABLE_REFRESH_S = 30      # ages in the table move without any file changing
 LEDGER_S = 30             # the goodput panel's ledger is swept again at most this often
-WATCHED = (EVENTS_FILE, STATE_FILE, SYNC_STATE, CANARY_FILE)
+WATCHED = (EVENTS_FILE, STATE_FILE, SYNC_STATE, CANARY_FILE, ROUNDS_LEDGER)
 
 
 class DashboardData:

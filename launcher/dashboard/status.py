@@ -24,6 +24,7 @@ from launcher.config.podconfig import PodConfig
 from launcher.pod.live_state import read_pod_state
 from launcher.dashboard.goodput import SESSION_ENDS, goodput_line
 from launcher.dashboard.goodput_files import goodput_report
+from launcher.dashboard.merge_status import rounds_report
 from launcher.dashboard.status_checkpoints import (checkpoint_problem, hub_note, hub_tokens,
                                                   last_metrics, last_record,
                                                   node_checkpoint_age)
@@ -186,6 +187,7 @@ def collect(pod_dir: Path, config: PodConfig, n_events: int = 8,
         "sync": _sync_report(pod_dir, config),
         "canary": _canary_report(pod_dir),
         "goodput": goodput if goodput is not None else goodput_report(pod_dir, config),
+        "merge_rounds": rounds_report(pod_dir, config, current_stage(state, manifest), gpus, state),
     }
 
 
@@ -358,6 +360,11 @@ def render_status(report: dict, width: int | None = None):
                               style="yellow" if sync.get("last_result") == "ok" else "red"))
     if report.get("goodput"):
         parts.append(Text(goodput_line(report["goodput"])))
+    rounds = report.get("merge_rounds")
+    if rounds:
+        refused = (rounds.get("last") or {}).get("state") == "refused"
+        parts.append(Text(rounds["line"], style="red" if rounds.get("error")
+                          else "yellow" if refused else None))
     canary = report.get("canary")
     if canary:
         when = time.strftime("%H:%M:%S", time.localtime(canary.get("ts") or 0))

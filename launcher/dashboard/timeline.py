@@ -1,5 +1,5 @@
 """What happened when, from logs/events.jsonl: markers (restarts, rollbacks, stage
-switches, canary and probe verdicts, hub pushes) and the stage windows shaded behind the
+switches, canary and probe verdicts, hub pushes, merge rounds) and the stage windows shaded behind the
 curves. Shared by the dashboard and the plot."""
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ MARKER_KINDS = {
     "canary": "canary", "canary_skipped": "canary",
     "probe": "probe", "final_verdicts": "verdicts",
     "sync_pushed": "hub_push",
+    "merge_round": "merge",      # "merge_refused" when its verdict is not "adopted"
 }
 MARKER_COLORS = {"restart": "#ff7f0e", "rollback": "#d62728", "stage": "#7f7f7f",
                  "canary": "#9467bd", "probe": "#17becf", "verdicts": "#bcbd22",
-                 "hub_push": "#2ca02c"}
+                 "hub_push": "#2ca02c", "merge": "#1a237e", "merge_refused": "#e91e63"}
 
 
 def _number(value, spec: str) -> str:
@@ -52,12 +53,35 @@ def _label(event: dict) -> str:
         return f"hub push {str(event.get('revision') or '')[:12]}"
     if name == "hang":
         return f"{gpu}hang: restarted"
+    if name == "merge_round":
+        return _merge_label(event)
     return f"{gpu}crash: {event.get('reason', '')}"
+
+
+def _merge_label(event: dict) -> str:
+    """`round 3 adopted: 3 GPUs (gpu2 left out), 41 s` or `round 3 refused: <reason>`."""
+    number = event.get("round")
+    if event.get("verdict") != "adopted":
+        return f"round {number} refused: {event.get('reason') or ''}"
+    quorum = event.get("quorum") if isinstance(event.get("quorum"), list) else []
+    left = event.get("left_out") if isinstance(event.get("left_out"), list) else []
+    seconds = event.get("seconds")
+    return (f"round {number} adopted: {len(quorum)} GPU{'' if len(quorum) == 1 else 's'}"
+            + (" (" + ", ".join(f"gpu{g}" for g in left) + " left out)" if left else "")
+            + (f", {seconds:.0f} s" if isinstance(seconds, (int, float))
+               and not isinstance(seconds, bool) else ""))
+
+
+def _kind(event: dict) -> str:
+    kind = MARKER_KINDS[event["event"]]
+    if kind == "merge" and event.get("verdict") != "adopted":
+        return "merge_refused"
+    return kind
 
 
 def markers(events: list[dict]) -> list[dict]:
     """One marker per notable event: ts, kind, gpu (None: pod-wide), label."""
-    return [{"ts": e.get("ts"), "kind": MARKER_KINDS[e["event"]], "gpu": e.get("gpu"),
+    return [{"ts": e.get("ts"), "kind": _kind(e), "gpu": e.get("gpu"),
              "label": _label(e)[:200]}
             for e in events if e.get("event") in MARKER_KINDS and e.get("ts") is not None]
 

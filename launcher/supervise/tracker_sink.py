@@ -17,6 +17,7 @@ from pathlib import Path
 from launcher.config.tracker import TrackerSettings
 from launcher.errors import warn
 from launcher.paths import TRACKIO_DIR
+from launcher.pod.events_tensorboard import merge_scalars
 
 QUEUE_LINES = 10_000          # ~ an hour of 8 GPUs logging every few seconds
 _NOT_METRICS = ("type", "ts", "gpu", "step")
@@ -54,13 +55,21 @@ class TrackerSink:
                               and isinstance(v, (int, float)) and not isinstance(v, bool)})
 
     def __call__(self, event: dict) -> None:
-        """An EventLog tap: a rollback marks its GPU's run, a stage change every run."""
+        """An EventLog tap: a rollback marks its GPU's run, a stage change and a merge round
+        every run (merge/round, merge/adopted, ..., and the GPU's own gate rise)."""
         if event.get("event") == "rollback" and event.get("gpu") in self.last_step:
             gpu = event["gpu"]
             self._put(gpu, self.last_step[gpu], {"rollback": 1})
         elif event.get("event") == "stage_change" and isinstance(event.get("to_stage"), int):
             for gpu, step in list(self.last_step.items()):   # events come from any thread
                 self._put(gpu, step, {"stage": event["to_stage"]})
+        elif event.get("event") == "merge_round":
+            values = merge_scalars(event)
+            pod_wide = {t: v for t, v in values.items() if not t.startswith("merge/gate_rise/")}
+            for gpu, step in list(self.last_step.items()):
+                rise = values.get(f"merge/gate_rise/gpu{gpu}")
+                self._put(gpu, step, {**pod_wide,
+                                      **({"merge/gate_rise": rise} if rise is not None else {})})
 
     def _put(self, gpu: int, step: int, values: dict) -> None:
         if self.off or not values:

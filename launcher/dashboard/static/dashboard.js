@@ -168,7 +168,8 @@ const COLUMNS = [
 const GOODPUT_COLORS = {
   trained: "#2e7d32", load: "#90a4ae", retrain_rollback: "#d62728", retrain_crash: "#ff7f0e",
   crash: "#8c564b", hang: "#9467bd", canary: "#17becf", node_wait: "#bcbd22",
-  checkpoint_stall: "#e377c2", stopped: "#cfd8dc", startup: "#607d8b",
+  checkpoint_stall: "#e377c2", merge_round: "#1a237e", stopped: "#cfd8dc",
+  startup: "#607d8b",
   final_probes: "#a1887f", final_push: "#78909c",
 };
 function gpuTime(s) { return s >= 360 ? `${(s / 3600).toFixed(2)} GPU-h` : `${Math.round(s)} GPU-s`; }
@@ -244,6 +245,7 @@ function drawStatus(d) {
   const c = s.canary;
   document.getElementById("canary-line").textContent = c ?
     `last canary: stage ${fmt(c.from_stage)} -> ${fmt(c.to_stage)}: ${c.status}: ${fmt(c.reason)}` : "";
+  document.getElementById("merge-line").textContent = s.merge_rounds ? s.merge_rounds.line : "";
 }
 
 function drawMarkers(d) {
