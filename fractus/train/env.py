@@ -210,6 +210,14 @@ class WorkerSettings:
                                    "start; a newer round's merged weights are adopted in "
                                    "place (below). Set by the launcher only when rounds are on",
                                    shown="(none: no rounds)")
+    merge_every: int = _var("MERGE_EVERY", 0, _int_at_least(0),
+                            "merge rounds: tokens between two round boundaries (0: none); "
+                            "at each the worker saves, says `merge_wait` and waits for the "
+                            "round's decision in MERGE_INBOX. Set by the launcher")
+    merge_origin: int = _var("MERGE_ORIGIN", 0, _int_at_least(0),
+                             "merge rounds: the token boundary k counts from (boundary k: "
+                             "the first step boundary at or past MERGE_ORIGIN + "
+                             "k * MERGE_EVERY). Set by the launcher")
     fault: str | None = _var("FRACTUS_FAULT", None, _fault, "tests only, see below")
 
     @classmethod
@@ -221,6 +229,9 @@ class WorkerSettings:
             if raw is None or raw == "":
                 continue
             values[f.name] = f.metadata["parse"](f.metadata["env"], raw)
+        if values.get("merge_every") and not values.get("merge_inbox"):
+            raise SettingsError("MERGE_EVERY needs MERGE_INBOX, where the worker reads each "
+                                "round's decision; set both, or neither")
         return cls(**values)
 
     # Defaults that depend on GPU_ID (kept as properties so the raw settings stay as given).

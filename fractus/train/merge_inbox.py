@@ -46,6 +46,8 @@ from fractus.train.checkpoint import all_finite
 
 MERGED_FORMAT = "fractus-pod-merged-v1"
 MAX_ROUND = 10**9
+MAX_GPUS = 4096
+MAX_TOKEN = 10**18
 MAX_INBOX_BYTES = 64 * 1024
 _HASH_CHUNK = 1 << 20
 
@@ -62,8 +64,22 @@ class MergeRefused(ValueError):
 @dataclass(frozen=True)
 class InboxEntry:
     round: int
-    path: str          # relative to the pod dir
-    sha256: str
+    path: str | None           # relative to the pod dir; None for a refused round
+    sha256: str | None
+    boundary: int | None = None    # the round boundary it decides; None: a stage end's
+    gpus: dict | None = None       # the quorum, {gpu: its next token}; None: every GPU, now
+
+    @property
+    def refused(self) -> bool:
+        return self.path is None
+
+    def adopts(self, gpu: int, next_token: int) -> bool:
+        """Whether a worker of `gpu` at `next_token` takes this round's weights."""
+        return not self.refused and (self.gpus is None or self.gpus.get(gpu) == next_token)
+
+    def decides(self, boundary: int) -> bool:
+        """Whether this entry settles round boundary `boundary` (or a later one)."""
+        return self.boundary is not None and self.boundary >= boundary
 
 
 def parse_inbox(data, round_hint: int | None = None) -> InboxEntry:
@@ -74,6 +90,20 @@ def parse_inbox(data, round_hint: int | None = None) -> InboxEntry:
     if isinstance(round_, bool) or not isinstance(round_, int) or not 1 <= round_ <= MAX_ROUND:
         raise MergeRefused(None, f"inbox round must be an integer in 1..{MAX_ROUND}, got "
                                  f"{round_!r}"[:200])
+    boundary, gpus = data.get("boundary"), data.get("gpus")
+    if boundary is not None and (isinstance(boundary, bool) or not isinstance(boundary, int)
+                                 or not 1 <= boundary <= MAX_ROUND):
+        raise MergeRefused(round_, f"inbox boundary must be an integer in 1..{MAX_ROUND}, "
+                                   f"got {boundary!r}"[:200])
+    if gpus is not None:
+        if not isinstance(gpus, dict) or len(gpus) > MAX_GPUS or not all(
+                isinstance(g, str) and g.isdigit() and len(g) < 6 and isinstance(t, int)
+                and not isinstance(t, bool) and 0 <= t <= MAX_TOKEN for g, t in gpus.items()):
+            raise MergeRefused(round_, f"inbox gpus must map GPU numbers to tokens, got "
+                                       f"{gpus!r}"[:200])
+        gpus = {int(g): t for g, t in gpus.items()}
+    if data.get("refused") is True:
+        return InboxEntry(round_, None, None, boundary, {})
     path, digest = data.get("path"), data.get("sha256")
     if not isinstance(path, str) or not path:
         raise MergeRefused(round_, f"inbox path must be a non-empty string, got {path!r}"[:200])
@@ -81,7 +111,7 @@ def parse_inbox(data, round_hint: int | None = None) -> InboxEntry:
             or any(c not in "0123456789abcdef" for c in digest)):
         raise MergeRefused(round_, f"inbox sha256 must be 64 lowercase hex digits, got "
                                    f"{digest!r}"[:200])
-    return InboxEntry(round_, path, digest)
+    return InboxEntry(round_, path, digest, boundary, gpus)
 
 
 def merged_file(entry: InboxEntry, pod_dir: Path) -> Path:
@@ -108,6 +138,7 @@ class MergeInbox:
         self.pod_dir = Path(pod_dir)
         self.path = self.pod_dir / path
         self._seen: tuple | None = None   # (ino, size, mtime_ns) of the content last read
+        self.entry: InboxEntry | None = None   # the newest entry read that parsed
 
     def poll(self) -> InboxEntry | None:
         """The entry when the file changed since the last read; None when it is absent or
@@ -115,7 +146,7 @@ class MergeInbox:
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
-            self._seen = None
+            self._seen, self.entry = None, None
             return None
         if (st.st_ino, st.st_size, st.st_mtime_ns) == self._seen:
             return None
@@ -135,7 +166,8 @@ class MergeInbox:
             data = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as e:
             raise MergeRefused(None, f"inbox {self.path} is not JSON: {e}"[:300]) from None
-        return parse_inbox(data)
+        self.entry = parse_inbox(data)
+        return self.entry
 
 
 def _hash_open_file(f) -> str:
@@ -143,6 +175,11 @@ def _hash_open_file(f) -> str:
     for chunk in iter(lambda: f.read(_HASH_CHUNK), b""):
         digest.update(chunk)
     return digest.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return _hash_open_file(f)
 
 
 def _load_verified(path: Path, entry: InboxEntry) -> dict:

@@ -28,13 +28,15 @@ from fractus.train.disk import describe_disk_full, no_space_error
 from fractus.train.env import PARENT_DEATH_ENV, SettingsError, WorkerSettings
 from fractus.train.exit_codes import WorkerExitCode
 from fractus.train.faults import FaultInjector, parse_fault
-from fractus.train.merge_inbox import MergeInbox, MergeRefused, adopt, read_merged
+from fractus.train.merge_inbox import (MergeInbox, MergeRefused, adopt, file_sha256,
+                                       read_merged)
 from fractus.train.metrics import MetricsWriter, human_line
 from fractus.train.resume import build_model, find_start, resolve_device
 from fractus.train.step import NonFiniteError, TrainStep, compiled_divergence
 from fractus.train.tensorboard import TensorBoardScalars
 
 EMA_BETA = 0.98
+MERGE_POLL_S = 0.2     # how often a worker waiting at a round boundary reads its inbox
 
 
 def ema(previous: float | None, value: float) -> float:
@@ -113,6 +115,7 @@ class Worker:
         same_file = self.start.source and Path(self.start.source).resolve() == self.ckpt_out.resolve()
         self.saved_step = self.step if self.start.kind == "full" and same_file else None
         self.merge_round = self.start.merge_round
+        self.last_saved: tuple | None = None   # (path, sha256) of the newest durable save
         # Unset (today, and whenever rounds are off): no inbox, one `if` per step.
         self.merge_inbox = (MergeInbox(s.merge_inbox, pod_dir=Path.cwd())
                             if s.merge_inbox else None)
@@ -166,6 +169,7 @@ class Worker:
 
     def _on_durable(self, saved, numbers: dict, timing: SaveTiming) -> None:
         """Runs once the file is on disk (on the writer thread when saving in the background)."""
+        self.last_saved = (saved.path, saved.sha256)
         self.faults.after_save(numbers["step"])
         self.log.event("checkpoint", path=saved.path, sha256=saved.sha256, bytes=saved.bytes,
                        mtime_ns=saved.mtime_ns, **numbers, seconds=timing.seconds,
@@ -252,27 +256,82 @@ class Worker:
             print(human_line(self.s.gpu_id, self.next_token, result.tf, self.ema_tf, ss_shown,
                              self.ema_ss, result.lb, tok_s, mem), flush=True)
 
-    def _check_merge(self) -> None:
+    def _check_merge(self, entry=None, waited_s: float | None = None) -> bool:
         """At a step boundary: adopt the inbox's round if it is newer than the last adopted
-        (weights in place; optimizer state, RNG, carried state and next token stay this
-        worker's), or refuse its file with one line and go on with the weights unchanged."""
+        and names this GPU at this token (weights in place; optimizer state, RNG, carried
+        state and next token stay this worker's), or refuse its file with one line and go
+        on with the weights unchanged. True when adopted."""
         try:
-            entry = self.merge_inbox.poll()
-            if entry is None or entry.round <= self.merge_round:
-                return
+            if entry is None:
+                entry = self.merge_inbox.poll()
+            if entry is None or entry.round <= self.merge_round \
+                    or not entry.adopts(self.s.gpu_id, self.next_token):
+                return False
             params = read_merged(entry, self.merge_inbox.pod_dir, self.model)
         except MergeRefused as e:
             self.log.event("merge_refused", round=e.round, reason=e.reason)
             print(f"GPU {self.s.gpu_id}: merge round {e.round} refused, training on with its "
                   f"own weights: {e.reason}", file=sys.stderr, flush=True)
-            return
+            return False
         adopt(self.model, params)
         self.merge_round = entry.round
         self.log.event("merge_adopted", round=entry.round, at_token=self.next_token,
-                       step=self.step)
+                       step=self.step, waited_s=waited_s)
         with self.stdout_lock:
             print(f"GPU {self.s.gpu_id}: merge round {entry.round} adopted at "
                   f"next_token={self.next_token} step={self.step}", flush=True)
+        return True
+
+    def _boundary(self, before: int, after: int) -> int | None:
+        """The round boundary a step from token `before` to `after` reached, if any."""
+        every, origin = self.s.merge_every, self.s.merge_origin
+        if not every or after <= origin:
+            return None
+        k = (after - origin) // every
+        return k if k >= 1 and k > max(before - origin, 0) // every else None
+
+    def _round_at(self, boundary: int) -> None:
+        """Round boundary `boundary`: the checkpoint here is on disk, `merge_wait` says where,
+        and the worker waits until the inbox decides this boundary (or a stop): then it
+        adopts the round's weights if it is in the quorum and saves them, or trains on."""
+        inbox = self.merge_inbox
+        try:
+            inbox.poll()
+        except MergeRefused:
+            pass                               # said below, if it still does not parse
+        entry, waited = inbox.entry, None
+        if entry is None or not entry.decides(boundary):
+            if self.saved_step != self.step or not self.ckpt_out.exists():
+                self._save()
+            if self.saver is not None:
+                self.saver.wait()
+            path, digest = self.last_saved or (self.ckpt_out, file_sha256(self.ckpt_out))
+            self.log.event("merge_wait", boundary=boundary, next_token=self.next_token,
+                           step=self.step, checkpoint=str(path), sha256=digest)
+            with self.stdout_lock:
+                print(f"GPU {self.s.gpu_id}: at merge round boundary {boundary} "
+                      f"(next_token={self.next_token}): waiting for the round", flush=True)
+            t0, said = time.perf_counter(), None
+            while self.stop.requested is None:
+                try:
+                    inbox.poll()
+                except MergeRefused as e:
+                    if e.reason != said:
+                        said = e.reason
+                        self.log.event("merge_refused", round=e.round, reason=e.reason)
+                entry = inbox.entry
+                if entry is not None and entry.decides(boundary):
+                    break
+                time.sleep(MERGE_POLL_S)
+            else:
+                return              # stopped while waiting: this boundary's file is the last
+            waited = round(time.perf_counter() - t0, 3)
+        if self._check_merge(entry, waited):
+            self._save()            # the round's weights are this GPU's newest checkpoint
+        elif entry.round > self.merge_round:
+            reason = "refused" if entry.refused else "left_out"
+            self.log.event("merge_skipped", round=entry.round, boundary=boundary,
+                           reason=reason, waited_s=waited)
 
     # --- the loop -------------------------------------------------------------------------
     def _end_reason(self, run_steps: int) -> str | None:
@@ -300,7 +359,7 @@ class Worker:
                 self.saver.check()   # a failed background write stops the run here
             step = self.step + 1
             self.faults.before_step(step)
-            if self.merge_inbox is not None:
+            if self.merge_inbox is not None and not self.s.merge_every:
                 self._check_merge()
             batches = [self._batch(self.next_token + i * s.tokens_per_batch)
                        for i in range(s.accum)]
@@ -323,6 +382,9 @@ class Worker:
                 window_tokens, window_t0, unreported = 0, now, None
             if s.save_every and step % s.save_every == 0:
                 self._save()
+            boundary = self._boundary(self.next_token - per_step, self.next_token)
+            if boundary is not None:
+                self._round_at(boundary)
 
     def run(self) -> int:
         s = self.s
@@ -353,6 +415,9 @@ class Worker:
         try:
             if self.merge_inbox is not None:
                 self._check_merge()     # a round taken while this GPU was down: before step 1
+                boundary = self._boundary(self.next_token - s.tokens_per_step, self.next_token)
+                if boundary is not None and self.start.kind == "full":
+                    self._round_at(boundary)    # restarted at a boundary its round decides
             if s.compile:
                 self.trainer.compile()
             reason = self.train()

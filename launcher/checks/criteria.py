@@ -115,7 +115,7 @@ CHECKS = {"finite": FiniteSpec, "continuity": ContinuitySpec, "trend": TrendSpec
           "lb_band": LbBandSpec, "ss_ratio": SsRatioSpec, "loss_spike": LossSpikeSpec}
 _SUPERVISION_CLASSES = {"restarts": RestartPolicy, "hang": HangPolicy}
 # Typed by canary_settings.py and probe_check.py.
-OTHER_SECTIONS = ("canary", "probe")
+OTHER_SECTIONS = ("canary", "probe", "merge_gate")
 
 
 def typed_section(cls, where: str, data, least: dict | None = None):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from launcher.checks.canary_settings import CanarySettings, parse_canary
 from launcher.checks.criteria import Criteria, parse_criteria
+from launcher.checks.merge_gate import MergeGate, parse_merge_gate
 from launcher.checks.probe_check import ProbeSchedule, ProbeTolerance, parse_probe
 from launcher.checks.shipped_defaults import SHIPPED_CRITERIA, with_shipped_defaults
 from launcher.config.yamlfile import read_yaml
@@ -20,6 +21,7 @@ class CriteriaFile:
     canary: CanarySettings
     probe_tolerance: ProbeTolerance
     probe_schedule: ProbeSchedule
+    merge_gate: MergeGate
 
 
 def load_criteria_file(path: str | Path) -> CriteriaFile:
@@ -28,7 +30,8 @@ def load_criteria_file(path: str | Path) -> CriteriaFile:
     data = with_shipped_defaults(read_yaml(path, "criteria file"))
     criteria = parse_criteria(data, str(path))      # refuses anything but a mapping
     tolerance, schedule = parse_probe(data.get("probe"), path)
-    return CriteriaFile(criteria, parse_canary(data.get("canary"), path), tolerance, schedule)
+    return CriteriaFile(criteria, parse_canary(data.get("canary"), path), tolerance, schedule,
+                        parse_merge_gate(data.get("merge_gate"), path))
 
 
 def shipped_criteria_file() -> CriteriaFile:

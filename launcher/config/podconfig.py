@@ -25,6 +25,7 @@ from launcher.config.yamlfile import read_yaml
 from fractus.train.env import ENV_VARS
 from fractus.config import PRESETS as MODEL_PRESETS, load_model_config
 from launcher.child import is_hub_name
+from launcher.config.merge_rounds_settings import MergeRoundSettings
 from launcher.config.retention_settings import RetentionSettings
 from launcher.config.tracker import TrackerSettings
 from launcher.config.ray_settings import RaySettings
@@ -77,6 +78,8 @@ class PodConfig:
     disk_low_gib: float = 20.0
     # What one GPU-hour costs (any currency), for the goodput ledger. None: hours only.
     price_per_gpu_hour: float | None = None
+    # Train, merge, train (merge_rounds_settings.py). None: no rounds, each GPU alone.
+    merge_rounds: dict | None = None
 
     # The file the config was read from (load_pod_config), named in a section's refusal.
     _source = None
@@ -127,6 +130,9 @@ class PodConfig:
 
     def retention_settings(self) -> "RetentionSettings | None":
         return self._parsed("retention", RetentionSettings.parse)
+
+    def merge_round_settings(self) -> "MergeRoundSettings | None":
+        return self._parsed("merge_rounds", MergeRoundSettings.parse)
 
 
 # Commits an hour one Hub repository takes (the Hub is reported to cap them at 128).
@@ -213,7 +219,8 @@ NUMERIC_RANGES: dict[str, tuple[float, float]] = {
 }
 # Keys whose default is None, with the type a given value must have.
 _OPTIONAL_TYPES = {"hub": str, "demo_data": dict, "ray": dict, "data": dict, "alerts": dict,
-                   "retention": dict, "tracker": dict, "price_per_gpu_hour": float}
+                   "retention": dict, "tracker": dict, "price_per_gpu_hour": float,
+                   "merge_rounds": dict}
 # A path template may hold {i} only: no other field, spec or conversion ("{i:>999999999}"
 # would allocate).
 _TEMPLATE_FIELDS = ("i",)
@@ -347,7 +354,7 @@ def load_pod_config(pod_dir: Path) -> PodConfig:
     _check_pass_env(config.pass_env, str(path))
     # Each section parsed here, once, and kept typed: a mistake fails before anything runs.
     config.phases, config.sync_settings(), config.retention_settings()
-    config.tracker_settings()
+    config.tracker_settings(), config.merge_round_settings()
     RaySettings.check(config.ray, source=f"{path}: ray")
     config.data = DataSource.parse(config.data, f"{path}: data")
     check_alerts(config.alert_settings(), config.pass_env, str(path))

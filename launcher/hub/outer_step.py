@@ -37,46 +37,14 @@ from typing import Any, Callable, ContextManager, Sequence
 import torch
 
 from fractus.legacy import read_checkpoint
+from launcher.config.merge_rounds_settings import OuterSettings
 from launcher.files import atomic_write_with, fsync_dir, sha256_file
 from launcher.hub.merge import NotFinite, StreamedMean, on_disk, stream_mean
 from launcher.paths import OUTER_STATE_FILE, OUTER_STATE_PENDING, merged_round_path
 
 OUTER_FORMAT = "fractus-pod-outer-v1"
 MERGED_FORMAT = "fractus-pod-merged-v1"
-STEPS = ("mean", "nesterov")
 _OUTER_KEYS = {"format", "round", "outer", "momentum", "settings"}
-
-
-@dataclass(frozen=True)
-class OuterSettings:
-    """The outer step: `mean` (lr 1, momentum 0), or `nesterov` with lr in (0, 2] and
-    momentum in [0, 1)."""
-    step: str = "mean"
-    lr: float = 1.0
-    momentum: float = 0.0
-
-    def __post_init__(self):
-        if self.step not in STEPS:
-            raise ValueError(f"outer step {self.step!r} is not one of {', '.join(STEPS)}")
-        for name, value in (("lr", self.lr), ("momentum", self.momentum)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not math.isfinite(value):
-                raise ValueError(f"outer {name} {value!r} is not a finite number")
-        if not 0 < self.lr <= 2:
-            raise ValueError(f"outer lr {self.lr!r} is not in (0, 2]")
-        if not 0 <= self.momentum < 1:
-            raise ValueError(f"outer momentum {self.momentum!r} is not in [0, 1)")
-        if self.step == "mean" and (self.lr, self.momentum) != (1, 0):
-            raise ValueError("outer step `mean` is lr 1 and momentum 0; for others use `nesterov`")
-
-    def to_dict(self) -> dict:
-        return {"step": self.step, "lr": float(self.lr), "momentum": float(self.momentum)}
-
-    @classmethod
-    def from_dict(cls, d) -> "OuterSettings":
-        if not isinstance(d, dict) or set(d) != {"step", "lr", "momentum"}:
-            raise ValueError(f"outer settings {d!r} are not {{step, lr, momentum}}")
-        return cls(d["step"], d["lr"], d["momentum"])
 
 
 @dataclass(frozen=True)
@@ -174,23 +142,31 @@ def outer_step(pod_dir: str | Path, round_n: int, sources: Sequence, settings: O
                weights: Sequence[float] | None = None,
                fetch: Callable[[Any], ContextManager[Path]] = on_disk,
                verify: Callable[[Any, Path], None] | None = None,
-               commit: bool = True) -> RoundReport:
+               commit: bool = True, last_adopted: int | None = None) -> RoundReport:
     """Round `round_n` of the pod at `pod_dir` from the quorum's checkpoints `sources`
     (`fetch`/`verify` as merge_checkpoints), weighted by `weights` (None: equal; else one
     number >= 0 per source, e.g. the tokens each trained since the last round, not all 0).
-    Writes the round file, then the outer state (`commit=False`: the candidate)."""
+    `last_adopted`: the round whose outer state this one steps from (0: none yet, the
+    outer weights start at the mean; None: round_n - 1, every round adopted). Writes the
+    round file, then the outer state (`commit=False`: the candidate)."""
     if not _is_round(round_n):
         raise ValueError(f"round {round_n!r} is not an integer >= 1")
     if not isinstance(settings, OuterSettings):
         raise ValueError("settings must be an OuterSettings")
+    after = round_n - 1 if last_adopted is None else last_adopted
+    if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < round_n:
+        raise ValueError(f"last adopted round {last_adopted!r} is not in 0..{round_n - 1}")
     pod = Path(pod_dir)
     outer_path = pod / OUTER_STATE_FILE
     prior = None
-    if outer_path.exists():
-        prior = read_outer_state(outer_path, expect_round=round_n - 1)
-    elif round_n != 1:
-        raise ValueError(f"round {round_n} needs round {round_n - 1}'s outer state; "
-                         f"{outer_path} is missing")
+    if after:
+        if not outer_path.exists():
+            raise ValueError(f"round {round_n} needs round {after}'s outer state; "
+                             f"{outer_path} is missing")
+        prior = read_outer_state(outer_path, expect_round=after)
+    elif outer_path.exists():
+        raise ValueError(f"round {round_n} is the first adopted, yet {outer_path} exists "
+                         f"(round {read_outer_state(outer_path).round}'s)")
 
     streamed = stream_mean(sources, weights, fetch, verify)
     spec, aliases = streamed.spec, streamed.aliases

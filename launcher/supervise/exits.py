@@ -53,7 +53,7 @@ class ExitHandlers:
 
     def on_silence(self, run: GpuRun, now: float) -> None:
         """A running worker: killed as hung once silent past its limit, then a crash."""
-        if run.proc is None or self.backend().settling(run.proc):
+        if run.proc is None or self.backend().settling(run.proc) or run.merge_waiting:
             return
         silence = self.restarts.silence(run, now)
         if silence is None:

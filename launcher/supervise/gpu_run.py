@@ -36,6 +36,7 @@ class GpuRun:
     verified_seen: tuple | None = None
     announced_wait: bool = False         # its gpu_waiting event is out
     peer_marks: dict = field(default_factory=dict)   # kind -> why it is off its peers now
+    merge_waiting: bool = False          # its worker waits at a merge round's boundary
 
     def started(self, handle: WorkerHandle, now: float) -> None:
         """RUNNING with `handle`; this start's facts begin anew."""
@@ -43,6 +44,7 @@ class GpuRun:
         self.proc, self.node, self.exit_code = handle, handle.node, None
         self.done_reason, self.done_at = None, None
         self.started_at, self.last_line_at, self.error_reported = now, None, False
+        self.merge_waiting = False
 
     def placed(self) -> None:
         """Where its worker runs, once a remote backend placed it."""
@@ -73,6 +75,14 @@ class GpuRun:
     def said_metrics(self, record: dict, now: float) -> None:
         """Its worker wrote a metrics line at `now`."""
         self.last_line_at, self.last_metrics = now, record
+
+    def said_merge_wait(self, now: float) -> None:
+        """Its worker waits at a round boundary: silent by design until the round decides."""
+        self.merge_waiting, self.last_line_at = True, now
+
+    def said_merge_resumed(self, now: float) -> None:
+        """Its worker took (or passed on) the round and trains again: silence counts anew."""
+        self.merge_waiting, self.last_line_at = False, now
 
     def said_done(self, reason: str, at: tuple | None = None) -> None:
         """Its worker's `done` event: why it ended, and where when it said (phase, next_token)."""

@@ -40,6 +40,10 @@ class WorkerMonitor:
                          "done": self.on_done,
                          "start": lambda run, record: self.peers.restart(run.slot.gpu)}
 
+    def listen(self, event: str, handler: Callable[[GpuRun, dict], None]) -> None:
+        """`handler(run, record)` for each worker event `event` from now on."""
+        self.on_event[event] = handler
+
     def drain(self, run: GpuRun) -> None:
         for record in run.tail.read():
             if record.get("type") == "metrics":

@@ -63,6 +63,7 @@ def load_plan(pod_dir: Path, stage: int | None, devices: str | None, gpus: str |
                       trusted, config.sync_settings(), RaySettings.parse(config.ray, ray_address),
                       stage, slots, max_time, max_steps,
                       None if max_time is None else time.monotonic() + max_time)
+    refuse_rounds_that_cannot_run(plan)
     if plan.ray is not None:
         plan = replace(plan, ckpts_on_hub=frozenset(on_the_hub(plan, manifest)),
                        shards_on_nodes=frozenset(shards_on_nodes(plan, True)))
@@ -71,6 +72,21 @@ def load_plan(pod_dir: Path, stage: int | None, devices: str | None, gpus: str |
     if note:
         print(f"fractus-pod: {note}", file=sys.stderr, flush=True)
     return plan, manifest
+
+
+def refuse_rounds_that_cannot_run(plan: LaunchPlan) -> None:
+    """merge_rounds: on a Ray pod, or with a quorum above the launch's GPUs: refused."""
+    rounds = plan.config.merge_round_settings()
+    if rounds is None:
+        return
+    if plan.ray is not None:
+        raise UserError("merge_rounds is not supported on a Ray pod yet: a round pauses "
+                        "every GPU at its boundary and the head merges their checkpoints "
+                        "from its own disk; remove merge_rounds: from fractus-pod.yaml, or "
+                        "launch without Ray")
+    if rounds.quorum_of(len(plan.slots)) > len(plan.slots):
+        raise UserError(f"merge_rounds.quorum {rounds.quorum} is above the {len(plan.slots)} "
+                        f"GPU(s) this launch runs: lower it to at most {len(plan.slots)}")
 
 
 def check_worker_settings(stages: dict[int, Stage], number: int, config: PodConfig,

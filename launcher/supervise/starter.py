@@ -3,6 +3,8 @@ baseline probes), or one GPU's again. Owns the per-start state: each GPU's first
 
 from __future__ import annotations
 
+from typing import Callable
+
 from launcher.checks.health import GpuHealth
 from launcher.hub.recover import RecoveryError
 from launcher.pod.manifest import RUN_ID_KEY, ManifestEntry, write_manifest
@@ -18,9 +20,12 @@ class WorkerStarter:
     """Keeps the whole PodRun: it moves the pod's state (STARTED) and reads most of it."""
 
     def __init__(self, pod: PodRun, ending: PodEnding, view: PodView,
-                 faults: dict[int, str] | None = None):
+                 faults: dict[int, str] | None = None,
+                 merge_env: Callable[[int], dict] | None = None):
+        """`merge_env(gpu)`: its MERGE_* settings when the pod has merge rounds."""
         self.pod, self.ending, self.view = pod, ending, view
         self.faults = dict(faults or {})    # gpu -> FRACTUS_FAULT, for its first start only
+        self.merge_env = merge_env
 
     def start_all(self) -> None:
         pod = self.pod
@@ -70,7 +75,8 @@ class WorkerStarter:
                           ckpt_sha256=entry.checkpoint_sha256 if entry else None,
                           ckpt_revision=entry.hub_revision if entry else None,
                           phase=entry.at_phase if entry else 1,
-                          start_over=pod.custodian.starts_over(run.slot.gpu))
+                          start_over=pod.custodian.starts_over(run.slot.gpu),
+                          merge=self.merge_env(run.slot.gpu) if self.merge_env else None)
 
     def recover(self, gpu: int) -> bool:
         """Before a restart: the entry's checkpoint holds its recorded bytes (a worker killed

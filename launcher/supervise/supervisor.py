@@ -42,6 +42,8 @@ from launcher.supervise.state import (
 )
 from launcher.worker.process import MetricsTail
 from launcher.supervise.local_backend import LocalBackend
+from launcher.supervise.merge_rounds import MergeRounds
+from fractus.train.env import WorkerSettings
 
 
 class Supervisor:
@@ -74,7 +76,13 @@ class Supervisor:
         self.final = FinalVerdicts(plan.config, plan.pod_dir, events, custodian,
                                    lambda: pod.runs, lambda: pod.probes, lambda: pod.stage,
                                    pod.judging_final, self.monitor, self.view)
-        self.starter = WorkerStarter(pod, self.ending, self.view, faults)
+        self.rounds = _merge_rounds(plan, pod, events, custodian, clock)
+        if self.rounds is not None:
+            self.monitor.listen("merge_wait", self.rounds.on_wait)
+            self.monitor.listen("merge_adopted", self.rounds.on_resumed)
+            self.monitor.listen("merge_skipped", self.rounds.on_resumed)
+        self.starter = WorkerStarter(pod, self.ending, self.view, faults,
+                                     self.rounds.worker_env if self.rounds else None)
         self.restarts = WorkerRestarter(plan.criteria, clock, events, pod.running)
         self.placement = NodePlacement(manifest, events, custodian, lambda: pod.stage,
                                        lambda: pod.probes, lambda: pod.backend, self.starter)
@@ -160,6 +168,9 @@ class Supervisor:
         try:
             if record_stage(pod.manifest, list(pod.runs), pod.stage, pod.events):
                 pod.custodian.manifest_changed("stage switch")
+            if self.rounds is not None:
+                self.rounds.begin({g: (e.start_token if (e := pod.manifest.entries.get(g))
+                                       else None) or 0 for g in pod.runs})
             self.starter.start_all()
         except OSError as exc:
             self.ending.on_write_error(exc)
@@ -190,6 +201,8 @@ class Supervisor:
             self.ending.files_lost(LOGS_MOVED, logs_id)
             return
         self._tend_workers()
+        if self.rounds is not None and self.pod.running():
+            self.rounds.tick()
         self._judge_pod()
         self.disk.check()
         self.pod.custodian.tick()
@@ -247,6 +260,8 @@ class Supervisor:
         """After the loop: a clean end's final verdicts, then close probes, custodian, backend;
         the hub sync's last push comes whatever ended the run."""
         pod = self.pod
+        if self.rounds is not None:      # a round in flight has no verdict: run again later
+            self.rounds.close()
         if pod.tracker is not None:      # the run's last lines, whatever ended it
             pod.tracker.close()
         if pod.files_lost:               # nothing can be read or recorded: only close
@@ -279,6 +294,29 @@ class Supervisor:
 
 def _gpu_runs(plan: LaunchPlan, backend: WorkerBackend) -> dict[int, GpuRun]:
     return {s.gpu: GpuRun(s, MetricsTail(backend.metrics_file(s.gpu))) for s in plan.slots}
+
+
+def _merge_rounds(plan: LaunchPlan, pod: PodRun, events: EventLog,
+                  custodian: CheckpointCustodian, clock) -> MergeRounds | None:
+    """The pod's merge rounds (fractus-pod.yaml `merge_rounds:`), None when off."""
+    settings = plan.config.merge_round_settings()
+    if settings is None:
+        return None
+    stage = plan.stages[plan.stage]
+    seq = WorkerSettings.from_env({**stage.settings, **plan.config.env}).seq
+
+    def shard(gpu: int) -> str:
+        entry = pod.manifest.entries.get(gpu)
+        return (entry.shard if entry and entry.shard else
+                plan.config.shard_path(gpu, entry.at_phase if entry else 1))
+
+    def baseline(gpu: int):
+        known = pod.probes.baselines.get(shard(gpu)) if pod.probes is not None else None
+        return known[0] if known else None
+
+    return MergeRounds(settings, plan.config, plan.pod_dir, events, plan.trusted.merge_gate,
+                       plan.trusted.probe_tolerance, clock, lambda: pod.runs,
+                       lambda: pod.stage, baseline, custodian.manifest_changed, shard, seq)
 
 
 def _probes(plan: LaunchPlan) -> ProbeMonitor | None:

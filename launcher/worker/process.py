@@ -41,6 +41,7 @@ class WorkerSpec:
     # Nothing the GPU wrote passed: token 0, its files set aside (here already; a remote
     # node sets its own aside before the worker starts).
     start_over: bool = False
+    merge: dict | None = None          # MERGE_*: the pod's merge rounds, when on
 
 
 def pod_env_names(config: PodConfig) -> set[str]:
@@ -84,6 +85,7 @@ def build_env(config: PodConfig, spec: WorkerSpec, base: dict | None = None) -> 
         env["STAGE"] = str(spec.stage)
     if spec.run_id:
         env["RUN_ID"] = spec.run_id
+    env.update(spec.merge or {})
     return worker_env(os.environ if base is None else base, env, keep=pod_env_names(config))
 
 
