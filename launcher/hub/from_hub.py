@@ -26,6 +26,7 @@ from launcher.pod.setup_init import write_demo_shards
 from launcher.config.stages import load_stages
 from launcher.hub.config_trust import refusal, untrusted_config, untrusted_stages
 from launcher.hub.retention import refuse_deleted
+from launcher.hub.round_files import fetched_rounds
 from launcher.hub.lease import take_over
 
 
@@ -57,10 +58,11 @@ def rebuild_from_hub(pod_dir: Path, url: str, revision: str | None,
                      trust_config: bool = False,
                      ray_address: str | None = None) -> Rebuilt:
     """Fill an EMPTY pod directory from one hub revision, checkpoints verified against the
-    hub index AND the manifest; nothing written to the hub. On a Ray cluster (`on_cluster`
-    or `ray:`) the weights stay on the hub (each node pulls its own). An untrusted config
-    (config_trust.py) is refused unless `trust_config`; `ray_address` (launch --ray)
-    replaces the config's. A relative file:// `url` is relative to the cwd."""
+    hub index AND the manifest, the merge rounds' state as round_files.py checks it; nothing
+    written to the hub. On a Ray cluster (`on_cluster` or `ray:`) the weights stay on the
+    hub (each node pulls its own). An untrusted config (config_trust.py) is refused unless
+    `trust_config`; `ray_address` (launch --ray) replaces the config's. A relative
+    file:// `url` is relative to the cwd."""
     if pod_dir.exists() and (not pod_dir.is_dir() or any(pod_dir.iterdir())):
         raise UserError(f"--from-hub rebuilds a pod in an EMPTY directory; {pod_dir} is not "
                         f"empty (use a new --pod-dir, or plain `launch` to resume this pod)")
@@ -174,8 +176,11 @@ def _rebuild_at(pod_dir: Path, url: str, store, rev: str, on_cluster: bool,
     if differing:
         raise MidPush(rev, "; ".join(differing))
     refuse_deleted(store, rev, tracked, wanted)
-    if not (on_cluster or config.ray is not None):
-        store.pull(wanted, rev)
+    # The merge rounds' state, verified before any checkpoint is pulled, installed after.
+    with fetched_rounds(store, rev, tracked) as rounds:
+        if not (on_cluster or config.ray is not None):
+            store.pull(wanted, rev)
+        rounds.install()
     for entry in manifest.entries.values():
         if entry.checkpoint:
             entry.note_hub_revision(rev)    # checked above: the revision holds its bytes

@@ -65,6 +65,11 @@ def plan(history: History, settings: RetentionSettings, pod_dir: Path,
                 out.kept.setdefault(older, f"end of stage {max(stages)}")
             if phases and facts[newer].phases != phases:
                 out.kept.setdefault(older, f"end of phase {max(phases)}")
+        # The commit that carried a newly adopted merge round (its outer state, its merged
+        # weights and the checkpoints they were merged from).
+        for rev, parent in zip(revisions, [*revisions[1:], None]):
+            if facts[rev].round > (facts[parent].round if parent else 0):
+                out.kept.setdefault(rev, f"merge round {facts[rev].round}")
         out.needed.update(f.merged for f in facts.values() if f.merged)
     for rev in out.kept:
         out.needed.update(facts[rev].objects)

@@ -20,6 +20,8 @@ from pathlib import Path
 from launcher.paths import HUB_LEDGER, MERGED_PATH, RECOVERY_HUB_DIR
 from launcher.pod.manifest import ManifestError, read_manifest
 
+from .round_files import MAX_ROUND, index_round
+
 CHECKPOINT_SUFFIXES = (".pt", ".safetensors", ".bin")
 
 
@@ -31,10 +33,11 @@ class RevisionFacts:
     phases: tuple[int, ...] = ()    # the distinct data phases its manifest's GPUs are in
     # sha256 -> size of each recovery copy it names (not in `objects`: no push of its own)
     recovery: dict[str, int] = field(default_factory=dict)
+    round: int = 0                  # the newest merge round whose merged file it holds
 
     def to_json(self) -> dict:
         return {"objects": self.objects, "stages": list(self.stages), "merged": self.merged,
-                "phases": list(self.phases), "recovery": self.recovery}
+                "phases": list(self.phases), "recovery": self.recovery, "round": self.round}
 
     def named(self) -> set[str]:
         """Every object it names that retention may delete: checkpoints, recovery copies."""
@@ -45,8 +48,11 @@ class RevisionFacts:
         """KeyError on a missing key: the caller reads the revision from the hub again."""
         objects = {str(k): int(v) for k, v in dict(doc["objects"]).items()}
         recovery = {str(k): int(v) for k, v in dict(doc.get("recovery") or {}).items()}
+        round_n = int(doc.get("round") or 0)
+        if not 0 <= round_n <= MAX_ROUND:
+            raise ValueError(f"round {round_n} out of range")
         return cls(objects, tuple(int(s) for s in doc["stages"]), doc.get("merged"),
-                   tuple(int(p) for p in doc["phases"]), recovery)
+                   tuple(int(p) for p in doc["phases"]), recovery, round_n)
 
 
 @dataclass
@@ -65,7 +71,7 @@ def _facts(index: dict, stages: tuple[int, ...], phases: tuple[int, ...]) -> Rev
         if path.endswith(CHECKPOINT_SUFFIXES):
             (recovery if path.startswith(RECOVERY_HUB_DIR + "/") else objects)[e.sha256] = e.size
     return RevisionFacts(objects, stages, index[MERGED_PATH].sha256 if MERGED_PATH in index
-                         else None, phases, recovery)
+                         else None, phases, recovery, index_round(index))
 
 
 def revision_facts(store, revision: str, manifest_path: str) -> RevisionFacts:

@@ -25,6 +25,7 @@ from launcher.config.podconfig import PodConfig
 from launcher.pod.progress import progress
 from launcher.hub.integrity import pod_relpath
 from launcher.hub.lease import pod_id, push_as_writer
+from launcher.hub.round_files import round_files
 from launcher.pod.ckpt_trust import check_entry
 
 
@@ -44,14 +45,19 @@ class Snapshot:
     # PodConfig.shard_path, for the identity check of each merged checkpoint.
     shard_of: Callable[..., str] | None = None
     merge: bool = False
+    # The merge rounds' files it carries (round_files.py): hub path -> the file to read,
+    # and their identity (inode, size, mtime: each is replaced, never rewritten).
+    rounds: dict[str, Path] = field(default_factory=dict)
+    rounds_key: tuple = ()
 
     def checkpoints_key(self) -> tuple:
         """The checkpoints it holds (and whether it merges them)."""
         return tuple(sorted(self.pushed.items())), self.merge
 
     def key(self) -> tuple:
-        """Checkpoints and manifest: an unchanged pod is not pushed twice, a changed manifest is."""
-        return self.checkpoints_key(), self.manifest_sha256()
+        """Checkpoints, manifest and round files: an unchanged pod is not pushed twice, a
+        changed manifest or a new round is."""
+        return self.checkpoints_key(), self.manifest_sha256(), self.rounds_key
 
     def manifest_bytes(self) -> bytes:
         """The manifest file exactly as the push commits it."""
@@ -140,6 +146,27 @@ def _add_manifest(snap: Snapshot, pod_dir: Path, config: PodConfig, manifest: Ma
     snap.shard_of = config.shard_path
     for rel in pod_files(pod_dir, config):
         snap.files[rel] = pod_dir / rel
+    _add_rounds(snap, pod_dir)
+
+
+def _add_rounds(snap: Snapshot, pod_dir: Path) -> None:
+    """The merge rounds' state joins the snapshot, linked as the checkpoints are."""
+    key = []
+    for rel, src in round_files(pod_dir).items():
+        local = snap.dir / rel
+        local.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(src, local)
+            snap.rounds[rel] = local
+        except FileNotFoundError:
+            continue                  # replaced or gone since it was listed: the next push
+        except OSError:
+            snap.copies[src] = local  # no hard links here: copied by `send`
+            snap.rounds[rel] = src
+        snap.files[rel] = local
+        st = snap.rounds[rel].stat()
+        key.append((rel, st.st_ino, st.st_size, st.st_mtime_ns))
+    snap.rounds_key = tuple(sorted(key))
 
 
 def take_manifest_snapshot(pod_dir: Path, config: PodConfig, manifest: Manifest,

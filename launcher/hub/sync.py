@@ -116,7 +116,8 @@ class HubSync:
         self.node_pushes = on_hub
 
     def manifest_changed(self, reason: str) -> None:
-        """Push the manifest at the next tick, whatever the interval (recorded until landed)."""
+        """Push at the next tick, whatever the interval (recorded until landed): a changed
+        manifest, or a decided merge round (its files ride every push: snapshot.py)."""
         self.unpushed_change, self._changes = reason, self._changes + 1
         note_manifest_changed(self.pod_dir, reason)
 

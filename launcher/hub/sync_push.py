@@ -1,12 +1,14 @@
 """`fractus-pod sync push`: the launcher's push, by hand (launcher/hub/sync.py decides what a
-push holds). A push of what the hub's head already holds (the same checkpoints and the same
-manifest) is skipped, not committed again; a changed manifest alone (a rollback) is pushed."""
+push holds). A push of what the hub's head already holds (the same checkpoints, the same
+manifest, the same merge round files) is skipped, not committed again; a changed manifest
+alone (a rollback) is pushed."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
+from launcher.files import sha256_file
 from launcher.pod.ckpt_index import CheckpointIndex
 from launcher.pod.events import EventLog
 from launcher.pod.manifest import write_manifest
@@ -37,7 +39,8 @@ def already_pushed(store, snap: Snapshot) -> str | None:
     if lease is not None and lease["pod_id"] != pod_id(store.pod_dir):
         return None        # another pod's run: the push must say so, not skip
     held = store.files(head)
-    wanted = [*snap.pushed.values(), (snap.manifest_path, snap.manifest_sha256())]
+    wanted = [*snap.pushed.values(), (snap.manifest_path, snap.manifest_sha256()),
+              *((rel, sha256_file(path)) for rel, path in snap.rounds.items())]
     same = all(held.get(path) is not None and held[path].sha256 == sha
                for path, sha in wanted)
     return head if same else None

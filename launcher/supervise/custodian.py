@@ -255,7 +255,9 @@ class CheckpointCustodian:
 
     # ---- pushes -----------------------------------------------------------------------------
     def manifest_changed(self, reason: str) -> None:
-        """The manifest changed (a rollback, a stage or phase switch): pushed at the next tick."""
+        """The manifest changed (a rollback, a stage or phase switch) or a merge round was
+        decided (`reason` like "merge round 3 adopted"): pushed at the next tick, with the
+        round's files (launcher/hub/round_files.py)."""
         if self.sync is not None:
             self.sync.manifest_changed(reason)
 
