@@ -141,6 +141,16 @@ def test_a_gpu_outlier_from_the_peers_check_is_routed_once_per_incident():
     assert rules.alert_for(outlier).key != first.key          # back with them, then off again
 
 
+def test_a_refused_merge_round_is_an_alert_an_adopted_one_is_not():
+    rules = AlertRules(AlertSettings())
+    assert rules.alert_for(record("merge_round", round=3, verdict="adopted", reason="ok")) is None
+    refused = rules.alert_for(record("merge_round", round=4, verdict="refused",
+                                     reason="GPU 1's next-window loss rises by 0.3"))
+    assert (refused.severity, refused.key) == ("warning", "merge_round:4")
+    assert refused.title == ("merge round 4 refused, the GPUs train on with their own "
+                             "weights: GPU 1's next-window loss rises by 0.3")
+
+
 # ---- one message per incident ----------------------------------------------------------
 def test_the_same_incident_is_said_once(server, tmp_path):
     router = router_to(server, tmp_path)

@@ -173,6 +173,18 @@ def test_worker_killed_at_its_boundary_rejoins_and_ends_equal(reference, tmp_pat
     assert_equal(final_state(pod), reference[1])
 
 
+def test_a_crash_after_a_round_resumes_from_the_rounds_weights(reference, tmp_path, launchers):
+    """GPU 0 crashes at step 5: it restarts from its checkpoint of round 1's weights (what a
+    rollback goes back to), not from its boundary file, and takes round 1 only once."""
+    pod = rounds_pod(tmp_path)
+    run = launch(pod, launchers, None, "--fault", "0:crash@5")
+    assert run.wait(PROCESS_S) == 0, run.output()
+    starts = worker_records(pod, 0, "start")
+    assert [s["next_token"] for s in starts] == [0, EVERY]
+    assert [a["round"] for a in worker_records(pod, 0, "merge_adopted")] == [1, 2]
+    assert_equal(final_state(pod), reference[1])
+
+
 def test_a_gpu_that_cannot_come_is_left_out(tmp_path, launchers):
     """GPU 1's shard ends before the first boundary: quorum 1 merges GPU 0 alone."""
     pod = rounds_pod(tmp_path, shard_tokens=(SHARD, 80), quorum=1)
@@ -202,3 +214,28 @@ def test_a_refused_round_changes_nothing_and_the_next_tries_again(tmp_path, laun
     again = launch(pod, launchers)
     assert again.wait(PROCESS_S) == 0, again.output()
     assert [e["round"] for e in events_of(pod, "merge_round")] == [1, 2]
+
+
+def test_a_round_at_the_stages_end_is_taken_at_the_next_start(tmp_path, launchers):
+    """at_stage_end: the launch's final checkpoints are merged before the pod is done; the
+    next launch's workers start from the merged weights at their own tokens."""
+    pod = make_pod(tmp_path, criteria=CRITERIA, save_every=100,
+                   merge_rounds={"at_stage_end": True})
+    first = launch(pod, launchers, None, "--max-steps", "2")
+    assert first.wait(PROCESS_S) == 0, first.output()
+    (merged,) = events_of(pod, "merge_round")
+    assert (merged["boundary"], merged["verdict"], merged["quorum"]) == (None, "adopted", [0, 1])
+    assert merged["ts"] < events_of(pod, "pod_done")[0]["ts"]
+    assert not worker_records(pod, 0, "merge_wait")          # no boundaries: no pause
+    second = launch(pod, launchers, None, "--max-steps", "1")
+    assert second.wait(PROCESS_S) == 0, second.output()
+    for gpu in (0, 1):
+        (adopted,) = worker_records(pod, gpu, "merge_adopted")
+        assert (adopted["round"], adopted["at_token"]) == (1, 2 * TOKENS_PER_STEP)
+        starts = worker_records(pod, gpu, "start")
+        assert starts[1]["next_token"] == 2 * TOKENS_PER_STEP
+        assert adopted["ts"] < [r for r in worker_records(pod, gpu)
+                                if r.get("type") == "metrics"][-1]["ts"]
+    # The second launch's end is a stage end too: round 2; only the newest file is kept.
+    assert [e["round"] for e in events_of(pod, "merge_round")] == [1, 2]
+    assert sorted(p.name for p in (pod / "merge").glob("round_*.pt")) == ["round_00002.pt"]

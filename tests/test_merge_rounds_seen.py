@@ -100,14 +100,14 @@ def merge_lines(out: str) -> list[str]:
 def test_status_shows_the_last_round_who_was_left_out_and_the_next_rounds_tokens(pod, capsys):
     code, out = status(pod, capsys)
     assert code == 0 and merge_lines(out) == []          # no ledger: no rounds, no line
-    write_ledger(pod, [a_round(1, "adopted", 0, [0, 1]),
-                       a_round(2, "adopted", 1, [0], left_out=[1])])
+    write_ledger(pod, [a_round(1, "adopted", 1, [0, 1]),
+                       a_round(2, "adopted", 2, [0], left_out=[1])])
     code, out = status(pod, capsys, "--json")
     rounds = json.loads(out)["merge_rounds"]
     assert code == 0 and rounds["error"] is None
     assert (rounds["last"]["round"], rounds["last"]["state"]) == (2, "adopted")
     assert rounds["last"]["left_out"] == [1]
-    # origins + (boundary + 1) * every_tokens, the boundary after round 2's (1)
+    # origins + k * every_tokens, k the boundary after round 2's (2)
     assert rounds["next_tokens"] == {"0": 100 + 3 * 1000, "1": 200 + 3 * 1000}
     code, out = status(pod, capsys)
     assert code == 0
@@ -171,8 +171,8 @@ def test_a_round_in_progress_counts_the_gpus_waiting_at_its_boundary(tmp_path):
     report = rounds_report(tmp_path, config, 3, [0, 1, 2, 3], {"started_at": T0})
     assert report["in_progress"] == {"round": 4, "waiting": [0, 1, 2], "gpus": 4}
     assert report["line"] == ("merge rounds: round 3 adopted (4/4 GPUs); round 4 merging: "
-                              "3/4 GPUs waiting; next at gpu0@5,000 gpu1@5,000 gpu2@5,000 "
-                              "gpu3@5,000")
+                              "3/4 GPUs waiting; next at gpu0@4,000 gpu1@4,000 gpu2@4,000 "
+                              "gpu3@4,000")
     # No launcher running: nothing waits, the round is not decided yet.
     stopped = rounds_report(tmp_path, config, 3, [0, 1, 2, 3], None)
     assert "round 4 merging, not decided" in stopped["line"]

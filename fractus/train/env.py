@@ -180,8 +180,9 @@ class WorkerSettings:
                               "(below); the launcher sets `logs/tb/gpu{i}`",
                               shown="(none: no files)")
     stage: int | None = _var("STAGE", None, _int_at_least(1),
-                             "the pod stage of this run, shown only (the TensorBoard `stage` "
-                             "scalar); set by the launcher")
+                             "the pod stage of this run: the TensorBoard `stage` scalar, and "
+                             "the stage a merge round inbox entry must name to decide a "
+                             "boundary; set by the launcher")
     seed: int | None = _var("SEED", None, _int_at_least(0),
                             "seeds torch and python `random` (v1 seeded torch with 42 + GPU_ID "
                             "and left `random` unseeded)",

@@ -68,6 +68,7 @@ class InboxEntry:
     sha256: str | None
     boundary: int | None = None    # the round boundary it decides; None: a stage end's
     gpus: dict | None = None       # the quorum, {gpu: its next token}; None: every GPU, now
+    stage: int | None = None       # the stage whose boundaries it counts; None: any
 
     @property
     def refused(self) -> bool:
@@ -77,9 +78,11 @@ class InboxEntry:
         """Whether a worker of `gpu` at `next_token` takes this round's weights."""
         return not self.refused and (self.gpus is None or self.gpus.get(gpu) == next_token)
 
-    def decides(self, boundary: int) -> bool:
-        """Whether this entry settles round boundary `boundary` (or a later one)."""
-        return self.boundary is not None and self.boundary >= boundary
+    def decides(self, boundary: int, stage: int | None) -> bool:
+        """Whether this entry settles round boundary `boundary` (or a later one) of `stage`
+        (a rollback to another stage counts its boundaries anew)."""
+        return self.boundary is not None and self.boundary >= boundary \
+            and (self.stage is None or stage is None or self.stage == stage)
 
 
 def parse_inbox(data, round_hint: int | None = None) -> InboxEntry:
@@ -95,6 +98,11 @@ def parse_inbox(data, round_hint: int | None = None) -> InboxEntry:
                                  or not 1 <= boundary <= MAX_ROUND):
         raise MergeRefused(round_, f"inbox boundary must be an integer in 1..{MAX_ROUND}, "
                                    f"got {boundary!r}"[:200])
+    stage = data.get("stage")
+    if stage is not None and (isinstance(stage, bool) or not isinstance(stage, int)
+                              or not 1 <= stage <= 1000):
+        raise MergeRefused(round_, f"inbox stage must be an integer in 1..1000, got "
+                                   f"{stage!r}"[:200])
     if gpus is not None:
         if not isinstance(gpus, dict) or len(gpus) > MAX_GPUS or not all(
                 isinstance(g, str) and g.isdigit() and len(g) < 6 and isinstance(t, int)
@@ -103,7 +111,7 @@ def parse_inbox(data, round_hint: int | None = None) -> InboxEntry:
                                        f"{gpus!r}"[:200])
         gpus = {int(g): t for g, t in gpus.items()}
     if data.get("refused") is True:
-        return InboxEntry(round_, None, None, boundary, {})
+        return InboxEntry(round_, None, None, boundary, {}, stage)
     path, digest = data.get("path"), data.get("sha256")
     if not isinstance(path, str) or not path:
         raise MergeRefused(round_, f"inbox path must be a non-empty string, got {path!r}"[:200])
@@ -111,7 +119,7 @@ def parse_inbox(data, round_hint: int | None = None) -> InboxEntry:
             or any(c not in "0123456789abcdef" for c in digest)):
         raise MergeRefused(round_, f"inbox sha256 must be 64 lowercase hex digits, got "
                                    f"{digest!r}"[:200])
-    return InboxEntry(round_, path, digest, boundary, gpus)
+    return InboxEntry(round_, path, digest, boundary, gpus, stage)
 
 
 def merged_file(entry: InboxEntry, pod_dir: Path) -> Path:

@@ -300,7 +300,7 @@ class Worker:
         except MergeRefused:
             pass                               # said below, if it still does not parse
         entry, waited = inbox.entry, None
-        if entry is None or not entry.decides(boundary):
+        if entry is None or not entry.decides(boundary, self.s.stage):
             if self.saved_step != self.step or not self.ckpt_out.exists():
                 self._save()
             if self.saver is not None:
@@ -320,7 +320,7 @@ class Worker:
                         said = e.reason
                         self.log.event("merge_refused", round=e.round, reason=e.reason)
                 entry = inbox.entry
-                if entry is not None and entry.decides(boundary):
+                if entry is not None and entry.decides(boundary, self.s.stage):
                     break
                 time.sleep(MERGE_POLL_S)
             else:

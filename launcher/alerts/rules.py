@@ -48,7 +48,7 @@ class AlertRules:
             "hub_taken_over": self._taken_over, "hub_budget_refused": self._budget,
             "disk_low": self._disk_low, "canary": self._canary,
             "canary_skipped": self._canary_skipped, "gpu_outlier": self._outlier,
-            "gpu_outlier_cleared": self._outlier_cleared,
+            "gpu_outlier_cleared": self._outlier_cleared, "merge_round": self._merge_round,
         }
         self.outlier_incident: dict[tuple, int] = {}    # (gpu, kind) -> times cleared
 
@@ -66,6 +66,14 @@ class AlertRules:
     # ---- one rule per event: (severity, dedupe key, title) or None --------------------
     def _pod_failed(self, f):
         return "critical", "pod_failed", f"pod FAILED at stage {f.get('stage')}: {f.get('reason')}"
+
+    def _merge_round(self, f):
+        """A refused round (an adopted one is the plan working: no alert)."""
+        if f.get("verdict") != "refused":
+            return None
+        return ("warning", f"merge_round:{f.get('round')}",
+                f"merge round {f.get('round')} refused, the GPUs train on with their own "
+                f"weights: {str(f.get('reason'))[:200]}")
 
     def _pod_stopped(self, f):
         return "info", "pod_stopped", f"pod stopped at stage {f.get('stage')}: {f.get('reason')}"

@@ -108,8 +108,8 @@ def _next_tokens(ledger: dict, config, stage: int | None) -> tuple[dict | None, 
         return None, None
     done = [r["boundary"] for r in ledger["rounds"]
             if r["stage"] == stage and r["boundary"] is not None]
-    boundary = max(done) + 1 if done else 0
-    return {g: t + (boundary + 1) * every for g, t in sorted(origins.items())}, None
+    boundary = max(done) + 1 if done else 1       # boundary k: origin + k * every_tokens
+    return {g: t + boundary * every for g, t in sorted(origins.items())}, None
 
 
 def _waiting(pod_dir: Path, gpus: list[int], since: float) -> list[int]:

@@ -132,9 +132,14 @@ class MergeRounds:
             origins.setdefault(str(gpu), int(token))
         self._save()
 
-    def worker_env(self, gpu: int) -> dict[str, str]:
-        """What a worker of `gpu` needs to take part (MERGE_*)."""
-        origin = self.ledger["origins"].get(str(self.stage()), {}).get(str(gpu), 0)
+    def worker_env(self, gpu: int, start_token: int | None) -> dict[str, str]:
+        """What a worker of `gpu` starting at `start_token` needs to take part (MERGE_*);
+        its first start at a stage (a rollback's too) fixes its origin there."""
+        origins = self.ledger["origins"].setdefault(str(self.stage()), {})
+        if str(gpu) not in origins:
+            origins[str(gpu)] = int(start_token or 0)
+            self._save()
+        origin = origins[str(gpu)]
         return {"MERGE_INBOX": MERGE_INBOX_FILE,
                 "MERGE_EVERY": str(self.settings.every_tokens or 0),
                 "MERGE_ORIGIN": str(origin)}
@@ -185,6 +190,29 @@ class MergeRounds:
                 return
         self._open(boundary, arrived)
 
+    def stage_end_pending(self, ends: dict[int, tuple[str, str, int]]) -> bool:
+        """`at_stage_end`, at a launch's clean end (`ends`: each finished GPU's final
+        (checkpoint, sha256, next token)): True while its round runs (the pod waits for its
+        verdict); False once decided (these very checkpoints), or with no such round. The
+        GPUs take its weights at their next start (the inbox names each at its token)."""
+        if not self.settings.at_stage_end:
+            return False
+        if self.future is not None:
+            return True
+        last = self.ledger["rounds"][-1] if self.ledger["rounds"] else None
+        at_tokens = {str(g): token for g, (_, _, token) in ends.items()}
+        if last is not None and last["boundary"] is None and last["stage"] == self.stage() \
+                and {g: r["at_token"] for g, r in last["gpus"].items()} == at_tokens:
+            return False
+        now = self.clock()
+        arrived = {g: Arrival(g, 0, token, checkpoint, digest, now)
+                   for g, (checkpoint, digest, token) in ends.items()}
+        need = self.settings.quorum_of(len(self.runs()))
+        self._open(None, arrived, refuse=None if len(arrived) >= need else
+                   f"quorum {need} cannot be reached: {len(arrived)} GPU(s) ended the stage "
+                   f"cleanly")
+        return self.future is not None
+
     def close(self) -> None:
         """The pod ends: a round in flight is abandoned (no verdict: the next launch runs it
         again)."""
@@ -192,7 +220,7 @@ class MergeRounds:
             self.executor.shutdown(wait=False, cancel_futures=True)
 
     # ---- a round ------------------------------------------------------------------------
-    def _open(self, boundary: int, arrived: dict[int, Arrival], refuse: str | None = None) -> None:
+    def _open(self, boundary: int | None, arrived: dict[int, Arrival], refuse: str | None = None) -> None:
         rounds = self.ledger["rounds"]
         n = len(rounds) + 1
         gpus = sorted(arrived)
@@ -264,7 +292,7 @@ class MergeRounds:
         self._inject("decided")
         self._act(entry)
         for gpu in list(self.waiting):
-            if self.waiting[gpu].boundary <= entry["boundary"]:
+            if entry["boundary"] is not None and self.waiting[gpu].boundary <= entry["boundary"]:
                 del self.waiting[gpu]
         verdict = entry["state"]
         self.events.emit("merge_round", round=entry["round"], stage=entry["stage"],
@@ -284,7 +312,8 @@ class MergeRounds:
         if entry["state"] == "adopted":
             if pending.exists():
                 commit_outer_state(pod, n)
-            inbox = {"round": n, "boundary": entry["boundary"], "path": entry["merged"],
+            inbox = {"round": n, "stage": entry["stage"], "boundary": entry["boundary"],
+                     "path": entry["merged"],
                      "sha256": entry["merged_sha256"],
                      "gpus": {g: r["at_token"] for g, r in entry["gpus"].items()}}
             for old in pod.glob("merge/round_*.pt"):
@@ -293,7 +322,8 @@ class MergeRounds:
         else:
             pending.unlink(missing_ok=True)
             (pod / merged_round_path(n)).unlink(missing_ok=True)
-            inbox = {"round": n, "boundary": entry["boundary"], "refused": True, "gpus": {}}
+            inbox = {"round": n, "stage": entry["stage"], "boundary": entry["boundary"],
+                     "refused": True, "gpus": {}}
         write_json_state(pod / MERGE_INBOX_FILE, inbox)
 
     # ---- helpers ------------------------------------------------------------------------

@@ -21,8 +21,8 @@ class WorkerStarter:
 
     def __init__(self, pod: PodRun, ending: PodEnding, view: PodView,
                  faults: dict[int, str] | None = None,
-                 merge_env: Callable[[int], dict] | None = None):
-        """`merge_env(gpu)`: its MERGE_* settings when the pod has merge rounds."""
+                 merge_env: Callable[[int, int | None], dict] | None = None):
+        """`merge_env(gpu, start_token)`: its MERGE_* settings when the pod has merge rounds."""
         self.pod, self.ending, self.view = pod, ending, view
         self.faults = dict(faults or {})    # gpu -> FRACTUS_FAULT, for its first start only
         self.merge_env = merge_env
@@ -76,7 +76,8 @@ class WorkerStarter:
                           ckpt_revision=entry.hub_revision if entry else None,
                           phase=entry.at_phase if entry else 1,
                           start_over=pod.custodian.starts_over(run.slot.gpu),
-                          merge=self.merge_env(run.slot.gpu) if self.merge_env else None)
+                          merge=self.merge_env(run.slot.gpu, entry.start_token if entry
+                                               else None) if self.merge_env else None)
 
     def recover(self, gpu: int) -> bool:
         """Before a restart: the entry's checkpoint holds its recorded bytes (a worker killed

@@ -253,8 +253,20 @@ class Supervisor:
         self.rollback.announce_verdict()
         if all(r.state in FINISHED_GPU_STATES for r in pod.runs.values()) \
                 and not (pod.probes is not None and pod.probes.busy()):
+            if self.rounds is not None and self.rounds.stage_end_pending(self._ends()):
+                return                  # the stage's round decides before the pod is done
             pod.move(PodEvent.ALL_DONE)
             pod.events.emit("pod_done", stage=pod.stage)
+
+    def _ends(self) -> dict[int, tuple[str, str, int]]:
+        """Each GPU that finished cleanly: its manifest entry's (checkpoint, sha256, token)."""
+        ends = {}
+        for gpu, run in self.pod.runs.items():
+            entry = self.pod.manifest.entries.get(gpu)
+            if run.state == GpuState.DONE and entry is not None and entry.checkpoint \
+                    and entry.checkpoint_sha256:
+                ends[gpu] = (entry.checkpoint, entry.checkpoint_sha256, entry.start_token)
+        return ends
 
     def _end(self) -> None:
         """After the loop: a clean end's final verdicts, then close probes, custodian, backend;
