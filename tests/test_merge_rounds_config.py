@@ -117,3 +117,47 @@ def test_the_gate_refuses_a_non_finite_loss_and_a_failed_probe():
     ok, _, record = judge({0: {"own_tf": 3.0, "merged_tf": 3.0, "probe": probe}}, GATE, None,
                           TOLERANCE)
     assert ok and record["probe"]["status"] == "Inconclusive"
+
+
+def good_ledger():
+    return {"format": "fractus-pod-rounds-v1", "origins": {"1": {"0": 0, "1": 0}},
+            "rounds": [{"round": 1, "stage": 1, "boundary": 1, "state": "adopted",
+                        "gpus": {"0": {"at_token": 96, "checkpoint": "checkpoints/g0.pt",
+                                       "sha256": "a" * 64, "tokens": 96}},
+                        "left_out": [1], "weights": [1.0], "merged": "merge/round_00001.pt",
+                        "merged_sha256": "b" * 64}]}
+
+
+@pytest.mark.parametrize("spoil, named", [
+    (lambda d: d["rounds"][0].update(round=2), "not the record of round 1"),
+    (lambda d: d["rounds"][0].update(state="maybe"), "state"),
+    (lambda d: d["rounds"][0].update(merged="/etc/passwd"), "names '/etc/passwd'"),
+    (lambda d: d["rounds"][0].update(merged=None), "adopted, with no merged file"),
+    (lambda d: d["rounds"][0]["gpus"]["0"].update(checkpoint="../../x.pt"), "checkpoint"),
+    (lambda d: d["rounds"][0]["gpus"]["0"].update(sha256="zz"), "sha256"),
+    (lambda d: d["rounds"][0]["gpus"]["0"].update(at_token=-1), "at_token"),
+    (lambda d: d["rounds"][0].update(weights=[float("nan")]), "weights"),
+    (lambda d: d["rounds"][0].update(boundary=0), "boundary"),
+    (lambda d: d["origins"].update({"1": {"x": 0}}), "origins"),
+    (lambda d: d.update(format="v0"), "is not a fractus-pod-rounds-v1 ledger"),
+])
+def test_one_ledger_reader_refuses_each_malformed_field_in_one_line(spoil, named):
+    from launcher.pod.rounds_ledger import LedgerError, check_ledger
+    assert check_ledger(good_ledger())["rounds"][0]["round"] == 1
+    data = good_ledger()
+    spoil(data)
+    with pytest.raises(LedgerError) as refused:
+        check_ledger(data)
+    assert named in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_launch_refuses_a_malformed_ledger_before_anything(tmp_path, capsys):
+    pod = make_pod(tmp_path)
+    set_rounds(pod, {"every_tokens": 100})
+    (pod / "merge").mkdir()
+    (pod / "merge" / "rounds.json").write_text('{"format": "fractus-pod-rounds-v1"}')
+    before = sorted(p.relative_to(pod) for p in pod.rglob("*"))
+    assert cli_main(["--pod-dir", str(pod), "launch", "--stage", "1"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "merge/rounds.json" in line and "move merge/ aside" in line
+    assert sorted(p.relative_to(pod) for p in pod.rglob("*")) == before

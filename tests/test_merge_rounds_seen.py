@@ -158,7 +158,9 @@ def test_a_malformed_ledger_is_one_line_and_status_still_works(pod, capsys, ledg
 
 def test_a_round_in_progress_counts_the_gpus_waiting_at_its_boundary(tmp_path):
     from types import SimpleNamespace
-    write_ledger(tmp_path, [a_round(3, "adopted", 2, [0, 1, 2, 3]),
+    write_ledger(tmp_path, [a_round(1, "adopted", 1, [0, 1, 2, 3]),
+                            a_round(2, "adopted", 1, [0, 1, 2, 3]),
+                            a_round(3, "adopted", 2, [0, 1, 2, 3]),
                             a_round(4, "merging", 3, [0, 1, 2])],
                  origins={"3": {str(g): 0 for g in range(4)}})
     for gpu in range(3):          # three paused at the boundary, the fourth still training
@@ -253,7 +255,7 @@ def test_dashboard_marks_each_round_adopted_or_refused_and_shows_the_status_line
     write_jsonl(pod / EVENTS_FILE, events)
     for gpu, records in metrics.items():
         write_jsonl(pod / metrics_path(gpu), records)
-    write_ledger(pod, [a_round(1, "adopted", 0, [0], left_out=[1])])
+    write_ledger(pod, [a_round(1, "adopted", 1, [0], left_out=[1])])
     data = DashboardData(pod, load_pod_config(pod)).payload(100)
     assert [m["kind"] for m in data["markers"]] == ["restart", "merge", "merge_refused"]
     assert all(isinstance(m["x"], float) for m in data["markers"])

@@ -30,6 +30,7 @@ from launcher.pod.events_tensorboard import EventsToTensorBoard
 from launcher.pod.live_state import take_stop_request
 from launcher.pod.lock import PodLock
 from launcher.pod.manifest import Manifest
+from launcher.pod.rounds_ledger import LedgerError, read_ledger
 from launcher.supervise.canary_budget import split_budget
 from launcher.supervise.custodian import CheckpointCustodian
 from launcher.supervise.launch_shards import fetch_shards
@@ -132,6 +133,17 @@ def check_alerts_and_tracker(launch: Launch) -> None:
     check_installed(launch.plan.config.tracker_settings())
 
 
+def check_the_rounds_ledger(launch: Launch) -> None:
+    """With merge_rounds: the pod's merge/rounds.json reads as a ledger (or is absent)."""
+    if launch.plan.config.merge_round_settings() is None:
+        return
+    try:
+        read_ledger(launch.plan.pod_dir)
+    except LedgerError as exc:
+        raise UserError(f"{exc}; restore it (e.g. from the hub: fractus-pod sync pull), or "
+                        f"move merge/ aside to start the rounds anew") from None
+
+
 def refuse_busy_gpus(launch: Launch) -> None:
     refuse_if_busy(launch.plan)
 
@@ -201,6 +213,7 @@ PREPARE = (
     reach_the_devices,
     check_the_hub,
     check_alerts_and_tracker,
+    check_the_rounds_ledger,
     refuse_busy_gpus,
     get_the_shards,
     open_the_records,

@@ -11,82 +11,29 @@ import json
 from pathlib import Path
 
 from launcher.dashboard.status_checkpoints import last_record
-from launcher.paths import ROUNDS_LEDGER, metrics_path
+from launcher.paths import metrics_path
+from launcher.pod.rounds_ledger import MAX_TOKEN, LedgerError, read_ledger
 
-LEDGER_FORMAT = "fractus-pod-rounds-v1"
-STATES = ("merging", "adopted", "refused")
-MAX_TOKEN = 10**18
-MAX_ROUND = 10**9
-MAX_GPU = 4096
-MAX_STAGE = 10**6
-MAX_LEDGER_BYTES = 64 * 1024 * 1024
 WORKER_MERGE_EVENTS = ("merge_wait", "merge_adopted", "merge_skipped")
 
 
-class LedgerMalformed(ValueError):
-    """merge/rounds.json is not a ledger this version reads."""
-
-
-def _int(value, low: int, high: int, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise LedgerMalformed(f"{what} {value!r} is not an integer in [{low}, {high}]")
-    return value
-
-
-def _gpu_key(key, what: str) -> int:
-    if not isinstance(key, str) or not key.isdigit():
-        raise LedgerMalformed(f"{what} key {key!r} is not a GPU index")
-    return _int(int(key), 0, MAX_GPU, what)
-
-
-def _round(record, i: int) -> dict:
-    """One round's fields that status shows, checked."""
-    if not isinstance(record, dict):
-        raise LedgerMalformed(f"rounds[{i}] is not an object")
-    boundary = record.get("boundary")
-    state = record.get("state")
-    if state not in STATES:
-        raise LedgerMalformed(f"rounds[{i}].state {state!r} is not one of {', '.join(STATES)}")
-    gpus = record.get("gpus")
-    left_out = record.get("left_out", [])
-    if not isinstance(gpus, dict) or not isinstance(left_out, list):
-        raise LedgerMalformed(f"rounds[{i}]: gpus is not an object or left_out not a list")
-    reason = record.get("reason")
-    return {"round": _int(record.get("round"), 1, MAX_ROUND, f"rounds[{i}].round"),
-            "stage": _int(record.get("stage"), 0, MAX_STAGE, f"rounds[{i}].stage"),
-            "boundary": None if boundary is None
-            else _int(boundary, 0, MAX_TOKEN, f"rounds[{i}].boundary"),
-            "state": state,
-            "gpus": sorted(_gpu_key(g, f"rounds[{i}].gpus") for g in gpus),
-            "left_out": sorted(_int(g, 0, MAX_GPU, f"rounds[{i}].left_out") for g in left_out),
-            "reason": " ".join(reason.split())[:300] if isinstance(reason, str) else None}
-
-
 def read_rounds_ledger(pod_dir: Path) -> dict | None:
-    """{origins: {stage: {gpu: token}}, rounds: [checked round]}; None: no ledger.
-    Raises LedgerMalformed."""
-    path = pod_dir / ROUNDS_LEDGER
-    try:
-        if path.stat().st_size > MAX_LEDGER_BYTES:
-            raise LedgerMalformed(f"larger than {MAX_LEDGER_BYTES // 2**20} MiB")
-        data = json.loads(path.read_bytes())
-    except FileNotFoundError:
+    """{origins: {stage: {gpu: token}}, rounds: [what status shows of each]} from the ledger
+    (checked whole by launcher/pod/rounds_ledger.py); None: no ledger. Raises LedgerError."""
+    ledger = read_ledger(pod_dir)
+    if ledger is None:
         return None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise LedgerMalformed(f"unreadable: {type(exc).__name__}: {exc}") from None
-    if not isinstance(data, dict) or data.get("format") != LEDGER_FORMAT:
-        raise LedgerMalformed(f"not a {LEDGER_FORMAT} ledger")
-    origins, rounds = data.get("origins", {}), data.get("rounds")
-    if not isinstance(origins, dict) or not isinstance(rounds, list):
-        raise LedgerMalformed("origins is not an object or rounds not a list")
-    checked_origins = {}
-    for stage, per_gpu in origins.items():
-        if not isinstance(per_gpu, dict):
-            raise LedgerMalformed(f"origins[{stage!r}] is not an object")
-        checked_origins[_gpu_key(stage, "origins")] = {
-            _gpu_key(g, f"origins[{stage}]"): _int(t, 0, MAX_TOKEN, f"origins[{stage}][{g}]")
-            for g, t in per_gpu.items()}
-    return {"origins": checked_origins, "rounds": [_round(r, i) for i, r in enumerate(rounds)]}
+    origins = {int(stage): {int(g): t for g, t in per_gpu.items()}
+               for stage, per_gpu in ledger["origins"].items()}
+    rounds = []
+    for e in ledger["rounds"]:
+        reason = e.get("reason")
+        rounds.append({"round": e["round"], "stage": e["stage"], "boundary": e.get("boundary"),
+                       "state": e["state"], "gpus": sorted(int(g) for g in e["gpus"]),
+                       "left_out": sorted(e.get("left_out", [])),
+                       "reason": " ".join(reason.split())[:300]
+                       if isinstance(reason, str) else None})
+    return {"origins": origins, "rounds": rounds}
 
 
 def _setting(config, name: str):
@@ -133,8 +80,8 @@ def rounds_report(pod_dir: Path, config, stage: int | None, gpus: list[int],
     launcher's view of the pod (None: none runs, so no GPU waits in a round now)."""
     try:
         ledger = read_rounds_ledger(pod_dir)
-    except LedgerMalformed as exc:
-        report = {"error": f"{ROUNDS_LEDGER} {exc}", "last": None, "in_progress": None,
+    except LedgerError as exc:
+        report = {"error": str(exc), "last": None, "in_progress": None,
                   "next_tokens": None, "next_at": None}
         return {**report, "line": rounds_line(report)}
     if ledger is None:

@@ -17,7 +17,6 @@ place, the others train on with their own weights.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -35,10 +34,10 @@ from launcher.hub.outer_step import commit_outer_state, outer_step, read_outer_s
 from launcher.paths import (MERGE_INBOX_FILE, OUTER_STATE_FILE, OUTER_STATE_PENDING,
                             ROUNDS_LEDGER, merged_round_path)
 from launcher.pod.events import EventLog
+from launcher.pod.rounds_ledger import fresh_ledger, read_ledger
 from launcher.supervise.gpu_run import GpuRun
 from launcher.supervise.state import GpuState
 
-LEDGER_FORMAT = "fractus-pod-rounds-v1"
 # Tests only: SIGKILL the launcher at a round's point ("started", "merged", "decided").
 FAULT_ENV = "FRACTUS_POD_ROUND_FAULT"
 FAULT_POINTS = ("started", "merged", "decided")
@@ -65,33 +64,6 @@ class Outcome:
     merged_sha256: str | None
 
 
-class LedgerError(ValueError):
-    """merge/rounds.json is not a ledger this launcher wrote (one line)."""
-
-
-def read_ledger(pod_dir: Path) -> dict:
-    """The ledger (a fresh one when absent), its shape checked; LedgerError otherwise."""
-    path = pod_dir / ROUNDS_LEDGER
-    if not path.exists():
-        return {"format": LEDGER_FORMAT, "origins": {}, "rounds": []}
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise LedgerError(f"{path} cannot be read: {exc}") from None
-    if not isinstance(data, dict) or data.get("format") != LEDGER_FORMAT \
-            or not isinstance(data.get("origins"), dict) \
-            or not isinstance(data.get("rounds"), list):
-        raise LedgerError(f"{path} is not a {LEDGER_FORMAT} ledger")
-    for n, entry in enumerate(data["rounds"], 1):
-        if not isinstance(entry, dict) or entry.get("round") != n \
-                or entry.get("state") not in ("merging", "adopted", "refused"):
-            raise LedgerError(f"{path}: round record {n} is malformed")
-        merged = entry.get("merged")
-        if merged is not None and merged != merged_round_path(n):
-            raise LedgerError(f"{path}: round {n} names {merged!r}, not {merged_round_path(n)}")
-    return data
-
-
 class MergeRounds:
     """`runs`, `stage`, `baseline`, `shard`: the pod's as they stand now (they change);
     `baseline(gpu)`: the AR baseline of that GPU's shard at this stage, or None; `shard(gpu)`:
@@ -107,7 +79,7 @@ class MergeRounds:
         self.gate, self.tolerance, self.clock = gate, tolerance, clock
         self.runs, self.stage, self.baseline, self.pushed, self.shard, self.seq = \
             runs, stage, baseline, pushed, shard, seq
-        self.ledger = read_ledger(pod_dir)
+        self.ledger = read_ledger(pod_dir) or fresh_ledger()   # checked at launch
         self.waiting: dict[int, Arrival] = {}
         self.quorum_at: float | None = None       # when the open boundary reached its quorum
         self.future: Future | None = None
