@@ -4,7 +4,9 @@ candidate outer state); a pod rebuilt from the hub gets them back byte-exact; ro
 that does not verify (bytes changed on the hub, an outer state of another round, a ledger
 path out of merge/, a merged file other than the ledger's) is refused in one line with
 nothing written; the commit that carried an adopted round is a `sync history` milestone
-retention keeps. The round files are outer_step's own, on small checkpoints."""
+retention keeps; a push carrying a round's merged file stops naming the older rounds' (the
+hub's head names only the newest, retention frees the others). The round files are
+outer_step's own, on small checkpoints."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from launcher.files import atomic_write_text, sha256_file
 from launcher.hub import open_store
 from launcher.hub.outer_step import (OuterSettings, commit_outer_state, outer_step,
                                      read_outer_state)
-from launcher.hub.round_files import round_files
+from launcher.hub.round_files import ROUND_FILE, round_files
 from launcher.hub.sync import HubSync, RunLease
 from launcher.paths import (MERGE_INBOX_FILE, OUTER_STATE_FILE, OUTER_STATE_PENDING,
                             ROUNDS_LEDGER, merged_round_path)
@@ -271,3 +273,107 @@ def test_an_adopted_round_is_a_milestone_retention_keeps(tmp_path, capsys):
     (pod / "fractus-pod.yaml").write_text(yaml.safe_dump(config))
     assert cli_main(["--pod-dir", str(pod), "sync", "history"]) == 0
     assert "merge round" not in capsys.readouterr().out
+
+
+# ---- a push drops the older rounds' merged files ------------------------------------------
+# A push carrying a round's merged file stops naming the older rounds' (snapshot.py's `drop`,
+# Store.push's `drop`): the head names only the newest, as the pod keeps only the newest, so
+# retention frees the older ones like old checkpoints; a milestone revision keeps its own,
+# and an older revision still rebuilds with the round file it carried. On hf:// the dropped
+# paths leave the repository's tree as well as the hub index.
+def _round_files(paths) -> set[str]:
+    return {p for p in paths if ROUND_FILE.match(p)}
+
+
+def _three_rounds(pod: Path, capsys) -> tuple[list[str], dict[int, str]]:
+    """Rounds 1, 2, 3 adopted, each pushed with new checkpoints; the pod keeping only the
+    newest round file, as the orchestration does. (revisions, round -> its file's sha256)."""
+    revisions, shas = [], {}
+    for n in (1, 2, 3):
+        new_checkpoints(pod, 1000 * n)
+        merge_round(pod, n)
+        shas[n] = sha256_file(pod / merged_round_path(n))
+        if n > 1:
+            (pod / merged_round_path(n - 1)).unlink()
+        revisions.append(push(pod, capsys))
+    return revisions, shas
+
+
+def test_the_head_names_only_the_newest_round_file_and_an_older_revision_rebuilds_its_own(
+        tmp_path, capsys, hub_url):
+    pod = make_pod(tmp_path, hub_url, {"keep": 1})       # milestones: each round kept
+    store = open_store(hub_url, pod)
+    revisions, shas = _three_rounds(pod, capsys)
+    for n, rev in enumerate(revisions, 1):
+        held = store.files(rev)
+        assert _round_files(held) == {merged_round_path(n)}, n
+        assert held[merged_round_path(n)].sha256 == shas[n]
+    if hub_url.startswith("hf://"):           # gone from the tree, not only from the index
+        tree = store._api.list_repo_files(store.repo_id, revision=revisions[-1])
+        assert _round_files(tree) == {merged_round_path(3)}
+    # A plain pull of the head (every tracked path) brings the newest round file only.
+    pulled = tmp_path / "pulled"
+    pulled.mkdir()
+    open_store(hub_url, pulled).pull(revision=revisions[-1])
+    assert _round_files(str(p.relative_to(pulled)) for p in pulled.rglob("*.pt")) == \
+        {merged_round_path(3)}
+    # An older revision (a milestone: `kept: merge round 1`) rebuilds with its own round.
+    older = tmp_path / "older"
+    rebuilds_a_pod(older, hub_url, revisions[0])
+    assert sha256_file(older / merged_round_path(1)) == shas[1]
+    assert not (older / merged_round_path(3)).exists()
+    assert cli_main(["--pod-dir", str(pod), "sync", "history"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"kept: merge round {n}" in out for n in (1, 2)), out     # 3: the newest
+
+
+def test_retention_frees_the_older_round_files_without_milestones(tmp_path, capsys, hub_url):
+    pod = make_pod(tmp_path, hub_url, {"keep": 1, "milestones": False})
+    store = open_store(hub_url, pod)
+    _revisions, shas = _three_rounds(pod, capsys)
+    stored = store.stored_objects()
+    assert shas[3] in stored
+    assert shas[1] not in stored and shas[2] not in stored
+
+
+def test_a_push_rebased_on_another_writers_commit_drops_from_the_head_it_lands_on(
+        tmp_path, hub_url):
+    pod = tmp_path / "pod"
+    pod.mkdir()
+    store = open_store(hub_url, pod)
+    files = {}
+    for n in (1, 2, 3):
+        files[n] = pod / f"round{n}.bin"
+        files[n].write_bytes(bytes([n]) * 1000)
+    drop = ROUND_FILE.match
+    base = store.push({merged_round_path(1): files[1]}, "round 1")
+    # Another writer lands round 3 (dropping round 1) after this push read its base.
+    store.push({merged_round_path(3): files[3]}, "round 3", drop=drop)
+    head = store.push({merged_round_path(2): files[2]}, "round 2", base=base, drop=drop)
+    assert _round_files(store.files(head)) == {merged_round_path(2)}
+    assert _round_files(store.files(base)) == {merged_round_path(1)}
+    if hub_url.startswith("hf://"):
+        tree = store._api.list_repo_files(store.repo_id, revision=head)
+        assert _round_files(tree) == {merged_round_path(2)}
+
+
+def test_a_head_still_naming_older_round_files_is_pushed_not_skipped(tmp_path, capsys):
+    hub_url = f"file://{tmp_path / 'store'}"
+    pod = make_pod(tmp_path, hub_url, None)
+    store = open_store(hub_url, pod)
+    new_checkpoints(pod, 1000)
+    merge_round(pod, 1)
+    push(pod, capsys)
+    merge_round(pod, 2)
+    # The round pushed as before drops were: the head names round 1's file besides.
+    store.push({rel: pod / rel for rel in _round_files_of(pod)}, "pushed before drops")
+    (pod / merged_round_path(1)).unlink()
+    assert _round_files(store.files()) == {merged_round_path(1), merged_round_path(2)}
+    head = push(pod, capsys)                  # the same checkpoints, manifest and rounds
+    assert _round_files(store.files(head)) == {merged_round_path(2)}
+
+
+def _round_files_of(pod: Path) -> list[str]:
+    """The round state the pod holds now (ledger, inbox, outer state, round files)."""
+    return [str(p.relative_to(pod)) for p in (pod / "merge").iterdir()
+            if p.is_file() and not p.name.endswith(".next.pt")]

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Callable, Mapping, NamedTuple, TypeVar
 
 import httpx2
-from huggingface_hub import (CommitOperationAdd, HfApi, constants, get_token, hf_hub_url,
-                             set_client_factory)
+from huggingface_hub import (CommitOperationAdd, CommitOperationDelete, HfApi, constants,
+                             get_token, hf_hub_url, set_client_factory)
 from huggingface_hub.errors import HfHubHTTPError
 from huggingface_hub.utils import _http, build_hf_headers
 
@@ -45,7 +45,7 @@ from .redact import scrub
 from .retry import (RATE_LIMITED_STATUS, TRANSIENT_STATUS, RetryPolicy, describe, http_status,
                     with_retries)
 from .retry_loop import attempts, retrying
-from .store import HistoryEntry, PushFiles, Store
+from .store import DropPaths, HistoryEntry, PushFiles, Store, next_index
 
 log = logging.getLogger(__name__)
 
@@ -298,7 +298,7 @@ class HfStore(Store):
             self._repo_ready = True
 
     def push(self, files: PushFiles, message: str, *, base: str | None = None,
-             expected: Mapping[str, str] | None = None) -> str:
+             expected: Mapping[str, str] | None = None, drop: DropPaths | None = None) -> str:
         local = self._local_files(files)
         # One read per file: this hash names the LFS object, and it is checked against the
         # recorded one before any byte leaves, so the hub never holds an object under a hash
@@ -310,12 +310,12 @@ class HfStore(Store):
         push_id = uuid.uuid4().hex
         self._push_id = push_id
         try:
-            return self._push(local, entries, message, base, push_id)
+            return self._push(local, entries, message, base, push_id, drop)
         finally:
             self._push_id = None
 
     def _push(self, local: dict[str, Path], entries: dict[str, FileEntry], message: str,
-              base: str | None, push_id: str) -> str:
+              base: str | None, push_id: str, drop: DropPaths | None) -> str:
         base = self.resolve(base)
         base_index = self._index(base)
         ops = []
@@ -331,9 +331,12 @@ class HfStore(Store):
         )
         parent, parent_index = base, base_index
         for _ in range(MAX_REBASES + 1):
-            index = {**parent_index, **entries}
+            # The paths dropped go from the tree too (each a path of the index it lands
+            # on, so one the tree holds): recomputed on each head it is re-applied to.
+            index, dropped = next_index(parent_index, entries, drop)
+            deletes = [CommitOperationDelete(path_in_repo=rel) for rel in dropped]
             index_op = CommitOperationAdd(INDEX_PATH, encode_index(index, push_id))
-            oid = self._commit([*ops, index_op], message, parent)
+            oid = self._commit([*ops, *deletes, index_op], message, parent)
             if oid is not None:
                 log.info("hub: pushed %d file(s) to %s as %s", len(entries), self.url, oid[:12])
                 note_commit(self.pod_dir, oid, self.url)

@@ -11,7 +11,7 @@ import socket
 import time
 import uuid
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 from launcher.paths import HELD_FILE
 from launcher.hub import HubError, PushConflict
@@ -100,16 +100,18 @@ def refuse_if_taken_over(store, pod_dir: Path) -> None:
 
 
 def push_as_writer(store, files: Mapping[str, Path], message: str,
-                   expected: Mapping[str, str] | None, stage_dir: Path, writer: str) -> str:
+                   expected: Mapping[str, str] | None, stage_dir: Path, writer: str,
+                   drop: Callable[[str], bool] | None = None) -> str:
     """`store.push` as the run's writer `writer` (a Ray node pushes as its head's pod):
     RunTakenOver if another pod holds the lease, before sending or when a takeover caused the
-    conflict. A conflict with the same writer's push is rebuilt on the new head."""
+    conflict. A conflict with the same writer's push is rebuilt on the new head. `drop`: as
+    `Store.push`'s."""
     def push() -> str:
         base, lease = _writers_lease(store, writer)     # RunTakenOver if the lease moved
         lease_file = _stage(lease, stage_dir)
         try:
             return store.push({**files, LEASE_PATH: lease_file}, message, base=base,
-                              expected=expected)
+                              expected=expected, drop=drop)
         finally:
             lease_file.unlink(missing_ok=True)
     try:

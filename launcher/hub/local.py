@@ -35,7 +35,7 @@ from .integrity import (
     encode_index,
     install_copy,
 )
-from .store import HistoryEntry, PushFiles, Store
+from .store import DropPaths, HistoryEntry, PushFiles, Store, next_index
 from launcher.files import FileEntry, atomic_write_bytes, fsync_dir, sha256_stream
 
 BRANCH = "main"
@@ -168,7 +168,7 @@ class FileStore(Store):
 
     # -- writing -------------------------------------------------------------------------
     def push(self, files: PushFiles, message: str, *, base: str | None = None,
-             expected: Mapping[str, str] | None = None) -> str:
+             expected: Mapping[str, str] | None = None, drop: DropPaths | None = None) -> str:
         local = self._local_files(files)
         base = self.head() if base is None else self.resolve(base)
         entries = {rel: self._store_object(path) for rel, path in local.items()}
@@ -183,7 +183,7 @@ class FileStore(Store):
                         f"{self.url} moved from {str(base)[:12]} to {head[:12]} and changed "
                         f"{', '.join(clash)}; pull and retry instead of overwriting"
                     )
-            index.update(entries)
+            index, _dropped = next_index(index, entries, drop)
             record = {
                 "parent": head,
                 "message": message,

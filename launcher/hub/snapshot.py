@@ -25,7 +25,7 @@ from launcher.config.podconfig import PodConfig
 from launcher.pod.progress import progress
 from launcher.hub.integrity import pod_relpath
 from launcher.hub.lease import pod_id, push_as_writer
-from launcher.hub.round_files import round_files
+from launcher.hub.round_files import ROUND_FILE, round_files
 from launcher.pod.ckpt_trust import check_entry
 
 
@@ -59,6 +59,14 @@ class Snapshot:
         changed manifest or a new round is."""
         return self.checkpoints_key(), self.manifest_sha256(), self.rounds_key
 
+    def drop(self) -> Callable[[str], bool] | None:
+        """What the push stops naming: with a merged round file of its own, every other
+        round file (the pod keeps only the newest; older revisions still name theirs and
+        retention frees them as it frees old checkpoints). None without one: a push that
+        carries no round file leaves the hub's as they are. Whatever landed before it, the
+        revision it makes names one round state: its ledger and that ledger's round file."""
+        return is_round_file if any(map(is_round_file, self.rounds)) else None
+
     def manifest_bytes(self) -> bytes:
         """The manifest file exactly as the push commits it."""
         return (json.dumps(self.manifest_doc, indent=2) + "\n").encode()
@@ -68,6 +76,11 @@ class Snapshot:
 
     def discard(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def is_round_file(path: str) -> bool:
+    """A merged round file (`merge/round_NNNNN.pt`): a push carrying one drops the others."""
+    return ROUND_FILE.match(path) is not None
 
 
 def new_snapshot(pod_dir: Path, merge: bool = False) -> Snapshot:
@@ -222,7 +235,7 @@ def send(store, snap: Snapshot, message: str) -> str:
     with progress(f"hub push to {store.url}: {len(snap.files)} file(s), "
                   f"{size / 1e9:.2f} GB"):
         return push_as_writer(store, snap.files, message, snap.expected, snap.dir,
-                              pod_id(store.pod_dir))
+                              pod_id(store.pod_dir), drop=snap.drop())
 
 
 def record_revision(manifest: Manifest, snap: Snapshot, revision: str) -> list[int]:

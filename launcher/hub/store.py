@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import ContextManager, Iterable, Iterator, Mapping
+from typing import Callable, ContextManager, Iterable, Iterator, Mapping
 
 from launcher.files import FileEntry, fsync_dir
 from launcher.paths import HUB_SCRATCH_DIR
@@ -31,6 +31,8 @@ from .integrity import (
 log = logging.getLogger(__name__)
 
 PushFiles = Mapping[str, "str | Path"] | Iterable[str]
+# Which paths of the parent's index a push no longer names unless it carries them.
+DropPaths = Callable[[str], bool]
 
 
 @dataclass(frozen=True)
@@ -54,12 +56,15 @@ class Store(ABC):
     # -- to implement --------------------------------------------------------------------
     @abstractmethod
     def push(self, files: PushFiles, message: str, *, base: str | None = None,
-             expected: Mapping[str, str] | None = None) -> str:
+             expected: Mapping[str, str] | None = None, drop: DropPaths | None = None) -> str:
         """Commit `files` (pod-relative path -> local file, or paths) in ONE revision; return it.
 
         PushConflict (nothing overwritten) if another writer changed a pushed path since
         `base` (default: the head at the start); other paths' changes are kept. `expected`:
-        path -> required sha256; a mismatch raises IntegrityError, nothing committed."""
+        path -> required sha256; a mismatch raises IntegrityError, nothing committed.
+        `drop`: the paths of the head it lands on that `drop(path)` is true of and that this
+        push does not carry are no longer named by the new revision (`next_index`); older
+        revisions still name them."""
 
     @abstractmethod
     def head(self) -> str | None:
@@ -222,6 +227,17 @@ class Store(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r}, pod_dir={str(self.pod_dir)!r})"
+
+
+def next_index(parent: Mapping[str, FileEntry], entries: Mapping[str, FileEntry],
+               drop: DropPaths | None) -> tuple[dict[str, FileEntry], list[str]]:
+    """The index of a push of `entries` on `parent`, and the parent's paths it drops: those
+    `drop` is true of that the push does not carry."""
+    dropped = [] if drop is None else sorted(p for p in parent if p not in entries and drop(p))
+    gone = set(dropped)
+    index = {p: e for p, e in parent.items() if p not in gone}
+    index.update(entries)
+    return index, dropped
 
 
 def remove_empty_dirs(path: Path, upto: Path) -> None:

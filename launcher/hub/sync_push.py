@@ -31,7 +31,8 @@ from launcher.pod.manifest import read_manifest
 
 
 def already_pushed(store, snap: Snapshot) -> str | None:
-    """The head when it already holds exactly the snapshot's checkpoints and manifest."""
+    """The head when it already holds exactly the snapshot's checkpoints and manifest, and
+    names no round file the push would drop (a hub pushed before drops were)."""
     head = store.head()
     if head is None:
         return None
@@ -43,7 +44,9 @@ def already_pushed(store, snap: Snapshot) -> str | None:
               *((rel, sha256_file(path)) for rel, path in snap.rounds.items())]
     same = all(held.get(path) is not None and held[path].sha256 == sha
                for path, sha in wanted)
-    return head if same else None
+    drop = snap.drop()
+    stale = drop is not None and any(drop(path) and path not in snap.rounds for path in held)
+    return head if same and not stale else None
 
 
 def push_now(pod_dir: Path, config: PodConfig,
