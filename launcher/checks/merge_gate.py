@@ -4,7 +4,8 @@ the GPU's own weights, and their AR probe is not Failed against the stage's base
 baseline: the probe's verdict is Inconclusive and does not refuse). A measurement that
 cannot run refuses the round. The `merge_gate:` section of manifests/trusted_loss.yaml
 (shipped defaults); the supervisor's MergeRounds runs it; fractus/eval/merge_gate.py
-measures, in a child process (a crash or hang never takes the launcher down).
+measures, in a child process per GPU on that GPU (a crash or hang never takes the launcher
+down).
 """
 
 from __future__ import annotations
@@ -40,16 +41,19 @@ def parse_merge_gate(data, path: Path) -> MergeGate:
 
 
 def measure_gpu(pod_dir: Path, checkpoint: str, merged: str, shard: str, at: int,
-                gate: MergeGate, seq: int, probe: bool, threads: int = 1) -> dict:
+                gate: MergeGate, seq: int, probe: bool, device: str = "cpu", gpu: int = 0,
+                threads: int = 1) -> dict:
     """`python -m fractus.eval.merge_gate --json` for one GPU -> its result; RuntimeError
-    (one line) when it cannot run."""
+    (one line) when it cannot run. `device` "cuda": on GPU `gpu` (its worker is paused at
+    the round's boundary), else on `threads` CPU threads."""
     command = ["python", "-m", "fractus.eval.merge_gate", "--checkpoint", checkpoint,
                "--merged", merged, "--shard", shard, "--at", str(at),
-               "--tokens", str(gate.window_tokens), "--seq", str(seq)]
+               "--tokens", str(gate.window_tokens), "--seq", str(seq),
+               "--device", "cuda" if device == "cuda" else "cpu"]
     if probe:
         command.append("--probe")
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
-               CUDA_VISIBLE_DEVICES="")
+               CUDA_VISIBLE_DEVICES=str(gpu) if device == "cuda" else "")
     try:
         done = child.run(command, cwd=pod_dir, env=env, timeout_s=gate.timeout_s)
     except subprocess.TimeoutExpired:

@@ -237,13 +237,19 @@ class MergeRounds:
             return Outcome(False, f"merge failed: {str(exc).splitlines()[0][:300]}", None, None)
         self._inject("merged")
         merged = merged_round_path(entry["round"])
-        measured = {}
+        runs = self.runs()
+
+        def measure(i: int, g: int) -> dict:
+            # On its own GPU (paused at the boundary, its memory held), all at once: the
+            # gate costs one GPU's measurement, not the sum.
+            return measure_gpu(self.pod_dir, records[str(g)]["checkpoint"], merged,
+                               self.shard(g), records[str(g)]["at_token"], self.gate, self.seq,
+                               probe=bool(self.gate.probe) and i == 0,
+                               device=runs[g].slot.device, gpu=g)
         try:
-            for i, g in enumerate(gpus):
-                measured[g] = measure_gpu(
-                    self.pod_dir, records[str(g)]["checkpoint"], merged,
-                    self.shard(g), records[str(g)]["at_token"], self.gate, self.seq,
-                    probe=bool(self.gate.probe) and i == 0)
+            with ThreadPoolExecutor(len(gpus), thread_name_prefix="merge-gate") as pool:
+                futures = {g: pool.submit(measure, i, g) for i, g in enumerate(gpus)}
+                measured = {g: f.result() for g, f in futures.items()}
         except (RuntimeError, OSError) as exc:
             return Outcome(False, f"gate could not run: {exc}", None, report.sha256)
         passed, reason, gate = judge(measured, self.gate, self.baseline(gpus[0]),
