@@ -65,6 +65,23 @@ def test_a_mistake_is_refused_by_launch_in_one_line_nothing_written(tmp_path, ca
     assert sorted(p.relative_to(pod) for p in pod.rglob("*")) == before
 
 
+def test_the_launchers_merge_settings_are_refused_in_env(tmp_path, capsys):
+    pod = make_pod(tmp_path)
+    config = yaml.safe_load((pod / "fractus-pod.yaml").read_text())
+    config["env"]["MERGE_EVERY"] = "1000"
+    (pod / "fractus-pod.yaml").write_text(yaml.safe_dump(config))
+    assert cli_main(["--pod-dir", str(pod), "launch", "--stage", "1"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "env: MERGE_EVERY is the launcher's to set" in line
+
+
+def test_checkpoints_outside_the_pod_are_refused_with_rounds(tmp_path):
+    pod = make_pod(tmp_path, checkpoints=str(tmp_path / "elsewhere" / "g{i}.pt"))
+    set_rounds(pod, {"every_tokens": 100})
+    with pytest.raises(UserError, match="merge_rounds needs the checkpoints inside the pod"):
+        load_plan(pod, 1, "cpu:2", None)
+
+
 def test_refused_on_a_ray_pod_saying_why(tmp_path):
     pod = make_pod(tmp_path)
     set_rounds(pod, {"every_tokens": 100})

@@ -248,6 +248,11 @@ def _check_template(key: str, value: str, source: str) -> None:
                             f"used (write a literal brace as {{{{ or }}}}); {fix}")
 
 
+# Worker settings only the launcher sets: a worker pausing at boundaries no launcher merges
+# would wait for ever.
+LAUNCHER_ONLY_VARS = ("MERGE_INBOX", "MERGE_EVERY", "MERGE_ORIGIN")
+
+
 def _check_env(env: dict, source: str) -> None:
     """env: names worker settings only (a misspelt one would silently reach no worker)."""
     for name, value in env.items():
@@ -257,6 +262,9 @@ def _check_env(env: dict, source: str) -> None:
         if isinstance(value, (dict, list)) or value is None:
             raise UserError(f"{source}: env: {name} must be a string or number, got "
                             f"{value!r}")
+        if name in LAUNCHER_ONLY_VARS:
+            raise UserError(f"{source}: env: {name} is the launcher's to set (merge rounds); "
+                            f"remove it and use a merge_rounds: section")
 
 
 def _check_types(data: dict, source: str) -> None:

@@ -84,6 +84,12 @@ def refuse_rounds_that_cannot_run(plan: LaunchPlan) -> None:
                         "every GPU at its boundary and the head merges their checkpoints "
                         "from its own disk; remove merge_rounds: from fractus-pod.yaml, or "
                         "launch without Ray")
+    checkpoint = Path(plan.config.checkpoint_path(plan.slots[0].gpu))
+    if checkpoint.is_absolute() or ".." in checkpoint.parts:
+        raise UserError(f"merge_rounds needs the checkpoints inside the pod dir (the rounds' "
+                        f"ledger names them relative to it); checkpoints: "
+                        f"{plan.config.checkpoints!r} is not: make it relative, e.g. "
+                        f"checkpoints/fractus_1b_gpu{{i}}.pt")
     if rounds.quorum_of(len(plan.slots)) > len(plan.slots):
         raise UserError(f"merge_rounds.quorum {rounds.quorum} is above the {len(plan.slots)} "
                         f"GPU(s) this launch runs: lower it to at most {len(plan.slots)}")
