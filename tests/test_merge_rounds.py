@@ -26,7 +26,8 @@ from launcher.files import sha256_file
 from launcher.paths import MERGE_INBOX_FILE, OUTER_STATE_FILE, ROUNDS_LEDGER
 from launcher.supervise.merge_rounds import FAULT_ENV
 from tests.support.e2e import (PROCESS_S, TEST_CRITERIA, TOKENS_PER_STEP, Launcher, events_of,
-                               launchers, make_pod, manifest_json, worker_records)
+                               kill_workers, launchers, make_pod, manifest_json, wait_for,
+                               worker_records)
 
 __all__ = ["launchers"]   # the fixture, imported for pytest
 
@@ -162,6 +163,21 @@ def test_launcher_killed_during_a_round_relaunches_bitwise_equal(point, referenc
         (forgotten,) = events_of(pod, "merge_round_forgotten")
         assert forgotten["round"] == 1
     assert_equal(final_state(pod), reference[1], point)
+
+
+def test_launcher_killed_before_the_saves_relaunches_bitwise_equal(reference, tmp_path,
+                                                                   launchers):
+    """Killed while the GPUs train toward the first boundary (whenever the kill lands, the
+    relaunch must end where the uninterrupted run did)."""
+    pod = rounds_pod(tmp_path)
+    first = launch(pod, launchers)
+    wait_for(lambda: worker_records(pod, 0, "start"), PROCESS_S, "GPU 0's worker to start")
+    first.proc.kill()
+    first.proc.wait()
+    kill_workers(pod)
+    second = launch(pod, launchers)
+    assert second.wait(PROCESS_S) == 0, second.output()
+    assert_equal(final_state(pod), reference[1])
 
 
 def test_worker_killed_at_its_boundary_rejoins_and_ends_equal(reference, tmp_path, launchers):
