@@ -44,6 +44,7 @@ BASELINES_FILE = "logs/probe_baselines.json"   # stage -> gpu -> the AR recorded
 # ---- merge rounds (launcher/hub/outer_step.py) ---------------------------------------
 OUTER_STATE_FILE = "merge/outer_state.pt"        # the outer weights and momentum, last round
 OUTER_STATE_PENDING = "merge/outer_state.next.pt"  # a round's outer state before its commit
+MERGE_DIR = "merge/"                  # the merge rounds' files, all of them (MergeRounds')
 ROUNDS_LEDGER = "merge/rounds.json"   # every round: quorum, verdict (the commit point), files
 MERGE_INBOX_FILE = "merge/inbox.json"  # the newest round's decision, what the workers read
 

@@ -60,7 +60,7 @@ def _ledger(pod: Path) -> dict:
 def _record(pod: Path, n: int, state: str, sha: str | None) -> None:
     ledger = _ledger(pod)
     ledger["rounds"] = [r for r in ledger["rounds"] if r["round"] != n] + [{
-        "round": n, "stage": 1, "boundary": n - 1, "state": state,
+        "round": n, "stage": 1, "boundary": n, "state": state,
         "gpus": {str(g): {"at_token": 1000 * n, "checkpoint": f"merge_src/r{n}_gpu{g}.pt",
                           "sha256": "0" * 64, "tokens": 1000} for g in range(GPUS)},
         "left_out": [], "weights": [1 / GPUS] * GPUS,

@@ -148,7 +148,8 @@ def good_ledger():
 @pytest.mark.parametrize("spoil, named", [
     (lambda d: d["rounds"][0].update(round=2), "not the record of round 1"),
     (lambda d: d["rounds"][0].update(state="maybe"), "state"),
-    (lambda d: d["rounds"][0].update(merged="/etc/passwd"), "names '/etc/passwd'"),
+    (lambda d: d["rounds"][0].update(merged="/etc/passwd"),
+     "merged '/etc/passwd' is not a round file inside merge/"),
     (lambda d: d["rounds"][0].update(merged=None), "adopted, with no merged file"),
     (lambda d: d["rounds"][0]["gpus"]["0"].update(checkpoint="../../x.pt"), "checkpoint"),
     (lambda d: d["rounds"][0]["gpus"]["0"].update(sha256="zz"), "sha256"),

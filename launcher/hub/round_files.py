@@ -31,19 +31,15 @@ from typing import Iterator
 
 from launcher.errors import UserError
 from launcher.files import fsync_dir
-from launcher.paths import (MERGE_INBOX_FILE, OUTER_STATE_FILE, OUTER_STATE_PENDING,
-                            ROUNDS_LEDGER, merged_round_path)
+from launcher.paths import (MERGE_DIR, MERGE_INBOX_FILE, OUTER_STATE_FILE,
+                            OUTER_STATE_PENDING, ROUNDS_LEDGER)
+from launcher.pod.rounds_ledger import MAX_ROUND, parse_ledger
+from launcher.pod.rounds_ledger import newest_adopted as newest_adopted_round
 
 from .integrity import confine, pod_relpath
 
-LEDGER_FORMAT = "fractus-pod-rounds-v1"
-MERGE_DIR = "merge/"
-MAX_ROUND = 10**9
-MAX_LEDGER_BYTES = 64 << 20
 MAX_INBOX_BYTES = 64 << 10
-STATES = ("merging", "adopted", "refused")
 ROUND_FILE = re.compile(r"^merge/round_(\d{5,10})\.pt$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # Install order: the ledger last (it names the others).
 _ORDER = (OUTER_STATE_FILE, MERGE_INBOX_FILE, ROUNDS_LEDGER)
 
@@ -92,31 +88,12 @@ def _json_mapping(raw: bytes, name: str, limit: int) -> dict:
 
 
 def newest_adopted(raw: bytes) -> Adopted | None:
-    """The ledger's newest adopted round (None: none yet), the ledger checked as data;
+    """The ledger's newest adopted round (None: none yet), the whole ledger checked
+    (launcher/pod/rounds_ledger.py: its paths inside the pod, merged the round's own file);
     ValueError in one line."""
-    doc = _json_mapping(raw, ROUNDS_LEDGER, MAX_LEDGER_BYTES)
-    if doc.get("format") != LEDGER_FORMAT \
-            or not isinstance(doc.get("rounds"), list):
-        raise ValueError(f"{ROUNDS_LEDGER} is not a {LEDGER_FORMAT} ledger")
-    newest = None
-    for i, entry in enumerate(doc["rounds"]):
-        where = f"{ROUNDS_LEDGER} rounds[{i}]"
-        if not isinstance(entry, dict):
-            raise ValueError(f"{where} is not a mapping")
-        n = _round_number(entry.get("round"), where)
-        if entry.get("state") not in STATES:
-            raise ValueError(f"{where}: state {entry.get('state')!r} is not one of "
-                             f"{', '.join(STATES)}")
-        if entry["state"] != "adopted" or (newest is not None and n <= newest.round):
-            continue
-        sha = entry.get("merged_sha256")
-        if sha is not None and not (isinstance(sha, str) and _SHA256.match(sha)):
-            raise ValueError(f"{where}: merged_sha256 {sha!r} is not a sha256")
-        merged = merge_relpath(entry.get("merged"), f"{where} merged")
-        if merged != merged_round_path(n):
-            raise ValueError(f"{where}: round {n} names {merged}, not {merged_round_path(n)}")
-        newest = Adopted(n, merged, sha)
-    return newest
+    entry = newest_adopted_round(parse_ledger(raw))
+    return None if entry is None else Adopted(entry["round"], entry["merged"],
+                                              entry["merged_sha256"])
 
 
 def inbox_path(raw: bytes) -> str | None:

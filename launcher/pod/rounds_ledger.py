@@ -99,7 +99,8 @@ def _round(entry, n: int) -> None:
         raise LedgerError(f"{where}: weights are not finite numbers >= 0")
     merged = entry.get("merged")
     if merged is not None and merged != merged_round_path(n):
-        raise LedgerError(f"{where}: names {merged!r}, not {merged_round_path(n)}")
+        raise LedgerError(f"{where}: merged {merged!r} is not a round file inside merge/ "
+                          f"(round {n}'s is {merged_round_path(n)})")
     if entry["state"] == "adopted" and merged is None:
         raise LedgerError(f"{where}: adopted, with no merged file")
     _sha(entry.get("merged_sha256"), f"{where}: merged_sha256", optional=True)
