@@ -13,7 +13,6 @@ from types import SimpleNamespace
 from launcher.checks.merge_gate import MergeGate
 from launcher.checks.probe_check import ProbeTolerance
 from launcher.config.merge_rounds_settings import MergeRoundSettings, OuterSettings
-from launcher.config.podconfig import PodConfig
 from launcher.paths import ROUNDS_LEDGER
 from launcher.pod.events import EventLog, read_events
 from launcher.supervise.merge_rounds import MergeRounds
@@ -40,7 +39,7 @@ def rounds_for(pod, quorum, grace_s, n=3):
     runs = {g: Run(slot=SimpleNamespace(gpu=g), state=GpuState.RUNNING, proc=object(),
                    waiting=False) for g in range(n)}
     settings = MergeRoundSettings(100, False, OuterSettings(), "equal", quorum, grace_s)
-    rounds = MergeRounds(settings, PodConfig(), pod, EventLog(pod),
+    rounds = MergeRounds(settings, pod, EventLog(pod),
                          MergeGate(0.1, 64, 0, 60), ProbeTolerance(0.25, None, 3.0, 0.01),
                          clock, lambda: runs, lambda: 1, lambda gpu: None, lambda why: None,
                          lambda gpu: f"data/shard{gpu}.npy", 16)

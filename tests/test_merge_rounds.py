@@ -23,6 +23,7 @@ import yaml
 from fractus.data import write_npy_atomic
 from fractus.legacy import read_checkpoint
 from launcher.files import sha256_file
+from launcher.pod.events import read_events
 from launcher.paths import MERGE_INBOX_FILE, OUTER_STATE_FILE, ROUNDS_LEDGER
 from launcher.supervise.merge_rounds import FAULT_ENV
 from tests.support.e2e import (PROCESS_S, TEST_CRITERIA, TOKENS_PER_STEP, Launcher, events_of,
@@ -241,7 +242,8 @@ def test_a_round_at_the_stages_end_is_taken_at_the_next_start(tmp_path, launcher
     assert first.wait(PROCESS_S) == 0, first.output()
     (merged,) = events_of(pod, "merge_round")
     assert (merged["boundary"], merged["verdict"], merged["quorum"]) == (None, "adopted", [0, 1])
-    assert merged["ts"] < events_of(pod, "pod_done")[0]["ts"]
+    kinds = [e["event"] for e in read_events(pod)]
+    assert kinds.index("merge_round") < kinds.index("pod_done")     # decided, then done
     assert not worker_records(pod, 0, "merge_wait")          # no boundaries: no pause
     second = launch(pod, launchers, None, "--max-steps", "1")
     assert second.wait(PROCESS_S) == 0, second.output()
@@ -250,8 +252,11 @@ def test_a_round_at_the_stages_end_is_taken_at_the_next_start(tmp_path, launcher
         assert (adopted["round"], adopted["at_token"]) == (1, 2 * TOKENS_PER_STEP)
         starts = worker_records(pod, gpu, "start")
         assert starts[1]["next_token"] == 2 * TOKENS_PER_STEP
-        assert adopted["ts"] < [r for r in worker_records(pod, gpu)
-                                if r.get("type") == "metrics"][-1]["ts"]
+        records = worker_records(pod, gpu)
+        after_start = records[records.index(starts[1]):]
+        # Taken before its first step of the second launch: no metrics line before it.
+        assert after_start.index(adopted) < next(
+            i for i, r in enumerate(after_start) if r.get("type") == "metrics")
     # The second launch's end is a stage end too: round 2; only the newest file is kept.
     assert [e["round"] for e in events_of(pod, "merge_round")] == [1, 2]
     assert sorted(p.name for p in (pod / "merge").glob("round_*.pt")) == ["round_00002.pt"]

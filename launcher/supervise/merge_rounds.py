@@ -28,7 +28,6 @@ from typing import Callable
 from launcher.checks.merge_gate import MergeGate, judge, measure_gpu
 from launcher.checks.probe_check import ProbeTolerance
 from launcher.config.merge_rounds_settings import MergeRoundSettings
-from launcher.config.podconfig import PodConfig
 from launcher.files import sha256_file, write_json_state
 from launcher.hub.outer_step import commit_outer_state, outer_step, read_outer_state
 from launcher.paths import (MERGE_INBOX_FILE, OUTER_STATE_FILE, OUTER_STATE_PENDING,
@@ -70,12 +69,12 @@ class MergeRounds:
     the shard it trains on; `pushed(reason)`: the hub sync pushes the round; `seq`: the
     stage's SEQ, the gate's chunk."""
 
-    def __init__(self, settings: MergeRoundSettings, config: PodConfig, pod_dir: Path,
+    def __init__(self, settings: MergeRoundSettings, pod_dir: Path,
                  events: EventLog, gate: MergeGate, tolerance: ProbeTolerance, clock,
                  runs: Callable[[], dict[int, GpuRun]], stage: Callable[[], int],
                  baseline: Callable[[int], object], pushed: Callable[[str], None],
                  shard: Callable[[int], str], seq: int):
-        self.settings, self.config, self.pod_dir, self.events = settings, config, pod_dir, events
+        self.settings, self.pod_dir, self.events = settings, pod_dir, events
         self.gate, self.tolerance, self.clock = gate, tolerance, clock
         self.runs, self.stage, self.baseline, self.pushed, self.shard, self.seq = \
             runs, stage, baseline, pushed, shard, seq

@@ -326,7 +326,7 @@ def _merge_rounds(plan: LaunchPlan, pod: PodRun, events: EventLog,
         known = pod.probes.baselines.get(shard(gpu)) if pod.probes is not None else None
         return known[0] if known else None
 
-    return MergeRounds(settings, plan.config, plan.pod_dir, events, plan.trusted.merge_gate,
+    return MergeRounds(settings, plan.pod_dir, events, plan.trusted.merge_gate,
                        plan.trusted.probe_tolerance, clock, lambda: pod.runs,
                        lambda: pod.stage, baseline, custodian.manifest_changed, shard, seq)
 
